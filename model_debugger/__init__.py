@@ -1,0 +1,31 @@
+"""model_debugger: an evidence-first diagnostician for ML training problems.
+
+Importing this package imports neither torch nor tensorflow; instruments attach when the user's
+code imports them.
+"""
+
+from __future__ import annotations
+
+from .capture import CaptureConfig, Recorder, log
+
+__version__ = "0.1.0"
+__all__ = ["CaptureConfig", "Recorder", "capture", "log", "__version__"]
+
+
+def capture(path: str | None = None, **config) -> Recorder:
+    """Record a training run: ``with model_debugger.capture("run.jsonl") as rec: train()``.
+
+    Parameters
+    ----------
+    path : str, optional
+        Where to stream the record as JSON lines; None keeps it in memory (``rec.events``).
+    **config
+        ``CaptureConfig`` fields: ``hist_every``, ``update_every``, ``module_norms``,
+        ``parse_stdout``.
+
+    Returns
+    -------
+    Recorder
+        A context manager; every hook it installs is removed when the block exits.
+    """
+    return Recorder(path, CaptureConfig(**config))

@@ -1,0 +1,63 @@
+"""Child process entry: run a script as ``__main__`` under capture, streaming its record.
+
+``python -m model_debugger._child --record PATH [--seed S] -- SCRIPT [ARGS...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import runpy
+import signal
+import sys
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"stopped by signal {signum} (time limit)")
+
+
+def _seed_everything(seed: int) -> None:
+    from .capture.imports import when_imported
+
+    random.seed(seed)
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+    when_imported("numpy", lambda np: np.random.seed(seed))
+    when_imported("torch", lambda torch: torch.manual_seed(seed))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="model_debugger._child")
+    parser.add_argument("--record", required=True)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    script = os.path.abspath(ns.script)
+    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(script))
+    if ns.seed is not None:
+        _seed_everything(ns.seed)
+
+    from . import capture
+
+    code = 0
+    try:
+        with capture(ns.record):
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: BLE001 - the record holds the error; report it and fail
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

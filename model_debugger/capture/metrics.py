@@ -1,0 +1,106 @@
+"""Metric sources that need no change to the user's code.
+
+- numbers printed on stdout as ``name=value`` or ``name: value`` (``epoch 3`` sets the epoch);
+- ``torch.utils.tensorboard.SummaryWriter.add_scalar`` / ``add_scalars``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|NaN|Inf)"
+_PAIR = re.compile(r"(?<![\w.])([A-Za-z_][\w./-]*?)\s*(?:=|:)\s*(" + _NUM + r")(?![\w.:])")
+_EPOCH = re.compile(r"\bepoch\s*[\[:=#]?\s*(\d+)", re.IGNORECASE)
+_CONTEXT = {"epoch", "step", "iter", "iteration", "batch", "it", "global_step"}
+
+
+def parse_metric_line(line: str) -> tuple[int | None, dict[str, float]]:
+    """Parse one printed line into ``(epoch, {name: value})``.
+
+    Parameters
+    ----------
+    line : str
+        e.g. ``"epoch 3: train_loss=0.41 val_loss=0.52 val_acc=0.81"``.
+
+    Returns
+    -------
+    tuple
+        The epoch named on the line (or None) and the metrics found; counters such as ``step`` or
+        ``epoch`` are not metrics.
+    """
+    epoch = None
+    m = _EPOCH.search(line)
+    if m:
+        epoch = int(m.group(1))
+    found: dict[str, float] = {}
+    for name, value in _PAIR.findall(line):
+        key = name.strip("./-").lower()
+        if not key:
+            continue
+        if key in _CONTEXT:
+            if key == "epoch" and epoch is None:
+                epoch = int(float(value)) if math.isfinite(float(value)) else None
+            continue
+        found[key] = float(value)
+    return epoch, found
+
+
+class StdoutTee:
+    """A text stream that forwards writes and parses complete lines for metrics."""
+
+    def __init__(self, inner, on_line: Callable[[str], None]) -> None:
+        self._inner = inner
+        self._on_line = on_line
+        self._buf = ""
+
+    def write(self, text: str) -> int:
+        n = self._inner.write(text)
+        self._buf += text
+        if "\n" in self._buf:
+            *lines, self._buf = self._buf.split("\n")
+            for line in lines:
+                if "=" in line or ":" in line:
+                    self._on_line(line)
+        return n if n is not None else len(text)
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def finish(self) -> None:
+        """Parse a last line that had no newline."""
+        if self._buf:
+            self._on_line(self._buf)
+            self._buf = ""
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def patch_summary_writer(module, emit: Callable[[str, float, int | None], None]) -> Callable:
+    """Wrap ``SummaryWriter.add_scalar(s)`` in ``module``; return the function that undoes it."""
+    cls = module.SummaryWriter
+    orig_scalar, orig_scalars = cls.add_scalar, cls.add_scalars
+
+    def add_scalar(self, tag, scalar_value, global_step=None, *args, **kwargs):
+        try:
+            emit(str(tag), float(scalar_value), global_step)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+        return orig_scalar(self, tag, scalar_value, global_step, *args, **kwargs)
+
+    def add_scalars(self, main_tag, tag_scalar_dict, global_step=None, *args, **kwargs):
+        for sub, value in dict(tag_scalar_dict).items():
+            try:
+                emit(f"{main_tag}/{sub}", float(value), global_step)
+            except (TypeError, ValueError, RuntimeError):
+                pass
+        return orig_scalars(self, main_tag, tag_scalar_dict, global_step, *args, **kwargs)
+
+    cls.add_scalar, cls.add_scalars = add_scalar, add_scalars
+
+    def undo() -> None:
+        cls.add_scalar, cls.add_scalars = orig_scalar, orig_scalars
+
+    return undo

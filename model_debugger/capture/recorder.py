@@ -1,0 +1,226 @@
+"""The Recorder: one context manager that owns every hook and writes the run record.
+
+The record is a stream of JSON lines (``record.jsonl``), flushed line by line, so a script that is
+killed mid-run still leaves everything up to its last step on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+
+from .codeloc import traceback_location
+from .imports import when_imported
+from .metrics import StdoutTee, parse_metric_line, patch_summary_writer
+
+_active: list[Recorder] = []
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """Settings of a capture.
+
+    Parameters
+    ----------
+    hist_every : int
+        Record per-module gradient histograms every this many optimizer steps (0: never).
+    update_every : int
+        Measure the update/weight ratio every this many steps (it needs a copy of the weights).
+    module_norms : bool
+        Record per-module gradient norms at every step.
+    parse_stdout : bool
+        Parse printed ``name=value`` lines as metrics.
+    """
+
+    hist_every: int = 100
+    update_every: int = 10
+    module_norms: bool = True
+    parse_stdout: bool = True
+
+
+def _num(value):
+    """JSON-safe float: NaN and infinities become strings."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else str(value)
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (0 when unknown)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for out-of-memory errors of any framework."""
+    name = type(exc).__name__
+    if name in ("OutOfMemoryError", "ResourceExhaustedError") or isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+    )
+
+
+class Recorder:
+    """Capture a training run. Use as ``with model_debugger.capture(): ...``.
+
+    Parameters
+    ----------
+    path : str or None
+        Where to stream the JSON-lines record; None keeps it in memory only.
+    config : CaptureConfig, optional
+        Sampling settings.
+    """
+
+    def __init__(self, path: str | None = None, config: CaptureConfig | None = None) -> None:
+        self.path = path
+        self.config = config or CaptureConfig()
+        self.events: list[dict] = []
+        self.step = 0
+        self.epoch = 0
+        self.error: dict | None = None
+        self._fh = None
+        self._stack = ExitStack()
+        self._instruments: list = []
+        self._tee: StdoutTee | None = None
+        self._t0 = 0.0
+
+    # -- writing ---------------------------------------------------------------------------
+    def emit(self, kind: str, /, **data) -> dict:
+        """Append one event to the record (and to the file, flushed)."""
+        event = {"t": kind, **data}
+        self.events.append(event)
+        if self._fh is not None:
+            self._fh.write(json.dumps(event, default=str) + "\n")
+        return event
+
+    def metric(self, name: str, value, source: str, step: int | None = None,
+               epoch: int | None = None) -> None:
+        """Record a metric value seen from ``source`` (log, stdout, tensorboard, auto)."""
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            return
+        self.emit("metric", name=str(name), value=_num(value), source=source,
+                  step=self.step if step is None else int(step),
+                  epoch=self.epoch if epoch is None else int(epoch))
+
+    def set_epoch(self, epoch: int, source: str) -> None:
+        """Move to a new epoch (a re-iterated DataLoader, a printed ``epoch N``, Keras)."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.emit("epoch", epoch=epoch, step=self.step, source=source)
+
+    def _on_line(self, line: str) -> None:
+        epoch, found = parse_metric_line(line)
+        for name, value in found.items():
+            self.metric(name, value, "stdout", epoch=epoch)
+
+    # -- lifetime --------------------------------------------------------------------------
+    def __enter__(self) -> Recorder:
+        self._t0 = time.perf_counter()
+        try:
+            if self.path:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                self._fh = self._stack.enter_context(
+                    open(self.path, "a", buffering=1, encoding="utf-8"))
+            self.emit("start", time=time.time(), pid=os.getpid(), argv=list(sys.argv),
+                      config=asdict(self.config), rss=rss_bytes())
+            if self.config.parse_stdout:
+                self._tee = StdoutTee(sys.stdout, self._on_line)
+                sys.stdout = self._tee
+                self._stack.callback(self._restore_stdout)
+            self._stack.callback(when_imported("torch", self._attach_torch))
+            self._stack.callback(when_imported(
+                "torch.utils.tensorboard.writer",
+                lambda m: self._stack.callback(patch_summary_writer(m, self._tb_scalar))))
+            _active.append(self)
+            self._stack.callback(_active.remove, self)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _attach_torch(self, _module) -> None:
+        from .torch_instrument import TorchInstrument
+
+        inst = TorchInstrument(self)
+        self._instruments.append(inst)
+        self._stack.callback(inst.detach)
+        inst.attach()
+
+    def _tb_scalar(self, tag: str, value: float, global_step) -> None:
+        self.metric(tag, value, "tensorboard")
+
+    def _restore_stdout(self) -> None:
+        if self._tee is not None:
+            self._tee.finish()
+            if sys.stdout is self._tee:
+                sys.stdout = self._tee._inner
+            self._tee = None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            for inst in self._instruments:
+                inst.finish()
+            if exc is not None and not (isinstance(exc, SystemExit) and not exc.code):
+                self.record_error(exc, tb)
+            status = "ok" if self.error is None else self.error["kind"]
+            self.emit("end", status=status, steps=self.step,
+                      seconds=round(time.perf_counter() - self._t0, 4))
+        finally:
+            self._stack.close()
+        return False
+
+    def record_error(self, exc: BaseException, tb=None) -> None:
+        """Record an exception that ended the run (OOM, interrupt, anything else)."""
+        import traceback
+
+        if isinstance(exc, KeyboardInterrupt):
+            kind = "interrupted"
+        elif is_oom(exc):
+            kind = "oom"
+        else:
+            kind = "exception"
+        tb = tb if tb is not None else exc.__traceback__
+        self.error = {
+            "kind": kind, "type": type(exc).__name__, "message": str(exc)[:2000],
+            "location": traceback_location(tb), "step": self.step,
+            "traceback": "".join(traceback.format_exception(type(exc), exc, tb))[-6000:],
+        }
+        self.emit("error", **self.error)
+
+
+def active_recorder() -> Recorder | None:
+    """The innermost active Recorder, or None."""
+    return _active[-1] if _active else None
+
+
+def log(**metrics) -> None:
+    """Record metrics explicitly: ``model_debugger.log(val_loss=0.52, val_acc=0.81)``.
+
+    A no-op outside ``capture()``; ``epoch=N`` and ``step=N`` set the context of the values.
+    """
+    rec = active_recorder()
+    if rec is None:
+        return
+    epoch = metrics.pop("epoch", None)
+    step = metrics.pop("step", None)
+    if epoch is not None:
+        rec.set_epoch(int(epoch), "log")
+    for name, value in metrics.items():
+        if hasattr(value, "item"):
+            value = value.item()
+        rec.metric(name, value, "log", step=step)

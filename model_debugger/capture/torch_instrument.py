@@ -1,0 +1,454 @@
+"""PyTorch instrumentation: every hook is a handle or an undo callback, removed in ``detach``.
+
+What is patched while a capture is active (and restored afterwards):
+
+- ``Tensor.backward`` / ``torch.autograd.backward``: the loss value and the loop's ``backward()`` line;
+- global optimizer step pre/post hooks: per-module gradient norms, update/weight ratio, step time;
+- ``Optimizer.__init__``: where the optimizer was built, its class and hyperparameters;
+- ``DataLoader.__iter__``: data-wait time and epochs (a training loader iterated again);
+- loss functionals (``F.cross_entropy``, ``F.mse_loss``, ...): target statistics for the
+  constant-predictor baseline, and validation losses computed under ``no_grad``.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import sys
+import time
+import weakref
+
+import torch
+
+from .codeloc import definition_location, user_frame, user_location
+from .recorder import Recorder, _num, rss_bytes
+
+_CLASS_LOSSES = ("cross_entropy", "nll_loss")
+_BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
+_REG_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+_MAX_CLASSES = 1000
+_BACKWARD_MODE_AFTER = 64
+
+
+class TorchInstrument:
+    """Instruments PyTorch training for one Recorder."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.cfg = rec.config
+        self._undo: list = []
+        self._pending_losses: list[float] = []
+        self._backwards = 0
+        self._opt_steps = 0
+        self._mode = None  # "optimizer" once a step is seen, "backward" for loops without one
+        self._last_step_end = None
+        self._data_wait = 0.0
+        self._models: dict[int, tuple] = {}  # id(model) -> (weakref, name)
+        self._param_names: dict[int, str] = {}
+        self._root = None
+        self._last_input = None
+        self._nonfinite_seen = False
+        self._refs_seen: set[str] = set()
+        self._train_loaders: set[int] = set()
+        self._active_loader = None
+        self._targets = {"loss": None, "counts": None, "n": 0, "sum": 0.0, "sumsq": 0.0}
+        self._eval_losses: list[tuple[float, int]] = []
+        self._before: list | None = None
+        self._cuda = torch.cuda.is_available()
+
+    # -- attach / detach -------------------------------------------------------------------
+    def attach(self) -> None:
+        from torch.optim import optimizer as optim_mod
+        from torch.utils.data import DataLoader
+
+        self._patch(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward, True))
+        self._patch(torch.autograd, "backward",
+                    self._wrap_backward(torch.autograd.backward, False))
+        self._undo.append(optim_mod.register_optimizer_step_pre_hook(self._pre_step).remove)
+        self._undo.append(optim_mod.register_optimizer_step_post_hook(self._post_step).remove)
+        self._patch(optim_mod.Optimizer, "__init__", self._wrap_opt_init(optim_mod.Optimizer.__init__))
+        self._patch(DataLoader, "__iter__", self._wrap_loader_iter(DataLoader.__iter__))
+        functional = torch.nn.functional
+        for name in _CLASS_LOSSES + _BINARY_LOSSES + _REG_LOSSES:
+            if hasattr(functional, name):
+                self._patch(functional, name, self._wrap_loss(getattr(functional, name), name))
+
+    def _patch(self, owner, name, new) -> None:
+        old = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
+        setattr(owner, name, new)
+        self._undo.append(lambda: setattr(owner, name, old))
+
+    def detach(self) -> None:
+        """Remove every hook and patch (idempotent)."""
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 - one failing undo must not keep others in place
+                pass
+        self._last_input = None
+        self._before = None
+
+    def finish(self) -> None:
+        """Flush what is pending when the capture ends (losses without a step, eval losses)."""
+        if self._mode is None and self._pending_losses:
+            for loss in self._pending_losses:
+                self._emit_step(loss, None)
+            self._pending_losses = []
+        self._flush_eval()
+        self._emit_targets()
+
+    # -- code references -------------------------------------------------------------------
+    def _ref(self, kind: str, loc: dict | None, **extra) -> None:
+        if loc is None:
+            return
+        key = f"{kind}:{loc['file']}:{loc['line']}"
+        if key not in self._refs_seen:
+            self._refs_seen.add(key)
+            self.rec.emit("ref", kind=kind, **loc, **extra)
+
+    # -- backward --------------------------------------------------------------------------
+    def _wrap_backward(self, original, is_method: bool):
+        inst = self
+
+        def backward(tensor, *args, **kwargs):
+            if is_method or isinstance(tensor, torch.Tensor):
+                inst._before_backward(tensor)
+            return original(tensor, *args, **kwargs)
+
+        backward.__wrapped__ = original
+        return backward
+
+    def _before_backward(self, loss) -> None:
+        self._flush_eval()
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            value = float(loss.detach())
+        else:
+            value = None
+        self._ref("backward", user_location(sys._getframe()))
+        if self._active_loader is not None:
+            self._train_loaders.add(self._active_loader)
+        if not self._models:
+            self._discover(sys._getframe(), None)
+        if value is not None and not math.isfinite(value) and not self._nonfinite_seen:
+            self._nonfinite_seen = True
+            self.rec.emit("nonfinite", step=self.rec.step, what="loss", value=str(value),
+                          module=self._localize())
+        self._backwards += 1
+        if self._mode == "backward":
+            self._emit_step(value, None)
+        else:
+            self._pending_losses.append(value)
+            if self._mode is None and len(self._pending_losses) >= _BACKWARD_MODE_AFTER:
+                self._mode = "backward"
+                for loss_value in self._pending_losses:
+                    self._emit_step(loss_value, None)
+                self._pending_losses = []
+
+    # -- model discovery and non-finite localization ---------------------------------------
+    def _discover(self, frame, params) -> None:
+        """Find the nn.Module(s) being trained: in the user's frames first, then via gc."""
+        wanted = {id(p) for p in params} if params is not None else None
+        candidates = []
+        f = user_frame(frame)
+        depth = 0
+        while f is not None and depth < 8:
+            for scope in (f.f_locals, f.f_globals):
+                for name, obj in list(scope.items()):
+                    if isinstance(obj, torch.nn.Module):
+                        candidates.append((name, obj))
+            f, depth = f.f_back, depth + 1
+        if not candidates and wanted is not None:
+            candidates = [("model", o) for o in gc.get_objects()
+                          if isinstance(o, torch.nn.Module)]
+        best = None
+        for name, module in candidates:
+            ids = [id(p) for p in module.parameters()]
+            score = len(wanted.intersection(ids)) if wanted is not None else len(ids)
+            if score and (best is None or score > best[0]):
+                best = (score, name, module)
+        if best is None:
+            return
+        _, name, model = best
+        if id(model) in self._models:
+            return
+        self._models[id(model)] = (weakref.ref(model), name)
+        for pname, p in model.named_parameters():
+            self._param_names[id(p)] = pname
+        self._root = weakref.ref(model)
+        modules = [n for n, m in model.named_modules() if n and not list(m.children())]
+        self.rec.emit("model", name=name, cls=type(model).__name__,
+                      params=sum(p.numel() for p in model.parameters()), modules=modules[:500],
+                      training=model.training)
+        self._ref("model", definition_location(model), name=name)
+        handle = model.register_forward_pre_hook(self._keep_input, with_kwargs=True)
+        self._undo.append(handle.remove)
+
+    def _keep_input(self, module, args, kwargs):
+        if torch.is_grad_enabled():
+            self._last_input = (args, kwargs)
+
+    def _localize(self) -> str | None:
+        """Name the first module holding non-finite weights or producing non-finite output."""
+        model = self._root() if self._root else None
+        if model is None:
+            return None
+        for name, p in model.named_parameters():
+            if not torch.isfinite(p.detach()).all():
+                return name.rsplit(".", 1)[0] if "." in name else name
+        if self._last_input is None:
+            return None
+        return _replay_first_nonfinite(model, *self._last_input)
+
+    # -- optimizer -------------------------------------------------------------------------
+    def _wrap_opt_init(self, original):
+        inst = self
+
+        def __init__(opt, *args, **kwargs):
+            original(opt, *args, **kwargs)
+            if not getattr(opt, "_md_seen", False):
+                opt._md_seen = True
+                loc = user_location(sys._getframe())
+                inst._ref("optimizer", loc, cls=type(opt).__name__)
+                inst.rec.emit("optimizer", cls=type(opt).__name__, hyper=_hyper(opt.defaults),
+                              location=loc)
+
+        return __init__
+
+    def _params(self, opt) -> list:
+        return [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+
+    def _pre_step(self, opt, args, kwargs) -> None:
+        self._ref("step", user_location(sys._getframe()))
+        params = self._params(opt)
+        if not getattr(opt, "_md_seen", False):
+            opt._md_seen = True
+            self.rec.emit("optimizer", cls=type(opt).__name__, hyper=_hyper(opt.defaults),
+                          location=None)
+        if not self._param_names and params:
+            self._discover(sys._getframe(), params)
+        self._step_norms = self._grad_norms(params)
+        if self.cfg.update_every and self.rec.step % self.cfg.update_every == 0 and params:
+            self._before = [p.detach().clone() for p in params]
+            self._before_params = params
+
+    def _grad_norms(self, params) -> tuple[float | None, dict]:
+        if not params:
+            return None, {}
+        grads = [p.grad.detach() for p in params]
+        norms = torch.stack(torch._foreach_norm(grads)).float().tolist()
+        total = math.sqrt(sum(n * n for n in norms))
+        per_module: dict[str, float] = {}
+        if self.cfg.module_norms:
+            acc: dict[str, float] = {}
+            for p, n in zip(params, norms):
+                pname = self._param_names.get(id(p), f"param{len(acc)}")
+                mod = pname.rsplit(".", 1)[0] if "." in pname else "(root)"
+                acc[mod] = acc.get(mod, 0.0) + n * n
+            per_module = {k: math.sqrt(v) for k, v in acc.items()}
+        if not math.isfinite(total) and not self._nonfinite_seen:
+            self._nonfinite_seen = True
+            bad = [m for m, v in per_module.items() if not math.isfinite(v)]
+            self.rec.emit("nonfinite", step=self.rec.step, what="grad", value=str(total),
+                          module=bad[-1] if bad else None)
+        if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
+            self._histograms(params)
+        return total, per_module
+
+    def _histograms(self, params) -> None:
+        for p in params[:64]:
+            g = p.grad.detach().float().flatten()
+            g = g[torch.isfinite(g)]
+            if g.numel() == 0:
+                continue
+            lo, hi = float(g.min()), float(g.max())
+            counts = torch.histc(g, bins=30, min=lo, max=hi if hi > lo else lo + 1e-12)
+            self.rec.emit("hist", step=self.rec.step, param=self._param_names.get(id(p), "?"),
+                          lo=lo, hi=hi, counts=[int(c) for c in counts.tolist()])
+
+    def _post_step(self, opt, args, kwargs) -> None:
+        self._mode = "optimizer"
+        self._opt_steps += 1
+        ratio = None
+        if self._before is not None:
+            with torch.no_grad():
+                num = sum(float(torch.linalg.vector_norm(p.detach() - b)) ** 2
+                          for p, b in zip(self._before_params, self._before))
+                den = sum(float(torch.linalg.vector_norm(b)) ** 2 for b in self._before)
+            ratio = math.sqrt(num) / math.sqrt(den) if den > 0 else None
+            self._before = None
+        losses = [v for v in self._pending_losses if v is not None]
+        self._pending_losses = []
+        loss = sum(losses) / len(losses) if losses else None
+        gn, mgn = getattr(self, "_step_norms", (None, {}))
+        self._step_norms = (None, {})
+        self._emit_step(loss, gn, mgn, ratio)
+
+    def _emit_step(self, loss, gn, mgn=None, ratio=None) -> None:
+        now = time.perf_counter()
+        dt = now - self._last_step_end if self._last_step_end is not None else None
+        self._last_step_end = now
+        step = {"i": self.rec.step, "ep": self.rec.epoch, "loss": _num(loss), "gn": _num(gn),
+                "dt": dt, "dw": self._data_wait, "rss": rss_bytes()}
+        if mgn:
+            step["mgn"] = {k: _num(v) for k, v in mgn.items()}
+        if ratio is not None:
+            step["ur"] = _num(ratio)
+        if self._cuda:
+            step["cuda"] = torch.cuda.memory_allocated()
+            step["cuda_peak"] = torch.cuda.max_memory_allocated()
+        self._data_wait = 0.0
+        self.rec.emit("step", **step)
+        self.rec.step += 1
+        if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
+            self._emit_targets()
+
+    # -- data loading ----------------------------------------------------------------------
+    def _wrap_loader_iter(self, original):
+        inst = self
+
+        def __iter__(loader):
+            it = original(loader)
+            if id(loader) in inst._train_loaders:
+                inst._flush_eval()
+                inst.rec.set_epoch(inst.rec.epoch + 1, "dataloader")
+            return _TimedIterator(it, inst, id(loader))
+
+        return __iter__
+
+    # -- losses ----------------------------------------------------------------------------
+    def _wrap_loss(self, original, name: str):
+        inst = self
+
+        def loss_fn(input, target, *args, **kwargs):
+            out = original(input, target, *args, **kwargs)
+            try:
+                inst._observe_loss(name, input, target, out)
+            except Exception:  # noqa: BLE001 - observation must never break training
+                pass
+            return out
+
+        loss_fn.__wrapped__ = original
+        return loss_fn
+
+    def _observe_loss(self, name, input, target, out) -> None:
+        if not isinstance(target, torch.Tensor):
+            return
+        if not torch.is_grad_enabled():
+            if out.numel() == 1:
+                self._eval_losses.append((float(out), int(target.shape[0]) if target.dim() else 1))
+            return
+        t = self._targets
+        if t["loss"] is None:
+            t["loss"] = name
+            self._ref("loss_fn", user_location(sys._getframe()), name=name)
+        if t["loss"] != name:
+            return
+        if name in _CLASS_LOSSES and target.dtype in (torch.long, torch.int, torch.int16):
+            tgt = target.detach().flatten()
+            tgt = tgt[tgt >= 0]
+            if tgt.numel() and int(tgt.max()) < _MAX_CLASSES:
+                counts = torch.bincount(tgt, minlength=int(input.shape[1]) if input.dim() > 1 else 0)
+                t["counts"] = counts if t["counts"] is None or t["counts"].numel() != counts.numel() \
+                    else t["counts"] + counts
+        else:
+            tgt = target.detach().float()
+            t["sum"] += float(tgt.sum())
+            t["sumsq"] += float((tgt * tgt).sum())
+        t["n"] += int(target.numel())
+
+    def _flush_eval(self) -> None:
+        if self._eval_losses:
+            total = sum(v * n for v, n in self._eval_losses)
+            count = sum(n for _, n in self._eval_losses)
+            self._eval_losses = []
+            if count:
+                self.rec.metric("eval_loss", total / count, "auto")
+
+    def _emit_targets(self) -> None:
+        t = self._targets
+        if t["loss"] is None or not t["n"]:
+            return
+        data = {"loss": t["loss"], "n": t["n"]}
+        if t["counts"] is not None:
+            data["counts"] = [int(c) for c in t["counts"].tolist()]
+        else:
+            data["mean"] = t["sum"] / t["n"]
+            data["var"] = max(t["sumsq"] / t["n"] - data["mean"] ** 2, 0.0)
+        self.rec.emit("targets", **data)
+
+
+class _TimedIterator:
+    """Wraps a DataLoader iterator: time spent waiting in ``__next__`` is data wait."""
+
+    def __init__(self, inner, inst: TorchInstrument, loader_id: int) -> None:
+        self._inner = inner
+        self._inst = inst
+        self._loader_id = loader_id
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t0 = time.perf_counter()
+        try:
+            return next(self._inner)
+        finally:
+            inst = self._inst
+            inst._active_loader = self._loader_id
+            if self._loader_id in inst._train_loaders or not inst._train_loaders:
+                inst._data_wait += time.perf_counter() - t0
+
+    def __len__(self):
+        return len(self._inner)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _hyper(defaults: dict) -> dict:
+    out = {}
+    for k, v in defaults.items():
+        if isinstance(v, (int, float, bool, str)) or v is None:
+            out[k] = v
+        elif isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v):
+            out[k] = list(v)
+    return out
+
+
+def _replay_first_nonfinite(model, args, kwargs) -> str | None:
+    """Re-run the last forward without side effects; return the first module with bad output."""
+    found: list[str] = []
+    handles = []
+
+    def make_hook(name):
+        def hook(module, inp, out):
+            if found:
+                return
+            tensors = out if isinstance(out, (tuple, list)) else (out,)
+            for t in tensors:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() \
+                        and not torch.isfinite(t).all():
+                    found.append(name)
+                    return
+        return hook
+
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    rng = torch.get_rng_state()
+    try:
+        for name, module in model.named_modules():
+            if name and not list(module.children()):
+                handles.append(module.register_forward_hook(make_hook(name)))
+        with torch.no_grad():
+            model(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - localization is best effort
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+        torch.set_rng_state(rng)
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in buffers:
+                    b.copy_(buffers[n])
+    return found[0] if found else None

@@ -1,0 +1,188 @@
+"""Classification: a rule table over signals. Each rule cites the numbers it used.
+
+Rules are tried in table order; the first that fires is the primary category and later ones
+(of other categories) are ranked secondaries, so a hybrid (NaN and OOM) keeps both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .records import HEALTHY, Classification, Evidence
+
+# thresholds (named so tests can probe both sides)
+MIN_STEPS = 5
+PLATEAU_DROP = 0.05          # less than 5% loss decrease over the run is a plateau
+BASELINE_MARGIN = 0.95       # final loss above 95% of the constant predictor's loss
+DIVERGE_RATIO = 2.0          # final loss at least twice the initial loss
+SPIKE_RATIO = 10.0           # a finite loss 10x the initial one
+GRAD_GROWTH = 1e3            # max gradient norm / initial gradient norm
+VANISH_RATIO = 1e-3          # first-layer / last-layer median gradient norm
+RSS_GROWTH_MB = 100.0        # memory growth over the run (after warm-up)
+RSS_R2 = 0.8                 # ... that is steady (linear fit)
+DATA_WAIT_FRACTION = 0.5     # data wait share of step time
+DATA_WAIT_MS = 2.0           # ... and at least this much per step
+VAL_RISE = 0.10              # validation loss 10% above its minimum at the end
+TRAIN_STILL_FALLING = 0.9    # train loss at the end below 90% of its value at the val minimum
+TRIVIAL_METRIC_MARGIN = 0.015  # accuracy within 1.5 points of the majority rate
+TRIVIAL_F1 = 0.05
+LOSS_FALLS = 0.10            # "loss falls": at least a 10% decrease
+
+
+def _ev(sig: dict, key: str, detail: str) -> Evidence:
+    value = sig[key]
+    return Evidence(key, round(value, 6) if isinstance(value, float) else value, detail)
+
+
+def nonfinite(sig: dict):
+    if "first_nonfinite_step" not in sig:
+        return None
+    where = sig.get("nonfinite_module")
+    ev = [_ev(sig, "first_nonfinite_step", f"first non-finite {sig['nonfinite_what']}")]
+    if where:
+        ev.append(_ev(sig, "nonfinite_module", "first module where it appears"))
+    return "gradient_instability", ev
+
+
+def oom(sig: dict):
+    if sig.get("error_kind") != "oom":
+        return None
+    return "memory_issue", [_ev(sig, "error", "out of memory ended the run")]
+
+
+def exploding(sig: dict):
+    ev = []
+    if "loss_initial" in sig and sig["loss_initial"] > 0:
+        if sig["loss_final"] >= DIVERGE_RATIO * sig["loss_initial"]:
+            ev += [_ev(sig, "loss_initial", "median of the first steps"),
+                   _ev(sig, "loss_final", f"median of the last steps, >= {DIVERGE_RATIO}x initial")]
+        elif sig["loss_max"] >= SPIKE_RATIO * sig["loss_initial"]:
+            ev += [_ev(sig, "loss_initial", "median of the first steps"),
+                   _ev(sig, "loss_max", f"a spike >= {SPIKE_RATIO}x the initial loss")]
+    if sig.get("grad_norm_growth", 0) >= GRAD_GROWTH:
+        ev.append(_ev(sig, "grad_norm_growth", f"max/initial global gradient norm >= {GRAD_GROWTH:g}"))
+    return ("gradient_instability", ev) if ev else None
+
+
+def memory_growth(sig: dict):
+    if sig.get("rss_growth_mb", 0) < RSS_GROWTH_MB or sig.get("rss_growth_r2", 0) < RSS_R2:
+        return None
+    return "memory_issue", [
+        _ev(sig, "rss_growth_mb", f"process memory growth after warm-up (>= {RSS_GROWTH_MB:g} MB)"),
+        _ev(sig, "rss_slope_mb_per_step", "MB per step"),
+        _ev(sig, "rss_growth_r2", f"R^2 of a linear fit (steady growth, >= {RSS_R2})")]
+
+
+def overfitting(sig: dict):
+    if sig.get("val_loss_rise", 0) >= VAL_RISE and sig["val_loss_min_index"] < sig["val_points"] - 1:
+        if "train_loss_final" in sig and \
+                sig["train_loss_final"] > TRAIN_STILL_FALLING * sig["train_loss_at_val_min"]:
+            return None
+        ev = [_ev(sig, "val_loss_min", f"'{sig['val_loss_name']}' best value, at point "
+                  f"{sig['val_loss_min_index']}"),
+              _ev(sig, "val_loss_final", "last value"),
+              _ev(sig, "val_loss_rise", f"relative rise from the minimum (>= {VAL_RISE})")]
+        if "train_loss_final" in sig:
+            ev += [_ev(sig, "train_loss_at_val_min", "train loss when validation was best"),
+                   _ev(sig, "train_loss_final", "train loss still falling")]
+        return "overfitting", ev
+    return None
+
+
+def wrong_solution(sig: dict):
+    falls = sig.get("loss_relative_drop", 0) >= LOSS_FALLS
+    for split in ("val", "train"):
+        if f"{split}_f1_final" in sig and falls and sig[f"{split}_f1_max"] < 2 * TRIVIAL_F1 \
+                and sig[f"{split}_f1_final"] < TRIVIAL_F1:
+            return "convergence_to_wrong_solution", [
+                _ev(sig, "loss_relative_drop", "the loss falls"),
+                _ev(sig, f"{split}_f1_final", f"'{sig[f'{split}_f1_name']}' stays ~0")]
+        if f"{split}_acc_final" in sig and sig.get("majority_rate") is not None:
+            trivial = abs(sig[f"{split}_acc_final"] - sig["majority_rate"]) <= TRIVIAL_METRIC_MARGIN
+            near_baseline = sig.get("constant_predictor_loss") is not None and \
+                sig.get("loss_final", 0) >= BASELINE_MARGIN * sig["constant_predictor_loss"]
+            if trivial and (falls or near_baseline):
+                return "convergence_to_wrong_solution", [
+                    _ev(sig, "loss_relative_drop", "the loss falls" if falls else
+                        "the loss reaches the constant predictor's"),
+                    _ev(sig, f"{split}_acc_final", f"'{sig[f'{split}_acc_name']}' at the end"),
+                    _ev(sig, "majority_rate", "accuracy of always predicting the majority class")]
+    return None
+
+
+def vanishing(sig: dict):
+    if sig.get("first_to_last_grad_ratio", 1.0) >= VANISH_RATIO:
+        return None
+    if sig.get("loss_relative_drop", 0) >= 4 * PLATEAU_DROP:
+        return None
+    return "gradient_instability", [
+        _ev(sig, "first_to_last_grad_ratio",
+            f"median gradient norm of '{sig['first_layer']}' / '{sig['last_layer']}' < {VANISH_RATIO:g}"),
+        _ev(sig, "loss_relative_drop", "the loss barely moves")]
+
+
+def not_decreasing(sig: dict):
+    if sig.get("loss_points", 0) < MIN_STEPS:
+        return None
+    if sig["loss_relative_drop"] < PLATEAU_DROP:
+        return "loss_not_decreasing", [
+            _ev(sig, "loss_initial", "median of the first steps"),
+            _ev(sig, "loss_final", "median of the last steps"),
+            _ev(sig, "loss_relative_drop", f"relative decrease < {PLATEAU_DROP}")]
+    base = sig.get("constant_predictor_loss")
+    if base is not None and base > 0 and sig["loss_final"] >= BASELINE_MARGIN * base:
+        return "loss_not_decreasing", [
+            _ev(sig, "loss_final", "median of the last steps"),
+            _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / mean "
+                f"(final loss >= {BASELINE_MARGIN} x this)")]
+    return None
+
+
+def slow_data(sig: dict):
+    if sig.get("data_wait_fraction", 0) < DATA_WAIT_FRACTION or \
+            sig.get("data_wait_ms", 0) < DATA_WAIT_MS:
+        return None
+    return "performance_issue", [
+        _ev(sig, "data_wait_fraction", f"share of step time waiting for data (>= {DATA_WAIT_FRACTION})"),
+        _ev(sig, "data_wait_ms", "mean data wait per step, ms"),
+        _ev(sig, "step_ms", "mean step time, ms")]
+
+
+RULES: tuple[Callable[[dict], tuple | None], ...] = (
+    nonfinite, oom, exploding, memory_growth, overfitting, wrong_solution, vanishing,
+    not_decreasing, slow_data,
+)
+
+
+def classify(sig: dict) -> Classification:
+    """Apply the rule table to a signal dict.
+
+    Returns
+    -------
+    Classification
+        ``healthy`` with the numbers that were checked when no rule fires.
+    """
+    fired: list[tuple[str, list[Evidence]]] = []
+    for rule in RULES:
+        out = rule(sig)
+        if out is not None:
+            fired.append(out)
+    if not fired:
+        ev = [Evidence("steps", sig.get("steps", 0), "optimizer steps observed")]
+        for key in ("loss_relative_drop", "val_loss_rise", "data_wait_fraction", "error"):
+            if key in sig:
+                ev.append(_ev(sig, key, "checked, within normal range" if key != "error"
+                              else "the run failed, but no training problem was measured"))
+        if sig.get("steps", 0) < MIN_STEPS and "error" not in sig:
+            ev.append(Evidence("steps", sig.get("steps", 0),
+                               f"fewer than {MIN_STEPS} steps: too short to judge"))
+        return Classification(HEALTHY, (), tuple(ev))
+    primary = fired[0][0]
+    evidence = list(fired[0][1])
+    secondary: list[str] = []
+    for cat, ev in fired[1:]:
+        if cat == primary:
+            evidence += [e for e in ev if e not in evidence]
+        elif cat not in secondary:
+            secondary.append(cat)
+    return Classification(primary, tuple(secondary), tuple(evidence))

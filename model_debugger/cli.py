@@ -1,0 +1,91 @@
+"""Command line: ``model-debugger diagnose SCRIPT [--json] [--runs N] [--seed S] [-- ARGS]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .session import SessionError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="model-debugger",
+        description="Evidence-first diagnosis of ML training problems.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser(
+        "diagnose", help="reproduce a training script (or read a log) and classify the problem",
+        description="Run SCRIPT under instrumentation and classify what went wrong. SCRIPT may "
+                    "also be a loss/metrics log (.csv, .jsonl, .json, TensorBoard events) when "
+                    "nothing can be run.")
+    d.add_argument("script", help="training script, or a log file for a minimal reproducer")
+    d.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script, after --")
+    d.add_argument("--json", action="store_true", help="print one JSON report on stdout")
+    d.add_argument("--runs", type=int, default=1, help="run the artifact N times (default 1)")
+    d.add_argument("--seed", type=int, help="seed Python/NumPy/torch; run i uses SEED+i")
+    d.add_argument("--max-seconds", type=float, help="stop each run after T seconds")
+    d.add_argument("--error", help="error text that came with a log (minimal reproducer)")
+    d.add_argument("--root", default=".model_debugger", help="where sessions are saved")
+    s = sub.add_parser("report", help="print the report of a saved session")
+    s.add_argument("session", help="session folder")
+    s.add_argument("--json", action="store_true")
+    return parser
+
+
+def _print_human(report: dict, out) -> None:
+    rep, cls = report["reproduce"], report["classification"]
+    w = out.write
+    w(f"Reproduce: {rep['summary']} - {rep['steps']} steps, {rep['epochs']} epochs, "
+      f"{rep['seconds']:.1f} s\n")
+    if rep.get("error"):
+        loc = rep.get("error_location")
+        where = f" at {loc['file']}:{loc['line']}" if loc else ""
+        w(f"  error: {rep['error']}{where}\n")
+    for line in rep.get("tried", []):
+        w(f"  tried {line}\n")
+    sec = f" (secondary: {', '.join(cls['secondary'])})" if cls["secondary"] else ""
+    w(f"Classify: {cls['primary']}{sec}\n")
+    for ev in cls["evidence"]:
+        w(f"  {ev['signal']} = {ev['value']}  - {ev['detail']}\n")
+    for kind, loc in (rep.get("code") or {}).items():
+        w(f"  code: {kind} at {loc['file']}:{loc['line']}\n")
+    w(f"Next phase: {report['phase']} (fix allowed: {str(report['fix_allowed']).lower()})\n")
+    w(f"Session saved: {report['session_dir']}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``model-debugger`` command; returns the exit code."""
+    ns = _parser().parse_args(argv)
+    from .diagnose import diagnose_log, diagnose_script
+    from .logs import is_log_file
+    from .session import DebugSession
+
+    try:
+        if ns.command == "report":
+            report = DebugSession.load(ns.session).report()
+        else:
+            if ns.runs < 1:
+                raise ValueError("--runs must be at least 1")
+            if not os.path.exists(ns.script):
+                raise ValueError(f"no such file: {ns.script}")
+            args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+            if is_log_file(ns.script):
+                session = diagnose_log(ns.script, ns.error, root=ns.root)
+            else:
+                session = diagnose_script(ns.script, args, runs=ns.runs, seed=ns.seed,
+                                          max_seconds=ns.max_seconds, root=ns.root)
+            report = session.report()
+    except (ValueError, SessionError) as exc:
+        print(f"model-debugger: error: {exc}", file=sys.stderr)
+        return 2
+    if ns.json:
+        sys.stdout.write(json.dumps(report, default=str) + "\n")
+    else:
+        _print_human(report, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

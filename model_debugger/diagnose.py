@@ -1,0 +1,121 @@
+"""Reproduce and classify: run an artifact (or read a log) and record the verdict in a session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+
+from .classify import classify
+from .logs import load_log
+from .records import HEALTHY, Run
+from .runner import run_script
+from .session import DebugSession
+from .signals import compute
+
+
+def _result_of(run: Run, category: str) -> dict:
+    err = run.error
+    return {
+        "steps": len(run.steps),
+        "epochs": run.epochs,
+        "error": f"{err['type']}: {err['message']}" if err else None,
+        "error_location": err.get("location") if err else None,
+        "seconds": round(run.seconds, 3),
+        "code": run.refs(),
+        "category": category,
+    }
+
+
+def _verdict(results: list[dict], tried: list[str]) -> dict:
+    """Fold per-run results into one Reproduce verdict ("reproduced 2/3")."""
+    problems = Counter(r["category"] for r in results if r["category"] != HEALTHY)
+    if problems:
+        category, count = problems.most_common(1)[0]
+        ref = next(r for r in results if r["category"] == category)
+        status = "reproduced"
+    else:
+        category, count = HEALTHY, 0
+        ref = next((r for r in results if r["error"]), results[0])
+        status = "crashed" if ref["error"] else "not_reproduced"
+    out = {k: v for k, v in ref.items() if k != "category"}
+    out.update(status=status, problem=category if count else None,
+               runs={"total": len(results), "reproduced": count,
+                     "categories": [r["category"] for r in results]},
+               summary=f"{status.replace('_', ' ')} {count}/{len(results)}")
+    if status != "reproduced":
+        out["tried"] = tried
+    return out
+
+
+def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
+                    seed: int | None = None, max_seconds: float | None = None,
+                    root: str = ".model_debugger", stdout=None) -> DebugSession:
+    """Reproduce ``script`` ``runs`` times under capture, classify, and save a session.
+
+    Parameters
+    ----------
+    script : str
+        The training script (run as ``__main__`` in a child process).
+    args : list of str, optional
+        Its command-line arguments.
+    runs : int
+        How many times to run it; run ``i`` uses seed ``seed + i`` when a seed is given.
+    seed : int, optional
+        Seed for Python, NumPy and torch in the child.
+    max_seconds : float, optional
+        Stop each run after this long; what was recorded so far is classified.
+    root : str
+        Where sessions are saved.
+    stdout : file, optional
+        Where the script's own output goes (default: stderr).
+
+    Returns
+    -------
+    DebugSession
+        With Reproduce and Classify recorded.
+    """
+    args = list(args or [])
+    script = os.path.abspath(script)
+    session = DebugSession.create(root, title=os.path.basename(script))
+    shutil.copyfile(script, os.path.join(session.directory, "artifact.py"))
+    session.append("artifact", type="script", script=script, args=args, seed=seed,
+                   max_seconds=max_seconds)
+    results, tried, per_run = [], [], []
+    for i in range(max(1, runs)):
+        record = os.path.join(session.run_dir(i), "record.jsonl")
+        run_seed = None if seed is None else seed + i
+        child = run_script(script, args, record, seed=run_seed, max_seconds=max_seconds,
+                           stdout=stdout)
+        run = Run.load(record) if os.path.exists(record) else Run([])
+        sig = compute(run)
+        cls = classify(sig)
+        res = _result_of(run, cls.primary)
+        res.update(record=os.path.relpath(record, session.directory), exit_code=child.returncode,
+                   timed_out=child.timed_out, complete=run.ended)
+        results.append(res)
+        per_run.append((cls, sig))
+        tried.append(f"run {i + 1}: seed={run_seed}, exit code {child.returncode}, "
+                     f"{len(run.steps)} steps{', time limit hit' if child.timed_out else ''}"
+                     f" -> {cls.primary}")
+    verdict = _verdict(results, tried)
+    session.record_reproduce(verdict)
+    index = next((i for i, r in enumerate(results)
+                  if r["category"] == (verdict["problem"] or HEALTHY)), 0)
+    cls, sig = per_run[index]
+    session.record_classification(cls, sig)
+    return session
+
+
+def diagnose_log(path: str, error: str | None = None,
+                 root: str = ".model_debugger") -> DebugSession:
+    """Classify from a minimal reproducer (a loss/metrics log plus optional error text)."""
+    run = load_log(path, error)
+    session = DebugSession.create(root, title=os.path.basename(path))
+    session.append("artifact", type="log", path=os.path.abspath(path), error=error)
+    sig = compute(run)
+    cls = classify(sig)
+    res = _result_of(run, cls.primary)
+    session.record_reproduce(_verdict([res], [f"read {path}: {len(run.steps)} loss points"]))
+    session.record_classification(cls, sig)
+    return session

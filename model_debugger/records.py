@@ -1,0 +1,224 @@
+"""Records: the run (what capture saw) and the frozen results of each phase, with JSON round trips."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+CATEGORIES = (
+    "loss_not_decreasing", "overfitting", "gradient_instability", "memory_issue",
+    "performance_issue", "convergence_to_wrong_solution",
+)
+HEALTHY = "healthy"
+ROOT_CAUSES = ("hyperparameter", "data", "architecture", "training_loop", "hardware")
+
+
+def as_float(value) -> float:
+    """Decode a JSON number that may be stored as ``"nan"``/``"inf"``; None becomes NaN."""
+    if value is None:
+        return math.nan
+    return float(value)
+
+
+def _tokens(name: str) -> set[str]:
+    return set(re.split(r"[^a-z0-9]+", name.lower())) - {""}
+
+
+_VAL = {"val", "valid", "validation", "test", "eval", "dev", "holdout"}
+_ACC = {"acc", "accuracy", "top1"}
+_F1 = {"f1", "f1score", "recall", "precision", "auc", "auroc", "mcc"}
+
+
+def metric_role(name: str) -> tuple[str, str] | None:
+    """Classify a metric name as ``(split, kind)``.
+
+    ``split`` is ``"train"`` or ``"val"``; ``kind`` is ``"loss"``, ``"acc"`` or ``"f1"`` (F1 and
+    other class-balanced scores). Returns None for anything else (learning rate, time, ...).
+    """
+    tok = _tokens(name)
+    joined = name.lower()
+    split = "val" if tok & _VAL or joined.startswith("val") else "train"
+    if "loss" in tok or any(t.endswith("loss") for t in tok):
+        return split, "loss"
+    if tok & _ACC or any(t.endswith("acc") or t.endswith("accuracy") for t in tok):
+        return split, "acc"
+    if tok & _F1 or any(t.endswith("f1") for t in tok):
+        return split, "f1"
+    return None
+
+
+@dataclass
+class Run:
+    """Everything one captured run recorded, loaded from its JSON-lines stream.
+
+    Attributes
+    ----------
+    events : list of dict
+        The raw events in order (``start``, ``step``, ``metric``, ``nonfinite``, ``ref``, ...).
+    """
+
+    events: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str) -> Run:
+        """Read a record; a truncated last line (a killed process) is ignored."""
+        events = []
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+        return cls(events)
+
+    def of(self, kind: str) -> list[dict]:
+        """All events of one kind."""
+        return [e for e in self.events if e.get("t") == kind]
+
+    def first(self, kind: str) -> dict | None:
+        """The first event of one kind, or None."""
+        return next((e for e in self.events if e.get("t") == kind), None)
+
+    @property
+    def steps(self) -> list[dict]:
+        return self.of("step")
+
+    @property
+    def error(self) -> dict | None:
+        return self.first("error")
+
+    @property
+    def ended(self) -> bool:
+        """False when the process died before the capture could close the record."""
+        return self.first("end") is not None
+
+    def series(self, key: str) -> np.ndarray:
+        """A per-step array (``loss``, ``gn``, ``dt``, ``dw``, ``rss``, ``ur``), NaN where missing."""
+        return np.array([as_float(s.get(key)) for s in self.steps], dtype=float)
+
+    def module_norms(self) -> tuple[list[str], np.ndarray]:
+        """Module names (first-seen order) and a steps x modules array of gradient norms."""
+        names: list[str] = []
+        for s in self.steps:
+            for k in s.get("mgn", {}):
+                if k not in names:
+                    names.append(k)
+        arr = np.full((len(self.steps), len(names)), np.nan)
+        index = {n: i for i, n in enumerate(names)}
+        for r, s in enumerate(self.steps):
+            for k, v in s.get("mgn", {}).items():
+                arr[r, index[k]] = as_float(v)
+        return names, arr
+
+    def metrics(self) -> dict[str, list[tuple[int, int, float]]]:
+        """``{name: [(step, epoch, value), ...]}`` from every metric source."""
+        out: dict[str, list] = {}
+        for e in self.of("metric"):
+            out.setdefault(e["name"], []).append((e.get("step", 0), e.get("epoch", 0),
+                                                  as_float(e["value"])))
+        return out
+
+    def metric_by_role(self, split: str, kind: str) -> tuple[str, np.ndarray] | None:
+        """The best-matching metric series for a role, one value per epoch when epochs exist.
+
+        User-reported metrics win over ``auto`` ones (validation losses seen under no_grad).
+        """
+        metrics = self.metrics()
+        sources = {e["name"]: e.get("source") for e in self.of("metric")}
+        names = [n for n in metrics if metric_role(n) == (split, kind)]
+        if not names:
+            return None
+        names.sort(key=lambda n: (sources.get(n) == "auto", -len(metrics[n]), n))
+        name = names[0]
+        return name, _per_epoch(metrics[name])
+
+    def refs(self) -> dict[str, dict]:
+        """First code reference of each kind: ``{"backward": {"file", "line"}, ...}``."""
+        out: dict[str, dict] = {}
+        for e in self.of("ref"):
+            out.setdefault(e["kind"], {"file": e["file"], "line": e["line"]})
+        return out
+
+    @property
+    def epochs(self) -> int:
+        """Epochs observed: DataLoader re-iterations, or epochs named by metrics."""
+        seen = [s.get("ep", 0) for s in self.steps] + [e.get("epoch", 0) for e in self.of("epoch")]
+        seen += [e.get("epoch") or 0 for e in self.of("metric")]
+        return (max(seen) + 1) if (self.steps or self.of("metric")) and seen else 0
+
+    @property
+    def seconds(self) -> float:
+        end = self.first("end")
+        if end is not None:
+            return float(end.get("seconds", 0.0))
+        return float(np.nansum(self.series("dt"))) if self.steps else 0.0
+
+
+def _per_epoch(points: list[tuple[int, int, float]]) -> np.ndarray:
+    """Collapse a metric to its last value per epoch when it was reported several times per epoch."""
+    epochs = [p[1] for p in points]
+    if len(set(epochs)) > 1 and len(set(epochs)) < len(points):
+        last: dict[int, float] = {}
+        for _, ep, v in points:
+            last[ep] = v
+        return np.array([last[k] for k in sorted(last)], dtype=float)
+    return np.array([p[2] for p in points], dtype=float)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One number a classification rule used."""
+
+    signal: str
+    value: float | str
+    detail: str
+
+    def to_json(self) -> dict:
+        v = self.value
+        if isinstance(v, float):
+            v = v if math.isfinite(v) else str(v)
+        return {"signal": self.signal, "value": v, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The primary category, ranked secondaries, and the numbers behind them."""
+
+    primary: str
+    secondary: tuple[str, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"primary": self.primary, "secondary": list(self.secondary),
+                "evidence": [e.to_json() for e in self.evidence]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Classification:
+        return cls(data["primary"], tuple(data.get("secondary", ())),
+                   tuple(Evidence(**e) for e in data.get("evidence", ())))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A root-cause hypothesis from a probe; ``confirmed`` only when a measurement supports it."""
+
+    check: str
+    root_cause: str
+    confirmed: bool
+    explanation: str
+    location: dict | None = None
+    evidence: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Finding:
+        return cls(**data)

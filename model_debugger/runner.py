@@ -1,0 +1,63 @@
+"""Run a training script in a child process that streams its record to a file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    """How the child process ended."""
+
+    returncode: int
+    seconds: float
+    timed_out: bool
+
+
+def run_script(script: str, args: list[str], record: str, seed: int | None = None,
+               max_seconds: float | None = None, stdout=None) -> ChildResult:
+    """Run ``script`` as ``__main__`` under capture; its record streams to ``record``.
+
+    Parameters
+    ----------
+    script, args
+        The training script and its arguments.
+    record : str
+        Path of the JSON-lines record the child writes as it goes.
+    seed : int, optional
+        Seeds Python, NumPy and torch in the child before the script runs.
+    max_seconds : float, optional
+        Stop the script after this long: SIGTERM (the record is closed as interrupted), then
+        SIGKILL five seconds later (the record keeps every step written so far).
+    stdout : file, optional
+        Where the script's output goes (default: this process's stderr, keeping stdout clean).
+    """
+    cmd = [sys.executable, "-m", "model_debugger._child", "--record", record]
+    if seed is not None:
+        cmd += ["--seed", str(seed)]
+    cmd += [script, *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=stdout or sys.stderr, stderr=stdout or sys.stderr,
+                            env=env)
+    timed_out = False
+    try:
+        proc.wait(timeout=max_seconds)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return ChildResult(proc.returncode, time.perf_counter() - t0, timed_out)

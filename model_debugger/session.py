@@ -1,0 +1,207 @@
+"""DebugSession: the single source of truth of an investigation.
+
+State is an append-only event log; everything else (phase, classification, gates) is derived
+from it by replay, so a session reloaded after a restart is exactly the one that was saved. The
+file is written atomically (temp file + rename) under ``.model_debugger/<session-id>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+import time
+
+from .records import Classification, Finding
+
+SCHEMA = "model_debugger.session/1"
+REPORT_SCHEMA = "model_debugger.report/1"
+PHASES = ("reproduce", "classify", "isolate", "fix", "verify")
+SESSION_FILE = "session.json"
+
+
+class SessionError(Exception):
+    """A session file that cannot be used, or an action the phase gates refuse."""
+
+
+class GateError(SessionError):
+    """An action refused by a phase gate; the session is unchanged."""
+
+
+class DebugSession:
+    """One investigation: Reproduce -> Classify -> Isolate -> Fix -> Verify.
+
+    Parameters
+    ----------
+    directory : str
+        The session folder (``.model_debugger/<id>``).
+    data : dict
+        The saved document: ``schema``, ``id``, ``created``, ``events``.
+    """
+
+    def __init__(self, directory: str, data: dict) -> None:
+        self.directory = directory
+        self._data = data
+
+    # -- persistence -----------------------------------------------------------------------
+    @classmethod
+    def create(cls, root: str = ".model_debugger", title: str = "") -> DebugSession:
+        """Create and save a new, empty session under ``root``."""
+        sid = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        directory = os.path.join(root, sid)
+        os.makedirs(directory, exist_ok=False)
+        session = cls(directory, {"schema": SCHEMA, "id": sid, "created": time.time(),
+                                  "title": title, "events": []})
+        session.save()
+        return session
+
+    @classmethod
+    def load(cls, path: str) -> DebugSession:
+        """Load a session from its folder or its ``session.json``.
+
+        Raises
+        ------
+        SessionError
+            When the file is missing, not JSON, or not a model_debugger session.
+        """
+        file = os.path.join(path, SESSION_FILE) if os.path.isdir(path) else path
+        try:
+            with open(file, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            raise SessionError(f"no model_debugger session at {path!r} "
+                               f"(expected {SESSION_FILE})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SessionError(f"{file} is corrupt: not valid JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+            raise SessionError(f"{file} is not a model_debugger session "
+                               f"(schema {found!r}, expected {SCHEMA!r})")
+        if not isinstance(data.get("events"), list) or not isinstance(data.get("id"), str):
+            raise SessionError(f"{file} is corrupt: missing 'id' or 'events'")
+        return cls(os.path.dirname(os.path.abspath(file)), data)
+
+    def save(self) -> None:
+        """Write ``session.json`` atomically."""
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".session-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(self._data, fh, indent=1, default=str)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, os.path.join(self.directory, SESSION_FILE))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    # -- the log ---------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._data["id"]
+
+    @property
+    def events(self) -> list[dict]:
+        """The append-only event log (a copy)."""
+        return [dict(e) for e in self._data["events"]]
+
+    def append(self, kind: str, /, **data) -> dict:
+        """Append an event and save."""
+        event = {"seq": len(self._data["events"]), "time": time.time(), "kind": kind, **data}
+        self._data["events"].append(event)
+        self.save()
+        return event
+
+    def _last(self, kind: str) -> dict | None:
+        return next((e for e in reversed(self._data["events"]) if e["kind"] == kind), None)
+
+    def run_dir(self, n: int) -> str:
+        """The folder of the n-th captured run (created)."""
+        path = os.path.join(self.directory, "runs", str(n))
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    # -- derived state ---------------------------------------------------------------------
+    @property
+    def reproduce(self) -> dict | None:
+        e = self._last("reproduce")
+        return e["result"] if e else None
+
+    @property
+    def classification(self) -> Classification | None:
+        e = self._last("classify")
+        return Classification.from_json(e["classification"]) if e else None
+
+    @property
+    def findings(self) -> list[Finding]:
+        e = self._last("isolate")
+        return [Finding.from_json(f) for f in e["findings"]] if e else []
+
+    @property
+    def fix_allowed(self) -> bool:
+        """True exactly when a confirmed finding exists (the Fix gate)."""
+        return any(f.confirmed for f in self.findings)
+
+    @property
+    def phase(self) -> str:
+        """The current phase: the first one not yet done."""
+        if self.reproduce is None:
+            return "reproduce"
+        if self.classification is None:
+            return "classify"
+        if not self.fix_allowed:
+            return "isolate"
+        if self._last("fix") is None:
+            return "fix"
+        return "verify"
+
+    def gates(self) -> dict[str, str | None]:
+        """For each phase, None when it may run, else the reason it is blocked."""
+        return {
+            "reproduce": None,
+            "classify": None if self.reproduce else "needs a reproduce record",
+            "isolate": None if self.classification else "needs a classification",
+            "fix": None if self.fix_allowed else "needs a confirmed finding from Isolate",
+            "verify": None if self._last("fix") else "needs an approved fix",
+        }
+
+    def _require(self, phase: str) -> None:
+        reason = self.gates()[phase]
+        if reason:
+            raise GateError(f"{phase} refused: {reason} (current phase: {self.phase})")
+
+    # -- phase actions ---------------------------------------------------------------------
+    def record_reproduce(self, result: dict) -> None:
+        """Record the Reproduce result (status, steps, epochs, error, seconds, runs, ...)."""
+        self.append("reproduce", result=result)
+
+    def record_classification(self, classification: Classification, signals: dict) -> None:
+        """Record the Classify result; needs a reproduce record."""
+        self._require("classify")
+        self.append("classify", classification=classification.to_json(), signals=signals)
+
+    def record_findings(self, findings: list[Finding]) -> None:
+        """Record Isolate's findings, confirmed first; needs a classification."""
+        self._require("isolate")
+        ordered = sorted(findings, key=lambda f: not f.confirmed)
+        self.append("isolate", findings=[f.to_json() for f in ordered])
+
+    def report(self) -> dict:
+        """The report shared by the CLI, notebooks, the sidebar and exports."""
+        rep = self.reproduce
+        cls = self.classification
+        fix = self._last("fix")
+        ver = self._last("verify")
+        return {
+            "schema": REPORT_SCHEMA,
+            "session": self.id,
+            "session_dir": self.directory,
+            "phase": self.phase,
+            "fix_allowed": self.fix_allowed,
+            "reproduce": rep,
+            "classification": cls.to_json() if cls else None,
+            "findings": [f.to_json() for f in self.findings],
+            "fix": fix["fix"] if fix else None,
+            "verification": ver["verification"] if ver else None,
+        }

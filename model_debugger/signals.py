@@ -1,0 +1,170 @@
+"""Signals: the numbers a run is judged by, computed once from a Run.
+
+Every value here is a plain float/int/str (or None when the run cannot tell), so rules can cite
+them as evidence verbatim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .records import Run
+
+
+def _finite(a: np.ndarray) -> np.ndarray:
+    return a[np.isfinite(a)]
+
+
+def _head_tail(a: np.ndarray) -> tuple[float, float]:
+    """Robust start and end level of a curve: medians of its first and last ~10%."""
+    k = max(1, min(20, len(a) // 10))
+    return float(np.median(a[:k])), float(np.median(a[-k:]))
+
+
+def constant_predictor(targets: dict | None) -> tuple[float | None, float | None]:
+    """Loss of the best constant predictor and the majority-class rate, from target statistics.
+
+    Parameters
+    ----------
+    targets : dict or None
+        The last ``targets`` event: ``{"loss", "n", "counts"}`` or ``{"loss", "n", "mean", "var"}``.
+
+    Returns
+    -------
+    tuple
+        ``(baseline_loss, majority_rate)``; either is None when the loss kind gives no formula.
+    """
+    if not targets:
+        return None, None
+    loss = targets.get("loss")
+    counts = targets.get("counts")
+    if counts and loss in ("cross_entropy", "nll_loss"):
+        p = np.asarray(counts, dtype=float)
+        p = p[p > 0] / p.sum()
+        return float(-(p * np.log(p)).sum()), float(p.max())
+    mean, var = targets.get("mean"), targets.get("var")
+    if mean is None:
+        return None, None
+    if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits") and 0 < mean < 1:
+        return float(-(mean * math.log(mean) + (1 - mean) * math.log(1 - mean))), max(mean,
+                                                                                         1 - mean)
+    if loss == "mse_loss":
+        return float(var), None
+    return None, None
+
+
+def _per_epoch_train_loss(run: Run) -> np.ndarray:
+    by_epoch: dict[int, list[float]] = {}
+    for s in run.steps:
+        v = s.get("loss")
+        if isinstance(v, (int, float)):
+            by_epoch.setdefault(s.get("ep", 0), []).append(float(v))
+    return np.array([np.mean(by_epoch[k]) for k in sorted(by_epoch)], dtype=float)
+
+
+def _fit(y: np.ndarray) -> tuple[float, float]:
+    """Least-squares slope per step and R^2 of a line through ``y``."""
+    x = np.arange(len(y), dtype=float)
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (slope * x + intercept)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 0.0
+    return float(slope), r2
+
+
+def compute(run: Run) -> dict:
+    """Compute every signal of a run.
+
+    Returns
+    -------
+    dict
+        Keys are signal names; rules in :mod:`model_debugger.classify` read them.
+    """
+    s: dict = {"steps": len(run.steps), "epochs": run.epochs}
+    loss = run.series("loss")
+    fl = _finite(loss)
+    s["loss_points"] = int(len(fl))
+    if len(fl) >= 2:
+        s["loss_initial"], s["loss_final"] = _head_tail(fl)
+        s["loss_min"] = float(fl.min())
+        s["loss_max"] = float(fl.max())
+        s["loss_relative_drop"] = (s["loss_initial"] - s["loss_final"]) / max(
+            abs(s["loss_initial"]), 1e-12)
+    targets = run.of("targets")
+    s["constant_predictor_loss"], s["majority_rate"] = constant_predictor(
+        targets[-1] if targets else None)
+
+    bad = run.first("nonfinite")
+    bad_idx = [i for i, st in enumerate(run.steps) if isinstance(st.get("loss"), str)]
+    if bad is not None:
+        s["first_nonfinite_step"], s["nonfinite_what"] = bad["step"], bad["what"]
+        s["nonfinite_module"] = bad.get("module")
+    elif len(bad_idx):
+        s["first_nonfinite_step"], s["nonfinite_what"] = bad_idx[0], "loss"
+
+    gn = _finite(run.series("gn"))
+    if len(gn) >= 10:
+        head, _ = _head_tail(gn)
+        s["grad_norm_initial"] = head
+        s["grad_norm_max"] = float(gn.max())
+        s["grad_norm_growth"] = float(gn.max() / max(head, 1e-12))
+    names, norms = run.module_norms()
+    if len(names) >= 3 and len(norms) >= 5:
+        med = np.nanmedian(np.where(np.isfinite(norms), norms, np.nan), axis=0)
+        if np.isfinite(med[0]) and np.isfinite(med[-1]) and med[-1] > 0:
+            s["first_layer"], s["last_layer"] = names[0], names[-1]
+            s["first_to_last_grad_ratio"] = float(med[0] / med[-1])
+
+    rss = run.series("rss")
+    rss = rss[np.isfinite(rss)]
+    if len(rss) >= 20:
+        body = rss[len(rss) // 10:]
+        slope, r2 = _fit(body / 2**20)
+        s["rss_start_mb"], s["rss_end_mb"] = float(body[0] / 2**20), float(body[-1] / 2**20)
+        s["rss_growth_mb"] = float((body[-1] - body[0]) / 2**20)
+        s["rss_slope_mb_per_step"], s["rss_growth_r2"] = slope, r2
+    err = run.error
+    if err is not None:
+        s["error_kind"], s["error"] = err["kind"], f"{err['type']}: {err['message']}"[:300]
+
+    dt, dw = run.series("dt"), run.series("dw")
+    ok = np.isfinite(dt) & np.isfinite(dw) & (dt > 0)
+    if ok.sum() >= 5:
+        s["data_wait_fraction"] = float(dw[ok].sum() / dt[ok].sum())
+        s["data_wait_ms"] = float(1000 * dw[ok].mean())
+        s["step_ms"] = float(1000 * dt[ok].mean())
+
+    train_ep = _per_epoch_train_loss(run)
+    train_metric = run.metric_by_role("train", "loss")
+    if train_metric is not None and len(train_metric[1]) >= len(train_ep):
+        train_ep = train_metric[1]
+    val = run.metric_by_role("val", "loss")
+    if val is not None and len(_finite(val[1])) >= 3:
+        v = _finite(val[1])
+        best = int(np.argmin(v))
+        s["val_loss_name"], s["val_points"] = val[0], len(v)
+        s["val_loss_min"], s["val_loss_min_index"], s["val_loss_final"] = float(v[best]), best, \
+            float(v[-1])
+        s["val_loss_rise"] = float((v[-1] - v[best]) / max(abs(v[best]), 1e-12))
+        t = train_ep[np.isfinite(train_ep)] if len(train_ep) else train_ep
+        if len(t) >= len(v) >= 3:
+            t = t[-len(v):] if len(t) != len(v) else t
+            s["train_loss_at_val_min"], s["train_loss_final"] = float(t[best]), float(t[-1])
+            s["gap_at_val_min"] = float(v[best] - t[best])
+            s["gap_final"] = float(v[-1] - t[-1])
+    for split in ("val", "train"):
+        for kind in ("acc", "f1"):
+            m = run.metric_by_role(split, kind)
+            if m is None or not len(_finite(m[1])):
+                continue
+            values = _finite(m[1])
+            scale = 100.0 if values.max() > 1.0 else 1.0
+            values = values / scale
+            s[f"{split}_{kind}_name"] = m[0]
+            s[f"{split}_{kind}_final"] = float(values[-1])
+            s[f"{split}_{kind}_max"] = float(values.max())
+            s[f"{split}_{kind}_gain"] = float(values[-1] - values[0])
+            s[f"{split}_{kind}_points"] = len(values)
+    return s
