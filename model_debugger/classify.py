@@ -23,15 +23,15 @@ RSS_R2 = 0.8                 # ... that is steady (linear fit)
 DATA_WAIT_FRACTION = 0.5     # data wait share of step time
 DATA_WAIT_MS = 2.0           # ... and at least this much per step
 VAL_RISE = 0.10              # validation loss 10% above its minimum at the end
-TRAIN_STILL_FALLING = 0.9    # train loss at the end below 90% of its value at the val minimum
-TRIVIAL_METRIC_MARGIN = 0.015  # accuracy within 1.5 points of the majority rate
+TRAIN_NOT_RISING = 1.02     # train loss at the end not above its value at the val minimum
+TRIVIAL_METRIC_MARGIN = 0.015  # accuracy no more than 1.5 points above the majority rate
 TRIVIAL_F1 = 0.05
 LOSS_FALLS = 0.10            # "loss falls": at least a 10% decrease
 
 
 def _ev(sig: dict, key: str, detail: str) -> Evidence:
     value = sig[key]
-    return Evidence(key, round(value, 6) if isinstance(value, float) else value, detail)
+    return Evidence(key, float(f"{value:.6g}") if isinstance(value, float) else value, detail)
 
 
 def nonfinite(sig: dict):
@@ -56,9 +56,9 @@ def exploding(sig: dict):
         if sig["loss_final"] >= DIVERGE_RATIO * sig["loss_initial"]:
             ev += [_ev(sig, "loss_initial", "median of the first steps"),
                    _ev(sig, "loss_final", f"median of the last steps, >= {DIVERGE_RATIO}x initial")]
-        elif sig["loss_max"] >= SPIKE_RATIO * sig["loss_initial"]:
+        elif sig.get("loss_spike", 0) >= SPIKE_RATIO * sig["loss_initial"]:
             ev += [_ev(sig, "loss_initial", "median of the first steps"),
-                   _ev(sig, "loss_max", f"a spike >= {SPIKE_RATIO}x the initial loss")]
+                   _ev(sig, "loss_spike", f"highest loss after warm-up, >= {SPIKE_RATIO}x initial")]
     if sig.get("grad_norm_growth", 0) >= GRAD_GROWTH:
         ev.append(_ev(sig, "grad_norm_growth", f"max/initial global gradient norm >= {GRAD_GROWTH:g}"))
     return ("gradient_instability", ev) if ev else None
@@ -76,15 +76,15 @@ def memory_growth(sig: dict):
 def overfitting(sig: dict):
     if sig.get("val_loss_rise", 0) >= VAL_RISE and sig["val_loss_min_index"] < sig["val_points"] - 1:
         if "train_loss_final" in sig and \
-                sig["train_loss_final"] > TRAIN_STILL_FALLING * sig["train_loss_at_val_min"]:
-            return None
+                sig["train_loss_final"] > TRAIN_NOT_RISING * sig["train_loss_at_val_min"]:
+            return None  # both rising: divergence, not overfitting
         ev = [_ev(sig, "val_loss_min", f"'{sig['val_loss_name']}' best value, at point "
                   f"{sig['val_loss_min_index']}"),
               _ev(sig, "val_loss_final", "last value"),
               _ev(sig, "val_loss_rise", f"relative rise from the minimum (>= {VAL_RISE})")]
         if "train_loss_final" in sig:
             ev += [_ev(sig, "train_loss_at_val_min", "train loss when validation was best"),
-                   _ev(sig, "train_loss_final", "train loss still falling")]
+                   _ev(sig, "train_loss_final", "train loss not rising meanwhile")]
         return "overfitting", ev
     return None
 
@@ -98,7 +98,7 @@ def wrong_solution(sig: dict):
                 _ev(sig, "loss_relative_drop", "the loss falls"),
                 _ev(sig, f"{split}_f1_final", f"'{sig[f'{split}_f1_name']}' stays ~0")]
         if f"{split}_acc_final" in sig and sig.get("majority_rate") is not None:
-            trivial = abs(sig[f"{split}_acc_final"] - sig["majority_rate"]) <= TRIVIAL_METRIC_MARGIN
+            trivial = sig[f"{split}_acc_final"] <= sig["majority_rate"] + TRIVIAL_METRIC_MARGIN
             near_baseline = sig.get("constant_predictor_loss") is not None and \
                 sig.get("loss_final", 0) >= BASELINE_MARGIN * sig["constant_predictor_loss"]
             if trivial and (falls or near_baseline):
@@ -124,6 +124,8 @@ def vanishing(sig: dict):
 def not_decreasing(sig: dict):
     if sig.get("loss_points", 0) < MIN_STEPS:
         return None
+    if sig["loss_final"] >= DIVERGE_RATIO * max(sig["loss_initial"], 0):
+        return None  # a rising loss is divergence (gradient_instability), not a plateau
     if sig["loss_relative_drop"] < PLATEAU_DROP:
         return "loss_not_decreasing", [
             _ev(sig, "loss_initial", "median of the first steps"),

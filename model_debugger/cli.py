@@ -1,4 +1,7 @@
-"""Command line: ``model-debugger diagnose SCRIPT [--json] [--runs N] [--seed S] [-- ARGS]``."""
+"""Command line: ``model-debugger diagnose SCRIPT [--json] [--runs N] [--seed S] [-- ARGS]``.
+
+Everything after ``--`` is passed to the training script.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ def _parser() -> argparse.ArgumentParser:
                     "also be a loss/metrics log (.csv, .jsonl, .json, TensorBoard events) when "
                     "nothing can be run.")
     d.add_argument("script", help="training script, or a log file for a minimal reproducer")
-    d.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script, after --")
     d.add_argument("--json", action="store_true", help="print one JSON report on stdout")
     d.add_argument("--runs", type=int, default=1, help="run the artifact N times (default 1)")
     d.add_argument("--seed", type=int, help="seed Python/NumPy/torch; run i uses SEED+i")
@@ -57,6 +59,11 @@ def _print_human(report: dict, out) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``model-debugger`` command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:  # everything after "--" belongs to the training script
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
     ns = _parser().parse_args(argv)
     from .diagnose import diagnose_log, diagnose_script
     from .logs import is_log_file
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--runs must be at least 1")
             if not os.path.exists(ns.script):
                 raise ValueError(f"no such file: {ns.script}")
-            args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+            args = script_args
             if is_log_file(ns.script):
                 session = diagnose_log(ns.script, ns.error, root=ns.root)
             else:

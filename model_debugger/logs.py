@@ -40,7 +40,9 @@ def _num(v):
 def _rows_to_run(rows: list[dict], error: str | None) -> Run:
     if not rows:
         raise ValueError("the log holds no rows")
-    columns = [c for c in rows[0] if c is not None]
+    columns: list[str] = []
+    for row in rows:  # eval rows may add columns that train rows lack
+        columns += [c for c in row if c is not None and c not in columns]
     lower = {c.lower(): c for c in columns}
     loss_col = next((lower[n] for n in _LOSS_NAMES if n in lower), None)
     if loss_col is None:
@@ -127,7 +129,11 @@ def load_log(path: str, error: str | None = None) -> Run:
             rows = list(csv.DictReader(fh))
         elif name.endswith(".json"):
             data = json.load(fh)
-            rows = data if isinstance(data, list) else data.get("rows", [])
+            rows = data if isinstance(data, list) else (
+                data.get("rows") if isinstance(data, dict) else None)
+            if not isinstance(rows, list):
+                raise ValueError(f"{path}: expected a list of objects (rows), "
+                                 f"got {type(data).__name__}")
         else:
             rows = []
             for n, line in enumerate(fh, 1):

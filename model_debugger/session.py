@@ -49,7 +49,7 @@ class DebugSession:
     def create(cls, root: str = ".model_debugger", title: str = "") -> DebugSession:
         """Create and save a new, empty session under ``root``."""
         sid = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-        directory = os.path.join(root, sid)
+        directory = os.path.abspath(os.path.join(root, sid))
         os.makedirs(directory, exist_ok=False)
         session = cls(directory, {"schema": SCHEMA, "id": sid, "created": time.time(),
                                   "title": title, "events": []})
@@ -107,10 +107,14 @@ class DebugSession:
         return [dict(e) for e in self._data["events"]]
 
     def append(self, kind: str, /, **data) -> dict:
-        """Append an event and save."""
+        """Append an event and save; a failed save leaves the session as it was."""
         event = {"seq": len(self._data["events"]), "time": time.time(), "kind": kind, **data}
         self._data["events"].append(event)
-        self.save()
+        try:
+            self.save()
+        except BaseException:
+            self._data["events"].pop()
+            raise
         return event
 
     def _last(self, kind: str) -> dict | None:
@@ -160,8 +164,8 @@ class DebugSession:
         """For each phase, None when it may run, else the reason it is blocked."""
         return {
             "reproduce": None,
-            "classify": None if self.reproduce else "needs a reproduce record",
-            "isolate": None if self.classification else "needs a classification",
+            "classify": None if self.reproduce is not None else "needs a reproduce record",
+            "isolate": None if self.classification is not None else "needs a classification",
             "fix": None if self.fix_allowed else "needs a confirmed finding from Isolate",
             "verify": None if self._last("fix") else "needs an approved fix",
         }

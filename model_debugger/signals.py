@@ -90,6 +90,7 @@ def compute(run: Run) -> dict:
         s["loss_initial"], s["loss_final"] = _head_tail(fl)
         s["loss_min"] = float(fl.min())
         s["loss_max"] = float(fl.max())
+        s["loss_spike"] = float(fl[len(fl) // 10:].max())  # after a 10% warm-up
         s["loss_relative_drop"] = (s["loss_initial"] - s["loss_final"]) / max(
             abs(s["loss_initial"]), 1e-12)
     targets = run.of("targets")

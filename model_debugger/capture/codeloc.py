@@ -7,6 +7,7 @@ model_debugger, or to the standard library.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -29,6 +30,7 @@ def _framework_dir(name: str) -> str | None:
     return _framework_dirs[name]
 
 
+@functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str) -> bool:
     """Return True when ``filename`` belongs to the user's code.
 

@@ -39,6 +39,7 @@ class TorchInstrument:
         self._undo: list = []
         self._pending_losses: list[float] = []
         self._backwards = 0
+        self._in_backward = False
         self._opt_steps = 0
         self._mode = None  # "optimizer" once a step is seen, "backward" for loops without one
         self._last_step_end = None
@@ -112,9 +113,15 @@ class TorchInstrument:
         inst = self
 
         def backward(tensor, *args, **kwargs):
-            if is_method or isinstance(tensor, torch.Tensor):
+            # Tensor.backward calls torch.autograd.backward: observe the outer call only.
+            if inst._in_backward or not (is_method or isinstance(tensor, torch.Tensor)):
+                return original(tensor, *args, **kwargs)
+            inst._in_backward = True
+            try:
                 inst._before_backward(tensor)
-            return original(tensor, *args, **kwargs)
+                return original(tensor, *args, **kwargs)
+            finally:
+                inst._in_backward = False
 
         backward.__wrapped__ = original
         return backward
@@ -212,6 +219,9 @@ class TorchInstrument:
                 inst._ref("optimizer", loc, cls=type(opt).__name__)
                 inst.rec.emit("optimizer", cls=type(opt).__name__, hyper=_hyper(opt.defaults),
                               location=loc)
+                if not inst._param_names:
+                    params = [p for g in opt.param_groups for p in g["params"]]
+                    inst._discover(sys._getframe(), params)
 
         return __init__
 

@@ -1,0 +1,594 @@
+"""Each rule of classify.RULES on both sides of its thresholds, from synthetic run records.
+
+Thresholds are read from model_debugger.classify, so these tests follow the table when it is tuned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import _synthetic as syn
+import numpy as np
+import pytest
+
+from model_debugger import classify as C
+from model_debugger.records import HEALTHY, Classification, metric_role
+from model_debugger.signals import compute, constant_predictor
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _check_evidence(sig: dict, evidence) -> set[str]:
+    """Every cited signal exists in the signal dict with the cited value; returns the names."""
+    for ev in evidence:
+        assert ev.signal in sig, f"evidence cites unknown signal {ev.signal!r}"
+        expected = sig[ev.signal]
+        if isinstance(expected, float):  # cited rounded: compare to ~6 significant digits
+            assert ev.value == pytest.approx(expected, rel=1e-5, abs=1e-6)
+        else:
+            assert ev.value == expected
+        assert ev.detail
+    return {ev.signal for ev in evidence}
+
+
+def fires(rule, run, category: str, cites: set[str], primary: bool = True):
+    """Assert ``rule`` fires on ``run`` with ``category`` and cites at least ``cites``."""
+    sig = compute(run)
+    out = rule(sig)
+    assert out is not None, f"{rule.__name__} did not fire; signals: {sig}"
+    cat, evidence = out
+    assert cat == category
+    cited = _check_evidence(sig, evidence)
+    assert cites <= cited, f"{rule.__name__} cites {cited}, expected at least {cites}"
+    cls = classify_and_check(sig)
+    if primary:
+        assert cls.primary == category, cls
+        assert cites <= {e.signal for e in cls.evidence}
+    else:
+        assert category in (cls.primary, *cls.secondary), cls
+    return sig, cls
+
+
+def quiet(rule, run):
+    """Assert ``rule`` does not fire on ``run``; returns the signals and the classification."""
+    sig = compute(run)
+    assert rule(sig) is None, f"{rule.__name__} fired: {rule(sig)}; signals: {sig}"
+    return sig, classify_and_check(sig)
+
+
+def classify_and_check(sig: dict) -> Classification:
+    cls = C.classify(sig)
+    _check_evidence(sig, cls.evidence)
+    assert cls.primary not in cls.secondary
+    assert len(set(cls.secondary)) == len(cls.secondary)
+    json.dumps(cls.to_json(), allow_nan=False)  # evidence is valid JSON (no bare NaN)
+    return cls
+
+
+def test_rule_table_is_the_one_these_tests_cover():
+    names = [r.__name__ for r in C.RULES]
+    assert names == ["nonfinite", "oom", "exploding", "memory_growth", "overfitting",
+                     "wrong_solution", "vanishing", "not_decreasing", "slow_data"]
+
+
+# -- nonfinite -------------------------------------------------------------------------------
+
+
+def test_nonfinite_event_fires_and_cites_step_and_module():
+    run = syn.make_run(syn.healthy_steps(20), syn.nonfinite(7, "grad", "layers.2"))
+    sig, cls = fires(C.nonfinite, run, "gradient_instability",
+                     {"first_nonfinite_step", "nonfinite_module"})
+    assert sig["first_nonfinite_step"] == 7
+    assert sig["nonfinite_what"] == "grad"
+    assert sig["nonfinite_module"] == "layers.2"
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nonfinite_loss_in_steps_fires_without_event(bad):
+    loss = syn.decay(30)
+    loss[12] = bad
+    run = syn.make_run(syn.steps_events(loss))
+    sig, _ = fires(C.nonfinite, run, "gradient_instability", {"first_nonfinite_step"})
+    assert sig["first_nonfinite_step"] == 12
+    assert sig["nonfinite_what"] == "loss"
+
+
+def test_nonfinite_quiet_on_finite_run():
+    sig, cls = quiet(C.nonfinite, syn.make_run(syn.healthy_steps(30)))
+    assert "first_nonfinite_step" not in sig
+    assert cls.primary == HEALTHY
+
+
+# -- oom -------------------------------------------------------------------------------------
+
+
+def test_oom_error_fires_memory_issue():
+    run = syn.make_run(syn.healthy_steps(20), syn.error("oom", step=20))
+    sig, _ = fires(C.oom, run, "memory_issue", {"error"})
+    assert "out of memory" in sig["error"]
+
+
+def test_other_exception_is_not_oom():
+    err = syn.error("exception", "ValueError", "shapes (3,) and (4,) not aligned")
+    sig, cls = quiet(C.oom, syn.make_run(syn.healthy_steps(20), err))
+    assert sig["error_kind"] == "exception"
+    assert cls.primary != "memory_issue"
+    assert "memory_issue" not in cls.secondary
+
+
+# -- exploding -------------------------------------------------------------------------------
+
+
+def test_exploding_divergence_fires_above_ratio():
+    run = syn.make_run(syn.steps_events(syn.two_level(100, 1.0, C.DIVERGE_RATIO * 1.05)))
+    sig, _ = fires(C.exploding, run, "gradient_instability", {"loss_initial", "loss_final"})
+    assert sig["loss_final"] >= C.DIVERGE_RATIO * sig["loss_initial"]
+
+
+def test_exploding_divergence_quiet_below_ratio():
+    final = C.DIVERGE_RATIO * 0.95
+    assert final < C.SPIKE_RATIO
+    sig, cls = quiet(C.exploding, syn.make_run(syn.steps_events(syn.two_level(100, 1.0, final))))
+    assert sig["loss_final"] < C.DIVERGE_RATIO * sig["loss_initial"]
+    assert cls.primary != "gradient_instability"
+
+
+def _spiky(factor: float) -> np.ndarray:
+    loss = syn.decay(100)
+    head = float(np.median(loss[:10]))
+    loss[50] = C.SPIKE_RATIO * head * factor
+    return loss
+
+
+def test_exploding_spike_fires_above_ratio():
+    run = syn.make_run(syn.steps_events(_spiky(1.05)))
+    sig, _ = fires(C.exploding, run, "gradient_instability", {"loss_initial", "loss_spike"})
+    assert sig["loss_final"] < sig["loss_initial"]  # it is the spike, not divergence
+
+
+def test_exploding_spike_quiet_below_ratio():
+    sig, cls = quiet(C.exploding, syn.make_run(syn.steps_events(_spiky(0.95))))
+    assert sig["loss_spike"] < C.SPIKE_RATIO * sig["loss_initial"]
+    assert cls.primary == HEALTHY
+
+
+def test_exploding_spike_during_warm_up_is_ignored():
+    loss = syn.decay(100)
+    loss[2] = 2 * C.SPIKE_RATIO * float(np.median(loss[:10]))  # first 10%: warm-up
+    sig, cls = quiet(C.exploding, syn.make_run(syn.steps_events(loss)))
+    assert sig["loss_max"] >= C.SPIKE_RATIO * sig["loss_initial"]
+    assert sig["loss_spike"] < C.SPIKE_RATIO * sig["loss_initial"]
+    assert cls.primary == HEALTHY
+
+
+def _grad_burst(factor: float):
+    gn = np.ones(100)
+    gn[60] = C.GRAD_GROWTH * factor
+    return syn.make_run(syn.steps_events(syn.decay(100), gn=gn))
+
+
+def test_exploding_gradient_growth_fires_above_threshold():
+    sig, _ = fires(C.exploding, _grad_burst(1.1), "gradient_instability", {"grad_norm_growth"})
+    assert sig["grad_norm_growth"] == pytest.approx(C.GRAD_GROWTH * 1.1)
+
+
+def test_exploding_gradient_growth_quiet_below_threshold():
+    sig, cls = quiet(C.exploding, _grad_burst(0.9))
+    assert sig["grad_norm_growth"] == pytest.approx(C.GRAD_GROWTH * 0.9)
+    assert cls.primary == HEALTHY
+
+
+# -- memory_growth ---------------------------------------------------------------------------
+
+
+def _rss_run(growth_mb: float, noise_mb: float = 0.0):
+    n = 100
+    i = np.arange(n)
+    body_start = n // 10  # signals.compute skips the first ~10% (warm-up)
+    trend = growth_mb * (i - body_start) / (n - 1 - body_start)
+    noise = np.where(i % 2 == 0, noise_mb, -noise_mb)
+    noise[-1] = noise[body_start]  # endpoints of the body carry the same noise
+    rss = (500.0 + trend + noise) * syn.MB
+    return syn.make_run(syn.healthy_steps(n, rss=rss))
+
+
+def test_memory_growth_fires_on_steady_growth_above_threshold():
+    sig, _ = fires(C.memory_growth, _rss_run(1.2 * C.RSS_GROWTH_MB), "memory_issue",
+                   {"rss_growth_mb", "rss_slope_mb_per_step", "rss_growth_r2"})
+    assert sig["rss_growth_mb"] == pytest.approx(1.2 * C.RSS_GROWTH_MB, rel=1e-3)
+    assert sig["rss_growth_r2"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_memory_growth_quiet_below_threshold():
+    sig, cls = quiet(C.memory_growth, _rss_run(0.8 * C.RSS_GROWTH_MB))
+    assert sig["rss_growth_mb"] < C.RSS_GROWTH_MB
+    assert sig["rss_growth_r2"] >= C.RSS_R2
+    assert cls.primary == HEALTHY
+
+
+def test_memory_growth_quiet_when_growth_is_not_steady():
+    sig, cls = quiet(C.memory_growth,
+                     _rss_run(1.5 * C.RSS_GROWTH_MB, noise_mb=3 * C.RSS_GROWTH_MB))
+    assert sig["rss_growth_mb"] >= C.RSS_GROWTH_MB
+    assert sig["rss_growth_r2"] < C.RSS_R2
+    assert cls.primary == HEALTHY
+
+
+# -- overfitting -----------------------------------------------------------------------------
+
+
+def _overfit_run(rise: float, train_ratio: float = 0.5, epochs: int = 10, best: int = 4):
+    """Val loss: min at epoch ``best``, then ``rise`` above it at the end. Train loss: falls
+    until ``best``, then moves linearly to ``train_ratio`` x its value there."""
+    per_epoch = 10
+    ep = np.repeat(np.arange(epochs), per_epoch)
+    at_best = 0.7 ** best
+    after = at_best * (1 + (train_ratio - 1) * (ep - best) / (epochs - 1 - best))
+    level = np.where(ep <= best, 0.7 ** ep, after)
+    v_min = 0.5
+    val = list(np.linspace(1.0, v_min, best + 1))
+    val += list(v_min * (1 + rise * np.arange(1, epochs - best) / (epochs - best - 1)))
+    return syn.make_run(syn.steps_events(level, ep=ep), syn.metric("val_loss", val))
+
+
+@pytest.mark.parametrize("train_ratio", [0.5, "just below"])
+def test_overfitting_fires_when_val_rises_while_train_does_not(train_ratio):
+    if train_ratio == "just below":
+        train_ratio = 0.99 * C.TRAIN_NOT_RISING
+    sig, _ = fires(C.overfitting, _overfit_run(1.5 * C.VAL_RISE, train_ratio), "overfitting",
+                   {"val_loss_min", "val_loss_final", "val_loss_rise",
+                    "train_loss_at_val_min", "train_loss_final"})
+    assert sig["val_loss_min_index"] == 4
+    assert sig["val_loss_rise"] == pytest.approx(1.5 * C.VAL_RISE)
+    assert sig["train_loss_final"] == pytest.approx(train_ratio * sig["train_loss_at_val_min"])
+
+
+def test_overfitting_quiet_below_val_rise():
+    sig, cls = quiet(C.overfitting, _overfit_run(0.5 * C.VAL_RISE))
+    assert sig["val_loss_rise"] == pytest.approx(0.5 * C.VAL_RISE)
+    assert cls.primary == HEALTHY
+
+
+def test_overfitting_quiet_when_train_loss_rises_too():
+    sig, cls = quiet(C.overfitting, _overfit_run(1.5 * C.VAL_RISE, 1.2 * C.TRAIN_NOT_RISING))
+    assert sig["val_loss_rise"] >= C.VAL_RISE
+    assert sig["train_loss_final"] > C.TRAIN_NOT_RISING * sig["train_loss_at_val_min"]
+    assert cls.primary != "overfitting"
+
+
+def test_overfitting_quiet_when_val_minimum_is_last():
+    run = syn.make_run(syn.healthy_steps(100, ep=np.repeat(np.arange(10), 10)),
+                       syn.metric("val_loss", np.linspace(1.0, 0.4, 10)))
+    sig, cls = quiet(C.overfitting, run)
+    assert sig["val_loss_min_index"] == sig["val_points"] - 1
+    assert cls.primary == HEALTHY
+
+
+# -- wrong_solution --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,signal", [("val_f1", "val_f1_final"), ("f1", "train_f1_final")])
+def test_wrong_solution_f1_fires_when_loss_falls_but_f1_stays_zero(name, signal):
+    run = syn.make_run(syn.healthy_steps(100), syn.metric(name, [0.5 * C.TRIVIAL_F1] * 5))
+    sig, _ = fires(C.wrong_solution, run, "convergence_to_wrong_solution",
+                   {"loss_relative_drop", signal})
+    assert sig["loss_relative_drop"] >= C.LOSS_FALLS
+
+
+def test_wrong_solution_f1_quiet_above_trivial_f1():
+    run = syn.make_run(syn.healthy_steps(100), syn.metric("val_f1", [1.5 * C.TRIVIAL_F1] * 5))
+    _, cls = quiet(C.wrong_solution, run)
+    assert cls.primary == HEALTHY
+
+
+def test_wrong_solution_f1_quiet_when_f1_once_was_clearly_above_zero():
+    f1 = [0.0, 2.5 * C.TRIVIAL_F1, 0.5 * C.TRIVIAL_F1]
+    sig, _ = quiet(C.wrong_solution, syn.make_run(syn.healthy_steps(100),
+                                                  syn.metric("val_f1", f1)))
+    assert sig["val_f1_final"] < C.TRIVIAL_F1
+    assert sig["val_f1_max"] >= 2 * C.TRIVIAL_F1
+
+
+def _f1_zero_with_drop(drop: float):
+    loss = syn.two_level(100, 1.0, 1.0 - drop)
+    return syn.make_run(syn.steps_events(loss), syn.metric("val_f1", [0.0] * 5))
+
+
+def test_wrong_solution_f1_needs_a_falling_loss():
+    above = _f1_zero_with_drop(1.5 * C.LOSS_FALLS)
+    fires(C.wrong_solution, above, "convergence_to_wrong_solution", {"loss_relative_drop"})
+    below = _f1_zero_with_drop((C.PLATEAU_DROP + C.LOSS_FALLS) / 2)
+    sig, cls = quiet(C.wrong_solution, below)
+    assert C.PLATEAU_DROP <= sig["loss_relative_drop"] < C.LOSS_FALLS
+    assert cls.primary == HEALTHY
+
+
+MAJORITY_COUNTS = [60, 40]  # majority rate 0.6: room on both sides for any margin
+
+
+def _acc_run(acc_final: float, loss=None):
+    loss = syn.decay(100) if loss is None else loss
+    return syn.make_run(syn.steps_events(loss), syn.targets_counts(MAJORITY_COUNTS),
+                        syn.metric("val_acc", [0.45, 0.5, acc_final]))
+
+
+def test_wrong_solution_accuracy_at_majority_rate_fires():
+    sig, _ = fires(C.wrong_solution, _acc_run(0.6 + 0.5 * C.TRIVIAL_METRIC_MARGIN),
+                   "convergence_to_wrong_solution",
+                   {"loss_relative_drop", "val_acc_final", "majority_rate"})
+    assert sig["majority_rate"] == pytest.approx(0.6)
+
+
+def test_wrong_solution_accuracy_below_majority_rate_fires():
+    sig, _ = fires(C.wrong_solution, _acc_run(0.6 - 3 * C.TRIVIAL_METRIC_MARGIN),
+                   "convergence_to_wrong_solution", {"val_acc_final", "majority_rate"})
+    assert sig["val_acc_final"] < sig["majority_rate"]
+
+
+def test_wrong_solution_accuracy_beyond_margin_is_quiet():
+    sig, cls = quiet(C.wrong_solution, _acc_run(0.6 + 3 * C.TRIVIAL_METRIC_MARGIN))
+    assert abs(sig["val_acc_final"] - sig["majority_rate"]) > C.TRIVIAL_METRIC_MARGIN
+    assert cls.primary == HEALTHY
+
+
+def test_wrong_solution_accuracy_with_loss_at_constant_predictor_fires():
+    base, _ = constant_predictor({"loss": "cross_entropy", "counts": MAJORITY_COUNTS})
+    run = _acc_run(0.6, loss=np.full(100, base))
+    sig, cls = fires(C.wrong_solution, run, "convergence_to_wrong_solution",
+                     {"loss_relative_drop", "val_acc_final", "majority_rate"})
+    assert sig["loss_relative_drop"] < C.LOSS_FALLS
+    assert "loss_not_decreasing" in cls.secondary
+
+
+def test_wrong_solution_accuracy_with_flat_loss_below_baseline_is_quiet():
+    base, _ = constant_predictor({"loss": "cross_entropy", "counts": MAJORITY_COUNTS})
+    sig, cls = quiet(C.wrong_solution, _acc_run(0.6, loss=np.full(100, 0.5 * C.BASELINE_MARGIN
+                                                                  * base)))
+    assert sig["loss_final"] < C.BASELINE_MARGIN * sig["constant_predictor_loss"]
+    assert cls.primary == "loss_not_decreasing"
+
+
+# -- vanishing -------------------------------------------------------------------------------
+
+
+def _vanishing_run(ratio: float, loss):
+    mgn = [{"layers.0": ratio, "layers.1": 0.1, "layers.2": 1.0}] * len(loss)
+    return syn.make_run(syn.steps_events(loss, mgn=mgn))
+
+
+def test_vanishing_fires_below_ratio_when_loss_barely_moves():
+    loss = syn.two_level(100, 1.0, 1.0 - 2 * C.PLATEAU_DROP)  # not a plateau, barely moving
+    sig, cls = fires(C.vanishing, _vanishing_run(0.1 * C.VANISH_RATIO, loss),
+                     "gradient_instability", {"first_to_last_grad_ratio", "loss_relative_drop"})
+    assert sig["first_to_last_grad_ratio"] == pytest.approx(0.1 * C.VANISH_RATIO)
+    assert (sig["first_layer"], sig["last_layer"]) == ("layers.0", "layers.2")
+    assert cls.secondary == ()
+
+
+def test_vanishing_quiet_above_ratio():
+    loss = syn.two_level(100, 1.0, 1.0 - 2 * C.PLATEAU_DROP)
+    sig, cls = quiet(C.vanishing, _vanishing_run(10 * C.VANISH_RATIO, loss))
+    assert sig["first_to_last_grad_ratio"] >= C.VANISH_RATIO
+    assert cls.primary == HEALTHY
+
+
+def test_vanishing_quiet_when_loss_falls_well():
+    sig, cls = quiet(C.vanishing, _vanishing_run(0.1 * C.VANISH_RATIO, syn.decay(100)))
+    assert sig["first_to_last_grad_ratio"] < C.VANISH_RATIO
+    assert cls.primary == HEALTHY
+
+
+# -- not_decreasing --------------------------------------------------------------------------
+
+
+def test_not_decreasing_fires_below_plateau_drop():
+    run = syn.make_run(syn.steps_events(syn.two_level(100, 1.0, 1.0 - 0.5 * C.PLATEAU_DROP)))
+    sig, _ = fires(C.not_decreasing, run, "loss_not_decreasing",
+                   {"loss_initial", "loss_final", "loss_relative_drop"})
+    assert sig["loss_relative_drop"] == pytest.approx(0.5 * C.PLATEAU_DROP)
+
+
+def test_not_decreasing_quiet_above_plateau_drop():
+    run = syn.make_run(syn.steps_events(syn.two_level(100, 1.0, 1.0 - 2 * C.PLATEAU_DROP)))
+    sig, cls = quiet(C.not_decreasing, run)
+    assert sig["loss_relative_drop"] == pytest.approx(2 * C.PLATEAU_DROP)
+    assert cls.primary == HEALTHY
+
+
+def test_not_decreasing_needs_min_steps():
+    fires(C.not_decreasing, syn.make_run(syn.steps_events(np.ones(C.MIN_STEPS))),
+          "loss_not_decreasing", {"loss_relative_drop"})
+    sig, cls = quiet(C.not_decreasing, syn.make_run(syn.steps_events(np.ones(C.MIN_STEPS - 1))))
+    assert cls.primary == HEALTHY
+    assert any("too short" in e.detail for e in cls.evidence)
+
+
+def _baseline_run(final_over_base: float):
+    counts = [50, 50]
+    base, _ = constant_predictor({"loss": "cross_entropy", "counts": counts})
+    loss = syn.two_level(100, 2.0, base * final_over_base)
+    return syn.make_run(syn.steps_events(loss), syn.targets_counts(counts))
+
+
+def test_not_decreasing_fires_when_loss_stalls_at_constant_predictor():
+    sig, _ = fires(C.not_decreasing, _baseline_run(1.0), "loss_not_decreasing",
+                   {"loss_final", "constant_predictor_loss"})
+    assert sig["constant_predictor_loss"] == pytest.approx(math.log(2))
+    assert sig["loss_relative_drop"] >= C.PLATEAU_DROP  # the loss fell, but only to the baseline
+
+
+def test_not_decreasing_quiet_when_loss_beats_constant_predictor():
+    sig, cls = quiet(C.not_decreasing, _baseline_run(0.9 * C.BASELINE_MARGIN))
+    assert sig["loss_final"] < C.BASELINE_MARGIN * sig["constant_predictor_loss"]
+    assert cls.primary == HEALTHY
+
+
+# -- slow_data -------------------------------------------------------------------------------
+
+
+def _timed_run(frac: float, dw_ms: float):
+    n = 50
+    dw = np.full(n, dw_ms / 1000.0)
+    return syn.make_run(syn.healthy_steps(n, dt=dw / frac, dw=dw))
+
+
+def test_slow_data_fires_above_both_thresholds():
+    frac = (C.DATA_WAIT_FRACTION + 1) / 2
+    sig, _ = fires(C.slow_data, _timed_run(frac, 10 * C.DATA_WAIT_MS), "performance_issue",
+                   {"data_wait_fraction", "data_wait_ms", "step_ms"})
+    assert sig["data_wait_fraction"] == pytest.approx(frac)
+    assert sig["data_wait_ms"] == pytest.approx(10 * C.DATA_WAIT_MS)
+
+
+def test_slow_data_quiet_below_fraction():
+    frac = C.DATA_WAIT_FRACTION / 2
+    sig, cls = quiet(C.slow_data, _timed_run(frac, 10 * C.DATA_WAIT_MS))
+    assert sig["data_wait_fraction"] == pytest.approx(frac)
+    assert cls.primary == HEALTHY
+
+
+def test_slow_data_quiet_below_wait_ms():
+    frac = (C.DATA_WAIT_FRACTION + 1) / 2
+    sig, cls = quiet(C.slow_data, _timed_run(frac, 0.5 * C.DATA_WAIT_MS))
+    assert sig["data_wait_fraction"] >= C.DATA_WAIT_FRACTION
+    assert sig["data_wait_ms"] == pytest.approx(0.5 * C.DATA_WAIT_MS)
+    assert cls.primary == HEALTHY
+
+
+# -- the whole table -------------------------------------------------------------------------
+
+
+def test_hybrid_nonfinite_and_oom_keeps_both():
+    loss = syn.decay(30)
+    loss[25:] = math.nan
+    run = syn.make_run(syn.steps_events(loss), syn.nonfinite(25, "loss", "head"),
+                       syn.error("oom", step=30))
+    cls = classify_and_check(compute(run))
+    assert cls.primary == "gradient_instability"
+    assert cls.secondary == ("memory_issue",)
+    cited = {e.signal for e in cls.evidence}
+    assert "first_nonfinite_step" in cited
+    assert "error" not in cited  # evidence backs the primary only
+
+
+def test_secondary_category_listed_once_when_two_rules_find_it():
+    rss = (500 + 3 * C.RSS_GROWTH_MB * np.arange(100) / 99) * syn.MB
+    run = syn.make_run(syn.healthy_steps(100, rss=rss), syn.nonfinite(90),
+                       syn.error("oom", step=100))
+    sig = compute(run)
+    assert C.oom(sig) is not None and C.memory_growth(sig) is not None
+    cls = classify_and_check(sig)
+    assert cls.primary == "gradient_instability"
+    assert cls.secondary == ("memory_issue",)
+
+
+def test_same_category_rules_merge_evidence_not_secondaries():
+    gn = np.ones(100)
+    gn[60] = 10 * C.GRAD_GROWTH
+    run = syn.make_run(syn.steps_events(syn.decay(100), gn=gn),
+                       syn.nonfinite(61, "grad", "layers.1"))
+    cls = classify_and_check(compute(run))
+    assert cls.primary == "gradient_instability"
+    assert cls.secondary == ()
+    cited = [e.signal for e in cls.evidence]
+    assert {"first_nonfinite_step", "grad_norm_growth"} <= set(cited)
+    assert len(cited) == len(set(cited))
+
+
+def test_clean_record_is_healthy():
+    n, epochs = 100, 10
+    ep = np.repeat(np.arange(epochs), n // epochs)
+    run = syn.make_run(
+        syn.healthy_steps(n, ep=ep, dt=np.full(n, 0.05), dw=np.full(n, 0.001),
+                          rss=np.full(n, 800 * syn.MB),
+                          mgn=[{"layers.0": 0.5, "layers.1": 0.7, "layers.2": 1.0}] * n),
+        syn.metric("val_loss", np.linspace(1.0, 0.4, epochs)),
+        syn.metric("val_acc", np.linspace(0.5, 0.9, epochs)),
+        syn.targets_counts(MAJORITY_COUNTS),
+    )
+    sig = compute(run)
+    for rule in C.RULES:
+        assert rule(sig) is None, rule.__name__
+    cls = classify_and_check(sig)
+    assert cls.primary == HEALTHY
+    assert cls.secondary == ()
+    cited = {e.signal for e in cls.evidence}
+    assert {"steps", "loss_relative_drop", "val_loss_rise", "data_wait_fraction"} <= cited
+
+
+def test_empty_record_is_healthy_but_too_short():
+    cls = classify_and_check(compute(syn.make_run()))
+    assert cls.primary == HEALTHY
+    assert any("too short" in e.detail for e in cls.evidence)
+
+
+# -- constant predictor ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
+def test_constant_predictor_class_counts(loss):
+    base, majority = constant_predictor({"loss": loss, "n": 100, "counts": [30, 10, 60]})
+    p = np.array([0.3, 0.1, 0.6])
+    assert base == pytest.approx(float(-(p * np.log(p)).sum()))
+    assert majority == pytest.approx(0.6)
+
+
+def test_constant_predictor_ignores_empty_classes():
+    base, majority = constant_predictor({"loss": "cross_entropy", "counts": [0, 5, 5, 0]})
+    assert base == pytest.approx(math.log(2))
+    assert majority == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("loss", ["binary_cross_entropy", "binary_cross_entropy_with_logits"])
+def test_constant_predictor_bce(loss):
+    base, majority = constant_predictor({"loss": loss, "n": 50, "mean": 0.2, "var": 0.16})
+    assert base == pytest.approx(-(0.2 * math.log(0.2) + 0.8 * math.log(0.8)))
+    assert majority == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("mean", [0.0, 1.0])
+def test_constant_predictor_bce_degenerate_targets(mean):
+    assert constant_predictor({"loss": "binary_cross_entropy", "mean": mean, "var": 0.0}) == \
+        (None, None)
+
+
+def test_constant_predictor_mse_is_target_variance():
+    assert constant_predictor({"loss": "mse_loss", "n": 10, "mean": 3.0, "var": 2.5}) == \
+        (pytest.approx(2.5), None)
+
+
+@pytest.mark.parametrize("targets", [None, {}, {"loss": "l1_loss", "mean": 1.0, "var": 1.0},
+                                     {"loss": "cross_entropy", "mean": 0.3, "var": 0.2}])
+def test_constant_predictor_unknown(targets):
+    assert constant_predictor(targets) == (None, None)
+
+
+def test_signals_use_the_last_targets_event():
+    run = syn.make_run(syn.healthy_steps(20), syn.targets_counts([90, 10]),
+                       syn.targets_counts([50, 50]))
+    sig = compute(run)
+    assert sig["constant_predictor_loss"] == pytest.approx(math.log(2))
+    assert sig["majority_rate"] == pytest.approx(0.5)
+
+
+def test_signals_mse_targets():
+    run = syn.make_run(syn.healthy_steps(20), syn.targets_moments(0.0, 4.0))
+    sig = compute(run)
+    assert sig["constant_predictor_loss"] == pytest.approx(4.0)
+    assert sig["majority_rate"] is None
+
+
+# -- metric roles the rules depend on --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,role", [
+    ("loss", ("train", "loss")), ("train_loss", ("train", "loss")),
+    ("val_loss", ("val", "loss")), ("Loss/validation", ("val", "loss")),
+    ("eval_loss", ("val", "loss")), ("valloss", ("val", "loss")),
+    ("acc", ("train", "acc")), ("val_accuracy", ("val", "acc")), ("test/top1", ("val", "acc")),
+    ("f1", ("train", "f1")), ("val_macro_f1", ("val", "f1")),
+    ("lr", None), ("epoch_time", None),
+])
+def test_metric_role(name, role):
+    assert metric_role(name) == role

@@ -1,0 +1,53 @@
+"""Every scenario script, diagnosed through the CLI, gets the category it was written to show."""
+
+from __future__ import annotations
+
+import pytest
+from scenario_suite import diagnose_all, expectations, scenario_paths
+
+from model_debugger.records import CATEGORIES, HEALTHY
+
+PATHS = scenario_paths()
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    return diagnose_all(PATHS, tmp_path_factory.mktemp("sessions"))
+
+
+def test_suite_covers_every_category_twice():
+    expected = [expectations(p)["category"] for p in PATHS]
+    for category in (*CATEGORIES, HEALTHY):
+        assert expected.count(category) >= 2, f"need two scenarios for {category}"
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
+def test_scenario_category(path, reports):
+    report, stderr = reports[path.name]
+    want = expectations(path)["category"]
+    cls = report["classification"]
+    assert cls["primary"] == want, (cls, report["reproduce"], stderr[-2000:])
+    assert want not in cls["secondary"]
+    assert cls["evidence"], "a classification must cite numbers"
+    for ev in cls["evidence"]:
+        assert set(ev) == {"signal", "value", "detail"}
+    rep = report["reproduce"]
+    if want == HEALTHY:
+        assert rep["status"] == "not_reproduced" and rep["tried"]
+    else:
+        assert rep["status"] == "reproduced" and rep["summary"] == "reproduced 1/1"
+    assert rep["steps"] > 0
+    # the loop's backward() line points into the scenario script itself
+    assert rep["code"]["backward"]["file"] == str(path)
+    line = path.read_text().splitlines()[rep["code"]["backward"]["line"] - 1]
+    assert "backward(" in line
+
+
+def test_report_schema(reports):
+    report, _ = next(iter(reports.values()))
+    assert report["schema"] == "model_debugger.report/1"
+    assert set(report) >= {"schema", "phase", "fix_allowed", "reproduce", "classification",
+                           "findings", "fix", "verification"}
+    assert set(report["reproduce"]) >= {"status", "steps", "epochs", "error", "seconds"}
+    assert report["findings"] == [] and report["fix"] is None and report["verification"] is None
+    assert report["fix_allowed"] is False
