@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/model-debugger diagnose example_notebooks/broken_training.py
+	$(VENV)/bin/model-debugger diagnose model_debugger/examples/broken_training.py --runs 3 --seed 0
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

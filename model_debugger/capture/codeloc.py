@@ -15,6 +15,7 @@ import traceback
 from types import FrameType, TracebackType
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_EXAMPLES = os.path.join(_PKG_DIR, "examples") + os.sep  # bundled user scripts
 _STDLIB = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
 _FRAMEWORKS = ("torch", "tensorflow", "keras", "tensorboard", "numpy", "IPython", "ipykernel")
 _framework_dirs: dict[str, str] = {}
@@ -42,7 +43,7 @@ def is_user_file(filename: str) -> bool:
     if not filename or filename.startswith("<frozen") or filename == "<string>":
         return False
     real = os.path.realpath(filename)
-    if real.startswith(_PKG_DIR + os.sep):
+    if real.startswith(_PKG_DIR + os.sep) and not real.startswith(_EXAMPLES):
         return False
     if any(real.startswith(d + os.sep) for d in _STDLIB) and "site-packages" not in real:
         return False

@@ -51,11 +51,15 @@ def _num(value):
     return value if math.isfinite(value) else str(value)
 
 
+_statm = [-1, -1]  # [pid, fd]: /proc/self/statm stays open, read with one pread per step
+
+
 def rss_bytes() -> int:
     """Resident set size of this process in bytes (0 when unknown)."""
     try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        if _statm[0] != os.getpid():  # first call, or a forked child
+            _statm[:] = [os.getpid(), os.open("/proc/self/statm", os.O_RDONLY)]
+        return int(os.pread(_statm[1], 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         import resource
 

@@ -16,6 +16,7 @@ import gc
 import math
 import sys
 import time
+import warnings
 import weakref
 
 import torch
@@ -46,14 +47,16 @@ class TorchInstrument:
         self._data_wait = 0.0
         self._models: dict[int, tuple] = {}  # id(model) -> (weakref, name)
         self._param_names: dict[int, str] = {}
+        self._param_modules: dict[int, str] = {}  # id(param) -> owning module's name
         self._root = None
         self._last_input = None
         self._nonfinite_seen = False
         self._refs_seen: set[str] = set()
         self._train_loaders: set[int] = set()
         self._active_loader = None
-        self._targets = {"loss": None, "counts": None, "n": 0, "sum": 0.0, "sumsq": 0.0}
-        self._eval_losses: list[tuple[float, int]] = []
+        # target statistics stay on the target's device until a ``targets`` event is written
+        self._targets = {"loss": None, "counts": None, "moments": None, "n": 0}
+        self._eval_losses: list[tuple[torch.Tensor, int]] = []
         self._before: list | None = None
         self._cuda = torch.cuda.is_available()
 
@@ -166,8 +169,10 @@ class TorchInstrument:
                         candidates.append((name, obj))
             f, depth = f.f_back, depth + 1
         if not candidates and wanted is not None:
-            candidates = [("model", o) for o in gc.get_objects()
-                          if isinstance(o, torch.nn.Module)]
+            with warnings.catch_warnings():  # some torch objects warn on isinstance checks
+                warnings.simplefilter("ignore")
+                candidates = [("model", o) for o in gc.get_objects()
+                              if isinstance(o, torch.nn.Module)]
         best = None
         for name, module in candidates:
             ids = [id(p) for p in module.parameters()]
@@ -182,6 +187,7 @@ class TorchInstrument:
         self._models[id(model)] = (weakref.ref(model), name)
         for pname, p in model.named_parameters():
             self._param_names[id(p)] = pname
+            self._param_modules[id(p)] = pname.rsplit(".", 1)[0] if "." in pname else "(root)"
         self._root = weakref.ref(model)
         modules = [n for n, m in model.named_modules() if n and not list(m.children())]
         self.rec.emit("model", name=name, cls=type(model).__name__,
@@ -245,15 +251,17 @@ class TorchInstrument:
     def _grad_norms(self, params) -> tuple[float | None, dict]:
         if not params:
             return None, {}
-        grads = [p.grad.detach() for p in params]
-        norms = torch.stack(torch._foreach_norm(grads)).float().tolist()
+        with torch.no_grad():  # one kernel for all norms, one device-to-host copy
+            norms = torch.stack(torch._foreach_norm([p.grad for p in params])).tolist()
         total = math.sqrt(sum(n * n for n in norms))
         per_module: dict[str, float] = {}
         if self.cfg.module_norms:
             acc: dict[str, float] = {}
+            modules = self._param_modules
             for p, n in zip(params, norms):
-                pname = self._param_names.get(id(p), f"param{len(acc)}")
-                mod = pname.rsplit(".", 1)[0] if "." in pname else "(root)"
+                mod = modules.get(id(p))
+                if mod is None:
+                    mod = f"param{len(acc)}"
                 acc[mod] = acc.get(mod, 0.0) + n * n
             per_module = {k: math.sqrt(v) for k, v in acc.items()}
         if not math.isfinite(total) and not self._nonfinite_seen:
@@ -282,9 +290,12 @@ class TorchInstrument:
         ratio = None
         if self._before is not None:
             with torch.no_grad():
-                num = sum(float(torch.linalg.vector_norm(p.detach() - b)) ** 2
-                          for p, b in zip(self._before_params, self._before))
-                den = sum(float(torch.linalg.vector_norm(b)) ** 2 for b in self._before)
+                after = [p.detach() for p in self._before_params]
+                delta = torch._foreach_norm(torch._foreach_sub(after, self._before))
+                norms = torch.stack([*delta, *torch._foreach_norm(self._before)]).tolist()
+            half = len(norms) // 2
+            num = sum(n * n for n in norms[:half])
+            den = sum(n * n for n in norms[half:])
             ratio = math.sqrt(num) / math.sqrt(den) if den > 0 else None
             self._before = None
         losses = [v for v in self._pending_losses if v is not None]
@@ -342,11 +353,12 @@ class TorchInstrument:
         return loss_fn
 
     def _observe_loss(self, name, input, target, out) -> None:
+        """Accumulate target statistics without a device sync (read in ``_emit_targets``)."""
         if not isinstance(target, torch.Tensor):
             return
         if not torch.is_grad_enabled():
             if out.numel() == 1:
-                self._eval_losses.append((float(out), int(target.shape[0]) if target.dim() else 1))
+                self._eval_losses.append((out.detach(), int(target.shape[0]) if target.dim() else 1))
             return
         t = self._targets
         if t["loss"] is None:
@@ -354,22 +366,30 @@ class TorchInstrument:
             self._ref("loss_fn", user_location(sys._getframe()), name=name)
         if t["loss"] != name:
             return
-        if name in _CLASS_LOSSES and target.dtype in (torch.long, torch.int, torch.int16):
-            tgt = target.detach().flatten()
-            tgt = tgt[tgt >= 0]
-            if tgt.numel() and int(tgt.max()) < _MAX_CLASSES:
-                counts = torch.bincount(tgt, minlength=int(input.shape[1]) if input.dim() > 1 else 0)
-                t["counts"] = counts if t["counts"] is None or t["counts"].numel() != counts.numel() \
-                    else t["counts"] + counts
-        else:
-            tgt = target.detach().float()
-            t["sum"] += float(tgt.sum())
-            t["sumsq"] += float((tgt * tgt).sum())
+        with torch.no_grad():
+            if name in _CLASS_LOSSES and target.dtype in (torch.long, torch.int, torch.int16):
+                classes = int(input.shape[1] if input.dim() > 1 else input.shape[0])
+                if classes > _MAX_CLASSES:
+                    return
+                # bin 0: negative (ignore_index), bins 1..classes: the classes, last: beyond
+                idx = target.detach().reshape(-1).long().add(1).clamp_(0, classes + 1)
+                counts = t["counts"]
+                if counts is None or counts.numel() != classes + 2 or counts.device != idx.device:
+                    counts = t["counts"] = torch.zeros(classes + 2, dtype=torch.long,
+                                                       device=idx.device)
+                counts.index_add_(0, idx, torch.ones((), dtype=torch.long,
+                                                     device=idx.device).expand(idx.numel()))
+            else:
+                tgt = target.detach().reshape(-1).float()
+                moments = torch.stack([tgt.sum(), torch.dot(tgt, tgt)]).double()
+                prev = t["moments"]
+                t["moments"] = moments if prev is None or prev.device != moments.device \
+                    else prev + moments
         t["n"] += int(target.numel())
 
     def _flush_eval(self) -> None:
         if self._eval_losses:
-            total = sum(v * n for v, n in self._eval_losses)
+            total = sum(float(v) * n for v, n in self._eval_losses)
             count = sum(n for _, n in self._eval_losses)
             self._eval_losses = []
             if count:
@@ -381,10 +401,13 @@ class TorchInstrument:
             return
         data = {"loss": t["loss"], "n": t["n"]}
         if t["counts"] is not None:
-            data["counts"] = [int(c) for c in t["counts"].tolist()]
+            data["counts"] = [int(c) for c in t["counts"][1:-1].tolist()]
+        elif t["moments"] is not None:
+            total, sumsq = t["moments"].tolist()
+            data["mean"] = total / t["n"]
+            data["var"] = max(sumsq / t["n"] - data["mean"] ** 2, 0.0)
         else:
-            data["mean"] = t["sum"] / t["n"]
-            data["var"] = max(t["sumsq"] / t["n"] - data["mean"] ** 2, 0.0)
+            return
         self.rec.emit("targets", **data)
 
 

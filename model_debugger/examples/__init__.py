@@ -1,0 +1,1 @@
+"""Bundled example training scripts (``make demo`` diagnoses ``broken_training.py``)."""
