@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="model_debugger._child")
     parser.add_argument("--record", required=True)
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--max-seconds", type=float)
+    parser.add_argument("--isolate", type=float, default=0.0,
+                        help="after the script, run Isolate probes for up to this many seconds")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
@@ -44,9 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     from . import capture
 
     code = 0
+    rec = capture(ns.record)
+    if ns.max_seconds:
+        signal.signal(signal.SIGALRM, _interrupt)
+        signal.setitimer(signal.ITIMER_REAL, ns.max_seconds)
     try:
-        with capture(ns.record):
-            runpy.run_path(script, run_name="__main__")
+        with rec:
+            try:
+                runpy.run_path(script, run_name="__main__")
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
@@ -56,7 +66,28 @@ def main(argv: list[str] | None = None) -> int:
 
         traceback.print_exc()
         code = 1
+    if ns.isolate > 0:
+        _isolate(rec, ns.record, ns.isolate, script)
     return code
+
+
+def _isolate(rec, record: str, budget: float, script: str) -> None:
+    """Run Isolate on the live objects the capture kept; findings go next to the record."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        from .isolate import build_context, isolate, user_sources, write_findings
+        from .records import Run
+
+        run = Run.load(record)  # the stream holds every step; rec.events does not
+        ctx = build_context(run, rec.keeper, user_sources(run, [script]), budget)
+        findings = isolate(ctx)
+        write_findings(os.path.join(os.path.dirname(record), "findings.json"), findings,
+                       ctx.extras)
+    except Exception:  # noqa: BLE001 - Isolate failing must not hide the reproduction
+        import traceback
+
+        print("model_debugger: Isolate failed in the child:", file=sys.stderr)
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, help="seed Python/NumPy/torch; run i uses SEED+i")
     d.add_argument("--max-seconds", type=float, help="stop each run after T seconds")
     d.add_argument("--error", help="error text that came with a log (minimal reproducer)")
+    d.add_argument("--probe-seconds", type=float, default=30.0,
+                   help="time budget for Isolate probes (default 30; 0 skips Isolate)")
     d.add_argument("--root", default=".model_debugger", help="where sessions are saved")
     s = sub.add_parser("report", help="print the report of a saved session")
     s.add_argument("session", help="session folder")
@@ -53,6 +55,13 @@ def _print_human(report: dict, out) -> None:
         w(f"  {ev['signal']} = {ev['value']}  - {ev['detail']}\n")
     for kind, loc in (rep.get("code") or {}).items():
         w(f"  code: {kind} at {loc['file']}:{loc['line']}\n")
+    findings = report.get("findings") or []
+    if findings:
+        w("Isolate:\n")
+    for f in findings:
+        where = f" at {f['location']['file']}:{f['location']['line']}" if f["location"] else ""
+        mark = "CONFIRMED" if f["confirmed"] else "hypothesis"
+        w(f"  [{mark}] {f['check']} -> {f['root_cause']}{where}\n      {f['explanation']}\n")
     w(f"Next phase: {report['phase']} (fix allowed: {str(report['fix_allowed']).lower()})\n")
     w(f"Session saved: {report['session_dir']}\n")
 
@@ -82,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 session = diagnose_log(ns.script, ns.error, root=ns.root)
             else:
                 session = diagnose_script(ns.script, args, runs=ns.runs, seed=ns.seed,
-                                          max_seconds=ns.max_seconds, root=ns.root)
+                                          max_seconds=ns.max_seconds, root=ns.root,
+                                          probe_seconds=ns.probe_seconds)
             report = session.report()
     except (ValueError, SessionError) as exc:
         print(f"model-debugger: error: {exc}", file=sys.stderr)

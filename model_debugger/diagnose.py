@@ -7,6 +7,7 @@ import shutil
 from collections import Counter
 
 from .classify import classify
+from .isolate import build_context, isolate, read_findings, user_sources
 from .logs import load_log
 from .records import HEALTHY, Run
 from .runner import run_script
@@ -50,7 +51,8 @@ def _verdict(results: list[dict], tried: list[str]) -> dict:
 
 def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
                     seed: int | None = None, max_seconds: float | None = None,
-                    root: str = ".model_debugger", stdout=None) -> DebugSession:
+                    root: str = ".model_debugger", stdout=None,
+                    probe_seconds: float = 30.0) -> DebugSession:
     """Reproduce ``script`` ``runs`` times under capture, classify, and save a session.
 
     Parameters
@@ -69,11 +71,14 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
         Where sessions are saved.
     stdout : file, optional
         Where the script's own output goes (default: stderr).
+    probe_seconds : float
+        Budget for Isolate probes, run in the first run's process on the live objects
+        (0 skips Isolate).
 
     Returns
     -------
     DebugSession
-        With Reproduce and Classify recorded.
+        With Reproduce, Classify and (unless skipped) Isolate recorded.
     """
     args = list(args or [])
     script = os.path.abspath(script)
@@ -86,7 +91,7 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
         record = os.path.join(session.run_dir(i), "record.jsonl")
         run_seed = None if seed is None else seed + i
         child = run_script(script, args, record, seed=run_seed, max_seconds=max_seconds,
-                           stdout=stdout)
+                           stdout=stdout, isolate_seconds=probe_seconds if i == 0 else 0.0)
         run = Run.load(record) if os.path.exists(record) else Run([])
         sig = compute(run)
         cls = classify(sig)
@@ -104,7 +109,24 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
                   if r["category"] == (verdict["problem"] or HEALTHY)), 0)
     cls, sig = per_run[index]
     session.record_classification(cls, sig)
+    if probe_seconds > 0:
+        _record_isolate(session, session.run_dir(0), [script], probe_seconds)
     return session
+
+
+def _record_isolate(session: DebugSession, run_dir: str, files: list[str],
+                    budget: float) -> None:
+    """Findings from the child's live probes, or from the record alone when it left none."""
+    found = read_findings(os.path.join(run_dir, "findings.json"))
+    if found is None:
+        record = os.path.join(run_dir, "record.jsonl")
+        run = Run.load(record) if os.path.exists(record) else Run([])
+        ctx = build_context(run, None, user_sources(run, files), budget)
+        findings, extras, live = isolate(ctx), ctx.extras, False
+    else:
+        (findings, extras), live = found, True
+    session.record_findings(findings, probe_seconds=extras.get("probe_seconds", {}), live=live,
+                            noise=extras.get("seed_noise"), lr_range=extras.get("lr_range"))
 
 
 def diagnose_log(path: str, error: str | None = None,
@@ -118,4 +140,7 @@ def diagnose_log(path: str, error: str | None = None,
     res = _result_of(run, cls.primary)
     session.record_reproduce(_verdict([res], [f"read {path}: {len(run.steps)} loss points"]))
     session.record_classification(cls, sig)
+    ctx = build_context(run, None, {}, 10.0)
+    session.record_findings(isolate(ctx), probe_seconds=ctx.extras.get("probe_seconds", {}),
+                            live=False)
     return session

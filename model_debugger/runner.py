@@ -20,7 +20,8 @@ class ChildResult:
 
 
 def run_script(script: str, args: list[str], record: str, seed: int | None = None,
-               max_seconds: float | None = None, stdout=None) -> ChildResult:
+               max_seconds: float | None = None, stdout=None,
+               isolate_seconds: float = 0.0) -> ChildResult:
     """Run ``script`` as ``__main__`` under capture; its record streams to ``record``.
 
     Parameters
@@ -36,18 +37,27 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
         SIGKILL five seconds later (the record keeps every step written so far).
     stdout : file, optional
         Where the script's output goes (default: this process's stderr, keeping stdout clean).
+    isolate_seconds : float
+        When > 0, the child runs Isolate probes on the live objects after the script, for up to
+        this long (``findings.json`` beside the record). The time limit covers the script only.
     """
     cmd = [sys.executable, "-m", "model_debugger._child", "--record", record]
     if seed is not None:
         cmd += ["--seed", str(seed)]
+    if isolate_seconds > 0:
+        cmd += ["--isolate", str(isolate_seconds)]
+    if max_seconds is not None:
+        cmd += ["--max-seconds", str(max_seconds)]
     cmd += [script, *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=stdout or sys.stderr, stderr=stdout or sys.stderr,
                             env=env)
     timed_out = False
+    # the child stops the script itself at max_seconds; this is the backstop
+    limit = None if max_seconds is None else max_seconds + isolate_seconds + 10
     try:
-        proc.wait(timeout=max_seconds)
+        proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
         timed_out = True
         proc.send_signal(signal.SIGTERM)

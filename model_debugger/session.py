@@ -185,11 +185,19 @@ class DebugSession:
         self._require("classify")
         self.append("classify", classification=classification.to_json(), signals=signals)
 
-    def record_findings(self, findings: list[Finding]) -> None:
-        """Record Isolate's findings, confirmed first; needs a classification."""
+    def record_findings(self, findings: list[Finding], **info) -> None:
+        """Record Isolate's findings, confirmed first; needs a classification.
+
+        ``info`` (probe timings, noise band, ...) is kept with the event.
+        """
         self._require("isolate")
         ordered = sorted(findings, key=lambda f: not f.confirmed)
-        self.append("isolate", findings=[f.to_json() for f in ordered])
+        self.append("isolate", findings=[f.to_json() for f in ordered], **info)
+
+    @property
+    def root_cause(self) -> Finding | None:
+        """The first confirmed finding (the root cause Fix works on), or None."""
+        return next((f for f in self.findings if f.confirmed), None)
 
     def report(self) -> dict:
         """The report shared by the CLI, notebooks, the sidebar and exports."""

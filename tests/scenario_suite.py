@@ -20,7 +20,7 @@ SCENARIOS = Path(__file__).parent / "scenarios"
 def expectations(path: Path) -> dict[str, str]:
     """The ``expect-*:`` lines of a scenario's docstring."""
     text = path.read_text()
-    return dict(re.findall(r"^expect-([\w-]+):\s*(\S+)", text, flags=re.MULTILINE))
+    return dict(re.findall(r"^expect-([\w-]+):\s*(.+?)\s*$", text, flags=re.MULTILINE))
 
 
 def scenario_paths(prefix: str = "") -> list[Path]:

@@ -42,7 +42,7 @@ def _write_jsonl(path, rows):
 
 def _diagnose(path, root, error=None) -> DebugSession:
     s = diagnose_log(str(path), error, root=str(root / "sessions"))
-    assert s.phase == "isolate"  # Reproduce and Classify recorded
+    assert s.phase in ("isolate", "fix")  # Reproduce, Classify (and Isolate) recorded
     assert DebugSession.load(s.directory).report() == s.report()
     return s
 

@@ -1,4 +1,5 @@
-"""Every scenario script, diagnosed through the CLI, gets the category it was written to show."""
+"""Every scenario script, diagnosed through the CLI, gets the category it was written to show,
+and Isolate names the root cause it was written with, at the right line."""
 
 from __future__ import annotations
 
@@ -43,11 +44,37 @@ def test_scenario_category(path, reports):
     assert "backward(" in line
 
 
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
+def test_scenario_root_cause(path, reports):
+    report, _ = reports[path.name]
+    want = expectations(path)
+    confirmed = [f for f in report["findings"] if f["confirmed"]]
+    if want["category"] == HEALTHY:
+        assert report["findings"] == [] and not report["fix_allowed"]
+        assert report["phase"] == "isolate"
+        return
+    assert confirmed, f"no confirmed finding: {report['findings']}"
+    root = confirmed[0]
+    assert root["check"] in want["check"].split("|"), [
+        (f["check"], f["root_cause"], f["evidence"].get("strength")) for f in confirmed]
+    assert root["root_cause"] == want["root-cause"]
+    assert root["location"]["file"] == str(path)
+    line = path.read_text().splitlines()[root["location"]["line"] - 1]
+    assert want["line"] in line, (root["location"], line)
+    assert root["explanation"] and root["evidence"]
+    assert report["fix_allowed"] is True and report["phase"] == "fix"
+    # findings are ordered: confirmed first
+    flags = [f["confirmed"] for f in report["findings"]]
+    assert flags == sorted(flags, reverse=True)
+
+
 def test_report_schema(reports):
     report, _ = next(iter(reports.values()))
     assert report["schema"] == "model_debugger.report/1"
     assert set(report) >= {"schema", "phase", "fix_allowed", "reproduce", "classification",
                            "findings", "fix", "verification"}
     assert set(report["reproduce"]) >= {"status", "steps", "epochs", "error", "seconds"}
-    assert report["findings"] == [] and report["fix"] is None and report["verification"] is None
-    assert report["fix_allowed"] is False
+    assert report["fix"] is None and report["verification"] is None
+    for f in report["findings"]:
+        assert set(f) == {"check", "root_cause", "confirmed", "location", "explanation",
+                          "evidence"}

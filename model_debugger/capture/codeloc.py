@@ -88,9 +88,10 @@ def definition_location(obj: object) -> dict | None:
     cls = obj if isinstance(obj, type) else type(obj)
     try:
         filename = inspect.getsourcefile(cls)
+        # a framework class (nn.Sequential) is not parsed: getsourcelines reads the whole file
+        if not filename or not is_user_file(filename):
+            return None
         _, line = inspect.getsourcelines(cls)
     except (TypeError, OSError):
-        return None
-    if not filename or not is_user_file(filename):
         return None
     return {"file": filename, "line": line}

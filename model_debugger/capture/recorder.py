@@ -19,6 +19,8 @@ from .imports import when_imported
 from .metrics import StdoutTee, parse_metric_line, patch_summary_writer
 
 _active: list[Recorder] = []
+_STREAM_ONLY = ("step", "hist")  # with a file, not kept in ``Recorder.events``
+_ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=) builds one per call
 
 
 @dataclass(frozen=True)
@@ -51,15 +53,16 @@ def _num(value):
     return value if math.isfinite(value) else str(value)
 
 
-_statm = [-1, -1]  # [pid, fd]: /proc/self/statm stays open, read with one pread per step
+_statm = [-1, -1, 0]  # [pid, fd, page size]: /proc/self/statm stays open, one pread a step
 
 
 def rss_bytes() -> int:
     """Resident set size of this process in bytes (0 when unknown)."""
     try:
         if _statm[0] != os.getpid():  # first call, or a forked child
-            _statm[:] = [os.getpid(), os.open("/proc/self/statm", os.O_RDONLY)]
-        return int(os.pread(_statm[1], 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            _statm[:] = [os.getpid(), os.open("/proc/self/statm", os.O_RDONLY),
+                         os.sysconf("SC_PAGE_SIZE")]
+        return int(os.pread(_statm[1], 128, 0).split()[1]) * _statm[2]
     except (OSError, ValueError, IndexError):
         import resource
 
@@ -83,7 +86,9 @@ class Recorder:
     Parameters
     ----------
     path : str or None
-        Where to stream the JSON-lines record; None keeps it in memory only.
+        Where to stream the JSON-lines record; None keeps it in memory only. With a path,
+        ``events`` holds every event but the per-step ones (``step``, ``hist``): kept in memory
+        they would grow with the run and show up in the recorded RSS as a leak.
     config : CaptureConfig, optional
         Sampling settings.
     """
@@ -105,9 +110,12 @@ class Recorder:
     def emit(self, kind: str, /, **data) -> dict:
         """Append one event to the record (and to the file, flushed)."""
         event = {"t": kind, **data}
-        self.events.append(event)
-        if self._fh is not None:
-            self._fh.write(json.dumps(event, default=str) + "\n")
+        if self._fh is None:
+            self.events.append(event)
+        else:
+            self._fh.write(_ENCODER.encode(event) + "\n")
+            if kind not in _STREAM_ONLY:
+                self.events.append(event)
         return event
 
     def metric(self, name: str, value, source: str, step: int | None = None,
@@ -156,6 +164,14 @@ class Recorder:
             self._stack.close()
             raise
         return self
+
+    @property
+    def keeper(self):
+        """Live objects kept for Isolate (the model, initial weights, batches), or None."""
+        for inst in self._instruments:
+            if getattr(inst, "keeper", None) is not None:
+                return inst.keeper
+        return None
 
     def _attach_torch(self, _module) -> None:
         from .torch_instrument import TorchInstrument

@@ -22,12 +22,16 @@ import weakref
 import torch
 
 from .codeloc import definition_location, user_frame, user_location
+from .keeper import Keeper
 from .recorder import Recorder, _num, rss_bytes
 
 _CLASS_LOSSES = ("cross_entropy", "nll_loss")
 _BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
 _REG_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 _MAX_CLASSES = 1000
+_DOT_NUMEL = 1 << 14  # on CPU a BLAS dot is ~2x faster than the norm kernel on large tensors
+_TARGET_QUEUE = 32  # targets kept (copied) and reduced together: ~2 tensor ops per step, no sync
+_TARGET_QUEUE_NUMEL = 1 << 16  # larger targets (images, ...) are reduced right away
 _BACKWARD_MODE_AFTER = 64
 
 
@@ -48,6 +52,7 @@ class TorchInstrument:
         self._models: dict[int, tuple] = {}  # id(model) -> (weakref, name)
         self._param_names: dict[int, str] = {}
         self._param_modules: dict[int, str] = {}  # id(param) -> owning module's name
+        self._dot_plans: dict[tuple, list[int]] = {}  # param ids -> indices normed with dot
         self._root = None
         self._last_input = None
         self._nonfinite_seen = False
@@ -55,10 +60,13 @@ class TorchInstrument:
         self._train_loaders: set[int] = set()
         self._active_loader = None
         # target statistics stay on the target's device until a ``targets`` event is written
-        self._targets = {"loss": None, "counts": None, "moments": None, "n": 0}
+        self._targets = {"loss": None, "classes": None, "counts": None, "moments": None, "n": 0,
+                         "queue": []}
         self._eval_losses: list[tuple[torch.Tensor, int]] = []
         self._before: list | None = None
         self._cuda = torch.cuda.is_available()
+        self._loader_refs: dict[int, weakref.ref] = {}
+        self.keeper = Keeper()
 
     # -- attach / detach -------------------------------------------------------------------
     def attach(self) -> None:
@@ -72,10 +80,22 @@ class TorchInstrument:
         self._undo.append(optim_mod.register_optimizer_step_post_hook(self._post_step).remove)
         self._patch(optim_mod.Optimizer, "__init__", self._wrap_opt_init(optim_mod.Optimizer.__init__))
         self._patch(DataLoader, "__iter__", self._wrap_loader_iter(DataLoader.__iter__))
+        for owner in (optim_mod.Optimizer, torch.nn.Module):
+            self._patch(owner, "zero_grad", self._wrap_zero_grad(owner.zero_grad))
         functional = torch.nn.functional
         for name in _CLASS_LOSSES + _BINARY_LOSSES + _REG_LOSSES:
             if hasattr(functional, name):
                 self._patch(functional, name, self._wrap_loss(getattr(functional, name), name))
+
+    def _wrap_zero_grad(self, original):
+        keeper = self.keeper
+
+        def zero_grad(obj, *args, **kwargs):
+            keeper.zero_grad_calls += 1
+            return original(obj, *args, **kwargs)
+
+        zero_grad.__wrapped__ = original
+        return zero_grad
 
     def _patch(self, owner, name, new) -> None:
         old = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
@@ -101,6 +121,8 @@ class TorchInstrument:
             self._pending_losses = []
         self._flush_eval()
         self._emit_targets()
+        self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
+                      backward=self._backwards, optimizer_steps=self._opt_steps)
 
     # -- code references -------------------------------------------------------------------
     def _ref(self, kind: str, loc: dict | None, **extra) -> None:
@@ -132,12 +154,15 @@ class TorchInstrument:
     def _before_backward(self, loss) -> None:
         self._flush_eval()
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            value = float(loss.detach())
+            value = loss.item()
         else:
             value = None
         self._ref("backward", user_location(sys._getframe()))
-        if self._active_loader is not None:
+        if self._active_loader is not None and self._active_loader not in self._train_loaders:
             self._train_loaders.add(self._active_loader)
+            ref = self._loader_refs.get(self._active_loader)
+            if self.keeper.train_loader is None and ref is not None:
+                self.keeper.train_loader = ref()
         if not self._models:
             self._discover(sys._getframe(), None)
         if value is not None and not math.isfinite(value) and not self._nonfinite_seen:
@@ -166,22 +191,22 @@ class TorchInstrument:
             for scope in (f.f_locals, f.f_globals):
                 for name, obj in list(scope.items()):
                     if isinstance(obj, torch.nn.Module):
-                        candidates.append((name, obj))
+                        candidates.append((name, obj, f.f_globals))
             f, depth = f.f_back, depth + 1
         if not candidates and wanted is not None:
             with warnings.catch_warnings():  # some torch objects warn on isinstance checks
                 warnings.simplefilter("ignore")
-                candidates = [("model", o) for o in gc.get_objects()
+                candidates = [("model", o, None) for o in gc.get_objects()
                               if isinstance(o, torch.nn.Module)]
         best = None
-        for name, module in candidates:
+        for name, module, namespace in candidates:
             ids = [id(p) for p in module.parameters()]
             score = len(wanted.intersection(ids)) if wanted is not None else len(ids)
             if score and (best is None or score > best[0]):
-                best = (score, name, module)
+                best = (score, name, module, namespace)
         if best is None:
             return
-        _, name, model = best
+        _, name, model, namespace = best
         if id(model) in self._models:
             return
         self._models[id(model)] = (weakref.ref(model), name)
@@ -193,13 +218,13 @@ class TorchInstrument:
         self.rec.emit("model", name=name, cls=type(model).__name__,
                       params=sum(p.numel() for p in model.parameters()), modules=modules[:500],
                       training=model.training)
-        self._ref("model", definition_location(model), name=name)
+        self._ref("model", definition_location(model) or _assignment(namespace, name), name=name)
         handle = model.register_forward_pre_hook(self._keep_input, with_kwargs=True)
         self._undo.append(handle.remove)
+        self.keeper.on_model(model, namespace)
 
     def _keep_input(self, module, args, kwargs):
-        if torch.is_grad_enabled():
-            self._last_input = (args, kwargs)
+        self._last_input = (args, kwargs)
 
     def _localize(self) -> str | None:
         """Name the first module holding non-finite weights or producing non-finite output."""
@@ -221,6 +246,7 @@ class TorchInstrument:
             original(opt, *args, **kwargs)
             if not getattr(opt, "_md_seen", False):
                 opt._md_seen = True
+                inst.keeper.on_optimizer(opt)
                 loc = user_location(sys._getframe())
                 inst._ref("optimizer", loc, cls=type(opt).__name__)
                 inst.rec.emit("optimizer", cls=type(opt).__name__, hyper=_hyper(opt.defaults),
@@ -239,6 +265,7 @@ class TorchInstrument:
         params = self._params(opt)
         if not getattr(opt, "_md_seen", False):
             opt._md_seen = True
+            self.keeper.on_optimizer(opt)
             self.rec.emit("optimizer", cls=type(opt).__name__, hyper=_hyper(opt.defaults),
                           location=None)
         if not self._param_names and params:
@@ -251,8 +278,7 @@ class TorchInstrument:
     def _grad_norms(self, params) -> tuple[float | None, dict]:
         if not params:
             return None, {}
-        with torch.no_grad():  # one kernel for all norms, one device-to-host copy
-            norms = torch.stack(torch._foreach_norm([p.grad for p in params])).tolist()
+        norms = self._norms(params)
         total = math.sqrt(sum(n * n for n in norms))
         per_module: dict[str, float] = {}
         if self.cfg.module_norms:
@@ -273,13 +299,46 @@ class TorchInstrument:
             self._histograms(params)
         return total, per_module
 
+    def _norms(self, params) -> list[float]:
+        """L2 norm of each gradient, read with one device-to-host copy."""
+        key = tuple(map(id, params))
+        dot = self._dot_plans.get(key)
+        if dot is None:
+            if len(self._dot_plans) > 16:
+                self._dot_plans.clear()
+            dot = self._dot_plans[key] = [
+                i for i, p in enumerate(params) if p.device.type == "cpu"
+                and p.dtype in (torch.float32, torch.float64) and p.numel() >= _DOT_NUMEL]
+        grads = [p.grad for p in params]
+        with torch.no_grad():
+            if not dot:  # one multi-tensor kernel
+                return _floats(torch._foreach_norm(grads))
+            big = set(dot)
+            rest = [i for i in range(len(grads)) if i not in big]
+            flat = [grads[i].reshape(-1) for i in dot]
+            parts = [torch.dot(g, g) for g in flat]  # squared norms
+            if rest:
+                parts += torch._foreach_norm([grads[i] for i in rest])
+            values = _floats(parts)
+        norms = [0.0] * len(grads)
+        for k, i in enumerate(dot):
+            norms[i] = math.sqrt(values[k])  # overflows where torch's own norm does (> 1.8e19)
+        for k, i in enumerate(rest, len(dot)):
+            norms[i] = values[k]
+        return norms
+
     def _histograms(self, params) -> None:
         for p in params[:64]:
             g = p.grad.detach().float().flatten()
-            g = g[torch.isfinite(g)]
             if g.numel() == 0:
                 continue
-            lo, hi = float(g.min()), float(g.max())
+            lo, hi = torch.aminmax(g)
+            lo, hi = float(lo), float(hi)
+            if not (math.isfinite(lo) and math.isfinite(hi)):  # rare: copy the finite values
+                g = g[torch.isfinite(g)]
+                if g.numel() == 0:
+                    continue
+                lo, hi = float(g.min()), float(g.max())
             counts = torch.histc(g, bins=30, min=lo, max=hi if hi > lo else lo + 1e-12)
             self.rec.emit("hist", step=self.rec.step, param=self._param_names.get(id(p), "?"),
                           lo=lo, hi=hi, counts=[int(c) for c in counts.tolist()])
@@ -290,11 +349,11 @@ class TorchInstrument:
         ratio = None
         if self._before is not None:
             with torch.no_grad():
-                after = [p.detach() for p in self._before_params]
-                delta = torch._foreach_norm(torch._foreach_sub(after, self._before))
-                norms = torch.stack([*delta, *torch._foreach_norm(self._before)]).tolist()
+                weights = torch._foreach_norm(self._before)
+                torch._foreach_sub_(self._before, [p.detach() for p in self._before_params])
+                norms = _floats([*torch._foreach_norm(self._before), *weights])
             half = len(norms) // 2
-            num = sum(n * n for n in norms[:half])
+            num = sum(n * n for n in norms[:half])  # the copy now holds -update
             den = sum(n * n for n in norms[half:])
             ratio = math.sqrt(num) / math.sqrt(den) if den > 0 else None
             self._before = None
@@ -315,6 +374,9 @@ class TorchInstrument:
             step["mgn"] = {k: _num(v) for k, v in mgn.items()}
         if ratio is not None:
             step["ur"] = _num(ratio)
+        root = self._root() if self._root else None
+        if root is not None:
+            step["tm"] = root.training
         if self._cuda:
             step["cuda"] = torch.cuda.memory_allocated()
             step["cuda_peak"] = torch.cuda.max_memory_allocated()
@@ -330,6 +392,7 @@ class TorchInstrument:
 
         def __iter__(loader):
             it = original(loader)
+            inst._loader_refs[id(loader)] = weakref.ref(loader)
             if id(loader) in inst._train_loaders:
                 inst._flush_eval()
                 inst.rec.set_epoch(inst.rec.epoch + 1, "dataloader")
@@ -345,12 +408,23 @@ class TorchInstrument:
             out = original(input, target, *args, **kwargs)
             try:
                 inst._observe_loss(name, input, target, out)
+                inst._keep_loss(name, input, target, args, kwargs)
             except Exception:  # noqa: BLE001 - observation must never break training
                 pass
             return out
 
         loss_fn.__wrapped__ = original
         return loss_fn
+
+    def _keep_loss(self, name, input, target, args, kwargs) -> None:
+        if not isinstance(target, torch.Tensor) or not isinstance(input, torch.Tensor):
+            return
+        if self._targets["loss"] not in (None, name):
+            return
+        described = self.keeper.on_loss(name, input, target, args, kwargs, self._last_input,
+                                        torch.is_grad_enabled(), self.rec.epoch)
+        if described is not None:
+            self.rec.emit("loss_input", **described)
 
     def _observe_loss(self, name, input, target, out) -> None:
         """Accumulate target statistics without a device sync (read in ``_emit_targets``)."""
@@ -366,26 +440,48 @@ class TorchInstrument:
             self._ref("loss_fn", user_location(sys._getframe()), name=name)
         if t["loss"] != name:
             return
-        with torch.no_grad():
-            if name in _CLASS_LOSSES and target.dtype in (torch.long, torch.int, torch.int16):
-                classes = int(input.shape[1] if input.dim() > 1 else input.shape[0])
-                if classes > _MAX_CLASSES:
-                    return
-                # bin 0: negative (ignore_index), bins 1..classes: the classes, last: beyond
-                idx = target.detach().reshape(-1).long().add(1).clamp_(0, classes + 1)
-                counts = t["counts"]
-                if counts is None or counts.numel() != classes + 2 or counts.device != idx.device:
-                    counts = t["counts"] = torch.zeros(classes + 2, dtype=torch.long,
-                                                       device=idx.device)
-                counts.index_add_(0, idx, torch.ones((), dtype=torch.long,
-                                                     device=idx.device).expand(idx.numel()))
-            else:
-                tgt = target.detach().reshape(-1).float()
-                moments = torch.stack([tgt.sum(), torch.dot(tgt, tgt)]).double()
-                prev = t["moments"]
-                t["moments"] = moments if prev is None or prev.device != moments.device \
-                    else prev + moments
+        classes = None
+        if name in _CLASS_LOSSES and target.dtype in (torch.long, torch.int, torch.int16):
+            classes = int(input.shape[1] if input.dim() > 1 else input.shape[0])
+            if classes > _MAX_CLASSES:
+                return
+        if classes != t["classes"]:
+            self._reduce_targets()
+            t["classes"] = classes
+        big = target.numel() > _TARGET_QUEUE_NUMEL
+        t["queue"].append(target.detach() if big else target.detach().clone())
         t["n"] += int(target.numel())
+        if big or len(t["queue"]) >= _TARGET_QUEUE:
+            self._reduce_targets()
+
+    def _reduce_targets(self) -> None:
+        """Fold the queued targets into class counts or (sum, sum of squares), on their device."""
+        t = self._targets
+        queue, t["queue"] = t["queue"], []
+        if not queue:
+            return
+        try:
+            with torch.no_grad():
+                flat = torch.cat([q.reshape(-1) for q in queue])
+                classes = t["classes"]
+                if classes is not None:
+                    # bin 0: negative (ignore_index), bins 1..classes: the classes, last: beyond
+                    idx = flat.long().add_(1).clamp_(0, classes + 1)
+                    counts = torch.zeros(classes + 2, dtype=torch.long, device=idx.device)
+                    counts.index_add_(0, idx, torch.ones((), dtype=torch.long,
+                                                         device=idx.device).expand(idx.numel()))
+                    prev = t["counts"]
+                    same = prev is not None and prev.shape == counts.shape \
+                        and prev.device == counts.device
+                    t["counts"] = prev + counts if same else counts
+                else:
+                    f = flat.float()
+                    moments = torch.stack([f.sum(), torch.dot(f, f)]).double()
+                    prev = t["moments"]
+                    same = prev is not None and prev.device == moments.device
+                    t["moments"] = prev + moments if same else moments
+        except Exception:  # noqa: BLE001 - statistics must never break training
+            pass
 
     def _flush_eval(self) -> None:
         if self._eval_losses:
@@ -399,6 +495,7 @@ class TorchInstrument:
         t = self._targets
         if t["loss"] is None or not t["n"]:
             return
+        self._reduce_targets()
         data = {"loss": t["loss"], "n": t["n"]}
         if t["counts"] is not None:
             data["counts"] = [int(c) for c in t["counts"][1:-1].tolist()]
@@ -437,6 +534,14 @@ class _TimedIterator:
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
+
+
+def _floats(tensors) -> list[float]:
+    """Read 0-dim tensors with one device-to-host copy (one each when devices differ)."""
+    try:
+        return torch.stack(list(tensors)).tolist()
+    except RuntimeError:  # a model spread over several devices
+        return [float(t) for t in tensors]
 
 
 def _hyper(defaults: dict) -> dict:
@@ -485,3 +590,20 @@ def _replay_first_nonfinite(model, args, kwargs) -> str | None:
                 if n in buffers:
                     b.copy_(buffers[n])
     return found[0] if found else None
+
+
+def _assignment(namespace: dict | None, name: str) -> dict | None:
+    """Where ``name = ...`` is first assigned in the file that holds ``namespace``."""
+    import re
+
+    path = (namespace or {}).get("__file__")
+    if not path or not name.isidentifier():
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if re.match(rf"\s*{name}\s*(:[^=]*)?=(?!=)", line):
+                    return {"file": path, "line": n}
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None

@@ -1,6 +1,9 @@
 """Loss falls, accuracy never leaves the majority rate: the model predicts "negative" always.
 
 expect-category: convergence_to_wrong_solution
+expect-root-cause: data
+expect-check: class_imbalance
+expect-line: criterion(model(X[i:i + 100])
 fault: data (95/5 class imbalance, no class weights)
 """
 import torch

@@ -1,6 +1,9 @@
 """Loss falls, F1 of the rare classes stays at zero: the prior is learned, not the task.
 
 expect-category: convergence_to_wrong_solution
+expect-root-cause: data
+expect-check: class_imbalance|label_alignment
+expect-line: cross_entropy(model(
 fault: data (90/5/5 classes, signal too weak to beat the prior)
 """
 import model_debugger

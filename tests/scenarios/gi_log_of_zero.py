@@ -1,6 +1,9 @@
 """NaN from the forward pass: a hand-written log-probability layer takes log(0).
 
 expect-category: gradient_instability
+expect-root-cause: architecture
+expect-check: gradient_flow
+expect-line: def forward(self, x):  # log-probabilities
 fault: architecture (log of a probability that underflows to 0)
 """
 import torch
@@ -8,7 +11,7 @@ from torch import nn
 
 
 class LogProb(nn.Module):
-    def forward(self, x):
+    def forward(self, x):  # log-probabilities
         return torch.log(torch.softmax(x * 50.0, dim=1))
 
 

@@ -1,16 +1,18 @@
-"""NaN: SGD with a high learning rate on unscaled features diverges to inf/NaN.
+"""NaN: SGD with a learning rate far too high diverges to inf/NaN within a few steps.
 
 expect-category: gradient_instability
-fault: hyperparameter (lr=0.05 with features in the thousands)
+expect-root-cause: hyperparameter
+expect-check: lr_range
+expect-line: torch.optim.SGD
 """
 import torch
 from torch import nn
 
 torch.manual_seed(5)
-X = torch.randn(1024, 6) * torch.tensor([1.0, 10.0, 100.0, 1000.0, 1.0, 5.0])
-y = X @ torch.randn(6, 1) * 0.01
+X = torch.randn(1024, 6)
+y = X @ torch.randn(6, 1)
 model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
+opt = torch.optim.SGD(model.parameters(), lr=3.0)
 for step in range(200):
     idx = torch.randint(0, len(X), (64,))
     loss = nn.functional.mse_loss(model(X[idx]), y[idx])

@@ -1,6 +1,9 @@
 """Vanishing gradients: a 12-layer sigmoid MLP; early layers get almost no gradient.
 
 expect-category: gradient_instability
+expect-root-cause: architecture
+expect-check: gradient_flow
+expect-line: model = nn.Sequential(*layers
 fault: architecture (deep sigmoid stack, default init)
 """
 import torch

@@ -1,6 +1,9 @@
 """Loss stuck: the model output is detached, so no gradient ever reaches the weights.
 
 expect-category: loss_not_decreasing
+expect-root-cause: training_loop
+expect-check: detached_output
+expect-line: .detach()
 fault: training_loop (`.detach()` on the prediction)
 """
 import model_debugger

@@ -1,6 +1,9 @@
 """Loss stuck: SGD with a learning rate far too small for the problem.
 
 expect-category: loss_not_decreasing
+expect-root-cause: hyperparameter
+expect-check: lr_range
+expect-line: torch.optim.SGD
 fault: hyperparameter (lr=1e-5 for plain SGD)
 """
 import torch

@@ -1,6 +1,9 @@
 """Loss stuck at the constant predictor: labels carry no information about the inputs.
 
 expect-category: loss_not_decreasing
+expect-root-cause: data
+expect-check: label_alignment
+expect-line: cross_entropy(
 fault: data (labels drawn independently of the images)
 """
 import torch

@@ -1,6 +1,9 @@
 """Memory grows every step: predictions kept for an epoch metric still hold their autograd graph.
 
 expect-category: memory_issue
+expect-root-cause: training_loop
+expect-check: graph_retention
+expect-line: history.append(
 fault: training_loop (second forward without no_grad, outputs appended to a list)
 """
 import torch

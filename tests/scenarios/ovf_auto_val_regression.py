@@ -1,6 +1,9 @@
 """Overfitting in regression; validation loss is computed but never printed (seen under no_grad).
 
 expect-category: overfitting
+expect-root-cause: data
+expect-check: data_volume
+expect-line: model = nn.Sequential
 fault: architecture/data (high-degree polynomial features on 40 points)
 """
 import torch

@@ -1,6 +1,9 @@
 """Overfitting: a wide MLP memorises 64 noisy samples; validation loss turns up.
 
 expect-category: overfitting
+expect-root-cause: data
+expect-check: data_volume
+expect-line: model = nn.Sequential
 fault: data (too little data for the capacity), no regularisation
 """
 import torch

@@ -1,6 +1,9 @@
 """Slow steps: a collate function that builds tensors element by element in Python.
 
 expect-category: performance_issue
+expect-root-cause: data
+expect-check: dataloader_throughput
+expect-line: def collate
 fault: data pipeline (pure-Python collate)
 """
 import torch

@@ -1,6 +1,9 @@
 """Slow steps: the Dataset decodes every sample on the fly in Python; the model waits for data.
 
 expect-category: performance_issue
+expect-root-cause: data
+expect-check: dataloader_throughput
+expect-line: def __getitem__
 fault: data pipeline (per-sample work in __getitem__, num_workers=0)
 """
 import time

@@ -1,0 +1,117 @@
+"""Live objects kept for Isolate: the model, its initial weights, sample batches, the loader.
+
+Only references and one copy of the initial weights are kept; sample batches are bounded.
+The TorchInstrument feeds the keeper; probes read it after the captured code has finished.
+"""
+
+from __future__ import annotations
+
+MAX_BATCHES = 32
+MAX_SAMPLES = 4096
+
+
+class Keeper:
+    """What Isolate needs from a captured PyTorch run.
+
+    Attributes
+    ----------
+    model : torch.nn.Module or None
+    initial_state : dict or None
+        Parameter and buffer copies taken when the model was first seen (before any step).
+    namespace : dict or None
+        The globals of the user code that holds the model (for retained-tensor checks).
+    optimizer : dict or None
+        ``{"cls", "name", "hyper"}``.
+    loss : dict or None
+        ``{"name", "kwargs", "input_shape"}`` of the training loss.
+    train_batches, val_batches : list of (inputs, target)
+    train_loader : DataLoader or None
+    zero_grad_calls : int
+    """
+
+    def __init__(self) -> None:
+        self.model = None
+        self.initial_state = None
+        self.namespace = None
+        self.optimizer = None
+        self.loss = None
+        self.train_batches: list = []
+        self.val_batches: list = []
+        self._samples = {"train": 0, "val": 0}
+        self._epoch: dict[str, int] = {}
+        self.train_loader = None
+        self.zero_grad_calls = 0
+        self.loss_input: dict | None = None
+
+    def on_model(self, model, namespace: dict | None) -> None:
+        import torch
+
+        if self.model is not None:
+            return
+        self.model = model
+        self.namespace = namespace
+        with torch.no_grad():
+            self.initial_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def on_optimizer(self, opt) -> None:
+        if self.optimizer is None:
+            self.optimizer = {"cls": type(opt), "name": type(opt).__name__,
+                              "hyper": dict(opt.defaults)}
+
+    def on_loss(self, name, input, target, extra_args, kwargs, model_input, training,
+                epoch: int = 0) -> dict | None:
+        """Keep a sample (model input, target); on the first training call describe the input.
+
+        Samples come from the first epoch (or eval pass) only, so repeated epochs over a small
+        dataset do not fill the sample with copies.
+        """
+        split = "train" if training else "val"
+        out = None
+        if training and self.loss is None:
+            self.loss = {"name": name, "kwargs": dict(kwargs),
+                         "input_shape": tuple(input.shape[1:]) if input.dim() >= 1 else None}
+            if extra_args:
+                self.loss["kwargs"].update(_positional(name, extra_args))
+            out = self.loss_input = describe_loss_input(name, input)
+        first = self._epoch.setdefault(split, epoch)
+        if model_input is None or self._samples[split] >= MAX_SAMPLES or epoch != first:
+            return out
+        batches = self.train_batches if training else self.val_batches
+        if len(batches) >= MAX_BATCHES:
+            return out
+        args, _kw = model_input
+        if args and hasattr(args[0], "shape") and target.dim() and \
+                args[0].shape[:1] == target.shape[:1]:
+            batches.append((tuple(a.detach() for a in args), target.detach()))
+            self._samples[split] += int(target.shape[0])
+        return out
+
+
+def _positional(name: str, extra) -> dict:
+    order = {"cross_entropy": ("weight",), "nll_loss": ("weight",),
+             "binary_cross_entropy": ("weight",)}.get(name, ())
+    return dict(zip(order, extra))
+
+
+def describe_loss_input(name: str, input) -> dict:
+    """What the loss received: logits, probabilities, log-probabilities or values in [0, 1]."""
+    import torch
+
+    with torch.no_grad():
+        x = input.detach().float()
+        lo, hi = float(x.min()), float(x.max())
+        kind = "logits"
+        if x.dim() > 1 and x.shape[1] > 1:
+            rows = x.sum(1)
+            dev = float((rows - 1).abs().max())
+            if lo >= 0 and dev < 1e-3:
+                kind = "probabilities"
+            else:
+                dev_log = float((torch.logsumexp(x, 1)).abs().max())
+                if hi <= 0 and dev_log < 1e-3:
+                    kind, dev = "log_probabilities", dev_log
+        else:
+            dev = None
+            if lo >= 0 and hi <= 1:
+                kind = "unit_interval"
+    return {"name": name, "kind": kind, "min": lo, "max": hi, "row_sum_dev": dev}

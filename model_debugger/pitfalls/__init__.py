@@ -1,0 +1,1 @@
+"""Pitfall packs: framework-specific knowledge (torch, keras) and shared optimisation knowledge."""

@@ -1,0 +1,26 @@
+"""Isolate: one probe per module; importing this package registers them all."""
+
+from . import (  # noqa: F401 - registration side effects
+    batch_memory,
+    class_imbalance,
+    constant_baseline,
+    data_volume,
+    dataloader_throughput,
+    dead_units,
+    detached_output,
+    distribution_shift,
+    eval_mode,
+    feature_scaling,
+    gradient_flow,
+    graph_retention,
+    label_alignment,
+    leakage,
+    loss_output_mismatch,
+    lr_range,
+    missing_zero_grad,
+    overfit_small_batch,
+    seed_variance,
+)
+from .base import PROBES, Probe, ProbeContext, probes_for, rank, register, run_probes
+
+__all__ = ["PROBES", "Probe", "ProbeContext", "probes_for", "rank", "register", "run_probes"]

@@ -1,0 +1,198 @@
+"""The probe framework: a context of what the run captured, a base class, and a registry.
+
+A probe turns a category into a root cause. It reads the captured run (record, signals) and, when
+the run was captured in-process, live objects (the model, its initial weights, sample batches).
+It returns Findings; a finding is ``confirmed`` only when a measurement supports it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..records import Classification, Finding, Run
+
+PROBES: dict[str, type[Probe]] = {}
+
+
+@dataclass
+class ProbeContext:
+    """Everything a probe may use. Live objects are None when only a record exists.
+
+    Attributes
+    ----------
+    run : Run
+        The captured record.
+    signals : dict
+        ``signals.compute(run)``.
+    classification : Classification
+        What Classify decided.
+    framework : str
+        ``"torch"``, ``"keras"`` or ``"none"`` (a log only).
+    source_files : dict
+        ``{path: source text}`` of the user's training code (script or cells), for lint.
+    model : object
+        The trained model (live), if any.
+    initial_state : dict
+        The model's state (parameter/buffer copies) captured before its first optimizer step.
+    optimizer : dict
+        ``{"cls": type, "name": str, "hyper": dict, "location": {...}}``.
+    loss : dict
+        ``{"name": "cross_entropy", "fn": callable(output, target) -> scalar, "location": ...}``.
+    train_batches, val_batches : list of tuple
+        Sample ``(inputs, target)`` pairs seen by the loss (``inputs`` are the model's positional
+        arguments as a tuple), training (grad enabled) vs validation (no_grad).
+    train_xy, val_xy : tuple of numpy arrays or None
+        The same samples as arrays: ``X`` of shape (n, features) (inputs flattened) and ``y`` of
+        shape (n,) or (n, outputs); for data probes that need no framework.
+    feature_names : list of str or None
+        Column names when known (else ``x0, x1, ...``).
+    trainer : object or None
+        A framework adapter (``fresh_model()``, ``fit(model, X, y, steps, lr=None)``,
+        ``evaluate(model, X, y)``) for probes that train a copy of the model.
+    """
+
+    run: Run
+    signals: dict
+    classification: Classification
+    framework: str = "none"
+    source_files: dict[str, str] = field(default_factory=dict)
+    model: Any = None
+    initial_state: dict | None = None
+    optimizer: dict | None = None
+    loss: dict | None = None
+    train_batches: list = field(default_factory=list)
+    val_batches: list = field(default_factory=list)
+    train_xy: tuple | None = None
+    val_xy: tuple | None = None
+    feature_names: list[str] | None = None
+    trainer: Any = None
+    extras: dict = field(default_factory=dict)
+    deadline: float = float("inf")
+
+    @property
+    def live(self) -> bool:
+        """True when live objects (model, batches) are available, not just a record."""
+        return self.model is not None
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def ref(self, kind: str) -> dict | None:
+        """A code reference from the record: ``backward``, ``step``, ``optimizer``, ``model``, ..."""
+        return self.run.refs().get(kind)
+
+
+class Probe:
+    """Base class: subclasses set ``id`` and ``categories`` and implement :meth:`run`.
+
+    Attributes
+    ----------
+    id : str
+        The probe id (public vocabulary).
+    categories : tuple of str
+        The categories it helps isolate (``"*"`` for any).
+    needs_live : bool
+        True when the probe needs live objects (skipped on a log-only session).
+    frameworks : tuple of str
+        Frameworks it supports.
+    """
+
+    id: str = ""
+    categories: tuple[str, ...] = ()
+    needs_live: bool = False
+    frameworks: tuple[str, ...] = ("torch", "keras", "none")
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        """Whether the probe can run on this context."""
+        if ctx.framework not in self.frameworks:
+            return False
+        return ctx.live or not self.needs_live
+
+    def run(self, ctx: ProbeContext) -> list[Finding]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def finding(self, root_cause: str, confirmed: bool, explanation: str,
+                location: dict | None = None, **evidence) -> Finding:
+        """Build a Finding for this probe."""
+        return Finding(self.id, root_cause, confirmed, explanation, location,
+                       {k: _jsonable(v) for k, v in evidence.items()})
+
+
+def _jsonable(v):
+    if isinstance(v, float):
+        return v if v == v and abs(v) != float("inf") else str(v)
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if hasattr(v, "item") and callable(v.item):
+        try:
+            return _jsonable(v.item())
+        except (ValueError, RuntimeError):
+            return str(v)
+    return v
+
+
+def register(cls: type[Probe]) -> type[Probe]:
+    """Class decorator adding a probe to the registry (ids never change once shipped)."""
+    if not cls.id or cls.id in PROBES:
+        raise ValueError(f"probe id {cls.id!r} is empty or already registered")
+    PROBES[cls.id] = cls
+    return cls
+
+
+def probes_for(category: str) -> list[str]:
+    """Probe ids worth running for a category, in registry order."""
+    return [pid for pid, cls in PROBES.items()
+            if category in cls.categories or "*" in cls.categories]
+
+
+def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
+    """Confirmed first, then findings for the primary category before secondaries, then by
+    strength of evidence (``evidence["strength"]``, 0..1)."""
+    def key(f: Finding):
+        cat = f.evidence.get("category")
+        pos = categories.index(cat) if cat in categories else len(categories)
+        return (not f.confirmed, pos, -float(f.evidence.get("strength", 0.5)))
+
+    return sorted(findings, key=key)
+
+
+def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
+               progress: Callable[[str, int, int], None] | None = None) -> list[Finding]:
+    """Run probes (default: those for the primary and secondary categories) and rank findings.
+
+    A probe that raises yields an unconfirmed finding naming the error; it never stops the others.
+    """
+    if ids is None:
+        cats = [ctx.classification.primary, *ctx.classification.secondary]
+        ids = []
+        for cat in cats:
+            ids += [p for p in probes_for(cat) if p not in ids]
+    findings: list[Finding] = []
+    timings: dict[str, float] = {}
+    order = [ctx.classification.primary, *ctx.classification.secondary]
+    for n, pid in enumerate(ids):
+        probe = PROBES[pid]()
+        if not probe.applies(ctx):
+            continue
+        if ctx.time_left() <= 0:
+            break
+        if progress:
+            progress(pid, n, len(ids))
+        t0 = time.perf_counter()
+        try:
+            found = probe.run(ctx)
+            cat = next((c for c in order if c in probe.categories), order[0])
+            findings += [Finding(f.check, f.root_cause, f.confirmed, f.explanation, f.location,
+                                 {**f.evidence, "category": cat}) for f in found]
+        except Exception as exc:  # noqa: BLE001 - one broken probe must not hide the rest
+            findings.append(Finding(pid, "training_loop", False,
+                                    f"probe {pid} could not run: {type(exc).__name__}: {exc}",
+                                    None, {"strength": 0.0, "probe_error": True}))
+        timings[pid] = round(time.perf_counter() - t0, 3)
+    ctx.extras["probe_seconds"] = timings
+    return rank(findings, order)

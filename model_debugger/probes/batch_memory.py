@@ -1,0 +1,83 @@
+"""``batch_memory``: memory per sample, measured, extrapolated to the size that failed."""
+
+from __future__ import annotations
+
+import re
+
+from .base import Probe, ProbeContext, register
+
+_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6,
+          "gb": 1e9, "tb": 1e12}
+
+
+def requested_bytes(message: str) -> float | None:
+    """The allocation an OOM message names ("tried to allocate 2.00 GiB" / "... 123 bytes")."""
+    m = re.search(r"allocate\s+([\d.]+)\s*(bytes|[KMGT]i?B)\b", message, re.IGNORECASE)
+    if not m:
+        return None
+    unit = "b" if m.group(2).lower() == "bytes" else m.group(2).lower()
+    return float(m.group(1)) * _UNITS[unit]
+
+
+def available_bytes() -> float | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def per_sample_bytes(model, inputs) -> float:
+    """Bytes of inputs plus every module output (what backward keeps) per sample."""
+    import torch
+
+    total = [sum(x.numel() * x.element_size() for x in inputs)]
+
+    def hook(module, inp, out):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                total[0] += t.numel() * t.element_size()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return total[0] / max(int(inputs[0].shape[0]), 1)
+
+
+@register
+class BatchMemory(Probe):
+    id = "batch_memory"
+    categories = ("memory_issue",)
+    needs_live = True
+    frameworks = ("torch",)
+
+    def run(self, ctx: ProbeContext):
+        err = ctx.run.error
+        tr = ctx.trainer
+        if err is None or err.get("kind") != "oom" or tr is None or tr.n == 0:
+            return []
+        inputs, _ = tr.subset(slice(0, min(32, tr.n)))
+        per_sample = per_sample_bytes(tr.fresh_model(), inputs)
+        params = sum(p.numel() * p.element_size() for p in ctx.model.parameters())
+        want = requested_bytes(err.get("message", ""))
+        avail = available_bytes()
+        fits = int((avail - 4 * params) / per_sample) if avail else None
+        implied = int(want / per_sample) if want else None
+        usual = int(tr.n / max(len(ctx.train_batches), 1))
+        return [self.finding(
+            "hyperparameter", bool(want and avail and want > avail),
+            f"One training sample needs about {per_sample / 2**10:.1f} KiB of activations "
+            f"(measured on a batch of {len(inputs[0])}); the failing allocation of "
+            f"{(want or 0) / 2**30:.3g} GiB corresponds to a batch of ~{implied or '?'} samples, "
+            f"while about {fits or '?'} fit in the {(avail or 0) / 2**30:.1f} GiB available. "
+            f"The batch at the failing line is far larger than the {usual} used before.",
+            err.get("location") or ctx.ref("backward"), bytes_per_sample=per_sample,
+            requested_bytes=want, available_bytes=avail, largest_batch_that_fits=fits,
+            implied_batch=implied, strength=0.8)]

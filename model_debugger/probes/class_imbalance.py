@@ -1,0 +1,103 @@
+"""Probe ``class_imbalance``: is one class so frequent that predicting it is a good enough answer?
+
+Class frequencies come from the training targets (``ctx.train_xy[1]``: integer labels, 0/1 floats
+or one-hot rows) or, on a log-only session, from the record's last ``targets`` event (class counts,
+or the mean of binary targets under a binary cross-entropy); when both exist the larger sample
+wins. Confirmed when the majority class holds >= 80% of the samples or the rarest class <= 5%.
+An accuracy sitting at the majority share is named in the explanation: the model has learned to
+predict the majority class.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..records import Finding
+from . import _numpy_stats as st
+from .base import Probe, ProbeContext, register
+
+MAJORITY = 0.8
+RARE = 0.05
+MIN_SAMPLES = 20
+AT_MAJORITY = 0.01      # |accuracy - majority share| counted as "sits at the majority rate"
+
+
+def _from_arrays(ctx: ProbeContext) -> dict[int, int] | None:
+    if ctx.train_xy is None or ctx.train_xy[1] is None:
+        return None
+    labels = st.as_labels(ctx.train_xy[1], st.loss_name(ctx))
+    if labels is None:
+        return None
+    classes, counts = np.unique(labels, return_counts=True)
+    return {int(c): int(n) for c, n in zip(classes, counts)}
+
+
+def _from_record(ctx: ProbeContext) -> dict[int, int] | None:
+    events = ctx.run.of("targets")
+    if not events:
+        return None
+    t = events[-1]
+    if t.get("counts"):
+        return {i: int(c) for i, c in enumerate(t["counts"])}
+    mean, n = t.get("mean"), t.get("n")
+    if str(t.get("loss", "")).startswith("binary_cross_entropy") and n and mean is not None \
+            and 0 <= mean <= 1:
+        return {0: round(n * (1 - mean)), 1: round(n * mean)}
+    return None
+
+
+@register
+class ClassImbalance(Probe):
+    """Measure class frequencies and relate them to the accuracy the run reached."""
+
+    id = "class_imbalance"
+    categories = ("convergence_to_wrong_solution", "loss_not_decreasing")
+    needs_live = False
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        return super().applies(ctx) and (ctx.train_xy is not None or bool(ctx.run.of("targets")))
+
+    def run(self, ctx: ProbeContext) -> list[Finding]:
+        sources = [(c, name) for c, name in ((_from_arrays(ctx), "arrays"),
+                                              (_from_record(ctx), "record")) if c]
+        if not sources:
+            return []
+        counts, source = max(sources, key=lambda s: sum(s[0].values()))
+        seen = {k: v for k, v in counts.items() if v > 0}
+        n = sum(seen.values())
+        if n < MIN_SAMPLES or len(seen) < 2:
+            return []
+        major, minor = max(seen, key=seen.get), min(seen, key=seen.get)
+        major_share, minor_share = seen[major] / n, seen[minor] / n
+        if major_share < MAJORITY and minor_share > RARE:
+            return []
+
+        at_majority = []
+        for split in ("val", "train"):
+            acc = ctx.signals.get(f"{split}_acc_final")
+            if isinstance(acc, (int, float)) and math.isfinite(acc) \
+                    and abs(acc - major_share) <= AT_MAJORITY:
+                at_majority.append((ctx.signals.get(f"{split}_acc_name") or f"{split} accuracy",
+                                    float(acc)))
+        missing = sorted(k for k, v in counts.items() if v == 0)
+        text = (f"The classes are imbalanced: class {major} holds {seen[major]} of {n} training "
+                f"targets ({major_share:.1%}), the rarest, class {minor}, {seen[minor]} "
+                f"({minor_share:.1%}).")
+        if missing:
+            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            text += f" Classes {missing[:10]}{more} never occur."
+        if at_majority:
+            said = ", ".join(f"{name} = {acc:.3f}" for name, acc in at_majority)
+            text += (f" The accuracy sits at the majority rate ({said}): the model predicts the "
+                     "majority class and has learned nothing about the others.")
+        text += (" Plain accuracy and an unweighted loss reward predicting the frequent class; "
+                 "weight the loss or resample, and judge with a class-balanced metric.")
+        severity = max((major_share - MAJORITY) / (1 - MAJORITY), (RARE - minor_share) / RARE)
+        strength = 0.5 + 0.3 * float(np.clip(severity, 0, 1)) + (0.2 if at_majority else 0.0)
+        return [self.finding("data", True, text, st.data_location(ctx), strength=strength,
+                             counts=counts, n=n, source=source, majority_class=major,
+                             majority_share=major_share, minority_class=minor,
+                             minority_share=minor_share,
+                             accuracy_at_majority=[name for name, _ in at_majority])]

@@ -1,0 +1,105 @@
+"""Probe ``constant_baseline``: does the model beat a predictor that ignores its input?
+
+The best constant predictor outputs the label prior (classification) or the target mean
+(regression); its loss is the label entropy (cross-entropy, in nats), the mean binary entropy
+(binary cross-entropy), the target variance (MSE) or the mean absolute deviation from the median
+(L1). The capture's ``constant_predictor_loss`` signal is used when present; otherwise the
+baseline is computed from the training targets. Confirmed when the final loss is still >= 95% of
+the baseline: the model has learned nothing beyond the prior, which points at the optimisation
+(learning rate, schedule, initialisation) rather than the data, so the root cause is
+``hyperparameter``. Between 80% and 95% the finding is reported unconfirmed; below, silent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..records import Finding
+from . import _numpy_stats as st
+from .base import Probe, ProbeContext, register
+
+CONFIRM = 0.95
+HINT = 0.8
+DIP = 0.7          # a best step this far below the baseline is more than batch noise
+
+
+def _num(signals: dict, key: str) -> float:
+    v = signals.get(key)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else math.nan
+
+
+def _entropy(labels: np.ndarray) -> float:
+    p = np.unique(labels, return_counts=True)[1] / len(labels)
+    return float(-(p * np.log(p)).sum())
+
+
+def baseline_from_targets(y, loss: str | None) -> tuple[float, str] | None:
+    """The constant predictor's loss for targets ``y`` under ``loss`` (guessed when None).
+
+    Returns ``(loss, kind)`` or None when the loss has no closed form here.
+    """
+    y = np.asarray(y)
+    if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
+        p = np.clip(st.as_matrix(y).mean(axis=0), 1e-12, 1 - 1e-12)
+        return float(np.mean(-(p * np.log(p) + (1 - p) * np.log(1 - p)))), "binary entropy"
+    labels = st.as_labels(y, loss)
+    if loss in st.CLASSIFICATION_LOSSES or (loss is None and labels is not None):
+        return (_entropy(labels), "label entropy") if labels is not None else None
+    ym = st.as_matrix(y)
+    if loss in ("mse_loss", None):
+        return float(ym.var(axis=0).mean()), "target variance"
+    if loss == "l1_loss":
+        return float(np.abs(ym - np.median(ym, axis=0)).mean()), "mean absolute deviation"
+    return None
+
+
+@register
+class ConstantBaseline(Probe):
+    """Compare the training loss with the loss of the best input-independent predictor."""
+
+    id = "constant_baseline"
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
+    needs_live = False
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        has_signal = math.isfinite(_num(ctx.signals, "constant_predictor_loss"))
+        return super().applies(ctx) and (has_signal or ctx.train_xy is not None)
+
+    def run(self, ctx: ProbeContext) -> list[Finding]:
+        s = ctx.signals
+        final, low = _num(s, "loss_final"), _num(s, "loss_min")
+        base, source, kind = _num(s, "constant_predictor_loss"), "signal", "from the record"
+        if not math.isfinite(base) and ctx.train_xy is not None and ctx.train_xy[1] is not None:
+            got = baseline_from_targets(ctx.train_xy[1], st.loss_name(ctx))
+            if got is not None:
+                (base, kind), source = got, "arrays"
+                if st.loss_name(ctx) is None:
+                    kind += " (loss kind assumed)"
+        if not math.isfinite(final) or not math.isfinite(base) or base <= 0:
+            return []
+        ratio = final / base
+        if ratio < HINT:
+            return []
+        confirmed = ratio >= CONFIRM
+        head = (f"final loss {final:.4g}; always predicting the label prior / target mean "
+                f"scores {base:.4g}, {kind}; ratio {ratio:.2f}")
+        if confirmed and math.isfinite(low) and low < DIP * base:
+            text = (f"The loss went down to {low:.4g} at its best step but ended back at the "
+                    f"constant predictor's level ({head}): training collapsed to the prior, "
+                    "typically because the learning rate is too high for the later phase.")
+        elif confirmed:
+            text = (f"The loss never beat the constant predictor ({head}): the model learned "
+                    "nothing beyond the label prior / mean. The inputs never influenced the "
+                    "output, typically a learning rate far too low (or too high), too few steps, "
+                    "or an optimiser that does not reach the parameters.")
+        else:
+            text = (f"The loss barely beats the constant predictor ({head}): the model has "
+                    "learned little beyond the label prior / mean.")
+        strength = 0.5 if confirmed else 0.2  # a symptom-level cause: specific probes rank first
+        location = ctx.ref("optimizer") or st.data_location(ctx)
+        return [self.finding("hyperparameter", confirmed, text, location, strength=strength,
+                             baseline_loss=base, baseline_source=source, baseline_kind=kind,
+                             loss_final=final, loss_min=low, ratio=ratio,
+                             majority_rate=s.get("majority_rate"))]

@@ -1,0 +1,69 @@
+"""``dataloader_throughput``: the data loader alone vs the model step alone."""
+
+from __future__ import annotations
+
+import time
+
+from ..capture.codeloc import definition_location
+from .base import Probe, ProbeContext, register
+
+BATCHES = 5
+
+
+@register
+class DataloaderThroughput(Probe):
+    id = "dataloader_throughput"
+    categories = ("performance_issue",)
+    needs_live = True
+    frameworks = ("torch",)
+
+    def run(self, ctx: ProbeContext):
+        loader = ctx.extras.get("train_loader")
+        tr = ctx.trainer
+        if loader is None or tr is None or tr.n == 0:
+            return []
+        it = iter(loader)
+        next(it)
+        t0 = time.perf_counter()
+        got = 0
+        for _ in range(BATCHES):
+            try:
+                next(it)
+            except StopIteration:
+                break
+            got += 1
+        load_ms = 1000 * (time.perf_counter() - t0) / max(got, 1)
+        model = tr.fresh_model()
+        inputs, target = tr.subset(slice(0, getattr(loader, "batch_size", None) or 32))
+        tr.fit(model, inputs, target, 1)
+        t0 = time.perf_counter()
+        tr.fit(model, inputs, target, BATCHES)
+        step_ms = 1000 * (time.perf_counter() - t0) / BATCHES
+        if load_ms <= step_ms:
+            return []
+        collate = getattr(loader, "collate_fn", None)
+        where = None
+        if collate is not None and getattr(collate, "__module__", "").startswith("torch") is False:
+            where = definition_location(collate) if isinstance(collate, type) else _func_loc(
+                collate)
+        getitem = getattr(type(loader.dataset), "__getitem__", None)
+        where = where or (_func_loc(getitem) if getitem else None) or \
+            definition_location(loader.dataset) or ctx.ref("loss_fn")
+        workers = getattr(loader, "num_workers", 0)
+        return [self.finding(
+            "data", True,
+            f"Loading one batch takes {load_ms:.1f} ms, computing one step {step_ms:.1f} ms: "
+            f"the model waits for data (num_workers={workers}). Move per-sample work out of "
+            "the loop, vectorise the collate, or use worker processes.",
+            where, load_ms=load_ms, step_ms=step_ms, num_workers=workers,
+            strength=min(0.95, 0.5 + 0.1 * load_ms / max(step_ms, 1e-6)))]
+
+
+def _func_loc(fn) -> dict | None:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    from ..capture.codeloc import is_user_file
+
+    return {"file": code.co_filename, "line": code.co_firstlineno} \
+        if is_user_file(code.co_filename) else None

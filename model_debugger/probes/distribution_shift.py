@@ -1,0 +1,79 @@
+"""Probe ``distribution_shift``: do validation inputs come from the training distribution?
+
+Three measurements on the input arrays: a per-feature two-sample Kolmogorov-Smirnov statistic, a
+per-feature population stability index (10 quantile bins of the training values), and a
+classifier two-sample test (a logistic regression telling training rows from validation rows,
+scored by holdout AUC). A shift is confirmed when the classifier separates the splits
+(AUC >= 0.75) or when one feature is shifted both significantly (KS above its Bonferroni
+critical value at alpha = 0.001) and materially (PSI >= 0.25).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..records import Finding
+from . import _numpy_stats as st
+from .base import Probe, ProbeContext, register
+
+AUC_CONFIRM = 0.75      # classifier two-sample test: the splits are told apart
+AUC_HINT = 0.6          # worth mentioning, not enough to confirm
+PSI_MAJOR = 0.25        # the usual "major shift" level of the population stability index
+ALPHA = 1e-3            # family-wise level of the per-feature KS tests
+TOP = 5
+ROW_CAP = 5000
+
+
+@register
+class DistributionShift(Probe):
+    """Compare training and validation inputs feature by feature and as a whole."""
+
+    id = "distribution_shift"
+    categories = ("overfitting", "convergence_to_wrong_solution", "loss_not_decreasing")
+    needs_live = False
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        return super().applies(ctx) and ctx.train_xy is not None and ctx.val_xy is not None
+
+    def run(self, ctx: ProbeContext) -> list[Finding]:
+        x, v = st.as_matrix(ctx.train_xy[0]), st.as_matrix(ctx.val_xy[0])
+        if x.shape[1] != v.shape[1] or len(x) < 2 or len(v) < 2:
+            return []
+        rng = np.random.default_rng(0)
+        x, v = x[st.subsample(x, ROW_CAP, rng)], v[st.subsample(v, ROW_CAP, rng)]
+        x, v = np.nan_to_num(x), np.nan_to_num(v)
+        d = x.shape[1]
+        ks, ps = st.ks_columns(x, v), st.psi_columns(x, v)
+        crit = st.ks_critical(len(x), len(v), ALPHA / d)
+        significant = ks >= crit
+        major = significant & (ps >= PSI_MAJOR)
+        score = st.classifier_auc(x, v)
+        confirmed = bool((score is not None and score >= AUC_CONFIRM) or major.any())
+        if not confirmed and not significant.any() and (score is None or score < AUC_HINT):
+            return []
+
+        names = st.feature_names(ctx, d)
+        order = [j for j in np.lexsort((-ps, -ks)) if significant[j]]
+        top = [{"feature": names[j], "ks": float(ks[j]), "psi": float(ps[j]),
+                "train_mean": float(np.mean(x[:, j])), "val_mean": float(np.mean(v[:, j]))}
+               for j in order[:TOP]]
+        strength = max(2 * (score - 0.5) if score is not None else 0.0,
+                       min(1.0, float(np.max(np.where(major, ps, 0.0))) / (2 * PSI_MAJOR)))
+        strength = float(np.clip(strength if confirmed else 0.5 * strength, 0.0, 1.0))
+        auc_text = f"a classifier tells them apart with holdout AUC {score:.2f}" \
+            if score is not None else "too few rows for the classifier test"
+        where = ", ".join(f"{t['feature']} (KS {t['ks']:.2f}, PSI {t['psi']:.2f})" for t in top)
+        if confirmed:
+            text = (f"Validation inputs are not drawn from the training distribution: {auc_text}"
+                    f"{'; most shifted: ' + where if where else ''}. The model is scored on data "
+                    "unlike what it learned from, so a validation gap reflects the data split, "
+                    "not (only) the model. If training inputs are augmented, part of the "
+                    "shift is intended.")
+        else:
+            text = (f"Possible mild shift between training and validation inputs: {auc_text}"
+                    f"{'; shifted: ' + where if where else ''}. Not strong enough to confirm.")
+        return [self.finding("data", confirmed, text, st.data_location(ctx), strength=strength,
+                             auc=score, ks_critical=crit, top_features=top,
+                             shifted_features=int(significant.sum()),
+                             major_shift_features=int(major.sum()),
+                             n_train=len(x), n_val=len(v))]

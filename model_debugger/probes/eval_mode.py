@@ -1,0 +1,28 @@
+"""``eval_mode_not_reset``: training continues in eval mode after a validation pass."""
+
+from __future__ import annotations
+
+from ._lint import lint_hits, loc
+from .base import Probe, ProbeContext, register
+
+
+@register
+class EvalModeNotReset(Probe):
+    id = "eval_mode_not_reset"
+    categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution")
+
+    def run(self, ctx: ProbeContext):
+        hits = lint_hits(ctx, "eval_mode_not_reset")
+        flags = [s.get("tm") for s in ctx.run.steps if s.get("tm") is not None]
+        off = sum(1 for f in flags if f is False)
+        if not hits and not off:
+            return []
+        where = loc(hits[0]) if hits else ctx.ref("backward")
+        if off:
+            return [self.finding(
+                "training_loop", True,
+                f"{off} of {len(flags)} optimizer steps ran with the model in eval mode: after "
+                "model.eval() the loop never calls model.train(), so dropout and batch-norm "
+                "statistics stay frozen for the rest of training.",
+                where, eval_mode_steps=off, steps=len(flags), strength=0.8)]
+        return [self.finding("training_loop", False, hits[0].message, where, strength=0.3)]

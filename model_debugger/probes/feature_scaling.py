@@ -1,0 +1,100 @@
+"""Probe ``feature_scaling``: are the input features on wildly different scales?
+
+Gradient descent on unscaled inputs is ill-conditioned: the weights of a feature measured in the
+thousands get gradients orders of magnitude larger than those of a feature measured in units, so
+one learning rate is too large for the first and too small for the second. Measured on the
+training inputs, per feature (constant features are ignored):
+
+- spread disparity: ``max std / min std >= 100``, and the ranges (max - min) differ by as much,
+  so a sparse feature (mostly zeros, same range as the others) does not count;
+- offset: ``|mean| >= 10 * std`` and ``|mean| >= 10`` (e.g. a year or a timestamp);
+- magnitude: ``max |x| > 1e3``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..records import Finding
+from . import _numpy_stats as st
+from .base import Probe, ProbeContext, register
+
+RATIO = 100.0       # spread disparity between features
+OFFSET = 10.0       # |mean| / std
+OFFSET_ABS = 10.0   # and |mean| itself
+MAGNITUDE = 1e3     # max |x|
+DECADE = 1.0        # a feature is named when its std is this many decades from the typical one
+TOP = 10
+
+
+@register
+class FeatureScaling(Probe):
+    """Find input features whose scale is far from the others'."""
+
+    id = "feature_scaling"
+    categories = ("gradient_instability", "loss_not_decreasing")
+    needs_live = False
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        return super().applies(ctx) and ctx.train_xy is not None
+
+    def run(self, ctx: ProbeContext) -> list[Finding]:
+        x = st.as_matrix(ctx.train_xy[0])
+        x = np.where(np.isfinite(x), x, np.nan)
+        if len(x) < 2 or np.isnan(x).all():
+            return []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN columns
+            std, mean = np.nanstd(x, axis=0), np.nanmean(x, axis=0)
+            span, peak = np.nanmax(x, axis=0) - np.nanmin(x, axis=0), np.nanmax(np.abs(x), axis=0)
+        live = np.flatnonzero(std > 0)
+        if not len(live):
+            return []
+        names = st.feature_names(ctx, x.shape[1])
+        std_ratio = float(std[live].max() / std[live].min())
+        span_ratio = float(span[live].max() / span[live].min())
+        disparity = std_ratio >= RATIO and span_ratio >= RATIO
+        offset = live[(np.abs(mean[live]) >= OFFSET * std[live])
+                      & (np.abs(mean[live]) >= OFFSET_ABS)]
+        large = np.flatnonzero(peak > MAGNITUDE)
+        if not disparity and not len(offset) and not len(large):
+            return []
+
+        log_std = np.log10(np.where(std > 0, std, 1.0))
+        decades = np.abs(log_std - np.median(log_std[live]))
+        decades[std == 0] = 0.0
+        named = set(offset) | set(large)
+        if disparity:
+            far = set(live[decades[live] >= DECADE])
+            named |= far or {live[np.argmax(std[live])], live[np.argmin(std[live])]}
+        badness = np.maximum(decades, np.log10(np.maximum(peak, 1.0)) / 3)
+        worst = sorted(named, key=lambda j: -badness[j])[:TOP]
+        offending = [{"feature": names[j], "std": float(std[j]), "mean": float(mean[j]),
+                      "max_abs": float(peak[j])} for j in worst]
+        reasons = []
+        if disparity:
+            reasons.append(f"per-feature standard deviations differ {std_ratio:.3g}-fold "
+                           f"(ranges {span_ratio:.3g}-fold)")
+        if len(offset):
+            reasons.append(f"{len(offset)} feature(s) sit far from zero relative to their spread "
+                           f"(|mean| >= {OFFSET:g} std)")
+        if len(large):
+            reasons.append(f"{len(large)} feature(s) reach |x| > {MAGNITUDE:g}")
+        cols = ", ".join(f"{o['feature']} (std {o['std']:.3g}, mean {o['mean']:.3g})"
+                         for o in offending)
+        text = ("Input features are on very different scales: " + "; ".join(reasons)
+                + f". Offending columns: {cols}. Gradients for large-scale features dwarf the "
+                "others, so no single learning rate suits all weights (unstable or stalled "
+                "loss). Standardise the inputs (subtract the mean, divide by the std), unless "
+                "the model already normalises them.")
+        strength = float(np.clip(max(np.log10(std_ratio) / 4 if disparity else 0.0,
+                                     np.log10(max(peak.max(), 1.0)) / 6 if len(large) else 0.0,
+                                     0.5 if len(offset) else 0.0), 0.0, 1.0))
+        return [self.finding("data", True, text, st.data_location(ctx), strength=strength,
+                             std_ratio=std_ratio, range_ratio=span_ratio,
+                             offset_features=[names[j] for j in offset[:TOP]],
+                             large_features=[names[j] for j in large[:TOP]],
+                             offending=offending, features=int(x.shape[1]),
+                             constant_features=int(x.shape[1] - len(live)))]

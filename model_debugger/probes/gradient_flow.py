@@ -1,0 +1,90 @@
+"""``gradient_flow``: per-layer gradient norms over the run.
+
+Names where gradients stop (layers with ~0 gradient while later layers learn: vanishing) and where
+they break (the first module to go non-finite, and whether the forward pass or the update
+produced it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Probe, ProbeContext, register
+
+VANISH = 1e-3      # layer median norm / largest layer median norm
+GROWTH = 100.0     # gradient norm growth before a NaN that points at the learning rate
+
+
+@register
+class GradientFlow(Probe):
+    id = "gradient_flow"
+    categories = ("gradient_instability", "loss_not_decreasing")
+
+    def run(self, ctx: ProbeContext):
+        out = []
+        bad = ctx.run.first("nonfinite")
+        if bad is not None:
+            out.append(self._nonfinite(ctx, bad))
+        names, norms = ctx.run.module_norms()
+        if len(names) >= 3 and len(norms) >= 5:
+            with np.errstate(all="ignore"):
+                med = np.nanmedian(np.where(np.isfinite(norms), norms, np.nan), axis=0)
+            top = np.nanmax(med) if np.isfinite(med).any() else 0.0
+            if top > 0:
+                ratio = med / top
+                dead = [n for n, r in zip(names, ratio) if np.isfinite(r) and r < VANISH]
+                if dead and names.index(dead[0]) < len(names) - 1:
+                    out.append(self.finding(
+                        "architecture", True,
+                        f"Gradients vanish towards the input: the median gradient norm of "
+                        f"{dead[:4]} is below {VANISH:g}x that of the strongest layer, so the "
+                        "early layers barely learn. Saturating activations (sigmoid/tanh) stacked "
+                        "deep, or poor initialisation, shrink the gradient at every layer.",
+                        ctx.ref("model") or ctx.ref("backward"),
+                        layer_median_norms={n: float(m) for n, m in zip(names, med)},
+                        vanishing_layers=dead, min_ratio=float(np.nanmin(ratio)), strength=0.9))
+        return out
+
+    def _nonfinite(self, ctx: ProbeContext, bad: dict):
+        step, module, what = bad["step"], bad.get("module"), bad["what"]
+        gn = ctx.run.series("gn")[:step]
+        gn = gn[np.isfinite(gn)]
+        growth = float(gn.max() / max(np.median(gn[:max(1, len(gn) // 10)]), 1e-12)) \
+            if len(gn) >= 5 else None
+        where = f"module '{module}'" if module else "an unknown module"
+        common = dict(step=step, module=module, what=what, grad_norm_growth_before=growth)
+        if growth is not None and growth >= GROWTH:
+            return self.finding(
+                "hyperparameter", True,
+                f"Non-finite {what} first at step {step} in {where}, after the gradient norm "
+                f"grew {growth:.3g}x: updates grow until values overflow, the signature of a "
+                "learning rate too high for the scale of inputs and weights.",
+                ctx.ref("optimizer"), strength=0.7, **common)
+        custom = _module_location(ctx, module) if module else None
+        if what == "loss" and custom and (step == 0 or (growth is not None and growth < 10)):
+            return self.finding(
+                "architecture", True,
+                f"The forward pass produces a non-finite value at step {step} in {where} "
+                "(found by replaying the batch) while weights and gradients were still finite: "
+                "an operation in that module is numerically unsafe (log of 0, division by 0, "
+                "exp overflow).",
+                custom, strength=0.85, **common)
+        return self.finding(
+            "hyperparameter" if what != "loss" else "architecture", False,
+            f"Non-finite {what} first at step {step} in {where}.", ctx.ref("backward"),
+            strength=0.4, **common)
+
+
+def _module_location(ctx: ProbeContext, name: str) -> dict | None:
+    """Where the named submodule's ``forward`` is defined (user code only)."""
+    if ctx.model is None or not hasattr(ctx.model, "get_submodule"):
+        return None
+    try:
+        code = type(ctx.model.get_submodule(name)).forward.__code__
+    except (AttributeError, TypeError):
+        return None
+    from ..capture.codeloc import is_user_file
+
+    if not is_user_file(code.co_filename):
+        return None
+    return {"file": code.co_filename, "line": code.co_firstlineno}

@@ -1,0 +1,85 @@
+"""``lr_range``: a short learning-rate sweep from the initial weights.
+
+The loss is tracked while the learning rate grows geometrically; the rate where the loss is lowest
+and the rate where it diverges bracket a safe learning rate. The user's rate outside that bracket
+is a confirmed hyperparameter problem.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Probe, ProbeContext, register
+
+LR_MIN, LR_MAX, STEPS = 1e-7, 10.0, 120
+TOO_LOW = 100.0  # user lr this many times below the best rate
+
+
+def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
+    """Return (learning rates, smoothed losses) of one geometric sweep."""
+    import torch
+
+    model = tr.fresh_model()
+    opt = tr.optimizer(model, LR_MIN)
+    g = torch.Generator().manual_seed(0)
+    lrs = np.geomspace(LR_MIN, LR_MAX, STEPS)
+    losses, smooth = [], None
+    for lr in lrs:
+        for group in opt.param_groups:
+            group["lr"] = float(lr)
+        idx = torch.randperm(tr.n, generator=g)[:64]
+        inputs, target = tr.subset(idx)
+        opt.zero_grad(set_to_none=True)
+        loss = tr.loss(model, inputs, target)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            losses.append(math.inf)
+            break
+        smooth = value if smooth is None else 0.8 * smooth + 0.2 * value
+        losses.append(smooth)
+        if smooth > 4 * min(losses):
+            break
+        loss.backward()
+        opt.step()
+    return lrs[:len(losses)], np.array(losses)
+
+
+@register
+class LRRange(Probe):
+    id = "lr_range"
+    categories = ("gradient_instability", "loss_not_decreasing")
+    needs_live = True
+    frameworks = ("torch",)
+
+    def run(self, ctx: ProbeContext):
+        tr = ctx.trainer
+        if tr is None or tr.n < 16 or "lr" not in tr.hyper:
+            return []
+        lrs, losses = sweep(tr)
+        best = int(np.argmin(losses))
+        best_lr = float(lrs[best])
+        bad = np.flatnonzero(~np.isfinite(losses) | (losses > 4 * losses[best]))
+        bad = bad[bad > best]
+        diverge_lr = float(lrs[bad[0]]) if len(bad) else None
+        safe_lr = min(best_lr / 3, diverge_lr / 10) if diverge_lr else best_lr / 3
+        ctx.extras["lr_range"] = {"best_lr": best_lr, "diverge_lr": diverge_lr,
+                                  "safe_lr": safe_lr}
+        user = tr.lr
+        common = dict(lr=user, best_lr=best_lr, diverge_lr=diverge_lr, safe_lr=safe_lr)
+        if diverge_lr is not None and user >= diverge_lr:
+            return [self.finding(
+                "hyperparameter", True,
+                f"The learning rate {user:g} is above the rate where the loss diverges in a sweep "
+                f"from the initial weights ({diverge_lr:.3g}); updates overshoot, the loss and "
+                f"gradients grow until they overflow. A safe rate is about {safe_lr:.3g}.",
+                ctx.ref("optimizer"), strength=0.8, **common)]
+        if user * TOO_LOW <= best_lr:
+            return [self.finding(
+                "hyperparameter", True,
+                f"The learning rate {user:g} is over {TOO_LOW:g}x below the rate where the loss "
+                f"falls fastest in a sweep ({best_lr:.3g}); each update barely moves the weights, "
+                f"so the loss plateaus. Try about {safe_lr:.3g}.",
+                ctx.ref("optimizer"), strength=0.75, **common)]
+        return []

@@ -1,0 +1,65 @@
+"""``overfit_small_batch``: can a fresh copy of the model drive the loss to ~0 on 10 samples?
+
+A model that cannot memorise 10 samples in 500 steps has a problem in the code (model, loss,
+optimizer settings), not in the amount of data. Retrying with larger learning rates tells a
+hyperparameter apart from an architecture problem.
+"""
+
+from __future__ import annotations
+
+from .base import Probe, ProbeContext, register
+
+SAMPLES = 10
+STEPS = 500
+REACHED = 0.05  # final loss <= 5% of the initial loss counts as "~zero"
+
+
+def _fit_10(tr, lr=None, steps=STEPS) -> tuple[float, float, int]:
+    inputs, target = tr.subset(slice(0, SAMPLES))
+    model = tr.fresh_model()
+    losses = tr.fit(model, inputs, target, steps, lr=lr, batch_size=SAMPLES, seed=0,
+                    stop_below=None)
+    initial = losses[0]
+    best = min(losses) if losses else initial
+    return initial, best, len(losses)
+
+
+@register
+class OverfitSmallBatch(Probe):
+    id = "overfit_small_batch"
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
+    needs_live = True
+    frameworks = ("torch", "keras")
+
+    def run(self, ctx: ProbeContext):
+        tr = ctx.trainer
+        if tr is None or tr.n < SAMPLES:
+            return []
+        initial, best, steps = _fit_10(tr)
+        if best <= REACHED * initial:
+            return []
+        tried = {}
+        base_ratio = best / max(initial, 1e-12)
+        for factor in (10, 100, 1000, 10000):
+            if ctx.time_left() < 5:
+                break
+            lr = tr.lr * factor
+            i2, b2, _ = _fit_10(tr, lr=lr, steps=STEPS // 2)
+            ratio = b2 / max(i2, 1e-12)
+            tried[f"{lr:g}"] = round(ratio, 4)
+            if ratio <= REACHED or ratio <= 0.5 * base_ratio:
+                return [self.finding(
+                    "hyperparameter", True,
+                    f"With lr={tr.lr:g} a fresh copy of the model cannot fit {SAMPLES} samples in "
+                    f"{steps} steps (loss {initial:.4g} -> {best:.4g}); with lr={lr:g} the loss "
+                    f"falls to {ratio:.1%} of its start in half the steps. "
+                    "The learning rate is too small for this model and loss scale.",
+                    ctx.ref("optimizer"), lr=tr.lr, working_lr=lr,
+                    best_over_initial=best / initial, tried=tried, strength=0.75)]
+        return [self.finding(
+            "architecture", True,
+            f"A fresh copy of the model cannot fit {SAMPLES} samples: loss {initial:.4g} -> "
+            f"{best:.4g} in {steps} steps, and larger learning rates do not help "
+            f"({tried}). The model or its loss cannot represent the targets.",
+            ctx.ref("model") or ctx.ref("loss_fn"), lr=tr.lr,
+            best_over_initial=best / initial, tried=tried, strength=0.7)]

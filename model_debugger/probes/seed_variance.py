@@ -1,0 +1,45 @@
+"""``seed_variance``: how much does the result move with the seed alone?
+
+Three short trainings of a fresh copy, differing only in the seed (data order, dropout), give the
+noise band Verify compares against. A band wider than the effect being chased is itself a finding:
+single runs cannot settle the question.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Probe, ProbeContext, register
+
+SEEDS, STEPS, NOISY_CV = 3, 60, 0.25
+
+
+@register
+class SeedVariance(Probe):
+    id = "seed_variance"
+    categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution")
+    needs_live = True
+    frameworks = ("torch",)
+
+    def run(self, ctx: ProbeContext):
+        tr = ctx.trainer
+        if tr is None or tr.n < 16:
+            return []
+        finals = []
+        for seed in range(SEEDS):
+            model = tr.fresh_model()
+            losses = tr.fit(model, tr.inputs, tr.targets, STEPS, seed=seed)
+            finals.append(float(np.mean(losses[-10:])))
+        finals = np.array(finals)
+        mean, std = float(finals.mean()), float(finals.std(ddof=1))
+        cv = std / abs(mean) if mean else float("inf")
+        ctx.extras["seed_noise"] = {"mean": mean, "std": std, "cv": cv, "finals": finals.tolist()}
+        if not np.isfinite(cv) or cv < NOISY_CV:
+            return []
+        return [self.finding(
+            "hyperparameter", True,
+            f"The loss after {STEPS} steps varies by {cv:.0%} across {SEEDS} seeds "
+            f"({finals.round(4).tolist()}); with this much seed noise a single run cannot show "
+            "whether a change helps. Lower the learning rate or enlarge the batch, and compare "
+            "changes across seeds.",
+            ctx.ref("optimizer"), finals=finals.tolist(), cv=cv, strength=0.3)]

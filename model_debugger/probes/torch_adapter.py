@@ -1,0 +1,128 @@
+"""The PyTorch adapter probes use to train copies of the user's model from its initial state.
+
+Nothing here touches the user's objects: every probe trains a deep copy restored to the weights
+captured before the first optimizer step, with the user's optimizer class and hyperparameters
+(or an override) and the user's loss function.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+
+class TorchTrainer:
+    """Train and evaluate copies of a captured model.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The user's model (only copied, never modified).
+    initial_state : dict
+        ``state_dict`` copy taken before the first optimizer step.
+    optimizer : dict
+        ``{"cls": optimizer class, "hyper": {...}}`` as captured.
+    loss : dict
+        ``{"name": functional name, "kwargs": {...}, "out_shape": tuple or None}``.
+    train_batches, val_batches : list of (inputs tuple, target) pairs
+        Samples seen by the loss during training / validation.
+    """
+
+    def __init__(self, model, initial_state, optimizer, loss, train_batches, val_batches=()):
+        self.model = model
+        self.initial_state = initial_state
+        self.opt_cls = optimizer.get("cls") or torch.optim.Adam
+        self.hyper = dict(optimizer.get("hyper") or {"lr": 1e-3})
+        self.loss_fn = getattr(torch.nn.functional, loss["name"])
+        self.loss_kwargs = dict(loss.get("kwargs") or {})
+        self.loss_input_shape = loss.get("input_shape")
+        self.inputs, self.targets = _stack(train_batches)
+        self.val_inputs, self.val_targets = _stack(val_batches) if val_batches else (None, None)
+
+    @property
+    def lr(self) -> float:
+        return float(self.hyper.get("lr", 1e-3))
+
+    @property
+    def n(self) -> int:
+        return 0 if self.targets is None else int(self.targets.shape[0])
+
+    def fresh_model(self):
+        """A deep copy of the model with its initial weights, in train mode."""
+        m = copy.deepcopy(self.model)
+        if self.initial_state is not None:
+            m.load_state_dict(self.initial_state)
+        m.train()
+        return m
+
+    def optimizer(self, model, lr: float | None = None, cls=None):
+        hyper = dict(self.hyper)
+        if lr is not None:
+            hyper["lr"] = lr
+        cls = cls or self.opt_cls
+        try:
+            return cls(model.parameters(), **hyper)
+        except TypeError:
+            return cls(model.parameters(), lr=hyper.get("lr", 1e-3))
+
+    def loss(self, model, inputs, target) -> torch.Tensor:
+        """The user's loss on ``model(*inputs)``, the output reshaped as the loss saw it."""
+        out = model(*inputs)
+        if self.loss_input_shape is not None and tuple(out.shape[1:]) != \
+                tuple(self.loss_input_shape):
+            out = out.reshape(out.shape[0], *self.loss_input_shape)
+        return self.loss_fn(out, target, **self.loss_kwargs)
+
+    def subset(self, idx):
+        """``(inputs, target)`` rows ``idx`` of the training sample."""
+        return tuple(x[idx] for x in self.inputs), self.targets[idx]
+
+    def fit(self, model, inputs, target, steps: int, lr: float | None = None, batch_size: int = 64,
+            seed: int = 0, opt_cls=None, stop_below: float | None = None) -> list[float]:
+        """Train ``model`` in place for ``steps`` minibatch steps; return the loss per step.
+
+        Stops early when the loss is non-finite or below ``stop_below``.
+        """
+        g = torch.Generator().manual_seed(seed)
+        opt = self.optimizer(model, lr, opt_cls)
+        n = int(target.shape[0])
+        losses: list[float] = []
+        model.train()
+        for _ in range(steps):
+            idx = torch.randperm(n, generator=g)[:batch_size] if n > batch_size else slice(None)
+            opt.zero_grad(set_to_none=True)
+            loss = self.loss(model, tuple(x[idx] for x in inputs), target[idx])
+            value = float(loss.detach())
+            losses.append(value)
+            if not math.isfinite(value) or (stop_below is not None and value < stop_below):
+                break
+            loss.backward()
+            opt.step()
+        return losses
+
+    @torch.no_grad()
+    def evaluate(self, model, inputs, target) -> float:
+        """Loss of ``model`` on the given rows, in eval mode (restored afterwards)."""
+        was = model.training
+        model.eval()
+        try:
+            return float(self.loss(model, inputs, target))
+        finally:
+            model.train(was)
+
+
+def _stack(batches):
+    """Concatenate ``[(inputs, target), ...]`` along the batch dimension (matching shapes only)."""
+    batches = [(i, t) for i, t in batches if isinstance(t, torch.Tensor) and t.dim() > 0]
+    if not batches:
+        return None, None
+    first_in, first_t = batches[0]
+    keep = [(i, t) for i, t in batches
+            if len(i) == len(first_in) and t.shape[1:] == first_t.shape[1:]
+            and all(isinstance(a, torch.Tensor) and a.shape[1:] == b.shape[1:]
+                    for a, b in zip(i, first_in))]
+    inputs = tuple(torch.cat([i[k].detach() for i, _ in keep]) for k in range(len(first_in)))
+    target = torch.cat([t.detach() for _, t in keep])
+    return inputs, target
