@@ -81,7 +81,7 @@ def isolate(ctx, ids: list[str] | None = None) -> list[Finding]:
     """Run the probes for the context's categories (or ``ids``); ranked findings."""
     from .probes import run_probes
 
-    if ctx.classification.primary == "healthy" and ids is None:
+    if ctx.classification.primary == "healthy" and ids is None and ctx.run.error is None:
         return []
     return run_probes(ctx, ids)
 

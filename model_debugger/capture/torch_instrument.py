@@ -67,6 +67,8 @@ class TorchInstrument:
         self._cuda = torch.cuda.is_available()
         self._loader_refs: dict[int, weakref.ref] = {}
         self.keeper = Keeper()
+        self._last_loss_call = None
+        self._replay = None
 
     # -- attach / detach -------------------------------------------------------------------
     def attach(self) -> None:
@@ -168,7 +170,7 @@ class TorchInstrument:
         if value is not None and not math.isfinite(value) and not self._nonfinite_seen:
             self._nonfinite_seen = True
             self.rec.emit("nonfinite", step=self.rec.step, what="loss", value=str(value),
-                          module=self._localize())
+                          module=self._localize(), replay=self._replay)
         self._backwards += 1
         if self._mode == "backward":
             self._emit_step(value, None)
@@ -227,7 +229,13 @@ class TorchInstrument:
         self._last_input = (args, kwargs)
 
     def _localize(self) -> str | None:
-        """Name the first module holding non-finite weights or producing non-finite output."""
+        """Name the first module holding non-finite weights or producing non-finite output.
+
+        Sets ``self._replay``: "nonfinite" when replaying the batch repeats the problem,
+        "finite" when the same inputs, weights and loss give a finite value (not reproducible:
+        a hardware suspicion), None when no replay was possible.
+        """
+        self._replay = None
         model = self._root() if self._root else None
         if model is None:
             return None
@@ -236,7 +244,21 @@ class TorchInstrument:
                 return name.rsplit(".", 1)[0] if "." in name else name
         if self._last_input is None:
             return None
-        return _replay_first_nonfinite(model, *self._last_input)
+        found, out = _replay_first_nonfinite(model, *self._last_input)
+        if found is None and isinstance(out, torch.Tensor) and self._last_loss_call is not None:
+            # the same batch through the same weights and loss: does the non-finite value repeat?
+            name, target, kwargs, shape = self._last_loss_call
+            fn = getattr(torch.nn.functional, name)
+            fn = getattr(fn, "__wrapped__", fn)
+            try:
+                with torch.no_grad():
+                    value = fn(out.reshape(shape), target, **kwargs)
+                self._replay = "finite" if bool(torch.isfinite(value).all()) else "nonfinite"
+            except (RuntimeError, ValueError, TypeError):
+                self._replay = None
+        elif found is not None:
+            self._replay = "nonfinite"
+        return found
 
     # -- optimizer -------------------------------------------------------------------------
     def _wrap_opt_init(self, original):
@@ -421,6 +443,8 @@ class TorchInstrument:
             return
         if self._targets["loss"] not in (None, name):
             return
+        if torch.is_grad_enabled():
+            self._last_loss_call = (name, target, kwargs, input.shape)
         described = self.keeper.on_loss(name, input, target, args, kwargs, self._last_input,
                                         torch.is_grad_enabled(), self.rec.epoch)
         if described is not None:
@@ -554,9 +578,13 @@ def _hyper(defaults: dict) -> dict:
     return out
 
 
-def _replay_first_nonfinite(model, args, kwargs) -> str | None:
-    """Re-run the last forward without side effects; return the first module with bad output."""
+def _replay_first_nonfinite(model, args, kwargs) -> tuple[str | None, object]:
+    """Re-run the last forward without side effects.
+
+    Returns the first module with non-finite output (or None) and the model's output.
+    """
     found: list[str] = []
+    out = None
     handles = []
 
     def make_hook(name):
@@ -578,9 +606,9 @@ def _replay_first_nonfinite(model, args, kwargs) -> str | None:
             if name and not list(module.children()):
                 handles.append(module.register_forward_hook(make_hook(name)))
         with torch.no_grad():
-            model(*args, **kwargs)
+            out = model(*args, **kwargs)
     except Exception:  # noqa: BLE001 - localization is best effort
-        pass
+        out = None
     finally:
         for h in handles:
             h.remove()
@@ -589,7 +617,7 @@ def _replay_first_nonfinite(model, args, kwargs) -> str | None:
             for n, b in model.named_buffers():
                 if n in buffers:
                     b.copy_(buffers[n])
-    return found[0] if found else None
+    return (found[0] if found else None), out
 
 
 def _assignment(namespace: dict | None, name: str) -> dict | None:

@@ -55,6 +55,10 @@ class DeadUnits(Probe):
         tr = ctx.trainer
         if tr is None or tr.n == 0:
             return []
+        import torch
+
+        if not all(bool(torch.isfinite(p).all()) for p in ctx.model.parameters()):
+            return []  # a model ruined by NaN/inf says nothing about its units
         inputs, _ = tr.subset(slice(0, ROWS))
         after = unit_stats(ctx.model, inputs)
         before = unit_stats(tr.fresh_model(), inputs)

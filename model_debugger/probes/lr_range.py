@@ -58,24 +58,33 @@ class LRRange(Probe):
         if tr is None or tr.n < 16 or "lr" not in tr.hyper:
             return []
         lrs, losses = sweep(tr)
-        best = int(np.argmin(losses))
-        best_lr = float(lrs[best])
-        bad = np.flatnonzero(~np.isfinite(losses) | (losses > 4 * losses[best]))
-        bad = bad[bad > best]
+        lowest = int(np.argmin(losses))
+        bad = np.flatnonzero(~np.isfinite(losses) | (losses > 4 * losses[lowest]))
+        bad = bad[bad > lowest]
         diverge_lr = float(lrs[bad[0]]) if len(bad) else None
+        # where the loss falls fastest (steepest descent per decade), before it diverges
+        stop = bad[0] if len(bad) else len(losses)
+        fin = np.where(np.isfinite(losses[:stop]), losses[:stop], np.nan)
+        slope = np.gradient(fin, np.log10(lrs[:stop])) if stop >= 3 else np.array([0.0])
+        best_lr = float(lrs[int(np.nanargmin(slope))]) if np.isfinite(slope).any() \
+            else float(lrs[lowest])
         safe_lr = min(best_lr / 3, diverge_lr / 10) if diverge_lr else best_lr / 3
         ctx.extras["lr_range"] = {"best_lr": best_lr, "diverge_lr": diverge_lr,
                                   "safe_lr": safe_lr}
         user = tr.lr
         common = dict(lr=user, best_lr=best_lr, diverge_lr=diverge_lr, safe_lr=safe_lr)
-        if diverge_lr is not None and user >= diverge_lr:
+        sig = ctx.signals
+        unstable = "first_nonfinite_step" in sig or sig.get("loss_relative_drop", 0) < 0 or \
+            sig.get("grad_norm_growth", 0) >= 1e3
+        stuck = sig.get("loss_relative_drop", 1.0) < 0.2
+        if diverge_lr is not None and user >= diverge_lr and unstable:
             return [self.finding(
                 "hyperparameter", True,
                 f"The learning rate {user:g} is above the rate where the loss diverges in a sweep "
                 f"from the initial weights ({diverge_lr:.3g}); updates overshoot, the loss and "
                 f"gradients grow until they overflow. A safe rate is about {safe_lr:.3g}.",
                 ctx.ref("optimizer"), strength=0.8, **common)]
-        if user * TOO_LOW <= best_lr:
+        if user * TOO_LOW <= best_lr and stuck:
             return [self.finding(
                 "hyperparameter", True,
                 f"The learning rate {user:g} is over {TOO_LOW:g}x below the rate where the loss "
