@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from ..pitfalls.optimization import batch_that_fits
 from .base import Probe, ProbeContext, register
 
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6,
@@ -68,7 +69,7 @@ class BatchMemory(Probe):
         params = sum(p.numel() * p.element_size() for p in ctx.model.parameters())
         want = requested_bytes(err.get("message", ""))
         avail = available_bytes()
-        fits = int((avail - 4 * params) / per_sample) if avail else None
+        fits = batch_that_fits(per_sample, avail, 4 * params) if avail else None
         implied = int(want / per_sample) if want else None
         usual = int(tr.n / max(len(ctx.train_batches), 1))
         return [self.finding(

@@ -50,12 +50,13 @@ def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
 class LRRange(Probe):
     id = "lr_range"
     categories = ("gradient_instability", "loss_not_decreasing")
-    needs_live = True
-    frameworks = ("torch",)
+    frameworks = ("torch", "none")
 
     def run(self, ctx: ProbeContext):
         tr = ctx.trainer
-        if tr is None or tr.n < 16 or "lr" not in tr.hyper:
+        if tr is None:
+            return self._from_record(ctx)
+        if tr.n < 16 or "lr" not in tr.hyper:
             return []
         lrs, losses = sweep(tr)
         lowest = int(np.argmin(losses))
@@ -92,3 +93,21 @@ class LRRange(Probe):
                 f"so the loss plateaus. Try about {safe_lr:.3g}.",
                 ctx.ref("optimizer"), strength=0.75, **common)]
         return []
+
+    def _from_record(self, ctx: ProbeContext):
+        """No live model: compare the recorded learning rate with typical ranges (a hypothesis)."""
+        from ..pitfalls.optimization import lr_outside_typical, typical_lr
+
+        opt = ctx.run.first("optimizer")
+        lr = (opt or {}).get("hyper", {}).get("lr")
+        if not opt or not isinstance(lr, (int, float)):
+            return []
+        side = lr_outside_typical(opt["cls"], lr)
+        if side is None:
+            return []
+        lo, hi = typical_lr(opt["cls"])
+        return [self.finding(
+            "hyperparameter", False,
+            f"{opt['cls']} with lr={lr:g} is far {'above' if side == 'high' else 'below'} its "
+            f"typical range ({lo:g}-{hi:g}); a sweep from the initial weights would confirm it.",
+            ctx.ref("optimizer"), lr=lr, typical=[lo, hi], strength=0.4)]
