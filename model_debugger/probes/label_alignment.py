@@ -7,11 +7,34 @@ moved one without the other) or the labels are noise.
 
 from __future__ import annotations
 
+import math
+
 from .base import Probe, ProbeContext, register
 
 ROWS = 768
 STEPS = 150
 MARGIN = 0.97  # real held-out loss must be below 97% of the shuffled one
+FIT = 0.98     # the copy must fit its own training rows below 98% of the constant predictor
+
+
+def constant_loss(name: str, target) -> float | None:
+    """Loss of the best constant prediction on ``target`` for the loss ``name``."""
+    import torch
+
+    t = target.detach()
+    if name in ("cross_entropy", "nll_loss") and not t.is_floating_point():
+        p = torch.bincount(t.flatten().clamp(min=0)).double()
+        p = p[p > 0] / p.sum()
+        return float(-(p * p.log()).sum())
+    t = t.double()
+    if name.startswith("binary_cross_entropy"):
+        m = float(t.mean())
+        return 0.0 if m in (0.0, 1.0) else -(m * math.log(m) + (1 - m) * math.log(1 - m))
+    if name == "mse_loss":
+        return float(t.var(unbiased=False))
+    if name in ("l1_loss", "smooth_l1_loss", "huber_loss"):
+        return float((t - t.median()).abs().mean())
+    return None
 
 
 @register
@@ -27,7 +50,8 @@ class LabelAlignment(Probe):
         model = tr.fresh_model()
         tr.fit(model, tuple(x[train_idx] for x in inputs), target[train_idx], STEPS, lr=1e-3,
                seed=seed, opt_cls=torch.optim.Adam)
-        return tr.evaluate(model, tuple(x[test_idx] for x in inputs), target[test_idx])
+        fit = tr.evaluate(model, tuple(x[train_idx] for x in inputs), target[train_idx])
+        return tr.evaluate(model, tuple(x[test_idx] for x in inputs), target[test_idx]), fit
 
     def run(self, ctx: ProbeContext):
         import torch
@@ -41,11 +65,14 @@ class LabelAlignment(Probe):
         inputs, target = tr.subset(perm)
         cut = int(0.7 * n)
         train_idx, test_idx = torch.arange(cut), torch.arange(cut, n)
-        real = self._holdout_loss(tr, inputs, target, train_idx, test_idx, 0)
+        real, fit = self._holdout_loss(tr, inputs, target, train_idx, test_idx, 0)
         shuffled_target = target[torch.randperm(n, generator=g)]
-        shuffled = self._holdout_loss(tr, inputs, shuffled_target, train_idx, test_idx, 0)
+        shuffled, _ = self._holdout_loss(tr, inputs, shuffled_target, train_idx, test_idx, 0)
         if real < MARGIN * shuffled:
             return []
+        base = constant_loss(tr.loss_fn.__name__, target[train_idx])
+        if base is None or not fit < FIT * base:
+            return []  # the copy did not even fit its training rows: inconclusive about labels
         return [self.finding(
             "data", True,
             f"Trained on real labels, a fresh copy of the model does no better on held-out rows "
@@ -53,4 +80,5 @@ class LabelAlignment(Probe):
             "information about the inputs: X and y are misaligned (a sort, merge or shuffle that "
             "moved one without the other) or the labels are noise.",
             ctx.ref("loss_fn") or ctx.ref("backward"), heldout_loss_real=real,
-            heldout_loss_shuffled=shuffled, rows=n, strength=0.85)]
+            heldout_loss_shuffled=shuffled, train_fit_loss=fit, constant_loss=base, rows=n,
+            strength=0.85)]

@@ -79,6 +79,18 @@ class LRRange(Probe):
             sig.get("grad_norm_growth", 0) >= 1e3
         stuck = sig.get("loss_relative_drop", 1.0) < 0.2
         if diverge_lr is not None and user >= diverge_lr and unstable:
+            from ..pitfalls.optimization import typical_lr
+
+            typical = typical_lr(tr.opt_cls.__name__)
+            if typical and diverge_lr < typical[0] / 100:
+                # even tiny rates diverge: the scale of the inputs/targets, not the rate, is off
+                return [self.finding(
+                    "hyperparameter", True,
+                    f"The loss diverges in a sweep from the initial weights already at lr "
+                    f"{diverge_lr:.3g}, far below the usual range of {tr.opt_cls.__name__} "
+                    f"({typical[0]:g}-{typical[1]:g}); the learning rate {user:g} overshoots, "
+                    "but so would any usual rate: look at the scale of inputs and targets first.",
+                    ctx.ref("optimizer"), strength=0.5, **common)]
             return [self.finding(
                 "hyperparameter", True,
                 f"The learning rate {user:g} is above the rate where the loss diverges in a sweep "
