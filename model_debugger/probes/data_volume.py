@@ -21,7 +21,9 @@ class DataVolume(Probe):
         model = ctx.run.first("model")
         targets = ctx.run.of("targets")
         sig = ctx.signals
-        if not model or not targets or "val_loss_rise" not in sig:
+        from ..classify import VAL_RISE
+
+        if not model or not targets or sig.get("val_loss_rise", 0) < VAL_RISE:
             return []
         per_sample = max(1, targets[-1]["n"] // max(1, len(ctx.run.steps) and ctx.run.epochs))
         if ctx.trainer is not None and ctx.trainer.targets is not None \

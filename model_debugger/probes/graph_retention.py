@@ -45,7 +45,8 @@ class GraphRetention(Probe):
                 "training_loop", True,
                 f"'{name}' holds {count} tensors that still carry autograd history "
                 f"(grad_fn): each keeps its whole graph, activations included, alive across "
-                f"steps, so memory grows every step ({growth:.3g} MB/step measured). Store "
+                f"steps, so memory grows every step"
+                f"{f' ({growth:.3g} MB/step measured)' if growth is not None else ''}. Store "
                 "`.item()` or `.detach()` values instead.",
                 loc(hit) if hit else ctx.ref("backward"), variable=name, tensors=count,
                 tensor_bytes=size, rss_mb_per_step=growth, strength=0.95)]
