@@ -17,6 +17,7 @@ from . import (  # noqa: F401 - registration side effects
     label_alignment,
     late_onset,
     leakage,
+    lint,
     loss_output_mismatch,
     lr_range,
     missing_zero_grad,
