@@ -1,0 +1,168 @@
+"""Per-step overhead of ``model_debugger.capture()`` on real PyTorch training (CPU).
+
+The same loop runs bare and under ``capture()`` (default settings, record streamed to a file),
+alternated in one process after a warm-up, in short rounds: bare, captured, captured, bare, ... (a
+new capture() each round), so that load from other processes on a shared machine hits both modes
+alike. Every step is timed, data loading included. The first ``WARM`` steps of each round are the
+one-off part (entering the capture, finding the model, histograms at step 0) and are reported
+apart. Printed per model:
+
+- the median seconds per step of each mode and their ratio (the target: <= 1.05);
+- ``paired``: the median over rounds of (captured median / bare median) of the same round;
+- ``of means``: the ratio of the mean step times (it includes the update/weight ratio measured
+  every 10th step);
+- ``one-off ms``: what entering a capture and its first steps cost, once per capture.
+
+    python benchmarks/capture_overhead.py            # 30 rounds of 20 steps per mode and model
+    python benchmarks/capture_overhead.py --quick    # 6 rounds of 12 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import model_debugger  # noqa: E402
+
+
+def mlp_setup():
+    """784-512-256-10 MLP, batch 128, Adam."""
+    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                          nn.Linear(256, 10))
+    data = TensorDataset(torch.randn(128 * 16, 784), torch.randint(0, 10, (128 * 16,)))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3), data, 128
+
+
+class SmallCNN(nn.Module):
+    """Two conv layers on 1x28x28 inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = nn.Linear(32 * 7 * 7, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def cnn_setup():
+    """SmallCNN, batch 64, SGD with momentum."""
+    model = SmallCNN()
+    data = TensorDataset(torch.randn(64 * 16, 1, 28, 28), torch.randint(0, 10, (64 * 16,)))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), data, 64
+
+
+CLOCK = time.perf_counter
+
+
+def train(model, opt, loader, steps: int) -> list[float]:
+    """The training loop under test; returns the seconds of each step (data loading included)."""
+    times = []
+    last = CLOCK()
+    while len(times) < steps:
+        for x, y in loader:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            now = CLOCK()
+            times.append(now - last)
+            last = now
+            if len(times) == steps:
+                break
+    return times
+
+
+WARM = 2  # steps per round that carry the one-off costs
+
+
+def bench(name: str, setup, rounds: int, steps: int, tmp: str) -> dict:
+    """Alternate bare and captured rounds of ``steps`` steps; a new capture() each round."""
+    torch.manual_seed(0)
+    model, opt, data, batch = setup()
+    loader = DataLoader(data, batch_size=batch, shuffle=True)
+
+    def bare() -> tuple[list[float], float]:
+        return train(model, opt, loader, steps), 0.0
+
+    def captured() -> tuple[list[float], float]:
+        path = os.path.join(tmp, f"{name}.jsonl")
+        if os.path.exists(path):
+            os.remove(path)
+        t0 = CLOCK()
+        with model_debugger.capture(path):
+            t1 = CLOCK()
+            times = train(model, opt, loader, steps)
+            t2 = CLOCK()
+        return times, (t1 - t0) + (CLOCK() - t2)  # entering and leaving the block
+
+    bare()  # warm-up of both modes, not measured
+    captured()
+    times: dict[str, list[float]] = {"bare": [], "captured": []}
+    paired, one_off = [], []
+    for r in range(rounds):
+        this = {}
+        order = [("bare", bare), ("captured", captured)]
+        for mode, fn in order if r % 2 == 0 else order[::-1]:  # ABBA: drift cancels out
+            step_times, enter_exit = fn()
+            this[mode] = (step_times[WARM:], sum(step_times[:WARM]) + enter_exit)
+            times[mode] += this[mode][0]
+        paired.append(statistics.median(this["captured"][0]) / statistics.median(this["bare"][0]))
+        one_off.append(this["captured"][1] - this["bare"][1])
+    med = {mode: statistics.median(v) for mode, v in times.items()}
+    mean = {mode: statistics.fmean(v) for mode, v in times.items()}
+    return {"model": name, "bare": med["bare"], "captured": med["captured"],
+            "ratio": med["captured"] / med["bare"], "paired": statistics.median(paired),
+            "of_means": mean["captured"] / mean["bare"],
+            "one_off_ms": 1000 * statistics.median(one_off)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (6 rounds x 12 steps)")
+    parser.add_argument("--rounds", type=int, help="rounds per mode (default 30)")
+    parser.add_argument("--steps", type=int, help="steps per round (default 20)")
+    parser.add_argument("--model", choices=["mlp", "cnn"], action="append")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or this process's CPU time (steadier on a shared "
+                             "machine; use with --threads 1)")
+    ns = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if ns.clock == "cpu" else time.perf_counter
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    rounds = ns.rounds or (6 if ns.quick else 30)
+    steps = max(ns.steps or (12 if ns.quick else 20), WARM + 2)
+    models = {"mlp": mlp_setup, "cnn": cnn_setup}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {ns.clock} clock, "
+          f"{rounds} rounds x {steps} steps per mode")
+    print(f"{'model':<6} {'bare s/step':>12} {'captured s/step':>16} {'ratio':>7} "
+          f"{'paired':>7} {'of means':>9} {'one-off ms':>11}")
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ns.model or list(models):
+            r = bench(name, models[name], rounds, steps, tmp)
+            worst = max(worst, r["ratio"])
+            print(f"{name:<6} {r['bare']:>12.5f} {r['captured']:>16.5f} {r['ratio']:>7.3f} "
+                  f"{r['paired']:>7.3f} {r['of_means']:>9.3f} {r['one_off_ms']:>11.1f}",
+                  flush=True)
+    print(f"worst ratio {worst:.3f} ({'within' if worst <= 1.05 else 'above'} the 1.05 target)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

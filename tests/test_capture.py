@@ -1,0 +1,517 @@
+"""Capture of real PyTorch training, in process: what the record holds and what is left behind.
+
+Every number the recorder writes is checked against a plain reference computation done by the
+test's own loop (the loss ``backward()`` was called on, ``torch.linalg.vector_norm`` over the
+gradients, the weights before and after ``step()``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.optim import optimizer as optim_mod  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
+
+import model_debugger  # noqa: E402
+from model_debugger import capture  # noqa: E402
+from model_debugger.capture import active_recorder  # noqa: E402
+from model_debugger.capture.imports import _finder  # noqa: E402
+from model_debugger.records import Run  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that carries ``# <marker>`` (so tests never hard-code numbers)."""
+    with open(HERE, encoding="utf-8") as fh:
+        hits = [i for i, line in enumerate(fh, 1) if line.rstrip().endswith(f"# <{marker}>")]
+    assert len(hits) == 1, (marker, hits)
+    return hits[0]
+
+
+def same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+class SlowDataset(Dataset):
+    """Random classification data that takes ``delay`` seconds per sample to load."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, 8, generator=g)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return self.x[i], self.y[i]
+
+
+class Net(nn.Module):  # <model-class>
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.act = nn.Tanh()
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def module_norms(model: nn.Module) -> dict[str, float]:
+    """Reference per-module gradient norms: the norm over all gradients of each module."""
+    out = {}
+    for name, mod in model.named_modules():
+        grads = [p.grad.flatten() for p in mod.parameters(recurse=False) if p.grad is not None]
+        if grads:
+            out[name] = float(torch.linalg.vector_norm(torch.cat(grads)))
+    return out
+
+
+def train_steps(model, opt, n, batch=8):
+    """A plain loop on random data; returns the losses backward() was called on."""
+    losses = []
+    for _ in range(n):
+        x, y = torch.randn(batch, 8), torch.randint(0, 4, (batch,))
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+# -- the per-step record -------------------------------------------------------------------------
+def test_step_record_matches_reference(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    loader = DataLoader(SlowDataset(32, delay=0.002), batch_size=8, shuffle=True)
+    path = tmp_path / "record.jsonl"
+    ref = []  # (loss, global norm, per-module norms, update/weight ratio) per step
+    with capture(str(path), update_every=3) as rec:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # <optimizer>
+        for _epoch in range(3):
+            for xb, yb in loader:
+                opt.zero_grad()
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()  # <backward>
+                grads = [p.grad.flatten() for p in model.parameters()]
+                before = [p.detach().clone() for p in model.parameters()]
+                opt.step()  # <step>
+                upd = math.sqrt(sum(float(torch.linalg.vector_norm(p.detach() - b)) ** 2
+                                    for p, b in zip(model.parameters(), before)))
+                wn = math.sqrt(sum(float(torch.linalg.vector_norm(b)) ** 2 for b in before))
+                ref.append((loss.item(), float(torch.linalg.vector_norm(torch.cat(grads))),
+                            module_norms(model), upd / wn))
+
+    assert rec.step == 12
+    # streamed to a file, the per-step events are not also kept in memory (they would grow)
+    assert {e["t"] for e in rec.events} >= {"start", "model", "optimizer", "end"}
+    assert not [e for e in rec.events if e["t"] in ("step", "hist")]
+    run = Run.load(str(path))
+    assert run.ended and run.first("end")["status"] == "ok" and run.first("end")["steps"] == 12
+    steps = run.steps
+    assert [s["i"] for s in steps] == list(range(12))
+    for s, (loss, gn, mgn, ratio) in zip(steps, ref):
+        assert s["loss"] == pytest.approx(loss, rel=1e-6)
+        assert s["gn"] == pytest.approx(gn, rel=1e-5)
+        assert set(s["mgn"]) == {"fc1", "fc2"}
+        for name, value in mgn.items():
+            assert s["mgn"][name] == pytest.approx(value, rel=1e-5)
+        if s["i"] % 3 == 0:
+            assert s["ur"] == pytest.approx(ratio, rel=1e-4)
+        else:
+            assert "ur" not in s
+        assert isinstance(s["rss"], int) and s["rss"] > 10 * 2**20
+        # 8 samples at 2 ms each: the data wait is real and part of the step time
+        assert 0.015 <= s["dw"] < 1.0
+        if s["i"] > 0:
+            assert s["dt"] >= s["dw"]
+    # a re-iterated training DataLoader is a new epoch
+    assert [s["ep"] for s in steps] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [(e["epoch"], e["step"], e["source"]) for e in run.of("epoch")] == [
+        (1, 4, "dataloader"), (2, 8, "dataloader")]
+    assert run.epochs == 3
+
+    # optimizer and model, with their code references in this file
+    opt_event = run.first("optimizer")
+    assert opt_event["cls"] == "SGD"
+    assert opt_event["hyper"]["lr"] == 0.1 and opt_event["hyper"]["momentum"] == 0.9
+    model_event = run.first("model")
+    assert model_event["name"] == "model" and model_event["cls"] == "Net"
+    assert model_event["params"] == sum(p.numel() for p in model.parameters())
+    assert model_event["modules"] == ["fc1", "act", "fc2"]
+    refs = run.refs()
+    for kind, marker in [("backward", "backward"), ("step", "step"),
+                         ("optimizer", "optimizer"), ("model", "model-class")]:
+        assert same_file(refs[kind]["file"], HERE), (kind, refs[kind])
+        assert refs[kind]["line"] == line_of(marker), (kind, refs[kind])
+    # each reference is written once, not once per step
+    assert len(run.of("ref")) == len({(e["kind"], e["file"], e["line"]) for e in run.of("ref")})
+    targets = run.of("targets")[-1]
+    assert targets["loss"] == "cross_entropy" and targets["n"] == 96
+    assert sum(targets["counts"]) == 96
+
+
+def test_grad_norms_of_large_and_small_tensors():
+    """Large weight matrices (measured with a dot on CPU) next to small ones (one norm kernel)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref = []
+    with capture(update_every=0) as rec:
+        for scale in (1.0, 1e12, 1.0):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(torch.randn(32, 64)), torch.randint(0, 4, (32,)))
+            (loss * scale).backward()
+            grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+            ref.append((float(torch.linalg.vector_norm(grads)), module_norms(model)))
+            opt.step()
+            opt.param_groups[0]["lr"] = 0.0
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert not [e for e in rec.events if e["t"] == "nonfinite"]
+    assert ref[1][0] > 1e10 and len(steps) == 3
+    for s, (gn, mgn) in zip(steps, ref):
+        assert s["gn"] == pytest.approx(gn, rel=1e-5)
+        assert s["mgn"] == pytest.approx(mgn, rel=1e-5)
+
+
+def test_one_step_per_backward_without_optimizer():
+    """A loop that updates weights by hand: every backward() is one step, counted once."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    losses = []
+    with capture() as rec:
+        for _ in range(5):
+            loss = model(torch.randn(4, 3)).pow(2).mean()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+            losses.append(loss.item())
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert [s["loss"] for s in steps] == pytest.approx(losses)
+
+
+def test_gradient_accumulation_one_step_per_optimizer_step():
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    with capture() as rec:
+        for _ in range(4):
+            opt.zero_grad()
+            micro = []
+            for _ in range(3):
+                loss = F.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 4, (4,)))
+                torch.autograd.backward(loss)
+                micro.append(loss.item())
+            grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+            gn = float(torch.linalg.vector_norm(grads))
+            opt.step()
+            losses.append((sum(micro) / 3, gn))
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert len(steps) == 4
+    for s, (loss, gn) in zip(steps, losses):
+        assert s["loss"] == pytest.approx(loss, rel=1e-6)
+        assert s["gn"] == pytest.approx(gn, rel=1e-5)
+
+
+def test_target_statistics_and_eval_loss():
+    """Class counts (ignore_index left out), regression moments, losses computed under no_grad."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    labels, eval_losses = [], []
+    with capture(hist_every=25) as rec:
+        for i in range(40):  # more than one queue of targets
+            x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+            y[: i % 3] = -100  # ignored positions
+            opt.zero_grad()
+            F.cross_entropy(model(x), y, ignore_index=-100).backward()
+            opt.step()
+            labels.append(y)
+            if i == 30:
+                with torch.no_grad():
+                    for n in (8, 4):
+                        xe, ye = torch.randn(n, 8), torch.randint(0, 4, (n,))
+                        eval_losses.append((F.cross_entropy(model(xe), ye).item(), n))
+    every = torch.cat(labels)
+    events = [e for e in rec.events if e["t"] == "targets"]
+    assert [e["n"] for e in events] == [25 * 8, 40 * 8]
+    assert events[-1]["loss"] == "cross_entropy"
+    assert events[-1]["counts"] == torch.bincount(every[every >= 0], minlength=4).tolist()
+    assert events[0]["counts"] == torch.bincount(
+        every[:200][every[:200] >= 0], minlength=4).tolist()
+    (metric,) = [e for e in rec.events if e["t"] == "metric"]
+    assert metric["name"] == "eval_loss" and metric["source"] == "auto"
+    assert metric["value"] == pytest.approx(sum(v * n for v, n in eval_losses) / 12, rel=1e-6)
+    assert metric["step"] == 31  # written when training resumed
+
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    targets = []
+    with capture() as rec:
+        for _ in range(37):
+            x, y = torch.randn(16, 3), torch.randn(16, 1) * 3 + 5
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            targets.append(y)
+    every = torch.cat(targets).double()
+    (event,) = [e for e in rec.events if e["t"] == "targets"]
+    assert event["loss"] == "mse_loss" and event["n"] == 37 * 16 and "counts" not in event
+    assert event["mean"] == pytest.approx(float(every.mean()), rel=1e-5)
+    assert event["var"] == pytest.approx(float(every.var(unbiased=False)), rel=1e-4)
+
+
+# -- metrics -------------------------------------------------------------------------------------
+def test_metrics_from_log_tensorboard_and_stdout(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    path = tmp_path / "record.jsonl"
+    with capture(str(path)):
+        model_debugger.log(val_loss=0.5, val_acc=torch.tensor(0.75), epoch=1)
+        writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
+        writer.add_scalar("train/loss", 0.25, 3)
+        writer.add_scalar("train/loss", torch.tensor(0.125), 4)
+        writer.add_scalars("lr", {"g0": 0.01, "g1": 0.02}, 3)
+        writer.close()
+        print("epoch 3: train_loss=0.41 val_loss=0.52 val_acc=0.81")
+        print("loss: 0.3")
+        print("no numbers here")
+    run = Run.load(str(path))
+    got = [(e["name"], e["value"], e["source"]) for e in run.of("metric")]
+    assert got == [
+        ("val_loss", 0.5, "log"), ("val_acc", 0.75, "log"),
+        ("train/loss", 0.25, "tensorboard"), ("train/loss", 0.125, "tensorboard"),
+        ("lr/g0", 0.01, "tensorboard"), ("lr/g1", 0.02, "tensorboard"),
+        ("train_loss", 0.41, "stdout"), ("val_loss", 0.52, "stdout"), ("val_acc", 0.81, "stdout"),
+        ("loss", 0.3, "stdout"),
+    ]
+    by_name = {(e["name"], e["source"]): e for e in run.of("metric")}
+    assert by_name[("val_loss", "log")]["epoch"] == 1
+    assert by_name[("val_loss", "stdout")]["epoch"] == 3
+    # the real SummaryWriter still wrote its event file
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(3, 0.25), (4, 0.125)]
+
+
+def test_log_is_a_noop_outside_capture():
+    assert active_recorder() is None
+    model_debugger.log(val_loss=1.0)  # nothing to record into, nothing raised
+
+
+# -- non-finite values ---------------------------------------------------------------------------
+class ShiftedLog(nn.Module):
+    """``log(x + offset)``: finite while the offset keeps the input positive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("offset", torch.tensor(100.0))
+
+    def forward(self, x):
+        return torch.log(x + self.offset)
+
+
+def test_first_nonfinite_from_forward_names_step_and_module():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), ShiftedLog(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with capture() as rec:
+        train_steps(model, opt, 3)
+        model[2].offset.fill_(-100.0)  # log of a negative number from now on
+        train_steps(model, opt, 3)
+    events = [e for e in rec.events if e["t"] == "nonfinite"]
+    assert len(events) == 1
+    assert events[0]["step"] == 3 and events[0]["what"] == "loss"
+    assert events[0]["module"] == "2"
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert [isinstance(s["loss"], float) for s in steps] == [True] * 3 + [False] * 3
+    # the replay that localized it left no hooks and did not touch the buffers
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert float(model[2].offset) == -100.0
+
+
+def test_first_nonfinite_from_weights_names_step_and_module():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                          nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with capture() as rec:
+        train_steps(model, opt, 4)
+        with torch.no_grad():
+            model[2].weight.fill_(math.inf)
+        train_steps(model, opt, 2)
+    (event,) = [e for e in rec.events if e["t"] == "nonfinite"]
+    assert event["step"] == 4 and event["module"] == "2"
+
+
+# -- nothing left behind -------------------------------------------------------------------------
+def _patched_things():
+    return {
+        "Tensor.backward": torch.Tensor.__dict__["backward"],
+        "autograd.backward": torch.autograd.backward,
+        "DataLoader.__iter__": DataLoader.__dict__["__iter__"],
+        "Optimizer.__init__": optim_mod.Optimizer.__dict__["__init__"],
+        **{f"F.{n}": getattr(F, n) for n in ("cross_entropy", "nll_loss", "mse_loss",
+                                              "binary_cross_entropy_with_logits")},
+    }
+
+
+@pytest.mark.parametrize("ending", ["normal", "exception", "keyboard_interrupt"])
+def test_everything_restored(ending, tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    before = _patched_things()
+    tb_before = (SummaryWriter.add_scalar, SummaryWriter.add_scalars)
+    stdout_before = sys.stdout
+    meta_path_before = list(sys.meta_path)
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(0, 4, (16,))),
+                        batch_size=4)
+    path = tmp_path / "record.jsonl"
+    exc_type = {"normal": None, "exception": ValueError,
+                "keyboard_interrupt": KeyboardInterrupt}[ending]
+
+    def body():
+        with capture(str(path)) as rec:
+            assert torch.Tensor.__dict__["backward"] is not before["Tensor.backward"]
+            assert sys.stdout is not stdout_before
+            for xb, yb in loader:
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+            if exc_type is not None:
+                raise exc_type("stopped on purpose")  # <raise>
+        return rec
+
+    if exc_type is None:
+        body()
+    else:
+        with pytest.raises(exc_type, match="stopped on purpose"):
+            body()
+
+    assert _patched_things() == before
+    assert (SummaryWriter.add_scalar, SummaryWriter.add_scalars) == tb_before
+    assert not optim_mod._global_optimizer_pre_hooks
+    assert not optim_mod._global_optimizer_post_hooks
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks
+        assert not m._backward_hooks and not m._backward_pre_hooks
+    assert sys.stdout is stdout_before
+    assert sys.meta_path == meta_path_before and _finder not in sys.meta_path
+    assert active_recorder() is None
+
+    run = Run.load(str(path))
+    assert len(run.steps) == 4 and run.ended
+    if exc_type is None:
+        assert run.error is None and run.first("end")["status"] == "ok"
+    else:
+        err = run.error
+        kind = "interrupted" if exc_type is KeyboardInterrupt else "exception"
+        assert err["kind"] == kind and run.first("end")["status"] == kind
+        assert err["type"] == exc_type.__name__ and err["message"] == "stopped on purpose"
+        assert err["step"] == 4
+        assert same_file(err["location"]["file"], HERE)
+        assert err["location"]["line"] == line_of("raise")
+        assert "stopped on purpose" in err["traceback"]
+    # a later plain training loop is not observed by anything
+    train_steps(model, opt, 2)
+    assert active_recorder() is None
+
+
+def test_real_out_of_memory_is_recorded_with_the_steps_before_it():
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises((RuntimeError, MemoryError)) as info:
+        with capture() as rec:
+            train_steps(model, opt, 3)
+            torch.empty(2**62, dtype=torch.uint8)  # <oom>
+    err = rec.error
+    assert err["kind"] == "oom", str(info.value)
+    assert err["type"] == type(info.value).__name__
+    assert err["step"] == 3 and err["location"]["line"] == line_of("oom")
+    assert same_file(err["location"]["file"], HERE)
+    assert len([e for e in rec.events if e["t"] == "step"]) == 3
+    assert rec.events[-1]["t"] == "end" and rec.events[-1]["status"] == "oom"
+
+
+# -- sampling --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("hist_every", [4, 0])
+def test_histograms_only_every_n_steps(hist_every):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with capture(hist_every=hist_every) as rec:
+        train_steps(model, opt, 10)
+    hists = [e for e in rec.events if e["t"] == "hist"]
+    if not hist_every:
+        assert hists == []
+        return
+    assert sorted({e["step"] for e in hists}) == [0, 4, 8]
+    names = [n for n, _ in model.named_parameters()]
+    assert [e["param"] for e in hists] == names * 3
+    sizes = dict((n, p.numel()) for n, p in model.named_parameters())
+    for e in hists:
+        assert len(e["counts"]) == 30 and sum(e["counts"]) == sizes[e["param"]]
+        assert e["lo"] <= e["hi"]
+
+
+def test_module_norms_off():
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with capture(module_norms=False, update_every=0) as rec:
+        train_steps(model, opt, 3)
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert len(steps) == 3
+    assert all("mgn" not in s and "ur" not in s and s["gn"] > 0 for s in steps)
+
+
+# -- imports -------------------------------------------------------------------------------------
+def test_capture_does_not_import_torch():
+    code = """
+import json
+import sys
+
+import model_debugger
+
+with model_debugger.capture() as rec:
+    x = sum(range(10))
+print(json.dumps({"torch_imported": "torch" in sys.modules}))
+with model_debugger.capture() as rec:
+    import torch  # imported inside the block: the instrument attaches right after the import
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.ones(4, 2)).sum().backward()
+        opt.step()
+print(json.dumps({"steps": rec.step,
+                  "restored": torch.Tensor.backward.__module__ == "torch._tensor"}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert lines == [{"torch_imported": False}, {"steps": 3, "restored": True}]
