@@ -78,8 +78,10 @@ class TorchInstrument:
         self._patch(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward, True))
         self._patch(torch.autograd, "backward",
                     self._wrap_backward(torch.autograd.backward, False))
-        self._undo.append(optim_mod.register_optimizer_step_pre_hook(self._pre_step).remove)
-        self._undo.append(optim_mod.register_optimizer_step_post_hook(self._post_step).remove)
+        self._undo.append(optim_mod.register_optimizer_step_pre_hook(
+            self._guard(self._pre_step)).remove)
+        self._undo.append(optim_mod.register_optimizer_step_post_hook(
+            self._guard(self._post_step)).remove)
         self._patch(optim_mod.Optimizer, "__init__", self._wrap_opt_init(optim_mod.Optimizer.__init__))
         self._patch(DataLoader, "__iter__", self._wrap_loader_iter(DataLoader.__iter__))
         for owner in (optim_mod.Optimizer, torch.nn.Module):
@@ -88,6 +90,23 @@ class TorchInstrument:
         for name in _CLASS_LOSSES + _BINARY_LOSSES + _REG_LOSSES:
             if hasattr(functional, name):
                 self._patch(functional, name, self._wrap_loss(getattr(functional, name), name))
+
+    def _guard(self, fn):
+        """Run an observation so that a failure in it never breaks the user's training.
+
+        The first failure is recorded as an ``internal_error`` event; the hook then carries on.
+        """
+        def guarded(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - observation must never break training
+                if not getattr(self, "_internal_seen", False):
+                    self._internal_seen = True
+                    self.rec.emit("internal_error", where=getattr(fn, "__name__", "?"),
+                                  error=f"{type(exc).__name__}: {exc}"[:500])
+                return None
+
+        return guarded
 
     def _wrap_zero_grad(self, original):
         keeper = self.keeper
@@ -145,7 +164,7 @@ class TorchInstrument:
                 return original(tensor, *args, **kwargs)
             inst._in_backward = True
             try:
-                inst._before_backward(tensor)
+                inst._guard(inst._before_backward)(tensor)
                 return original(tensor, *args, **kwargs)
             finally:
                 inst._in_backward = False
