@@ -44,11 +44,11 @@ class LabelAlignment(Probe):
     needs_live = True
     frameworks = ("torch",)
 
-    def _holdout_loss(self, tr, inputs, target, train_idx, test_idx, seed) -> float:
+    def _holdout_loss(self, tr, inputs, target, train_idx, test_idx, seed, steps) -> float:
         import torch
 
         model = tr.fresh_model()
-        tr.fit(model, tuple(x[train_idx] for x in inputs), target[train_idx], STEPS, lr=1e-3,
+        tr.fit(model, tuple(x[train_idx] for x in inputs), target[train_idx], steps, lr=1e-3,
                seed=seed, opt_cls=torch.optim.Adam)
         fit = tr.evaluate(model, tuple(x[train_idx] for x in inputs), target[train_idx])
         return tr.evaluate(model, tuple(x[test_idx] for x in inputs), target[test_idx]), fit
@@ -65,9 +65,11 @@ class LabelAlignment(Probe):
         inputs, target = tr.subset(perm)
         cut = int(0.7 * n)
         train_idx, test_idx = torch.arange(cut), torch.arange(cut, n)
-        real, fit = self._holdout_loss(tr, inputs, target, train_idx, test_idx, 0)
+        steps = tr.steps_within(min(6.0, ctx.time_left() / 4), STEPS)
+        real, fit = self._holdout_loss(tr, inputs, target, train_idx, test_idx, 0, steps)
         shuffled_target = target[torch.randperm(n, generator=g)]
-        shuffled, _ = self._holdout_loss(tr, inputs, shuffled_target, train_idx, test_idx, 0)
+        shuffled, _ = self._holdout_loss(tr, inputs, shuffled_target, train_idx, test_idx, 0,
+                                         steps)
         if real < MARGIN * shuffled:
             return []
         base = constant_loss(tr.loss_fn.__name__, target[train_idx])

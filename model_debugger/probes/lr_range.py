@@ -98,12 +98,17 @@ class LRRange(Probe):
                 f"gradients grow until they overflow. A safe rate is about {safe_lr:.3g}.",
                 ctx.ref("optimizer"), strength=0.8, **common)]
         if user * TOO_LOW <= best_lr and stuck:
+            slow, fast = _heldout_at(tr, ctx, user), _heldout_at(tr, ctx, safe_lr)
+            confirmed = fast < 0.9 * slow
             return [self.finding(
-                "hyperparameter", True,
+                "hyperparameter", confirmed,
                 f"The learning rate {user:g} is over {TOO_LOW:g}x below the rate where the loss "
                 f"falls fastest in a sweep ({best_lr:.3g}); each update barely moves the weights, "
-                f"so the loss plateaus. Try about {safe_lr:.3g}.",
-                ctx.ref("optimizer"), strength=0.75, **common)]
+                f"so the loss plateaus. Trained at {safe_lr:.3g} instead, a copy reaches a "
+                f"held-out loss of {fast:.4g} vs {slow:.4g} at {user:g}"
+                + ("." if confirmed else ": no better, so the rate is not what holds it back."),
+                ctx.ref("optimizer"), strength=0.75 if confirmed else 0.2,
+                heldout_at_user_lr=slow, heldout_at_safe_lr=fast, **common)]
         return []
 
     def _from_record(self, ctx: ProbeContext):
@@ -123,3 +128,18 @@ class LRRange(Probe):
             f"{opt['cls']} with lr={lr:g} is far {'above' if side == 'high' else 'below'} its "
             f"typical range ({lo:g}-{hi:g}); a sweep from the initial weights would confirm it.",
             ctx.ref("optimizer"), lr=lr, typical=[lo, hi], strength=0.4)]
+
+
+def _heldout_at(tr, ctx: ProbeContext, lr: float) -> float:
+    """Held-out loss of a fresh copy trained at ``lr`` on 70% of the sample."""
+    import torch
+
+    n = min(tr.n, 768)
+    idx = torch.randperm(tr.n, generator=torch.Generator().manual_seed(1))[:n]
+    inputs, target = tr.subset(idx)
+    cut = int(0.7 * n)
+    steps = tr.steps_within(min(4.0, ctx.time_left() / 6), 100)
+    model = tr.fresh_model()
+    tr.fit(model, tuple(x[:cut] for x in inputs), target[:cut], steps, lr=lr, seed=0)
+    value = tr.evaluate(model, tuple(x[cut:] for x in inputs), target[cut:])
+    return value if math.isfinite(value) else float("inf")

@@ -35,7 +35,8 @@ class OverfitSmallBatch(Probe):
         tr = ctx.trainer
         if tr is None or tr.n < SAMPLES:
             return []
-        initial, best, steps = _fit_10(tr)
+        budget = tr.steps_within(min(10.0, ctx.time_left() / 3), STEPS, batch_size=SAMPLES)
+        initial, best, steps = _fit_10(tr, steps=budget)
         if best <= REACHED * initial:
             return []
         tried = {}
@@ -44,7 +45,7 @@ class OverfitSmallBatch(Probe):
             if ctx.time_left() < 5:
                 break
             lr = tr.lr * factor
-            i2, b2, _ = _fit_10(tr, lr=lr, steps=STEPS // 2)
+            i2, b2, _ = _fit_10(tr, lr=lr, steps=max(budget // 2, 30))
             ratio = b2 / max(i2, 1e-12)
             tried[f"{lr:g}"] = round(ratio, 4)
             if ratio <= REACHED or ratio <= 0.5 * base_ratio:
