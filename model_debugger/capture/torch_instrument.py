@@ -24,14 +24,10 @@ import torch
 from .codeloc import definition_location, user_frame, user_location
 from .keeper import Keeper
 from .recorder import Recorder, _num, rss_bytes
+from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossStats
+from .torch_util import TimedIterator, assignment, floats, hyper, replay_first_nonfinite
 
-_CLASS_LOSSES = ("cross_entropy", "nll_loss")
-_BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
-_REG_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
-_MAX_CLASSES = 1000
 _DOT_NUMEL = 1 << 14  # on CPU a BLAS dot is ~2x faster than the norm kernel on large tensors
-_TARGET_QUEUE = 32  # targets kept (copied) and reduced together: ~2 tensor ops per step, no sync
-_TARGET_QUEUE_NUMEL = 1 << 16  # larger targets (images, ...) are reduced right away
 _BACKWARD_MODE_AFTER = 64
 
 
@@ -60,9 +56,7 @@ class TorchInstrument:
         self._train_loaders: set[int] = set()
         self._active_loader = None
         # target statistics stay on the target's device until a ``targets`` event is written
-        self._targets = {"loss": None, "classes": None, "counts": None, "moments": None, "n": 0,
-                         "queue": []}
-        self._eval_losses: list[tuple[torch.Tensor, int]] = []
+        self.losses = LossStats(rec, self._ref)
         self._before: list | None = None
         self._cuda = torch.cuda.is_available()
         self._loader_refs: dict[int, weakref.ref] = {}
@@ -87,7 +81,7 @@ class TorchInstrument:
         for owner in (optim_mod.Optimizer, torch.nn.Module):
             self._patch(owner, "zero_grad", self._wrap_zero_grad(owner.zero_grad))
         functional = torch.nn.functional
-        for name in _CLASS_LOSSES + _BINARY_LOSSES + _REG_LOSSES:
+        for name in CLASS_LOSSES + BINARY_LOSSES + REG_LOSSES:
             if hasattr(functional, name):
                 self._patch(functional, name, self._wrap_loss(getattr(functional, name), name))
 
@@ -140,8 +134,8 @@ class TorchInstrument:
             for loss in self._pending_losses:
                 self._emit_step(loss, None)
             self._pending_losses = []
-        self._flush_eval()
-        self._emit_targets()
+        self.losses.flush_eval()
+        self.losses.emit()
         self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
                       backward=self._backwards, optimizer_steps=self._opt_steps)
 
@@ -173,7 +167,7 @@ class TorchInstrument:
         return backward
 
     def _before_backward(self, loss) -> None:
-        self._flush_eval()
+        self.losses.flush_eval()
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             value = loss.item()
         else:
@@ -239,7 +233,7 @@ class TorchInstrument:
         self.rec.emit("model", name=name, cls=type(model).__name__,
                       params=sum(p.numel() for p in model.parameters()), modules=modules[:500],
                       training=model.training)
-        self._ref("model", definition_location(model) or _assignment(namespace, name), name=name)
+        self._ref("model", definition_location(model) or assignment(namespace, name), name=name)
         handle = model.register_forward_pre_hook(self._keep_input, with_kwargs=True)
         self._undo.append(handle.remove)
         self.keeper.on_model(model, namespace)
@@ -263,7 +257,7 @@ class TorchInstrument:
                 return name.rsplit(".", 1)[0] if "." in name else name
         if self._last_input is None:
             return None
-        found, out = _replay_first_nonfinite(model, *self._last_input)
+        found, out = replay_first_nonfinite(model, *self._last_input)
         if found is None and isinstance(out, torch.Tensor) and self._last_loss_call is not None:
             # the same batch through the same weights and loss: does the non-finite value repeat?
             name, target, kwargs, shape = self._last_loss_call
@@ -290,7 +284,7 @@ class TorchInstrument:
                 inst.keeper.on_optimizer(opt)
                 loc = user_location(sys._getframe())
                 inst._ref("optimizer", loc, cls=type(opt).__name__)
-                inst.rec.emit("optimizer", cls=type(opt).__name__, hyper=_hyper(opt.defaults),
+                inst.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
                               location=loc)
                 if not inst._param_names:
                     params = [p for g in opt.param_groups for p in g["params"]]
@@ -307,7 +301,7 @@ class TorchInstrument:
         if not getattr(opt, "_md_seen", False):
             opt._md_seen = True
             self.keeper.on_optimizer(opt)
-            self.rec.emit("optimizer", cls=type(opt).__name__, hyper=_hyper(opt.defaults),
+            self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
                           location=None)
         if not self._param_names and params:
             self._discover(sys._getframe(), params)
@@ -353,14 +347,14 @@ class TorchInstrument:
         grads = [p.grad for p in params]
         with torch.no_grad():
             if not dot:  # one multi-tensor kernel
-                return _floats(torch._foreach_norm(grads))
+                return floats(torch._foreach_norm(grads))
             big = set(dot)
             rest = [i for i in range(len(grads)) if i not in big]
             flat = [grads[i].reshape(-1) for i in dot]
             parts = [torch.dot(g, g) for g in flat]  # squared norms
             if rest:
                 parts += torch._foreach_norm([grads[i] for i in rest])
-            values = _floats(parts)
+            values = floats(parts)
         norms = [0.0] * len(grads)
         for k, i in enumerate(dot):
             norms[i] = math.sqrt(values[k])  # overflows where torch's own norm does (> 1.8e19)
@@ -392,7 +386,7 @@ class TorchInstrument:
             with torch.no_grad():
                 weights = torch._foreach_norm(self._before)
                 torch._foreach_sub_(self._before, [p.detach() for p in self._before_params])
-                norms = _floats([*torch._foreach_norm(self._before), *weights])
+                norms = floats([*torch._foreach_norm(self._before), *weights])
             half = len(norms) // 2
             num = sum(n * n for n in norms[:half])  # the copy now holds -update
             den = sum(n * n for n in norms[half:])
@@ -425,7 +419,7 @@ class TorchInstrument:
         self.rec.emit("step", **step)
         self.rec.step += 1
         if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
-            self._emit_targets()
+            self.losses.emit()
 
     # -- data loading ----------------------------------------------------------------------
     def _wrap_loader_iter(self, original):
@@ -435,9 +429,9 @@ class TorchInstrument:
             it = original(loader)
             inst._loader_refs[id(loader)] = weakref.ref(loader)
             if id(loader) in inst._train_loaders:
-                inst._flush_eval()
+                inst.losses.flush_eval()
                 inst.rec.set_epoch(inst.rec.epoch + 1, "dataloader")
-            return _TimedIterator(it, inst, id(loader))
+            return TimedIterator(it, inst, id(loader))
 
         return __iter__
 
@@ -448,7 +442,7 @@ class TorchInstrument:
         def loss_fn(input, target, *args, **kwargs):
             out = original(input, target, *args, **kwargs)
             try:
-                inst._observe_loss(name, input, target, out)
+                inst.losses.observe(name, input, target, out)
                 inst._keep_loss(name, input, target, args, kwargs)
             except Exception:  # noqa: BLE001 - observation must never break training
                 pass
@@ -460,7 +454,7 @@ class TorchInstrument:
     def _keep_loss(self, name, input, target, args, kwargs) -> None:
         if not isinstance(target, torch.Tensor) or not isinstance(input, torch.Tensor):
             return
-        if self._targets["loss"] not in (None, name):
+        if self.losses.targets["loss"] not in (None, name):
             return
         if torch.is_grad_enabled():
             self._last_loss_call = (name, target, kwargs, input.shape)
@@ -468,189 +462,3 @@ class TorchInstrument:
                                         torch.is_grad_enabled(), self.rec.epoch)
         if described is not None:
             self.rec.emit("loss_input", **described)
-
-    def _observe_loss(self, name, input, target, out) -> None:
-        """Accumulate target statistics without a device sync (read in ``_emit_targets``)."""
-        if not isinstance(target, torch.Tensor):
-            return
-        if not torch.is_grad_enabled():
-            if out.numel() == 1:
-                self._eval_losses.append((out.detach(), int(target.shape[0]) if target.dim() else 1))
-            return
-        t = self._targets
-        if t["loss"] is None:
-            t["loss"] = name
-            self._ref("loss_fn", user_location(sys._getframe()), name=name)
-        if t["loss"] != name:
-            return
-        classes = None
-        if name in _CLASS_LOSSES and target.dtype in (torch.long, torch.int, torch.int16):
-            classes = int(input.shape[1] if input.dim() > 1 else input.shape[0])
-            if classes > _MAX_CLASSES:
-                return
-        if classes != t["classes"]:
-            self._reduce_targets()
-            t["classes"] = classes
-        big = target.numel() > _TARGET_QUEUE_NUMEL
-        t["queue"].append(target.detach() if big else target.detach().clone())
-        t["n"] += int(target.numel())
-        if big or len(t["queue"]) >= _TARGET_QUEUE:
-            self._reduce_targets()
-
-    def _reduce_targets(self) -> None:
-        """Fold the queued targets into class counts or (sum, sum of squares), on their device."""
-        t = self._targets
-        queue, t["queue"] = t["queue"], []
-        if not queue:
-            return
-        try:
-            with torch.no_grad():
-                flat = torch.cat([q.reshape(-1) for q in queue])
-                classes = t["classes"]
-                if classes is not None:
-                    # bin 0: negative (ignore_index), bins 1..classes: the classes, last: beyond
-                    idx = flat.long().add_(1).clamp_(0, classes + 1)
-                    counts = torch.zeros(classes + 2, dtype=torch.long, device=idx.device)
-                    counts.index_add_(0, idx, torch.ones((), dtype=torch.long,
-                                                         device=idx.device).expand(idx.numel()))
-                    prev = t["counts"]
-                    same = prev is not None and prev.shape == counts.shape \
-                        and prev.device == counts.device
-                    t["counts"] = prev + counts if same else counts
-                else:
-                    f = flat.float()
-                    moments = torch.stack([f.sum(), torch.dot(f, f)]).double()
-                    prev = t["moments"]
-                    same = prev is not None and prev.device == moments.device
-                    t["moments"] = prev + moments if same else moments
-        except Exception:  # noqa: BLE001 - statistics must never break training
-            pass
-
-    def _flush_eval(self) -> None:
-        if self._eval_losses:
-            total = sum(float(v) * n for v, n in self._eval_losses)
-            count = sum(n for _, n in self._eval_losses)
-            self._eval_losses = []
-            if count:
-                self.rec.metric("eval_loss", total / count, "auto")
-
-    def _emit_targets(self) -> None:
-        t = self._targets
-        if t["loss"] is None or not t["n"]:
-            return
-        self._reduce_targets()
-        data = {"loss": t["loss"], "n": t["n"]}
-        if t["counts"] is not None:
-            data["counts"] = [int(c) for c in t["counts"][1:-1].tolist()]
-        elif t["moments"] is not None:
-            total, sumsq = t["moments"].tolist()
-            data["mean"] = total / t["n"]
-            data["var"] = max(sumsq / t["n"] - data["mean"] ** 2, 0.0)
-        else:
-            return
-        self.rec.emit("targets", **data)
-
-
-class _TimedIterator:
-    """Wraps a DataLoader iterator: time spent waiting in ``__next__`` is data wait."""
-
-    def __init__(self, inner, inst: TorchInstrument, loader_id: int) -> None:
-        self._inner = inner
-        self._inst = inst
-        self._loader_id = loader_id
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        t0 = time.perf_counter()
-        try:
-            return next(self._inner)
-        finally:
-            inst = self._inst
-            inst._active_loader = self._loader_id
-            if self._loader_id in inst._train_loaders or not inst._train_loaders:
-                inst._data_wait += time.perf_counter() - t0
-
-    def __len__(self):
-        return len(self._inner)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
-def _floats(tensors) -> list[float]:
-    """Read 0-dim tensors with one device-to-host copy (one each when devices differ)."""
-    try:
-        return torch.stack(list(tensors)).tolist()
-    except RuntimeError:  # a model spread over several devices
-        return [float(t) for t in tensors]
-
-
-def _hyper(defaults: dict) -> dict:
-    out = {}
-    for k, v in defaults.items():
-        if isinstance(v, (int, float, bool, str)) or v is None:
-            out[k] = v
-        elif isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v):
-            out[k] = list(v)
-    return out
-
-
-def _replay_first_nonfinite(model, args, kwargs) -> tuple[str | None, object]:
-    """Re-run the last forward without side effects.
-
-    Returns the first module with non-finite output (or None) and the model's output.
-    """
-    found: list[str] = []
-    out = None
-    handles = []
-
-    def make_hook(name):
-        def hook(module, inp, out):
-            if found:
-                return
-            tensors = out if isinstance(out, (tuple, list)) else (out,)
-            for t in tensors:
-                if isinstance(t, torch.Tensor) and t.is_floating_point() \
-                        and not torch.isfinite(t).all():
-                    found.append(name)
-                    return
-        return hook
-
-    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-    rng = torch.get_rng_state()
-    try:
-        for name, module in model.named_modules():
-            if name and not list(module.children()):
-                handles.append(module.register_forward_hook(make_hook(name)))
-        with torch.no_grad():
-            out = model(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - localization is best effort
-        out = None
-    finally:
-        for h in handles:
-            h.remove()
-        torch.set_rng_state(rng)
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                if n in buffers:
-                    b.copy_(buffers[n])
-    return (found[0] if found else None), out
-
-
-def _assignment(namespace: dict | None, name: str) -> dict | None:
-    """Where ``name = ...`` is first assigned in the file that holds ``namespace``."""
-    import re
-
-    path = (namespace or {}).get("__file__")
-    if not path or not name.isidentifier():
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if re.match(rf"\s*{name}\s*(:[^=]*)?=(?!=)", line):
-                    return {"file": path, "line": n}
-    except (OSError, UnicodeDecodeError):
-        return None
-    return None

@@ -1,0 +1,124 @@
+"""Loss observations for the PyTorch instrument: target statistics and validation losses.
+
+Targets seen by the training loss give the constant predictor's loss (label prior entropy, target
+variance); losses computed under ``no_grad`` become the automatic ``eval_loss`` metric.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+
+from .codeloc import user_location
+
+CLASS_LOSSES = ("cross_entropy", "nll_loss")
+BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
+REG_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+_MAX_CLASSES = 1000
+_TARGET_QUEUE = 32  # targets kept (copied) and reduced together: ~2 tensor ops per step, no sync
+_TARGET_QUEUE_NUMEL = 1 << 16  # larger targets (images, ...) are reduced right away
+
+
+class LossStats:
+    """Statistics of what the loss functions saw during one capture.
+
+    Parameters
+    ----------
+    rec : Recorder
+        Where ``targets`` events and ``eval_loss`` metrics go.
+    ref : callable
+        ``ref(kind, location, **extra)`` records a code reference (the loss line).
+    """
+
+    def __init__(self, rec, ref: Callable) -> None:
+        self.rec = rec
+        self._ref = ref
+        # target statistics stay on the target's device until a ``targets`` event is written
+        self.targets = {"loss": None, "classes": None, "counts": None, "moments": None, "n": 0,
+                        "queue": []}
+        self.eval_losses: list[tuple[torch.Tensor, int]] = []
+
+    def observe(self, name, input, target, out) -> None:
+        """Accumulate target statistics without a device sync (read in :meth:`emit`)."""
+        if not isinstance(target, torch.Tensor):
+            return
+        if not torch.is_grad_enabled():
+            if out.numel() == 1:
+                self.eval_losses.append((out.detach(), int(target.shape[0]) if target.dim() else 1))
+            return
+        t = self.targets
+        if t["loss"] is None:
+            t["loss"] = name
+            self._ref("loss_fn", user_location(sys._getframe()), name=name)
+        if t["loss"] != name:
+            return
+        classes = None
+        if name in CLASS_LOSSES and target.dtype in (torch.long, torch.int, torch.int16):
+            classes = int(input.shape[1] if input.dim() > 1 else input.shape[0])
+            if classes > _MAX_CLASSES:
+                return
+        if classes != t["classes"]:
+            self.reduce()
+            t["classes"] = classes
+        big = target.numel() > _TARGET_QUEUE_NUMEL
+        t["queue"].append(target.detach() if big else target.detach().clone())
+        t["n"] += int(target.numel())
+        if big or len(t["queue"]) >= _TARGET_QUEUE:
+            self.reduce()
+
+    def reduce(self) -> None:
+        """Fold the queued targets into class counts or (sum, sum of squares), on their device."""
+        t = self.targets
+        queue, t["queue"] = t["queue"], []
+        if not queue:
+            return
+        try:
+            with torch.no_grad():
+                flat = torch.cat([q.reshape(-1) for q in queue])
+                classes = t["classes"]
+                if classes is not None:
+                    # bin 0: negative (ignore_index), bins 1..classes: the classes, last: beyond
+                    idx = flat.long().add_(1).clamp_(0, classes + 1)
+                    counts = torch.zeros(classes + 2, dtype=torch.long, device=idx.device)
+                    counts.index_add_(0, idx, torch.ones((), dtype=torch.long,
+                                                         device=idx.device).expand(idx.numel()))
+                    prev = t["counts"]
+                    same = prev is not None and prev.shape == counts.shape \
+                        and prev.device == counts.device
+                    t["counts"] = prev + counts if same else counts
+                else:
+                    f = flat.float()
+                    moments = torch.stack([f.sum(), torch.dot(f, f)]).double()
+                    prev = t["moments"]
+                    same = prev is not None and prev.device == moments.device
+                    t["moments"] = prev + moments if same else moments
+        except Exception:  # noqa: BLE001 - statistics must never break training
+            pass
+
+    def flush_eval(self) -> None:
+        """Record the mean loss of the validation pass just finished (``eval_loss``)."""
+        if self.eval_losses:
+            total = sum(float(v) * n for v, n in self.eval_losses)
+            count = sum(n for _, n in self.eval_losses)
+            self.eval_losses = []
+            if count:
+                self.rec.metric("eval_loss", total / count, "auto")
+
+    def emit(self) -> None:
+        """Write a ``targets`` event (class counts or mean/variance) for the baselines."""
+        t = self.targets
+        if t["loss"] is None or not t["n"]:
+            return
+        self.reduce()
+        data = {"loss": t["loss"], "n": t["n"]}
+        if t["counts"] is not None:
+            data["counts"] = [int(c) for c in t["counts"][1:-1].tolist()]
+        elif t["moments"] is not None:
+            total, sumsq = t["moments"].tolist()
+            data["mean"] = total / t["n"]
+            data["var"] = max(sumsq / t["n"] - data["mean"] ** 2, 0.0)
+        else:
+            return
+        self.rec.emit("targets", **data)
