@@ -13,8 +13,12 @@ import signal
 import sys
 
 
+class TimeLimit(KeyboardInterrupt):
+    """The script was stopped at its time limit (a planned stop, not a crash)."""
+
+
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"stopped by signal {signum} (time limit)")
+    raise TimeLimit(f"stopped by signal {signum} (time limit)")
 
 
 def _seed_everything(seed: int) -> None:
@@ -61,11 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
         code = 130
-    except BaseException:  # noqa: BLE001 - the record holds the error; report it and fail
+    except BaseException as exc:  # noqa: BLE001 - the record holds the error; report it, fail
         import traceback
 
         traceback.print_exc()
         code = 1
+        if isinstance(exc, SyntaxError) and rec.error is not None and exc.filename:
+            rec.error["location"] = {"file": exc.filename, "line": exc.lineno}
+            rec.emit("error_location", **rec.error["location"])
     if ns.isolate > 0:
         _isolate(rec, ns.record, ns.isolate, script)
     return code

@@ -17,6 +17,7 @@ BASELINE_MARGIN = 0.95       # final loss above 95% of the constant predictor's 
 DIVERGE_RATIO = 2.0          # final loss at least twice the initial loss
 SPIKE_RATIO = 10.0           # a finite loss 10x the initial one
 GRAD_GROWTH = 1e3            # max gradient norm / initial gradient norm
+GROWTH_WITH_LEARNING = 0.5   # ... counts only while the loss has not fallen by half (zero-init)
 VANISH_RATIO = 1e-3          # first-layer / last-layer median gradient norm
 RSS_GROWTH_MB = 100.0        # memory growth over the run (after warm-up)
 RSS_R2 = 0.8                 # ... that is steady (linear fit)
@@ -56,10 +57,12 @@ def exploding(sig: dict):
         if sig["loss_final"] >= DIVERGE_RATIO * sig["loss_initial"]:
             ev += [_ev(sig, "loss_initial", "median of the first steps"),
                    _ev(sig, "loss_final", f"median of the last steps, >= {DIVERGE_RATIO}x initial")]
-        elif sig.get("loss_spike", 0) >= SPIKE_RATIO * sig["loss_initial"]:
+        elif sig.get("loss_spike", 0) >= SPIKE_RATIO * sig["loss_initial"] and \
+                sig["loss_spike"] >= (sig.get("constant_predictor_loss") or 0.1):
             ev += [_ev(sig, "loss_initial", "median of the first steps"),
                    _ev(sig, "loss_spike", f"highest loss after warm-up, >= {SPIKE_RATIO}x initial")]
-    if sig.get("grad_norm_growth", 0) >= GRAD_GROWTH:
+    if sig.get("grad_norm_growth", 0) >= GRAD_GROWTH and \
+            sig.get("loss_relative_drop", 0) < GROWTH_WITH_LEARNING:
         ev.append(_ev(sig, "grad_norm_growth", f"max/initial global gradient norm >= {GRAD_GROWTH:g}"))
     return ("gradient_instability", ev) if ev else None
 
@@ -126,12 +129,13 @@ def not_decreasing(sig: dict):
         return None
     if sig["loss_final"] >= DIVERGE_RATIO * max(sig["loss_initial"], 0):
         return None  # a rising loss is divergence (gradient_instability), not a plateau
-    if sig["loss_relative_drop"] < PLATEAU_DROP:
+    base = sig.get("constant_predictor_loss")
+    converged = base is not None and sig["loss_final"] < 0.5 * base
+    if sig["loss_relative_drop"] < PLATEAU_DROP and not converged:
         return "loss_not_decreasing", [
             _ev(sig, "loss_initial", "median of the first steps"),
             _ev(sig, "loss_final", "median of the last steps"),
             _ev(sig, "loss_relative_drop", f"relative decrease < {PLATEAU_DROP}")]
-    base = sig.get("constant_predictor_loss")
     if base is not None and base > 0 and sig["loss_final"] >= BASELINE_MARGIN * base:
         return "loss_not_decreasing", [
             _ev(sig, "loss_final", "median of the last steps"),

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--runs must be at least 1")
             if not os.path.exists(ns.script):
                 raise ValueError(f"no such file: {ns.script}")
+            if os.path.isdir(ns.script) and not is_log_file(ns.script):
+                raise ValueError(f"{ns.script} is a folder, not a script or a log")
             args = script_args
             if is_log_file(ns.script):
                 session = diagnose_log(ns.script, ns.error, root=ns.root)
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                                           max_seconds=ns.max_seconds, root=ns.root,
                                           probe_seconds=ns.probe_seconds)
             report = session.report()
-    except (ValueError, SessionError) as exc:
+    except (ValueError, SessionError, OSError) as exc:
         print(f"model-debugger: error: {exc}", file=sys.stderr)
         return 2
     if ns.json:

@@ -17,11 +17,18 @@ from .signals import compute
 
 def _result_of(run: Run, category: str) -> dict:
     err = run.error
+    stopped = err is not None and err.get("type") == "TimeLimit"
+    if stopped:
+        err = None  # a planned stop at --max-seconds, not a crash
+    fix_loc = run.first("error_location")
     return {
         "steps": len(run.steps),
         "epochs": run.epochs,
+        "stopped_at_time_limit": stopped,
         "error": f"{err['type']}: {err['message']}" if err else None,
-        "error_location": err.get("location") if err else None,
+        "error_location": (err.get("location") or (
+            {"file": fix_loc["file"], "line": fix_loc["line"]} if fix_loc else None))
+        if err else None,
         "seconds": round(run.seconds, 3),
         "code": run.refs(),
         "category": category,
@@ -97,11 +104,11 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
         cls = classify(sig)
         res = _result_of(run, cls.primary)
         res.update(record=os.path.relpath(record, session.directory), exit_code=child.returncode,
-                   timed_out=child.timed_out, complete=run.ended)
+                   timed_out=child.timed_out or res["stopped_at_time_limit"], complete=run.ended)
         results.append(res)
         per_run.append((cls, sig))
         tried.append(f"run {i + 1}: seed={run_seed}, exit code {child.returncode}, "
-                     f"{len(run.steps)} steps{', time limit hit' if child.timed_out else ''}"
+                     f"{len(run.steps)} steps{', time limit hit' if res['timed_out'] else ''}"
                      f" -> {cls.primary}")
     verdict = _verdict(results, tried)
     session.record_reproduce(verdict)

@@ -67,7 +67,7 @@ class Run:
     def load(cls, path: str) -> Run:
         """Read a record; a truncated last line (a killed process) is ignored."""
         events = []
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 line = line.strip()
                 if not line:

@@ -80,7 +80,16 @@ class DebugSession:
                                f"(schema {found!r}, expected {SCHEMA!r})")
         if not isinstance(data.get("events"), list) or not isinstance(data.get("id"), str):
             raise SessionError(f"{file} is corrupt: missing 'id' or 'events'")
-        return cls(os.path.dirname(os.path.abspath(file)), data)
+        bad = [i for i, e in enumerate(data["events"])
+               if not isinstance(e, dict) or not isinstance(e.get("kind"), str)]
+        if bad:
+            raise SessionError(f"{file} is corrupt: event {bad[0]} has no 'kind'")
+        session = cls(os.path.dirname(os.path.abspath(file)), data)
+        try:
+            session.report()
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SessionError(f"{file} is corrupt: {type(exc).__name__}: {exc}") from None
+        return session
 
     def save(self) -> None:
         """Write ``session.json`` atomically."""

@@ -168,7 +168,7 @@ def test_step_record_matches_reference(tmp_path):
 
 
 def test_grad_norms_of_large_and_small_tensors():
-    """Large weight matrices (measured with a dot on CPU) next to small ones (one norm kernel)."""
+    """Large weight matrices (a dot product on CPU) next to small ones (one norm kernel)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -50,7 +50,9 @@ def test_max_seconds_classifies_the_partial_record(tmp_path):
     """))
     report, _ = diagnose(script, tmp_path / "s", "--max-seconds", "8")
     rep = report["reproduce"]
-    assert rep["error"].startswith("KeyboardInterrupt")
+    assert rep["error"] is None, "a planned stop at the time limit is not a crash"
+    assert rep["stopped_at_time_limit"] and rep["timed_out"]
+    assert rep["status"] == "reproduced"
     assert rep["steps"] >= 20
     assert report["classification"]["primary"] == "memory_issue"
 
@@ -86,6 +88,9 @@ def test_usage_errors_exit_nonzero_with_a_message(tmp_path):
     assert runs.returncode == 2 and "--runs" in runs.stderr
     bad = _cli("frobnicate")
     assert bad.returncode == 2
+    folder = _cli("diagnose", str(tmp_path), "--json", "--root", str(tmp_path / "s"))
+    assert folder.returncode == 2 and "folder" in folder.stderr and not folder.stdout
+    assert not (tmp_path / "s").exists(), "no session is created for bad input"
 
 
 def test_human_output_and_report_command(tmp_path):
@@ -101,3 +106,8 @@ def test_human_output_and_report_command(tmp_path):
     (corrupt / "session.json").write_text("{not json")
     bad = _cli("report", str(corrupt))
     assert bad.returncode == 2 and "corrupt" in bad.stderr
+    data = json.loads((tmp_path / saved.rsplit("/", 1)[1] / "session.json").read_text())
+    data["events"].append({"kind": "classify", "classification": {}})
+    (corrupt / "session.json").write_text(json.dumps(data))
+    broken = _cli("report", str(corrupt))
+    assert broken.returncode == 2 and "corrupt" in broken.stderr, broken.stderr

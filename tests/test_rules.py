@@ -162,10 +162,18 @@ def test_exploding_spike_during_warm_up_is_ignored():
     assert cls.primary == HEALTHY
 
 
-def _grad_burst(factor: float):
+def _grad_burst(factor: float, loss=None):
     gn = np.ones(100)
     gn[60] = C.GRAD_GROWTH * factor
-    return syn.make_run(syn.steps_events(syn.decay(100), gn=gn))
+    loss = np.linspace(1.0, 0.8, 100) if loss is None else loss  # the loss barely falls
+    return syn.make_run(syn.steps_events(loss, gn=gn))
+
+
+def test_exploding_gradient_growth_quiet_while_the_loss_halves():
+    """A burst from a near-zero start (zero-initialised head) while training works is not
+    instability."""
+    sig, _ = quiet(C.exploding, _grad_burst(10, loss=syn.decay(100)))
+    assert sig["loss_relative_drop"] >= C.GROWTH_WITH_LEARNING
 
 
 def test_exploding_gradient_growth_fires_above_threshold():
@@ -343,10 +351,17 @@ def test_wrong_solution_accuracy_with_loss_at_constant_predictor_fires():
 
 def test_wrong_solution_accuracy_with_flat_loss_below_baseline_is_quiet():
     base, _ = constant_predictor({"loss": "cross_entropy", "counts": MAJORITY_COUNTS})
-    sig, cls = quiet(C.wrong_solution, _acc_run(0.6, loss=np.full(100, 0.5 * C.BASELINE_MARGIN
+    sig, cls = quiet(C.wrong_solution, _acc_run(0.6, loss=np.full(100, 0.7 * C.BASELINE_MARGIN
                                                                   * base)))
     assert sig["loss_final"] < C.BASELINE_MARGIN * sig["constant_predictor_loss"]
     assert cls.primary == "loss_not_decreasing"
+
+
+def test_flat_loss_far_below_the_constant_predictor_is_converged_not_stuck():
+    base, _ = constant_predictor({"loss": "cross_entropy", "counts": MAJORITY_COUNTS})
+    sig, cls = quiet(C.not_decreasing, _acc_run(0.95, loss=np.full(100, 0.3 * base)))
+    assert sig["loss_relative_drop"] < C.PLATEAU_DROP
+    assert cls.primary == "healthy"
 
 
 # -- vanishing -------------------------------------------------------------------------------
@@ -486,7 +501,7 @@ def test_secondary_category_listed_once_when_two_rules_find_it():
 def test_same_category_rules_merge_evidence_not_secondaries():
     gn = np.ones(100)
     gn[60] = 10 * C.GRAD_GROWTH
-    run = syn.make_run(syn.steps_events(syn.decay(100), gn=gn),
+    run = syn.make_run(syn.steps_events(np.linspace(1.0, 0.8, 100), gn=gn),
                        syn.nonfinite(61, "grad", "layers.1"))
     cls = classify_and_check(compute(run))
     assert cls.primary == "gradient_instability"

@@ -50,8 +50,9 @@ class Keeper:
             return
         self.model = model
         self.namespace = namespace
-        with torch.no_grad():
-            self.initial_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        with torch.no_grad():  # on the CPU: a copy on the GPU would change what is measured
+            self.initial_state = {k: v.detach().to("cpu", copy=True)
+                                  for k, v in model.state_dict().items()}
 
     def on_optimizer(self, opt) -> None:
         if self.optimizer is None:
@@ -82,7 +83,7 @@ class Keeper:
         args, _kw = model_input
         if args and hasattr(args[0], "shape") and target.dim() and \
                 args[0].shape[:1] == target.shape[:1]:
-            batches.append((tuple(a.detach() for a in args), target.detach()))
+            batches.append((tuple(a.detach().cpu() for a in args), target.detach().cpu()))
             self._samples[split] += int(target.shape[0])
         return out
 

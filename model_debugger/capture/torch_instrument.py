@@ -48,7 +48,7 @@ class TorchInstrument:
         self._models: dict[int, tuple] = {}  # id(model) -> (weakref, name)
         self._param_names: dict[int, str] = {}
         self._param_modules: dict[int, str] = {}  # id(param) -> owning module's name
-        self._dot_plans: dict[tuple, list[int]] = {}  # param ids -> indices normed with dot
+        self._plans: dict[tuple, tuple] = {}  # param ids -> (dot indices, other indices, modules)
         self._root = None
         self._last_input = None
         self._nonfinite_seen = False
@@ -61,6 +61,7 @@ class TorchInstrument:
         self._cuda = torch.cuda.is_available()
         self._loader_refs: dict[int, weakref.ref] = {}
         self.keeper = Keeper()
+        self._seen_optimizers: weakref.WeakSet = weakref.WeakSet()
         self._last_loss_call = None
         self._replay = None
 
@@ -228,6 +229,7 @@ class TorchInstrument:
         for pname, p in model.named_parameters():
             self._param_names[id(p)] = pname
             self._param_modules[id(p)] = pname.rsplit(".", 1)[0] if "." in pname else "(root)"
+        self._plans.clear()
         self._root = weakref.ref(model)
         modules = [n for n, m in model.named_modules() if n and not list(m.children())]
         self.rec.emit("model", name=name, cls=type(model).__name__,
@@ -279,18 +281,21 @@ class TorchInstrument:
 
         def __init__(opt, *args, **kwargs):
             original(opt, *args, **kwargs)
-            if not getattr(opt, "_md_seen", False):
-                opt._md_seen = True
-                inst.keeper.on_optimizer(opt)
-                loc = user_location(sys._getframe())
-                inst._ref("optimizer", loc, cls=type(opt).__name__)
-                inst.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
-                              location=loc)
-                if not inst._param_names:
-                    params = [p for g in opt.param_groups for p in g["params"]]
-                    inst._discover(sys._getframe(), params)
+            if opt not in inst._seen_optimizers:
+                inst._guard(inst._on_new_optimizer)(opt)
 
         return __init__
+
+    def _on_new_optimizer(self, opt) -> None:
+        self._seen_optimizers.add(opt)
+        self.keeper.on_optimizer(opt)
+        loc = user_location(sys._getframe())
+        self._ref("optimizer", loc, cls=type(opt).__name__)
+        self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
+                      location=loc)
+        if not self._param_names:
+            params = [p for g in opt.param_groups for p in g["params"]]
+            self._discover(sys._getframe(), params)
 
     def _params(self, opt) -> list:
         return [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
@@ -298,8 +303,8 @@ class TorchInstrument:
     def _pre_step(self, opt, args, kwargs) -> None:
         self._ref("step", user_location(sys._getframe()))
         params = self._params(opt)
-        if not getattr(opt, "_md_seen", False):
-            opt._md_seen = True
+        if opt not in self._seen_optimizers:  # built before this capture began
+            self._seen_optimizers.add(opt)
             self.keeper.on_optimizer(opt)
             self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
                           location=None)
@@ -313,16 +318,13 @@ class TorchInstrument:
     def _grad_norms(self, params) -> tuple[float | None, dict]:
         if not params:
             return None, {}
-        norms = self._norms(params)
+        dot, rest, modules = self._plan(params)
+        norms = _norms([p.grad for p in params], dot, rest)
         total = math.sqrt(sum(n * n for n in norms))
         per_module: dict[str, float] = {}
         if self.cfg.module_norms:
             acc: dict[str, float] = {}
-            modules = self._param_modules
-            for p, n in zip(params, norms):
-                mod = modules.get(id(p))
-                if mod is None:
-                    mod = f"param{len(acc)}"
+            for mod, n in zip(modules, norms):
                 acc[mod] = acc.get(mod, 0.0) + n * n
             per_module = {k: math.sqrt(v) for k, v in acc.items()}
         if not math.isfinite(total) and not self._nonfinite_seen:
@@ -334,33 +336,20 @@ class TorchInstrument:
             self._histograms(params)
         return total, per_module
 
-    def _norms(self, params) -> list[float]:
-        """L2 norm of each gradient, read with one device-to-host copy."""
+    def _plan(self, params) -> tuple[list[int], list[int], list[str]]:
+        """How to measure this list of parameters, worked out once per list."""
         key = tuple(map(id, params))
-        dot = self._dot_plans.get(key)
-        if dot is None:
-            if len(self._dot_plans) > 16:
-                self._dot_plans.clear()
-            dot = self._dot_plans[key] = [
-                i for i, p in enumerate(params) if p.device.type == "cpu"
-                and p.dtype in (torch.float32, torch.float64) and p.numel() >= _DOT_NUMEL]
-        grads = [p.grad for p in params]
-        with torch.no_grad():
-            if not dot:  # one multi-tensor kernel
-                return floats(torch._foreach_norm(grads))
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 16:
+                self._plans.clear()
+            dot = [i for i, p in enumerate(params) if p.device.type == "cpu"
+                   and p.dtype in (torch.float32, torch.float64) and p.numel() >= _DOT_NUMEL]
             big = set(dot)
-            rest = [i for i in range(len(grads)) if i not in big]
-            flat = [grads[i].reshape(-1) for i in dot]
-            parts = [torch.dot(g, g) for g in flat]  # squared norms
-            if rest:
-                parts += torch._foreach_norm([grads[i] for i in rest])
-            values = floats(parts)
-        norms = [0.0] * len(grads)
-        for k, i in enumerate(dot):
-            norms[i] = math.sqrt(values[k])  # overflows where torch's own norm does (> 1.8e19)
-        for k, i in enumerate(rest, len(dot)):
-            norms[i] = values[k]
-        return norms
+            rest = [i for i in range(len(params)) if i not in big]
+            modules = [self._param_modules.get(id(p)) or f"param{i}" for i, p in enumerate(params)]
+            plan = self._plans[key] = (dot, rest, modules)
+        return plan
 
     def _histograms(self, params) -> None:
         for p in params[:64]:
@@ -427,13 +416,16 @@ class TorchInstrument:
 
         def __iter__(loader):
             it = original(loader)
-            inst._loader_refs[id(loader)] = weakref.ref(loader)
-            if id(loader) in inst._train_loaders:
-                inst.losses.flush_eval()
-                inst.rec.set_epoch(inst.rec.epoch + 1, "dataloader")
+            inst._guard(inst._on_loader_iter)(loader)
             return TimedIterator(it, inst, id(loader))
 
         return __iter__
+
+    def _on_loader_iter(self, loader) -> None:
+        self._loader_refs[id(loader)] = weakref.ref(loader)
+        if id(loader) in self._train_loaders:  # a training loader iterated again: next epoch
+            self.losses.flush_eval()
+            self.rec.set_epoch(self.rec.epoch + 1, "dataloader")
 
     # -- losses ----------------------------------------------------------------------------
     def _wrap_loss(self, original, name: str):
@@ -462,3 +454,28 @@ class TorchInstrument:
                                         torch.is_grad_enabled(), self.rec.epoch)
         if described is not None:
             self.rec.emit("loss_input", **described)
+
+
+def _norms(grads: list, dot: list[int], rest: list[int]) -> list[float]:
+    """L2 norm of each gradient, read with one device-to-host copy.
+
+    Parameters
+    ----------
+    grads : list of Tensor
+    dot, rest : list of int
+        Indices measured with a dot product (large CPU tensors: about twice as fast as the norm
+        kernel there) and with one multi-tensor norm kernel.
+    """
+    with torch.no_grad():
+        if not dot:
+            return floats(torch._foreach_norm(grads))
+        parts = [torch.dot(g, g) for g in (grads[i].reshape(-1) for i in dot)]  # squared
+        if rest:
+            parts += torch._foreach_norm([grads[i] for i in rest])
+        values = floats(parts)
+    norms = [0.0] * len(grads)
+    for k, i in enumerate(dot):
+        norms[i] = math.sqrt(values[k])  # overflows where torch's own norm does (> 1.8e19)
+    for k, i in enumerate(rest, len(dot)):
+        norms[i] = values[k]
+    return norms

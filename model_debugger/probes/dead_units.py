@@ -60,7 +60,9 @@ class DeadUnits(Probe):
         if not all(bool(torch.isfinite(p).all()) for p in ctx.model.parameters()):
             return []  # a model ruined by NaN/inf says nothing about its units
         inputs, _ = tr.subset(slice(0, ROWS))
-        after = unit_stats(ctx.model, inputs)
+        import copy
+
+        after = unit_stats(copy.deepcopy(ctx.model).to("cpu"), inputs)
         before = unit_stats(tr.fresh_model(), inputs)
         bad = {n: s for n, s in after.items() if s[1] >= DEAD}
         if not bad:

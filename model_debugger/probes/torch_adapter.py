@@ -50,8 +50,8 @@ class TorchTrainer:
         return 0 if self.targets is None else int(self.targets.shape[0])
 
     def fresh_model(self):
-        """A deep copy of the model with its initial weights, in train mode."""
-        m = copy.deepcopy(self.model)
+        """A deep copy of the model with its initial weights, on the CPU, in train mode."""
+        m = copy.deepcopy(self.model).to("cpu")
         if self.initial_state is not None:
             m.load_state_dict(self.initial_state)
         m.train()
@@ -69,11 +69,12 @@ class TorchTrainer:
 
     def loss(self, model, inputs, target) -> torch.Tensor:
         """The user's loss on ``model(*inputs)``, the output reshaped as the loss saw it."""
-        out = model(*inputs)
+        out = _main_output(model(*inputs), self.loss_input_shape)
         if self.loss_input_shape is not None and tuple(out.shape[1:]) != \
                 tuple(self.loss_input_shape):
             out = out.reshape(out.shape[0], *self.loss_input_shape)
-        return self.loss_fn(out, target, **self.loss_kwargs)
+        loss = self.loss_fn(out, target, **self.loss_kwargs)
+        return loss if loss.dim() == 0 else loss.mean()  # reduction="none" in the user's code
 
     def subset(self, idx):
         """``(inputs, target)`` rows ``idx`` of the training sample."""
@@ -144,3 +145,17 @@ def _stack(batches):
     inputs = tuple(torch.cat([i[k].detach() for i, _ in keep]) for k in range(len(first_in)))
     target = torch.cat([t.detach() for _, t in keep])
     return inputs, target
+
+
+def _main_output(out, shape):
+    """The tensor the loss was fed when the model returns a dict, tuple or list."""
+    if isinstance(out, torch.Tensor):
+        return out
+    items = list(out.values()) if isinstance(out, dict) else list(out)
+    tensors = [t for t in items if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        if shape is not None and tuple(t.shape[1:]) == tuple(shape):
+            return t
+    if not tensors:
+        raise TypeError(f"the model returned {type(out).__name__} without tensors")
+    return tensors[0]
