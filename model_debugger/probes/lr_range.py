@@ -138,7 +138,7 @@ def _heldout_at(tr, ctx: ProbeContext, lr: float) -> float:
     idx = torch.randperm(tr.n, generator=torch.Generator().manual_seed(1))[:n]
     inputs, target = tr.subset(idx)
     cut = int(0.7 * n)
-    steps = tr.steps_within(min(4.0, ctx.time_left() / 6), 100)
+    steps = tr.steps_within(100)
     model = tr.fresh_model()
     tr.fit(model, tuple(x[:cut] for x in inputs), target[:cut], steps, lr=lr, seed=0)
     value = tr.evaluate(model, tuple(x[cut:] for x in inputs), target[cut:])

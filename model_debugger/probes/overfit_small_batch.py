@@ -35,8 +35,7 @@ class OverfitSmallBatch(Probe):
         tr = ctx.trainer
         if tr is None or tr.n < SAMPLES:
             return []
-        budget = tr.steps_within(min(10.0, ctx.time_left() / 3), STEPS, batch_size=SAMPLES,
-                                 floor=200)
+        budget = tr.steps_within(STEPS, batch_size=SAMPLES, floor=100)
         initial, best, steps = _fit_10(tr, steps=budget)
         if best <= REACHED * initial:
             return []

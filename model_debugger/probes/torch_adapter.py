@@ -103,23 +103,16 @@ class TorchTrainer:
             opt.step()
         return losses
 
-    def steps_within(self, seconds: float, steps: int, batch_size: int = 64,
-                     floor: int = 30) -> int:
-        """How many of ``steps`` training steps fit in ``seconds`` (at least ``floor``).
+    def steps_within(self, steps: int, batch_size: int = 64, floor: int = 30,
+                     work: float = 2e7) -> int:
+        """How many of ``steps`` training steps a probe affords on this model (at least ``floor``).
 
-        Times three steps of a fresh copy, so a probe on a large model shortens itself instead
-        of overrunning the Isolate budget.
+        The cost of a step is taken as parameters x batch size, so a probe on a large model
+        shortens itself deterministically (the same count on a busy or an idle machine).
         """
-        import time
-
-        model = self.fresh_model()
-        idx = slice(0, min(batch_size, self.n))
-        inputs, target = self.subset(idx)
-        self.fit(model, inputs, target, 1, batch_size=batch_size)
-        t0 = time.perf_counter()
-        self.fit(model, inputs, target, 3, batch_size=batch_size)
-        per_step = max((time.perf_counter() - t0) / 3, 1e-6)
-        return max(floor, min(steps, int(seconds / per_step)))
+        params = sum(p.numel() for p in self.model.parameters())
+        per_step = max(params * min(batch_size, max(self.n, 1)), 1)
+        return max(floor, min(steps, int(steps * work / per_step)))
 
     @torch.no_grad()
     def evaluate(self, model, inputs, target) -> float:
