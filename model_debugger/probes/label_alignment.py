@@ -65,7 +65,7 @@ class LabelAlignment(Probe):
         inputs, target = tr.subset(perm)
         cut = int(0.7 * n)
         train_idx, test_idx = torch.arange(cut), torch.arange(cut, n)
-        steps = tr.steps_within(STEPS, floor=60)
+        steps = tr.steps_within(STEPS, floor=60, seconds=min(3.0, ctx.time_left() / 8))
         real, fit = self._holdout_loss(tr, inputs, target, train_idx, test_idx, 0, steps)
         shuffled_target = target[torch.randperm(n, generator=g)]
         shuffled, _ = self._holdout_loss(tr, inputs, shuffled_target, train_idx, test_idx, 0,

@@ -24,7 +24,7 @@ def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
     model = tr.fresh_model()
     opt = tr.optimizer(model, LR_MIN)
     g = torch.Generator().manual_seed(0)
-    lrs = np.geomspace(LR_MIN, LR_MAX, STEPS)
+    lrs = np.geomspace(LR_MIN, LR_MAX, tr.steps_within(STEPS, floor=60))
     losses, smooth = [], None
     for lr in lrs:
         for group in opt.param_groups:
@@ -138,7 +138,7 @@ def _heldout_at(tr, ctx: ProbeContext, lr: float) -> float:
     idx = torch.randperm(tr.n, generator=torch.Generator().manual_seed(1))[:n]
     inputs, target = tr.subset(idx)
     cut = int(0.7 * n)
-    steps = tr.steps_within(100)
+    steps = tr.steps_within(100, seconds=min(2.0, ctx.time_left() / 10))
     model = tr.fresh_model()
     tr.fit(model, tuple(x[:cut] for x in inputs), target[:cut], steps, lr=lr, seed=0)
     value = tr.evaluate(model, tuple(x[cut:] for x in inputs), target[cut:])

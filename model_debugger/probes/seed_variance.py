@@ -26,9 +26,10 @@ class SeedVariance(Probe):
         if tr is None or tr.n < 16:
             return []
         finals = []
+        steps = tr.steps_within(STEPS, floor=20, seconds=min(1.5, ctx.time_left() / 10))
         for seed in range(SEEDS):
             model = tr.fresh_model()
-            losses = tr.fit(model, tr.inputs, tr.targets, STEPS, seed=seed)
+            losses = tr.fit(model, tr.inputs, tr.targets, steps, seed=seed)
             finals.append(float(np.mean(losses[-10:])))
         finals = np.array(finals)
         mean, std = float(finals.mean()), float(finals.std(ddof=1))
@@ -38,7 +39,7 @@ class SeedVariance(Probe):
             return []
         return [self.finding(
             "hyperparameter", True,
-            f"The loss after {STEPS} steps varies by {cv:.0%} across {SEEDS} seeds "
+            f"The loss after {steps} steps varies by {cv:.0%} across {SEEDS} seeds "
             f"({finals.round(4).tolist()}); with this much seed noise a single run cannot show "
             "whether a change helps. Lower the learning rate or enlarge the batch, and compare "
             "changes across seeds.",
