@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ._torch_ast import _dotted
+
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef)
 _NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -35,15 +37,7 @@ _KEEP_FUNCS = {"array", "asarray", "expand_dims", "squeeze", "reshape", "cast",
                "convert_to_tensor", "ascontiguousarray", "float32"}
 
 
-def dotted(node: ast.AST) -> str | None:
-    """``a.b.c`` for a Name/Attribute chain, else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return ".".join([node.id, *reversed(parts)])
-    return None
+dotted = _dotted  # ``a.b.c`` for a Name/Attribute chain, else None (shared with torch)
 
 
 def tail(call: ast.AST) -> str | None:
