@@ -155,6 +155,8 @@ class Recorder:
                 sys.stdout = self._tee
                 self._stack.callback(self._restore_stdout)
             self._stack.callback(when_imported("torch", self._attach_torch))
+            for name in ("tensorflow", "keras"):
+                self._stack.callback(when_imported(name, self._attach_keras))
             self._stack.callback(when_imported(
                 "torch.utils.tensorboard.writer",
                 lambda m: self._stack.callback(patch_summary_writer(m, self._tb_scalar))))
@@ -180,6 +182,16 @@ class Recorder:
         self._instruments.append(inst)
         self._stack.callback(inst.detach)
         inst.attach()
+
+    def _attach_keras(self, module) -> None:
+        from .keras_instrument import KerasInstrument
+
+        inst = next((i for i in self._instruments if isinstance(i, KerasInstrument)), None)
+        if inst is None:
+            inst = KerasInstrument(self)
+            self._instruments.append(inst)
+            self._stack.callback(inst.detach)
+        inst.attach(module.__name__)
 
     def _tb_scalar(self, tag: str, value: float, global_step) -> None:
         self.metric(tag, value, "tensorboard")

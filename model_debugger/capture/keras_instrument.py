@@ -1,0 +1,657 @@
+"""Keras 3 (TensorFlow backend) instrumentation; every patch is undone in ``detach``.
+
+The record has the same schema as the PyTorch instrument's (``step``, ``metric``, ``nonfinite``,
+``ref``, ``model``, ``optimizer``, ``targets``), so signals and rules work unchanged. Patched while
+a capture is active:
+
+- ``Trainer.compile``: the compile line, the optimizer and the loss;
+- ``TensorFlowTrainer.fit``: a recording callback (one ``step`` per batch, epoch metrics including
+  ``val_*``), the fit line, the model and what fit received (for Isolate);
+- ``TensorFlowTrainer.make_train_function``: the train function takes its batch from a timed
+  ``next()`` (data wait: tf.data, generators, PyDataset), which also yields label statistics and
+  sample batches;
+- ``BaseOptimizer.apply`` (under ``apply_gradients``): per-variable gradient norms where Keras
+  applies them. Inside a traced ``fit`` step the norms and the loss are written to a small variable
+  read after each batch; in eager loops they are read directly; in ``tf.function`` custom loops
+  they leave the graph through ``tf.py_function``;
+- ``tf.GradientTape.gradient``: the loss (the tape's target) and the line computing gradients;
+- ``BaseOptimizer.__init__``: where the optimizer was built.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+import sys
+import time
+import weakref
+
+import numpy as np
+
+from .codeloc import definition_location, user_frame
+from .keras_keeper import KerasKeeper, LabelStats, describe_loss, split_batch
+from .recorder import Recorder, _num, rss_bytes
+
+_HYPER = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "rho", "weight_decay",
+          "clipnorm", "global_clipnorm", "clipvalue", "amsgrad")
+_PROGRESS = re.compile(r"/step\b|━|\d+/\d+ \[")  # Keras progress bar lines, not user metrics
+
+
+def _user_location(start=None) -> dict | None:
+    """The innermost user ``file:line``; autograph's generated copies of user code are skipped."""
+    frame = user_frame(start or sys._getframe(1))
+    while frame is not None and "__autograph_generated" in frame.f_code.co_filename:
+        frame = user_frame(frame.f_back)
+    if frame is None:
+        return None
+    return {"file": frame.f_code.co_filename, "line": frame.f_lineno}
+
+
+def _assignment(namespace: dict | None, name: str) -> dict | None:
+    """Where ``name = ...`` is first assigned in the file that holds ``namespace``."""
+    path = (namespace or {}).get("__file__")
+    if not path or not name or not name.isidentifier():
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if re.match(rf"\s*{name}\s*(:[^=]*)?=(?!=)", line):
+                    return {"file": path, "line": n}
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _layer_of(var) -> str:
+    """The layer name of a variable: its path without the model prefix and the variable name."""
+    path = getattr(var, "path", None) or getattr(var, "name", "?")
+    parts = str(path).split(":")[0].split("/")
+    if len(parts) >= 3:
+        return "/".join(parts[1:-1])
+    return parts[0] if len(parts) == 2 else str(path)
+
+
+class KerasInstrument:
+    """Instruments Keras / TensorFlow training for one Recorder."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.cfg = rec.config
+        self.keeper = KerasKeeper()
+        self.labels = LabelStats()
+        self._undo: list = []
+        self._tf = None
+        self._keras = None
+        self._refs_seen: set[str] = set()
+        self._opt_locs: dict[int, dict] = {}
+        self._opts: dict[int, weakref.ref] = {}
+        self._models: dict[int, weakref.ref] = {}
+        self._root = None
+        self._layouts: dict[tuple, tuple] = {}
+        self._stashes: dict[tuple, object] = {}
+        self._current: tuple | None = None
+        self._pending = None
+        self._target = None
+        self._fit_depth = 0
+        self._in_apply = False
+        self._data_wait = 0.0
+        self._last_step_end = None
+        self._last_x = None
+        self._touched: list[weakref.ref] = []
+        self._nonfinite_seen = False
+        self._epoch_base = 0
+        self._steps = 0
+        self._gpu = None
+        self._internal_seen = False
+
+    # -- attach / detach -------------------------------------------------------------------
+    def attach(self, name: str) -> None:
+        """Patch what the imported module offers (``tensorflow`` or ``keras``), once each."""
+        def ready(mod: str) -> bool:  # the module whose import just finished counts as ready
+            return mod in sys.modules and (mod == name or not _initializing(mod))
+
+        if self._tf is None and ready("tensorflow"):
+            self._attach_tf(sys.modules["tensorflow"])
+        if self._keras is None and self._tf is not None and ready("keras"):
+            self._attach_keras()
+
+    def _attach_tf(self, tf) -> None:
+        from tensorflow.python.eager import backprop
+
+        self._tf = tf
+        tape = backprop.GradientTape
+        self._patch(tape, "gradient", self._nograph(self._wrap_gradient(tape.gradient)))
+
+    def _attach_keras(self) -> None:
+        import keras
+        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+        from keras.src.optimizers.base_optimizer import BaseOptimizer
+        from keras.src.trainers.trainer import Trainer
+
+        self._keras = keras
+        self._patch(Trainer, "compile", self._wrap_compile(Trainer.compile))
+        self._patch(TensorFlowTrainer, "fit", self._wrap_fit(TensorFlowTrainer.fit))
+        self._patch(TensorFlowTrainer, "make_train_function",
+                    self._wrap_make_train(TensorFlowTrainer.make_train_function))
+        self._patch(BaseOptimizer, "__init__", self._wrap_opt_init(BaseOptimizer.__init__))
+        self._patch(BaseOptimizer, "apply", self._nograph(self._wrap_apply(BaseOptimizer.apply)))
+
+    def _nograph(self, fn):
+        return self._tf.autograph.experimental.do_not_convert(fn)
+
+    def _patch(self, owner, name, new) -> None:
+        old = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
+        setattr(owner, name, new)
+        self._undo.append(lambda: setattr(owner, name, old))
+
+    def _guard(self, fn):
+        """Run an observation so that a failure in it never breaks the user's training."""
+        def guarded(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - observation must never break training
+                if not self._internal_seen:
+                    self._internal_seen = True
+                    self.rec.emit("internal_error", where=getattr(fn, "__name__", "?"),
+                                  error=f"{type(exc).__name__}: {exc}"[:500])
+                return None
+
+        return guarded
+
+    def detach(self) -> None:
+        """Remove every patch; models trained under capture retrace without the probes."""
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 - one failing undo must not keep others in place
+                pass
+        for ref in self._touched:
+            model = ref()
+            if model is not None and getattr(model.train_function, "_md_timed", False):
+                model.train_function = None
+        self._touched = []
+        self._last_x = None
+
+    def finish(self) -> None:
+        """Flush what is pending when the capture ends."""
+        if self._pending is not None:
+            vec, layout = self._pending
+            self._pending = None
+            self._emit_from_vec(vec, layout)
+        self._emit_targets()
+        self.rec.emit("calls", optimizer_steps=self._steps, backward=self._steps)
+
+    def _emit_targets(self) -> None:
+        data = self.labels.event()
+        if data is not None:
+            self.rec.emit("targets", **data)
+
+    def _ref(self, kind: str, loc: dict | None, **extra) -> None:
+        if loc is None:
+            return
+        key = f"{kind}:{loc['file']}:{loc['line']}"
+        if key not in self._refs_seen:
+            self._refs_seen.add(key)
+            self.rec.emit("ref", kind=kind, **loc, **extra)
+
+    # -- compile / optimizer ---------------------------------------------------------------
+    def _wrap_compile(self, original):
+        inst = self
+
+        def compile(model, *args, **kwargs):
+            out = original(model, *args, **kwargs)
+            inst._guard(inst._after_compile)(model)
+            return out
+
+        compile.__wrapped__ = original
+        return compile
+
+    def _after_compile(self, model) -> None:
+        loc = _user_location(sys._getframe())
+        self._ref("compile", loc)
+        loss = describe_loss(getattr(model, "loss", None))
+        if loss is not None:
+            self.keeper.loss = loss
+            self.labels.loss, self.labels.keras = loss["name"], loss["keras"]
+        opt = getattr(model, "optimizer", None)
+        if opt is not None:
+            self._on_optimizer(opt, loc)
+
+    def _wrap_opt_init(self, original):
+        inst = self
+
+        def __init__(opt, *args, **kwargs):
+            original(opt, *args, **kwargs)
+            if id(opt) not in inst._opt_locs:
+                loc = _user_location(sys._getframe())
+                if loc is not None:
+                    inst._opt_locs[id(opt)] = loc
+
+        __init__.__wrapped__ = original
+        return __init__
+
+    def _on_optimizer(self, opt, fallback: dict | None) -> None:
+        ref = self._opts.get(id(opt))
+        if ref is not None and ref() is opt:
+            return
+        self._opts[id(opt)] = weakref.ref(opt)
+        loc = self._opt_locs.get(id(opt)) or fallback
+        hyper = self._hyper(opt)
+        self.keeper.on_optimizer(opt, hyper)
+        self._ref("optimizer", loc, cls=type(opt).__name__)
+        self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper, location=loc,
+                      framework="keras")
+
+    def _hyper(self, opt) -> dict:
+        out: dict = {}
+        with self._tf.init_scope():  # read variables eagerly even while a step is traced
+            try:
+                lr = opt.learning_rate
+                out["lr"] = float(f"{float(lr.numpy() if hasattr(lr, 'numpy') else lr):.7g}")
+            except Exception:  # noqa: BLE001 - a schedule that cannot be evaluated here
+                pass
+            try:
+                config = opt.get_config()
+            except Exception:  # noqa: BLE001
+                config = {}
+        for key in _HYPER:
+            v = config.get(key)
+            if isinstance(v, (int, float, bool)) and v is not None:
+                out[key] = v
+        return out
+
+    # -- fit -------------------------------------------------------------------------------
+    def _wrap_fit(self, original):
+        inst = self
+        sig = inspect.signature(original)
+
+        def fit(model, *args, **kwargs):
+            try:
+                bound = sig.bind(model, *args, **kwargs)
+            except TypeError:
+                return original(model, *args, **kwargs)
+            inst._guard(inst._before_fit)(model, bound.arguments, sys._getframe())
+            tee = getattr(inst.rec, "_tee", None)
+            on_line = getattr(tee, "_on_line", None)
+            if on_line is not None:
+                tee._on_line = lambda line: None if _PROGRESS.search(line) else on_line(line)
+            inst._fit_depth += 1
+            try:
+                return original(*bound.args, **bound.kwargs)
+            finally:
+                inst._fit_depth -= 1
+                if on_line is not None:
+                    tee._on_line = on_line
+                inst._current = None
+
+        fit.__wrapped__ = original
+        return fit
+
+    def _before_fit(self, model, arguments: dict, frame) -> None:
+        loc = _user_location(frame)
+        for kind in ("fit", "backward", "step"):
+            self._ref(kind, loc)
+        self._discover_from_frame(model, frame)
+        opt = getattr(model, "optimizer", None)
+        if opt is not None:
+            self._on_optimizer(opt, loc)
+        if self.keeper.loss is None:
+            loss = describe_loss(getattr(model, "loss", None))
+            if loss is not None:
+                self.keeper.loss = loss
+                self.labels.loss, self.labels.keras = loss["name"], loss["keras"]
+        x, y = arguments.get("x"), arguments.get("y")
+        if y is None and x is not None and not hasattr(x, "shape"):
+            self.keeper.train_loader = self.keeper.train_loader or x
+        val = arguments.get("validation_data")
+        split = arguments.get("validation_split") or 0.0
+        if val is None and split and hasattr(x, "shape") and y is not None:
+            cut = int(len(x) * (1.0 - split))
+            val = (x[cut:], y[cut:])
+        if val is not None and self.keeper.validation is None and not self.keeper.val_batches:
+            self.keeper.validation = val
+        callbacks = arguments.get("callbacks")
+        cb = self._callback()
+        if callbacks is not None and hasattr(callbacks, "append") and \
+                type(callbacks).__name__ == "CallbackList":
+            callbacks.append(cb)
+        else:
+            arguments["callbacks"] = [*(callbacks or []), cb]
+        fn = getattr(model, "train_function", None)
+        if fn is not None and not getattr(fn, "_md_timed", False):
+            model.train_function = None  # traced before the capture: retrace with the probes
+        self._epoch_base = self.rec.epoch + (1 if self._steps else 0)
+
+    def _callback(self):
+        inst = self
+        base = self._keras.callbacks.Callback
+
+        class ModelDebuggerCallback(base):
+            def on_epoch_begin(self, epoch, logs=None):
+                inst._guard(inst._on_epoch_begin)(epoch)
+
+            def on_train_batch_end(self, batch, logs=None):
+                inst._guard(inst._on_batch_end)(logs)
+
+            def on_epoch_end(self, epoch, logs=None):
+                inst._guard(inst._on_epoch_end)(epoch, logs)
+
+        return ModelDebuggerCallback()
+
+    def _on_epoch_begin(self, epoch: int) -> None:
+        self.rec.set_epoch(self._epoch_base + int(epoch), "keras")
+        self._last_step_end = time.perf_counter()
+
+    def _on_epoch_end(self, epoch: int, logs) -> None:
+        ep = self._epoch_base + int(epoch)
+        for name, value in (logs or {}).items():
+            if isinstance(value, (int, float, np.floating, np.integer)) or \
+                    getattr(value, "shape", None) == ():
+                self.rec.metric(name, float(value), "keras", epoch=ep)
+        self._emit_targets()
+
+    def _on_batch_end(self, logs) -> None:
+        if self._pending is not None:
+            vec, layout = self._pending
+            self._pending = None
+        elif self._current is not None:
+            vec, layout = self._stashes[self._current].numpy(), self._layouts[self._current]
+        else:
+            loss = (logs or {}).get("loss")
+            self._emit_step(None if loss is None else float(loss), None, {})
+            return
+        self._emit_from_vec(vec, layout)
+
+    def _wrap_make_train(self, original):
+        inst = self
+
+        def make_train_function(model, force=False):
+            out = original(model, force)
+            fn = getattr(model, "train_function", None)
+            if inst._fit_depth and fn is not None and not getattr(fn, "_md_timed", False):
+                model.train_function = inst._timed(model, fn)
+                inst._touched.append(weakref.ref(model))
+            return out
+
+        make_train_function.__wrapped__ = original
+        return make_train_function
+
+    def _timed(self, model, fn):
+        """The train function, fed one batch taken by a timed ``next()`` (the data wait)."""
+        inst = self
+        out_of_range = self._tf.errors.OutOfRangeError
+
+        def train_function(iterator):
+            if getattr(model, "steps_per_execution", 1) != 1 or isinstance(iterator, list):
+                return fn(iterator)
+            t0 = time.perf_counter()
+            try:
+                data = next(iterator)
+            except out_of_range:
+                raise StopIteration from None
+            inst._data_wait += time.perf_counter() - t0
+            inst._guard(inst._on_data)(data)
+            return fn(iter((data,)))
+
+        train_function._md_timed = True
+        return train_function
+
+    def _on_data(self, data) -> None:
+        x, y = split_batch(data)
+        self._last_x = x
+        self.keeper.on_batch(x, y, self.rec.epoch)
+        if y is not None and not isinstance(y, (dict, tuple, list)):
+            self.labels.observe(y.numpy() if hasattr(y, "numpy") else y)
+
+    # -- models ----------------------------------------------------------------------------
+    def _discover_from_frame(self, model, frame) -> None:
+        f = user_frame(frame)
+        name, namespace = "model", None
+        depth = 0
+        while f is not None and depth < 8 and namespace is None:
+            for scope in (f.f_locals, f.f_globals):
+                hit = next((k for k, v in list(scope.items()) if v is model), None)
+                if hit is not None:
+                    name, namespace = hit, f.f_globals
+                    break
+            f, depth = f.f_back, depth + 1
+        self._on_model(model, name, namespace)
+
+    def _discover_from_variables(self, variables, frame) -> None:
+        wanted = {id(v) for v in variables}
+        model_cls = self._keras.Model
+        best = None
+        f = user_frame(frame)
+        depth = 0
+        while f is not None and depth < 8:
+            for scope in (f.f_locals, f.f_globals):
+                for name, obj in list(scope.items()):
+                    if isinstance(obj, model_cls):
+                        score = len(wanted.intersection(id(v) for v in obj.trainable_variables))
+                        if score and (best is None or score > best[0]):
+                            best = (score, name, obj, f.f_globals)
+            f, depth = f.f_back, depth + 1
+        if best is not None:
+            self._on_model(best[2], best[1], best[3])
+
+    def _on_model(self, model, name: str, namespace) -> None:
+        if id(model) in self._models:
+            return
+        self._models[id(model)] = weakref.ref(model)
+        self._root = weakref.ref(model)
+        try:
+            params = int(model.count_params()) if model.built else 0
+        except Exception:  # noqa: BLE001
+            params = 0
+        modules = [layer.name for layer in getattr(model, "layers", []) if layer.weights]
+        self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
+                      modules=modules[:500], training=True, framework="keras")
+        self._ref("model", definition_location(model) or _assignment(namespace, name), name=name)
+        self.keeper.on_model(model, namespace)
+
+    # -- gradients -------------------------------------------------------------------------
+    def _wrap_gradient(self, original):
+        inst = self
+
+        def gradient(tape, target, sources, *args, **kwargs):
+            inst._guard(inst._on_gradient)(target)
+            return original(tape, target, sources, *args, **kwargs)
+
+        gradient.__wrapped__ = original
+        return gradient
+
+    def _on_gradient(self, target) -> None:
+        tf = self._tf
+        if isinstance(target, (tf.Tensor, tf.Variable)) and target.dtype.is_floating and \
+                target.shape.rank is not None and target.shape.num_elements() == 1:
+            self._target = target
+            if not self._fit_depth:
+                self._ref("backward", _user_location(sys._getframe()))
+
+    def _wrap_apply(self, original):
+        inst = self
+
+        def apply(opt, grads, trainable_variables=None):
+            if inst._in_apply:
+                return original(opt, grads, trainable_variables)
+            grads = list(grads)
+            if trainable_variables is not None:
+                trainable_variables = list(trainable_variables)
+            inst._in_apply = True
+            try:
+                post = inst._guard(inst._before_apply)(opt, grads, trainable_variables)
+                out = original(opt, grads, trainable_variables)
+                if post is not None:
+                    inst._guard(post)()
+                return out
+            finally:
+                inst._in_apply = False
+
+        apply.__wrapped__ = original
+        return apply
+
+    def _before_apply(self, opt, grads, variables):
+        tf = self._tf
+        if variables is None:
+            variables = list(getattr(opt, "_trainable_variables", None) or [])
+        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        if not pairs:
+            return None
+        frame = sys._getframe()
+        if not self._fit_depth:
+            self._ref("step", _user_location(frame))
+        if id(opt) not in self._opts:
+            self._on_optimizer(opt, None)
+        if not self._models:
+            self._discover_from_variables([v for _, v in pairs], frame)
+        key = tuple(id(v) for _, v in pairs)
+        if key not in self._layouts:
+            names: list[str] = []
+            index = []
+            for _, v in pairs:
+                layer = _layer_of(v)
+                if layer not in names:
+                    names.append(layer)
+                index.append(names.index(layer))
+            self._layouts[key] = (names, np.array(index))
+        layout = self._layouts[key]
+        vec = self._vector(pairs)
+        if tf.executing_eagerly():
+            if self._fit_depth:
+                return lambda: setattr(self, "_pending", (vec.numpy(), layout))
+            return lambda: self._emit_from_vec(vec.numpy(), layout)
+        if self._fit_depth:
+            stash = self._stashes.get(key)
+            if stash is None:
+                with tf.init_scope():
+                    stash = tf.Variable(tf.zeros([len(pairs) + 2]), trainable=False,
+                                        name="model_debugger_stash")
+                self._stashes[key] = stash
+            stash.assign(vec)
+            self._current = key
+            return None
+        if not _in_xla():
+            emit = self._guard(self._emit_from_vec)
+
+            def step(v):
+                emit(v.numpy(), layout)
+
+            tf.py_function(step, [vec], [])
+        return None
+
+    def _vector(self, pairs):
+        """``[has_loss, loss, |g_1|, ..., |g_n|]`` as one float32 tensor (graph or eager)."""
+        tf = self._tf
+        target, self._target = self._target, None
+        eager = tf.executing_eagerly()
+        usable = target is not None and (
+            not tf.is_symbolic_tensor(target) if eager else
+            (tf.is_symbolic_tensor(target)
+             and target.graph is tf.compat.v1.get_default_graph()))
+        if usable:
+            head = [tf.constant(1.0), tf.reshape(tf.cast(target, tf.float32), [])]
+        else:
+            head = [tf.constant(0.0), tf.constant(0.0)]
+        norms = []
+        for g, _ in pairs:
+            if isinstance(g, tf.IndexedSlices):
+                g = g.values
+            norms.append(tf.norm(tf.cast(tf.reshape(g, [-1]), tf.float32)))
+        return tf.stack(head + norms)
+
+    # -- steps -----------------------------------------------------------------------------
+    def _emit_from_vec(self, vec, layout) -> None:
+        vec = np.asarray(vec, dtype=np.float64)
+        names, index = layout
+        loss = float(vec[1]) if vec[0] > 0 else None
+        norms = vec[2:]
+        with np.errstate(over="ignore", invalid="ignore"):
+            sq = np.zeros(len(names))
+            np.add.at(sq, index, norms * norms)
+            per_layer = np.sqrt(sq)
+            total = float(np.sqrt(sq.sum()))
+        mgn = dict(zip(names, per_layer.tolist())) if self.cfg.module_norms else {}
+        if not self._nonfinite_seen:
+            if loss is not None and not math.isfinite(loss):
+                self._nonfinite_seen = True
+                self.rec.emit("nonfinite", step=self.rec.step, what="loss", value=str(loss),
+                              module=self._localize(), replay=None)
+            elif not math.isfinite(total):
+                self._nonfinite_seen = True
+                bad = [n for n, v in zip(names, per_layer) if not math.isfinite(v)]
+                self.rec.emit("nonfinite", step=self.rec.step, what="grad", value=str(total),
+                              module=bad[-1] if bad else None)
+        self._emit_step(loss, total, mgn)
+
+    def _emit_step(self, loss, gn, mgn) -> None:
+        now = time.perf_counter()
+        dt = now - self._last_step_end if self._last_step_end is not None else None
+        self._last_step_end = now
+        step = {"i": self.rec.step, "ep": self.rec.epoch, "loss": _num(loss), "gn": _num(gn),
+                "dt": dt, "dw": self._data_wait, "rss": rss_bytes()}
+        if mgn:
+            step["mgn"] = {k: _num(v) for k, v in mgn.items()}
+        step["tm"] = True
+        device = self._device_memory()
+        if device is not None:
+            step["cuda"], step["cuda_peak"] = device
+        self._data_wait = 0.0
+        self.rec.emit("step", **step)
+        self.rec.step += 1
+        self._steps += 1
+        if self.cfg.hist_every and self._steps % self.cfg.hist_every == 0:
+            self._emit_targets()
+
+    def _device_memory(self):
+        tf = self._tf
+        if self._gpu is None:
+            self._gpu = bool(tf.config.list_physical_devices("GPU"))
+        if not self._gpu:
+            return None
+        try:
+            info = tf.config.experimental.get_memory_info("GPU:0")
+            return int(info["current"]), int(info["peak"])
+        except Exception:  # noqa: BLE001 - no memory info for this device
+            self._gpu = False
+            return None
+
+    def _localize(self) -> str | None:
+        """The first layer holding non-finite weights, or producing non-finite output on the
+        last batch (functional and Sequential models)."""
+        model = self._root() if self._root else None
+        if model is None:
+            return None
+        layers = [layer for layer in getattr(model, "layers", [])]
+        for layer in layers:
+            for w in layer.weights:
+                if not np.isfinite(np.asarray(w.numpy(), dtype=np.float64)).all():
+                    return layer.name
+        if self._last_x is None:
+            return None
+        try:
+            probe = self._keras.Model(model.inputs, [layer.output for layer in layers])
+            outs = probe(self._last_x, training=False)
+        except Exception:  # noqa: BLE001 - a subclassed model has no symbolic outputs
+            return None
+        for layer, out in zip(layers, outs if isinstance(outs, (list, tuple)) else [outs]):
+            arr = np.asarray(out)
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                return layer.name
+        return None
+
+
+def _initializing(name: str) -> bool:
+    spec = getattr(sys.modules.get(name), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _in_xla() -> bool:
+    try:
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+
+        return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
+    except Exception:  # noqa: BLE001
+        return False

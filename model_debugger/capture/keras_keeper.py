@@ -1,0 +1,253 @@
+"""What Isolate needs from a captured Keras run, and the label statistics of what ``fit`` received.
+
+The Keras instrument feeds a :class:`KerasKeeper` (the model, a copy of its weights from before the
+first step, the optimizer class and config, the compiled loss, sample batches as NumPy arrays) and
+a :class:`LabelStats` (class counts or target moments, written as a ``targets`` event under the
+PyTorch loss names, so signals and baselines work unchanged). Importing this module imports
+neither tensorflow nor keras.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+MAX_BATCHES = 32
+MAX_SAMPLES = 4096
+_MAX_CLASSES = 1000
+
+# Keras loss identifiers -> the PyTorch functional names the record speaks
+_LOSS_NAMES = {
+    "sparse_categorical_crossentropy": "cross_entropy",
+    "categorical_crossentropy": "cross_entropy",
+    "binary_crossentropy": "binary_cross_entropy",
+    "mean_squared_error": "mse_loss", "mse": "mse_loss",
+    "mean_absolute_error": "l1_loss", "mae": "l1_loss",
+    "huber": "huber_loss", "huber_loss": "huber_loss",
+}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def describe_loss(loss) -> dict | None:
+    """``{"name", "keras", "from_logits", "sparse"}`` for a compiled Keras loss, or None.
+
+    ``name`` is the PyTorch-style name used across records (``cross_entropy``, ``mse_loss``, ...);
+    ``keras`` is the Keras identifier (``sparse_categorical_crossentropy``).
+    """
+    if isinstance(loss, (list, tuple, dict)):
+        items = list(loss.values()) if isinstance(loss, dict) else list(loss)
+        loss = items[0] if len(items) == 1 else None
+    if loss is None:
+        return None
+    from_logits = False
+    if isinstance(loss, str):
+        ident = loss
+    elif hasattr(loss, "get_config"):  # a keras.losses.Loss instance
+        try:
+            from_logits = bool(loss.get_config().get("from_logits", False))
+        except Exception:  # noqa: BLE001 - a custom loss without a usable config
+            pass
+        ident = getattr(loss, "name", None) or _snake(type(loss).__name__)
+    else:  # a loss function
+        ident = getattr(loss, "__name__", None) or _snake(type(loss).__name__)
+    ident = str(ident).lower()
+    name = _LOSS_NAMES.get(ident)
+    if name == "binary_cross_entropy" and from_logits:
+        name = "binary_cross_entropy_with_logits"
+    return {"name": name, "keras": ident, "from_logits": from_logits,
+            "sparse": ident.startswith("sparse"), "object": loss}
+
+
+class LabelStats:
+    """Class counts (classification) or sum / sum of squares (regression) of the training targets."""
+
+    def __init__(self) -> None:
+        self.loss: str | None = None
+        self.keras: str | None = None
+        self.n = 0
+        self.counts: np.ndarray | None = None
+        self.moments = np.zeros(2)
+
+    def observe(self, y) -> None:
+        if self.loss is None or y is None:
+            return
+        y = np.asarray(y)
+        if self.loss == "cross_entropy":
+            if self.keras == "categorical_crossentropy" and y.ndim >= 2 and y.shape[-1] > 1:
+                if y.shape[-1] > _MAX_CLASSES:
+                    return
+                labels = y.reshape(-1, y.shape[-1]).argmax(-1)
+                width = y.shape[-1]
+            else:
+                labels = y.reshape(-1)
+                if not len(labels) or labels.min() < 0 or labels.max() >= _MAX_CLASSES:
+                    return
+                labels = labels.astype(np.int64)
+                width = int(labels.max()) + 1
+            counts = np.bincount(labels, minlength=width)
+            if self.counts is None:
+                self.counts = counts
+            else:
+                size = max(len(counts), len(self.counts))
+                self.counts = np.pad(self.counts, (0, size - len(self.counts))) + \
+                    np.pad(counts, (0, size - len(counts)))
+            self.n += int(len(labels))
+        else:
+            f = y.astype(np.float64).reshape(-1)
+            self.moments += (f.sum(), float(f @ f))
+            self.n += int(f.size)
+
+    def event(self) -> dict | None:
+        """The ``targets`` event payload, or None when nothing was seen."""
+        if self.loss is None or not self.n:
+            return None
+        data = {"loss": self.loss, "n": self.n}
+        if self.counts is not None:
+            data["counts"] = [int(c) for c in self.counts]
+        elif self.loss != "cross_entropy":
+            mean = self.moments[0] / self.n
+            data["mean"], data["var"] = float(mean), max(float(self.moments[1] / self.n
+                                                               - mean ** 2), 0.0)
+        else:
+            return None
+        return data
+
+
+def to_numpy(value):
+    """A tensor / array / nested tuple as NumPy (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_numpy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_numpy(v) for k, v in value.items()}
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    return np.asarray(value)
+
+
+def split_batch(data) -> tuple:
+    """``(x, y)`` of one batch the way Keras unpacks it (``x``, ``(x,)``, ``(x, y[, w])``)."""
+    if isinstance(data, (tuple, list)):
+        if len(data) == 1:
+            return data[0], None
+        return data[0], data[1]
+    return data, None
+
+
+class KerasKeeper:
+    """Live objects of a captured Keras run, for Isolate.
+
+    Attributes mirror :class:`~model_debugger.capture.keeper.Keeper`: ``model``,
+    ``initial_state`` (a list of weight arrays), ``optimizer`` (``{"cls", "name", "hyper",
+    "config"}``), ``loss`` (:func:`describe_loss`), ``train_batches`` / ``val_batches`` as
+    ``((x,), y)`` NumPy pairs, ``train_loader`` (what ``fit`` iterated, for the throughput probe).
+    """
+
+    framework = "keras"
+
+    def __init__(self) -> None:
+        self.model = None
+        self.initial_state: list | None = None
+        self.namespace: dict | None = None
+        self.optimizer: dict | None = None
+        self.loss: dict | None = None
+        self.train_batches: list = []
+        self.val_batches: list = []
+        self.train_loader = None
+        self.validation = None  # what fit received as validation data (materialised lazily)
+        self.zero_grad_calls = 0
+        self.loss_input: dict | None = None
+        self._samples = 0
+        self._epoch: int | None = None
+
+    def on_model(self, model, namespace: dict | None) -> None:
+        if self.model is not None:
+            return
+        self.model = model
+        self.namespace = namespace
+        try:
+            self.initial_state = [np.array(w, copy=True) for w in model.get_weights()]
+        except Exception:  # noqa: BLE001 - an unbuilt model: weights are taken later
+            self.initial_state = None
+
+    def on_optimizer(self, opt, hyper: dict) -> None:
+        if self.optimizer is None:
+            try:
+                config = opt.get_config()
+            except Exception:  # noqa: BLE001
+                config = {}
+            self.optimizer = {"cls": type(opt), "name": type(opt).__name__, "hyper": dict(hyper),
+                              "config": config}
+
+    def on_batch(self, x, y, epoch: int) -> None:
+        """Keep a sample of the first epoch's training batches (bounded)."""
+        if self._epoch is None:
+            self._epoch = epoch
+        if epoch != self._epoch or len(self.train_batches) >= MAX_BATCHES or \
+                self._samples >= MAX_SAMPLES or y is None or isinstance(x, dict):
+            return
+        x, y = to_numpy(x), to_numpy(y)
+        xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+        if not all(hasattr(a, "shape") and a.shape[:1] == y.shape[:1] for a in xs):
+            return
+        self.train_batches.append((xs, y))
+        self._samples += int(y.shape[0])
+
+    def materialise_validation(self) -> None:
+        """Turn what ``fit`` got as validation data into ``val_batches`` (arrays or a dataset)."""
+        val, self.validation = self.validation, None
+        if val is None or self.val_batches:
+            return
+        try:
+            if isinstance(val, (tuple, list)):
+                x, y = split_batch(val)
+                x, y = to_numpy(x), to_numpy(y)
+                xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+                self.val_batches.append((tuple(a[:MAX_SAMPLES] for a in xs), y[:MAX_SAMPLES]))
+                return
+            seen = 0
+            for batch in val:  # a tf.data.Dataset or a PyDataset: the first batches
+                x, y = split_batch(to_numpy(batch))
+                if y is None:
+                    return
+                xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+                self.val_batches.append((xs, y))
+                seen += len(y)
+                if seen >= MAX_SAMPLES or len(self.val_batches) >= MAX_BATCHES:
+                    break
+        except Exception:  # noqa: BLE001 - validation data that cannot be re-read
+            return
+
+    def arrays(self) -> tuple:
+        """``(train_xy, val_xy)``: flattened NumPy samples for the data probes (rows deduplicated)."""
+        self.materialise_validation()
+        return _arrays(self.train_batches), _arrays(self.val_batches)
+
+    def make_trainer(self):
+        """A :class:`~model_debugger.probes.keras_adapter.KerasTrainer` on the kept objects."""
+        from ..probes.keras_adapter import KerasTrainer
+
+        self.materialise_validation()
+        return KerasTrainer(self.model, self.initial_state, self.optimizer, self.loss,
+                            self.train_batches, self.val_batches)
+
+
+def _arrays(batches) -> tuple | None:
+    if not batches:
+        return None
+    try:
+        xs = np.concatenate([np.asarray(b[0][0], dtype=np.float64).reshape(len(b[1]), -1)
+                             for b in batches])
+        ys = np.concatenate([np.asarray(b[1]) for b in batches])
+    except (ValueError, TypeError):
+        return None
+    if ys.ndim == 2 and ys.shape[1] == 1:
+        ys = ys[:, 0]
+    _, first = np.unique(xs, axis=0, return_index=True)
+    first.sort()
+    return xs[first], ys[first]
