@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float)
     parser.add_argument("--isolate", type=float, default=0.0,
                         help="after the script, run Isolate probes for up to this many seconds")
+    parser.add_argument("--syspath", help="import path of the script (default: its folder)")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     script = os.path.abspath(ns.script)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(script))
+    sys.path.insert(0, ns.syspath or os.path.dirname(script))
     if ns.seed is not None:
         _seed_everything(ns.seed)
 

@@ -1,5 +1,7 @@
-"""Command line: ``model-debugger diagnose SCRIPT [--json] [--runs N] [--seed S] [-- ARGS]``.
+"""Command line: ``model-debugger diagnose|verify|report``.
 
+``diagnose SCRIPT [--json] [--runs N] [--seed S] [-- ARGS]`` reproduces, classifies and isolates;
+``verify SESSION_DIR --fixed FIXED [--yes] [--json]`` plans, approves and verifies one fix.
 Everything after ``--`` is passed to the training script.
 """
 
@@ -32,6 +34,21 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--probe-seconds", type=float, default=30.0,
                    help="time budget for Isolate probes (default 30; 0 skips Isolate)")
     d.add_argument("--root", default=".model_debugger", help="where sessions are saved")
+    v = sub.add_parser(
+        "verify", help="plan one fix for a session's confirmed finding, approve it, and verify it",
+        description="Show the fix (FIXED against the reproduced script), ask for approval, then "
+                    "rerun both across seeds from the same initial state and compare the signal "
+                    "that defined the category.")
+    v.add_argument("session", help="session folder (printed by diagnose)")
+    v.add_argument("--fixed", required=True, help="the training script with one change")
+    v.add_argument("--yes", action="store_true", help="approve the plan without asking")
+    v.add_argument("--json", action="store_true", help="print one JSON report on stdout")
+    v.add_argument("--seeds", type=int, default=3, help="seeds to compare over (default 3)")
+    v.add_argument("--max-seconds", type=float, help="stop each run after T seconds")
+    v.add_argument("--allow-architecture", action="store_true",
+                   help="allow an architecture change for a hyperparameter/data cause (recorded)")
+    v.add_argument("--data-consent", action="store_true",
+                   help="consent to a change of data preprocessing (recorded)")
     s = sub.add_parser("report", help="print the report of a saved session")
     s.add_argument("session", help="session folder")
     s.add_argument("--json", action="store_true")
@@ -62,6 +79,21 @@ def _print_human(report: dict, out) -> None:
         where = f" at {f['location']['file']}:{f['location']['line']}" if f["location"] else ""
         mark = "CONFIRMED" if f["confirmed"] else "hypothesis"
         w(f"  [{mark}] {f['check']} -> {f['root_cause']}{where}\n      {f['explanation']}\n")
+    fix, ver = report.get("fix"), report.get("verification")
+    if fix:
+        w(f"Fix: {fix['finding']} ({fix.get('root_cause')}) - approved\n")
+        for note in fix.get("overrides", []):
+            w(f"  override: {note}\n")
+    if ver:
+        w(f"Verify: {ver['verdict']} - {ver['metric']} ({ver['direction']} is better) over seeds "
+          f"{ver['seeds']}\n")
+        for side in ("before", "after"):
+            d = ver[side]
+            mean = "n/a" if d["mean"] is None else f"{d['mean']:.4g}"
+            w(f"  {side:6} {d['values']} mean {mean}; {ver['category']} in {d['present']}\n")
+        w(f"  noise band {ver['noise_band']:.3g}, improvement {ver['improvement']}\n")
+        if ver.get("remaining_symptom"):
+            w(f"  remaining: {ver['remaining_symptom']}\n")
     w(f"Next phase: {report['phase']} (fix allowed: {str(report['fix_allowed']).lower()})\n")
     w(f"Session saved: {report['session_dir']}\n")
 
@@ -81,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "report":
             report = DebugSession.load(ns.session).report()
+        elif ns.command == "verify":
+            report = _verify(ns)
+            if report is None:
+                return 3
         else:
             if ns.runs < 1:
                 raise ValueError("--runs must be at least 1")
@@ -104,6 +140,61 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _print_human(report, sys.stdout)
     return 0
+
+
+def _verify(ns) -> dict | None:
+    """Plan, approve and verify; None when the plan is refused or not approved (nothing saved)."""
+    from .fix import FixRefused, plan_fix
+    from .session import DebugSession, GateError
+    from .verify import seeds_for, verify_script
+
+    if ns.seeds < 1:
+        raise ValueError("--seeds must be at least 1")
+    session = DebugSession.load(ns.session)
+    if not os.path.isfile(ns.fixed):
+        raise ValueError(f"no such file: {ns.fixed}")
+    with open(ns.fixed, encoding="utf-8") as fh:
+        fixed = fh.read()
+    talk = sys.stderr if ns.json else sys.stdout
+    try:
+        plan = plan_fix(session, fixed, fixed_path=os.path.abspath(ns.fixed),
+                        allow_architecture=ns.allow_architecture, data_consent=ns.data_consent)
+    except FixRefused as exc:
+        print(f"model-debugger: {exc}", file=sys.stderr)
+        if ns.json:
+            sys.stdout.write(json.dumps({**session.report(), "refused": exc.reasons,
+                                         "hunks": [h.to_json() for h in exc.hunks]}) + "\n")
+        return None
+    except GateError as exc:
+        print(f"model-debugger: {exc}", file=sys.stderr)
+        if ns.json:
+            sys.stdout.write(json.dumps({**session.report(), "refused": [str(exc)]}) + "\n")
+        return None
+    _print_plan(plan, talk)
+    approved = ns.yes or (sys.stdin.isatty() and
+                          input("Approve this fix? [y/N] ").strip().lower() in ("y", "yes"))
+    if not approved:
+        print("model-debugger: fix not approved; nothing was recorded (use --yes to approve)",
+              file=sys.stderr)
+        if ns.json:
+            sys.stdout.write(json.dumps({**session.report(), "refused": ["not approved"]}) + "\n")
+        return None
+    session.record_fix(plan, approved=True)
+    print(f"Verifying over seeds {seeds_for(session, ns.seeds)} ...", file=talk, flush=True)
+    verify_script(session, seeds_for(session, ns.seeds), max_seconds=ns.max_seconds,
+                  stdout=sys.stderr)
+    return session.report()
+
+
+def _print_plan(plan: dict, out) -> None:
+    loc = plan.get("location")
+    where = f" at {loc['file']}:{loc['line']}" if loc else ""
+    out.write(f"Fix plan for {plan['finding']} ({plan['root_cause']}){where}\n")
+    out.write(f"  suggested: {plan['suggestion']}\n  expected: {plan['expected']}\n")
+    for note in plan["overrides"]:
+        out.write(f"  override: {note}\n")
+    out.write(plan["diff"] if plan["diff"].endswith("\n") else plan["diff"] + "\n")
+    out.flush()
 
 
 if __name__ == "__main__":

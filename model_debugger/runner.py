@@ -21,7 +21,7 @@ class ChildResult:
 
 def run_script(script: str, args: list[str], record: str, seed: int | None = None,
                max_seconds: float | None = None, stdout=None,
-               isolate_seconds: float = 0.0) -> ChildResult:
+               isolate_seconds: float = 0.0, syspath: str | None = None) -> ChildResult:
     """Run ``script`` as ``__main__`` under capture; its record streams to ``record``.
 
     Parameters
@@ -40,6 +40,9 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
     isolate_seconds : float
         When > 0, the child runs Isolate probes on the live objects after the script, for up to
         this long (``findings.json`` beside the record). The time limit covers the script only.
+    syspath : str, optional
+        The folder the script's imports resolve from (default: the script's own folder); used
+        when a session's copy of a script runs in place of the original.
     """
     cmd = [sys.executable, "-m", "model_debugger._child", "--record", record]
     if seed is not None:
@@ -48,6 +51,8 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
         cmd += ["--isolate", str(isolate_seconds)]
     if max_seconds is not None:
         cmd += ["--max-seconds", str(max_seconds)]
+    if syspath:
+        cmd += ["--syspath", syspath]
     cmd += [script, *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()

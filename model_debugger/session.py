@@ -18,6 +18,7 @@ from .records import Classification, Finding
 SCHEMA = "model_debugger.session/1"
 REPORT_SCHEMA = "model_debugger.report/1"
 PHASES = ("reproduce", "classify", "isolate", "fix", "verify")
+VERDICTS = ("resolved", "partially_resolved", "not_resolved")
 SESSION_FILE = "session.json"
 
 
@@ -151,32 +152,96 @@ class DebugSession:
         e = self._last("isolate")
         return [Finding.from_json(f) for f in e["findings"]] if e else []
 
+    def _state(self) -> dict:
+        """Replay Isolate/Fix/Verify events: the queue, the pending fix, what was resolved."""
+        st: dict = {"resolved": [], "pending": None, "reisolate": False, "remaining": [],
+                    "problem": None, "artifact": None, "copy": None, "verifications": 0}
+        for e in self._data["events"]:
+            kind = e["kind"]
+            if kind == "artifact":
+                st["artifact"] = e.get("script")
+                st["copy"] = os.path.join(self.directory, e.get("copy", "artifact.py"))
+            elif kind == "classify":
+                st["problem"] = e["classification"]["primary"]
+            elif kind == "isolate":
+                st.update(resolved=[], pending=None, reisolate=False)
+            elif kind == "fix":
+                st["pending"] = e["fix"]
+            elif kind == "verify" and st["pending"] is not None:
+                v, fix = e["verification"], st["pending"]
+                st["verifications"] += 1
+                st["pending"] = None
+                if v["verdict"] in ("resolved", "partially_resolved"):
+                    st["artifact"] = fix.get("fixed") or st["artifact"]
+                    st["copy"] = os.path.join(self.directory, fix["copy"])
+                if v["verdict"] == "resolved":
+                    st["resolved"].append(fix["finding"])
+                    st["remaining"] = list(v.get("remaining", []))
+                elif v["verdict"] == "partially_resolved":
+                    st["reisolate"] = True
+        return st
+
+    @property
+    def queue(self) -> list[Finding]:
+        """Confirmed findings still to fix, in priority order (the first is current)."""
+        st = self._state()
+        if st["reisolate"]:
+            return []
+        return [f for f in self.findings if f.confirmed and f.check not in st["resolved"]]
+
+    @property
+    def pending_fix(self) -> dict | None:
+        """The approved fix awaiting Verify, or None."""
+        return self._state()["pending"]
+
+    @property
+    def artifact(self) -> str | None:
+        """Where the current artifact came from: the reproduced script, or the last kept fix."""
+        return self._state()["artifact"]
+
+    @property
+    def artifact_copy(self) -> str:
+        """The session's own copy of the current artifact's code (what Fix diffs against)."""
+        return self._state()["copy"] or os.path.join(self.directory, "artifact.py")
+
     @property
     def fix_allowed(self) -> bool:
-        """True exactly when a confirmed finding exists (the Fix gate)."""
-        return any(f.confirmed for f in self.findings)
+        """True exactly when a confirmed, unresolved finding exists (the Fix gate)."""
+        return bool(self.queue) and self._state()["pending"] is None
 
     @property
     def phase(self) -> str:
-        """The current phase: the first one not yet done."""
+        """The current phase: the first one not yet done (``done`` when nothing is left)."""
         if self.reproduce is None:
             return "reproduce"
         if self.classification is None:
             return "classify"
-        if not self.fix_allowed:
-            return "isolate"
-        if self._last("fix") is None:
+        st = self._state()
+        if st["pending"] is not None:
+            return "verify"
+        if self.queue:
             return "fix"
-        return "verify"
+        if st["resolved"] and not st["remaining"] and not st["reisolate"]:
+            return "done"
+        return "isolate"
 
     def gates(self) -> dict[str, str | None]:
         """For each phase, None when it may run, else the reason it is blocked."""
+        st = self._state()
+        if st["pending"] is not None:
+            fix_gate = "a fix is awaiting Verify"
+        elif st["reisolate"]:
+            fix_gate = "the last fix was partially resolved: run Isolate again"
+        elif not self.queue:
+            fix_gate = "needs a confirmed finding from Isolate"
+        else:
+            fix_gate = None
         return {
             "reproduce": None,
             "classify": None if self.reproduce is not None else "needs a reproduce record",
             "isolate": None if self.classification is not None else "needs a classification",
-            "fix": None if self.fix_allowed else "needs a confirmed finding from Isolate",
-            "verify": None if self._last("fix") else "needs an approved fix",
+            "fix": fix_gate,
+            "verify": None if st["pending"] is not None else "needs an approved fix",
         }
 
     def _require(self, phase: str) -> None:
@@ -203,10 +268,48 @@ class DebugSession:
         ordered = sorted(findings, key=lambda f: not f.confirmed)
         self.append("isolate", findings=[f.to_json() for f in ordered], **info)
 
+    def record_fix(self, fix: dict, approved: bool) -> None:
+        """Record an approved fix plan (see :func:`model_debugger.fix.plan_fix`).
+
+        Raises
+        ------
+        GateError
+            Without a confirmed finding, without approval, or for a finding that is not the
+            current one in the queue; the session is unchanged.
+        """
+        self._require("fix")
+        if not approved:
+            raise GateError("fix refused: the plan was not approved (approve it explicitly, "
+                            "e.g. --yes or the Approve button)")
+        current = self.queue[0]
+        if fix.get("finding") != current.check:
+            raise GateError(f"fix refused: it addresses {fix.get('finding')!r}, but the current "
+                            f"finding is {current.check!r} (one problem at a time, in order: "
+                            f"{', '.join(f.check for f in self.queue)})")
+        fix = dict(fix)
+        source = fix.pop("source", None)
+        n = sum(1 for e in self._data["events"] if e["kind"] == "fix")
+        fix["copy"] = os.path.join("fixes", f"{n + 1}.py")
+        os.makedirs(os.path.join(self.directory, "fixes"), exist_ok=True)
+        if source is None and fix.get("fixed"):
+            with open(fix["fixed"], encoding="utf-8") as fh:
+                source = fh.read()
+        with open(os.path.join(self.directory, fix["copy"]), "w", encoding="utf-8") as fh:
+            fh.write(source or "")
+        self.append("fix", fix={**fix, "approved": True})
+
+    def record_verification(self, verification: dict) -> None:
+        """Record Verify's verdict on the pending fix; needs an approved fix."""
+        self._require("verify")
+        if verification.get("verdict") not in VERDICTS:
+            raise SessionError(f"unknown verdict {verification.get('verdict')!r}")
+        self.append("verify", verification=verification)
+
     @property
     def root_cause(self) -> Finding | None:
-        """The first confirmed finding (the root cause Fix works on), or None."""
-        return next((f for f in self.findings if f.confirmed), None)
+        """The current confirmed finding (the root cause Fix works on), or None."""
+        queue = self.queue
+        return queue[0] if queue else None
 
     def report(self) -> dict:
         """The report shared by the CLI, notebooks, the sidebar and exports."""
@@ -225,4 +328,6 @@ class DebugSession:
             "findings": [f.to_json() for f in self.findings],
             "fix": fix["fix"] if fix else None,
             "verification": ver["verification"] if ver else None,
+            "queue": [f.check for f in self.queue],
+            "gates": self.gates(),
         }

@@ -1,0 +1,281 @@
+"""Run an artifact inside this process (a notebook kernel): Reproduce, Isolate and Verify on code.
+
+The artifact is code executed in a live namespace. Before the first Reproduce, :class:`Snapshot`
+records the state the code starts from: which names were bound to what, the weights and optimizer
+state of every model/optimizer in the namespace, and copies of its arrays and tensors. Verify
+restores that state before each run (and resets the seeds), so the fixed code starts exactly where
+the broken one did, even when the broken one ruined a model defined earlier.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import sys
+import traceback
+
+from .records import Run
+from .session import DebugSession
+
+MAX_COPY_BYTES = 1 << 30  # arrays/tensors copied for restore, in total
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and any loaded framework."""
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(seed)
+    if "keras" in sys.modules and hasattr(sys.modules["keras"], "utils"):
+        try:
+            sys.modules["keras"].utils.set_random_seed(seed)
+        except Exception:  # noqa: BLE001 - an old or partial keras: the others are seeded
+            pass
+
+
+def _kind(obj) -> str | None:
+    mod = type(obj).__module__ or ""
+    if mod.startswith("torch"):
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        if isinstance(obj, torch.nn.Module):
+            return "torch_module"
+        if isinstance(obj, torch.optim.Optimizer):
+            return "torch_optimizer"
+        if isinstance(obj, torch.Tensor):
+            return "tensor"
+    if mod.startswith("numpy") and type(obj).__name__ == "ndarray":
+        return "array"
+    if mod.startswith(("keras", "tf_keras")) and hasattr(obj, "get_weights") \
+            and hasattr(obj, "set_weights"):
+        return "keras_model"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.nn.Module):
+        return "torch_module"  # a user subclass defined in __main__
+    if torch is not None and isinstance(obj, torch.optim.Optimizer):
+        return "torch_optimizer"
+    return None
+
+
+class Snapshot:
+    """The state of a namespace that code is about to run in, restorable in place.
+
+    Parameters
+    ----------
+    namespace : dict
+        The live namespace (a kernel's ``user_ns``).
+    """
+
+    def __init__(self, namespace: dict) -> None:
+        self.namespace = namespace
+        self.bindings = {k: v for k, v in namespace.items() if not k.startswith("_")}
+        self.states: list[tuple[object, str, object]] = []
+        budget = MAX_COPY_BYTES
+        seen: set[int] = set()
+        for value in self.bindings.values():
+            kind = _kind(value)
+            if kind is None or id(value) in seen:
+                continue
+            seen.add(id(value))
+            if kind == "torch_module":
+                state = {k: v.detach().clone() for k, v in value.state_dict().items()}
+            elif kind == "torch_optimizer":
+                state = copy.deepcopy(value.state_dict())
+            elif kind == "keras_model":
+                state = [w.copy() for w in value.get_weights()]
+            else:
+                size = int(getattr(value, "nbytes", 0) or
+                           value.element_size() * value.nelement())
+                if size > budget:
+                    continue
+                budget -= size
+                state = value.detach().clone() if kind == "tensor" else value.copy()
+            self.states.append((value, kind, state))
+
+    def restore(self) -> None:
+        """Rebind every name to its object, drop names made since, and restore their contents."""
+        ns = self.namespace
+        for k in [k for k in ns if not k.startswith("_") and k not in self.bindings]:
+            del ns[k]
+        ns.update(self.bindings)
+        torch = sys.modules.get("torch")
+        for obj, kind, state in self.states:
+            if kind == "torch_module":
+                with torch.no_grad():
+                    for k, v in obj.state_dict().items():
+                        v.copy_(state[k])
+                for p in obj.parameters():
+                    p.grad = None
+            elif kind == "torch_optimizer":
+                obj.load_state_dict(copy.deepcopy(state))
+            elif kind == "keras_model":
+                obj.set_weights(state)
+            elif kind == "tensor":
+                with torch.no_grad():
+                    obj.copy_(state)
+            else:
+                obj[...] = state
+
+    @property
+    def described(self) -> list[str]:
+        """What is restored, for the plan and the record."""
+        names = {id(v): k for k, v in self.bindings.items()}
+        return [f"{names.get(id(o), '?')} ({kind})" for o, kind, _ in self.states]
+
+
+def run_code(code: str, namespace: dict, record: str, seed: int | None = None,
+             filename: str | None = None) -> tuple[Run, BaseException | None]:
+    """Execute ``code`` in ``namespace`` under capture; the record streams to ``record``.
+
+    Returns
+    -------
+    tuple
+        The captured Run and the exception that ended the code (None when it finished). The
+        exception is not raised: the record holds it, and the caller decides how to show it.
+    """
+    from . import capture
+
+    if seed is not None:
+        seed_everything(seed)
+    filename = filename or os.path.join(os.path.dirname(record), "cell.py")
+    with open(filename, "w", encoding="utf-8") as fh:
+        fh.write(code)
+    error = None
+    rec = capture(record)
+    try:
+        with rec:
+            exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the user's own cell
+    except (Exception, KeyboardInterrupt) as exc:  # the record holds it
+        error = exc
+        traceback.clear_frames(exc.__traceback__)
+    run = Run.load(record) if os.path.exists(record) else Run([])
+    run.keeper = rec.keeper  # live objects for Isolate
+    return run, error
+
+
+def runner_for(session: DebugSession, namespace: dict, snapshot: Snapshot, original: str,
+               fixed: str):
+    """A Verify runner: ``runner(which, seed)`` restores the snapshot, then runs the code."""
+    n = sum(1 for e in session.events if e["kind"] == "verify") + 1
+    folder = os.path.join(session.directory, "verify", str(n))
+    os.makedirs(folder, exist_ok=True)
+    code = {"before": original, "after": fixed}
+
+    def runner(which: str, seed: int) -> Run:
+        snapshot.restore()
+        run, _ = run_code(code[which], namespace, os.path.join(folder, f"{which}-{seed}.jsonl"),
+                          seed=seed, filename=os.path.join(folder, f"{which}.py"))
+        return run
+
+    return runner
+
+
+class KernelArtifact:
+    """Reproduce, Isolate and Verify code that runs in this process, for one session.
+
+    Parameters
+    ----------
+    session : DebugSession
+        The investigation this code belongs to.
+    namespace : dict
+        Where the code runs (a kernel's ``user_ns``).
+    """
+
+    def __init__(self, session: DebugSession, namespace: dict) -> None:
+        self.session = session
+        self.namespace = namespace
+        self.snapshot: Snapshot | None = None
+        self.code: str | None = None
+        self.last_run: Run | None = None
+
+    def reproduce(self, code: str, runs: int = 1, seed: int | None = None,
+                  prelude: str = "") -> tuple[dict, BaseException | None]:
+        """Run ``code`` ``runs`` times from the same starting state; record Reproduce/Classify.
+
+        ``prelude`` is the earlier code it depends on: it is kept in the artifact script
+        (``artifact.py``) so the reproduction can be rerun outside this kernel, but not rerun here.
+
+        Returns
+        -------
+        tuple
+            The Reproduce verdict and the exception of the first run (None when it finished).
+        """
+        from .classify import classify
+        from .diagnose import _result_of, _verdict
+        from .signals import compute
+
+        s = self.session
+        self.snapshot = Snapshot(self.namespace)
+        self.code = code
+        with open(os.path.join(s.directory, "artifact.py"), "w", encoding="utf-8") as fh:
+            fh.write((prelude.rstrip() + "\n\n" if prelude.strip() else "") + code)
+        with open(os.path.join(s.directory, "cell.py"), "w", encoding="utf-8") as fh:
+            fh.write(code)
+        s.append("artifact", type="cell", code=code, prelude=prelude, seed=seed, args=[],
+                 copy="cell.py", restores=self.snapshot.described)
+        results, tried, per_run, first_error = [], [], [], None
+        for i in range(max(1, runs)):
+            if i:
+                self.snapshot.restore()
+            run_seed = None if seed is None else seed + i
+            record = os.path.join(s.run_dir(i), "record.jsonl")
+            run, err = run_code(code, self.namespace, record, seed=run_seed,
+                                filename=os.path.join(s.run_dir(i), "cell.py"))
+            first_error = first_error if i else err
+            if i == 0:
+                self.last_run = run
+            sig = compute(run)
+            cls = classify(sig)
+            res = _result_of(run, cls.primary)
+            res.update(record=os.path.relpath(record, s.directory), exit_code=0 if err is None
+                       else 1, timed_out=False, complete=run.ended)
+            results.append(res)
+            per_run.append((cls, sig))
+            tried.append(f"run {i + 1}: seed={run_seed}, {len(run.steps)} steps -> {cls.primary}")
+        verdict = _verdict(results, tried)
+        s.record_reproduce(verdict)
+        problem = verdict["problem"] or "healthy"
+        cls, sig = next((p for p, r in zip(per_run, results) if r["category"] == problem),
+                        per_run[0])
+        s.record_classification(cls, sig)
+        return verdict, first_error
+
+    def isolate(self, ids: list[str] | None = None, budget: float = 30.0):
+        """Run probes on the live objects of the first reproduction run; record the findings."""
+        from .isolate import build_context, isolate
+
+        if self.last_run is None:
+            raise ValueError("nothing reproduced in this kernel yet: run %%reproduce first")
+        self.session._require("isolate")
+        sources = {os.path.join(self.session.run_dir(0), "cell.py"): self.code or ""}
+        ctx = build_context(self.last_run, getattr(self.last_run, "keeper", None), sources,
+                            budget)
+        findings = isolate(ctx, ids)
+        self.session.record_findings(findings, probe_seconds=ctx.extras.get("probe_seconds", {}),
+                                     live=True, noise=ctx.extras.get("seed_noise"),
+                                     lr_range=ctx.extras.get("lr_range"))
+        return findings
+
+    def verify(self, seeds: list[int]) -> dict:
+        """Rerun the current code and the approved fix from the snapshot, over ``seeds``."""
+        from .verify import verify
+
+        fix = self.session.pending_fix
+        if fix is None or self.snapshot is None:
+            from .session import GateError
+
+            raise GateError(f"verify refused: {self.session.gates()['verify']}"
+                            if fix is None else "verify refused: nothing reproduced in this "
+                            "kernel (the starting state is unknown)")
+        with open(self.session.artifact_copy, encoding="utf-8") as fh:
+            original = fh.read()
+        with open(os.path.join(self.session.directory, fix["copy"]), encoding="utf-8") as fh:
+            fixed = fh.read()
+        try:
+            return verify(self.session, runner_for(self.session, self.namespace, self.snapshot,
+                                                   original, fixed), seeds)
+        finally:
+            self.snapshot.restore()

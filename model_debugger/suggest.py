@@ -1,0 +1,114 @@
+"""Suggested fixes per finding, and the signal each category is judged by before and after.
+
+Suggestions are text shown with the plan; nothing here changes code. The defining signal of a
+category is what Verify compares across seeds; :func:`expected_effect` states the target.
+"""
+
+from __future__ import annotations
+
+from .records import Finding
+
+# category -> candidate signals, in order of preference: (signal, +1 higher is better / -1 lower)
+DEFINING: dict[str, tuple[tuple[str, int], ...]] = {
+    "loss_not_decreasing": (("loss_relative_drop", +1),),
+    "overfitting": (("val_loss_rise", -1), ("gap_final", -1)),
+    "gradient_instability": (("finite_fraction", +1), ("grad_norm_growth", -1),
+                             ("first_to_last_grad_ratio", +1), ("loss_relative_drop", +1)),
+    "memory_issue": (("completed", +1), ("rss_growth_mb", -1)),
+    "performance_issue": (("data_wait_fraction", -1),),
+    "convergence_to_wrong_solution": (("val_f1_final", +1), ("train_f1_final", +1),
+                                      ("val_acc_final", +1), ("train_acc_final", +1)),
+}
+
+_TEMPLATES = {
+    "missing_zero_grad": "Call optimizer.zero_grad() once per step, before loss.backward(), so "
+                         "gradients do not accumulate across steps.",
+    "loss_output_mismatch": "Remove the Softmax/LogSoftmax (or sigmoid) before a loss that "
+                            "expects raw logits (CrossEntropyLoss, BCEWithLogitsLoss), or switch "
+                            "to the loss that matches the output (NLLLoss after LogSoftmax).",
+    "feature_scaling": "Standardise the input features with statistics of the training split "
+                       "((x - mean) / std per feature) before building the dataset.",
+    "graph_retention": "Store losses with .item() (or .detach()) so tensors that carry autograd "
+                       "history are not kept across steps.",
+    "dataloader_throughput": "Move the expensive work out of the per-sample path (vectorised "
+                             "collate, precomputed tensors) or load in parallel with "
+                             "DataLoader(num_workers=N, persistent_workers=True).",
+    "class_imbalance": "Weight the loss by inverse class frequency (CrossEntropyLoss(weight=...)) "
+                       "or resample; for a binary score, choose the decision threshold on "
+                       "validation data.",
+    "label_alignment": "Keep inputs and labels aligned: apply the same index/permutation to both "
+                       "(sort or shuffle them together).",
+    "detached_output": "Remove the .detach()/.data/no_grad on the path from the model's output to "
+                       "the loss, so gradients reach the weights.",
+    "eval_mode_not_reset": "Call model.train() again after evaluation, before the next training "
+                           "steps.",
+    "leakage": "Remove the leaking feature or the duplicated rows so validation samples are not "
+               "seen in training.",
+    "distribution_shift": "Build the validation split from the same distribution as training "
+                          "(shuffle before splitting, same preprocessing).",
+    "data_volume": "Reduce capacity or regularise (weight decay, dropout, early stopping on the "
+                   "validation loss), or train on more data.",
+    "dead_units": "Use an initialisation and activation that keep units alive (He init, "
+                  "LeakyReLU), or lower the learning rate.",
+    "constant_baseline": "Raise the learning rate or train longer until the model beats the "
+                         "constant predictor.",
+    "seed_variance": "Lower the learning rate or enlarge the batch, and judge changes across "
+                     "seeds.",
+    "hardware": "Escalate: rerun on another device, check drivers and memory; do not patch the "
+                "training code.",
+}
+
+
+def suggest(finding: Finding, session=None) -> str:
+    """The suggested fix for a finding (shown with the plan, never applied without approval)."""
+    ev = finding.evidence or {}
+    check = finding.check
+    if check == "lr_range" and ev.get("safe_lr"):
+        return (f"Set the learning rate to about {ev['safe_lr']:.3g} (now {ev.get('lr', '?')}), "
+                "the rate the sweep from the initial weights found safe.")
+    if check == "batch_memory" and ev.get("largest_batch_that_fits"):
+        return (f"Lower the batch size to at most {ev['largest_batch_that_fits']} (or use "
+                "gradient accumulation to keep the effective batch).")
+    if check == "gradient_flow" and ev.get("vanishing_layers"):
+        return ("Use an activation and initialisation that keep gradients alive in "
+                f"{', '.join(map(str, ev['vanishing_layers'][:3]))} (ReLU/GELU with He init, "
+                "residual connections or normalisation layers).")
+    if check == "gradient_flow":
+        return ("Guard the operation that produces the first non-finite value (e.g. clamp before "
+                "log, add an epsilon), or lower the learning rate if the values grow first.")
+    if check == "dataloader_throughput" and ev.get("num_workers") == 0:
+        return ("Load batches in parallel: DataLoader(num_workers=N) with N up to the CPU count, "
+                "or vectorise the per-sample work.")
+    return _TEMPLATES.get(check, "Change the code at the finding's location so the measured "
+                                 "cause no longer holds; keep it to one change.")
+
+
+def defining_signal(category: str, signals: dict) -> tuple[str, int] | None:
+    """The signal (and its good direction) that judges ``category`` for these signals."""
+    for name, sign in DEFINING.get(category, ()):
+        if name in signals:
+            return name, sign
+    return None
+
+
+def expected_effect(classification: dict | None) -> str:
+    """What the fix should do to the signal that defined the category, in words."""
+    if not classification:
+        return "the defining signal should move out of the problem range"
+    cat = classification["primary"]
+    cited = {e["signal"]: e["value"] for e in classification.get("evidence", [])}
+    words = {
+        "loss_not_decreasing": "the loss should fall: loss_relative_drop above 0.05 (now {})",
+        "overfitting": "the validation loss should stop rising: val_loss_rise below 0.10 "
+                       "(now {})",
+        "gradient_instability": "no non-finite loss or gradient, and no exploding or vanishing "
+                                "gradient norms (now {})",
+        "memory_issue": "the run completes without OOM and memory stays flat (now {})",
+        "performance_issue": "data wait should no longer dominate: data_wait_fraction below "
+                             "0.5 (now {})",
+        "convergence_to_wrong_solution": "the tracked metric should rise above the trivial "
+                                         "level (now {})",
+    }
+    now = ", ".join(f"{k}={v}" for k, v in list(cited.items())[:3]) or "unknown"
+    return words.get(cat, "the defining signal should move out of the problem range "
+                          "(now {})").format(now)
