@@ -1,0 +1,434 @@
+"""Export: nbformat v4 notebook of a session, standalone repro.py, redaction of secrets."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import nbformat
+import pytest
+
+from model_debugger.export import (
+    REDACTED,
+    build_notebook,
+    export,
+    export_notebook,
+    redact,
+    redact_args,
+    write_repro,
+)
+from model_debugger.records import Classification, Evidence, Finding, Run
+from model_debugger.session import DebugSession
+
+FAKE_HF = "hf_abcdefghijklmnopqrstuvwxyz012345"
+FAKE_ENV_NAME = "MD_EXPORT_TEST_API_TOKEN"
+FAKE_ENV_VALUE = "zq9-envsecret-7731-value"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+pytest.importorskip("matplotlib")
+
+TINY = textwrap.dedent(f'''
+    import os
+    import sys
+
+    import torch
+    from torch import nn
+
+    steps = int(sys.argv[sys.argv.index("--steps") + 1])
+    torch.manual_seed(0)
+    X = torch.randn(64, 4)
+    y = X.sum(1, keepdim=True)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(X), y)
+        loss.backward()
+        opt.step()
+        print(f"step {{step}}: train_loss={{loss.item():.4f}}")
+    if os.environ.get("{FAKE_ENV_NAME}"):
+        raise RuntimeError("upload refused for token {FAKE_HF} and key "
+                           + os.environ["{FAKE_ENV_NAME}"])
+''')
+
+
+def _texts(nb) -> str:
+    """All text a reader sees: cell sources and every text output (not the PNGs)."""
+    out = []
+    for cell in nb.cells:
+        out.append(cell.source)
+        for o in cell.get("outputs", []):
+            out.append(o.get("text", ""))
+            out.extend(v for k, v in o.get("data", {}).items() if k.startswith("text/"))
+    return "\n".join(out)
+
+
+def _pngs(nb) -> list[bytes]:
+    return [base64.b64decode(o["data"]["image/png"]) for c in nb.cells
+            for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+
+
+def _headings(nb) -> list[str]:
+    return [line for c in nb.cells if c.cell_type == "markdown"
+            for line in c.source.splitlines() if line.startswith("## ")]
+
+
+def _without_export_time(nb) -> dict:
+    data = copy.deepcopy(dict(nb))
+    data["metadata"]["model_debugger"].pop("exported", None)
+    return json.loads(json.dumps(data))
+
+
+def _valid_png(data: bytes) -> tuple[int, int]:
+    """Decode a PNG fully (matplotlib's reader) and return its (height, width)."""
+    import io
+
+    from matplotlib.image import imread
+
+    assert data.startswith(PNG)
+    arr = imread(io.BytesIO(data), format="png")
+    assert arr.ndim == 3 and arr.shape[0] > 100 and arr.shape[1] > 100
+    return arr.shape[:2]
+
+
+# -- a real session: the tiny script diagnosed by the product ----------------------------------
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    pytest.importorskip("torch")
+    from model_debugger.diagnose import diagnose_script
+
+    root = tmp_path_factory.mktemp("real")
+    script = root / "tiny.py"
+    script.write_text(TINY)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(FAKE_ENV_NAME, FAKE_ENV_VALUE)
+        with open(os.devnull, "w") as sink:
+            session = diagnose_script(str(script), args=["--steps", "12"], runs=1, seed=0,
+                                      root=str(root / "sessions"), stdout=sink,
+                                      probe_seconds=1.0)
+        yield session
+
+
+def test_real_session_exports_a_valid_notebook_with_its_numbers(real, tmp_path):
+    path = export_notebook(real, str(tmp_path / "out" / "session.ipynb"))
+    assert path == str(tmp_path / "out" / "session.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.nbformat == 4
+    meta = nb.metadata["model_debugger"]
+    assert meta["session"] == real.id and meta["schema"] == "model_debugger.report/1"
+    assert _headings(nb) == ["## 1. Reproduce", "## 2. Classify", "## 3. Isolate", "## 4. Fix",
+                             "## 5. Verify"]
+    text = _texts(nb)
+    rep = real.report()
+    run = Run.load(os.path.join(real.directory, "runs", "0", "record.jsonl"))
+    # the command that was run, with its seed and arguments
+    assert f"!model-debugger diagnose {rep['reproduce']['code']['backward']['file']} --runs 1 " \
+           "--seed 0 -- --steps 12" in text
+    assert rep["reproduce"]["summary"] in text
+    assert f"steps: {rep['reproduce']['steps']}," in text
+    assert f"| 1 | 0 | {len(run.steps)} | {run.series('loss')[0]:.6g} |" in text
+    cls = rep["classification"]
+    assert f"Primary category: **`{cls['primary']}`**" in text
+    for ev in cls["evidence"]:
+        value = ev["value"]
+        shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+        assert f"| {ev['signal']} | {shown} |" in text
+    for f in rep["findings"]:
+        loc = f["location"]
+        assert f"| {f['check']} | {f['root_cause']} |" in text
+        if loc:
+            assert f"{loc['file']}:{loc['line']}" in text
+    # phases not reached say so
+    assert "**Not reached**" in text.split("## 4. Fix")[1]
+    assert "needs an approved fix" in text.split("## 5. Verify")[1]
+    pngs = _pngs(nb)
+    assert len(pngs) == 2  # loss curve and gradient norms
+    for data in pngs:
+        _valid_png(data)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
+
+
+def test_export_reload_export_gives_the_same_notebook(real, tmp_path):
+    first = export_notebook(real, str(tmp_path / "a.ipynb"))
+    again = export_notebook(DebugSession.load(real.directory), str(tmp_path / "b.ipynb"))
+    a, b = nbformat.read(first, as_version=4), nbformat.read(again, as_version=4)
+    nbformat.validate(b)
+    assert "exported" in a.metadata["model_debugger"]
+    assert _without_export_time(a) == _without_export_time(b)
+    assert _pngs(a) == _pngs(b)  # byte-identical plots: no timestamps in the PNGs
+
+
+def test_secrets_in_captured_error_and_environment_are_redacted(real, tmp_path, monkeypatch):
+    monkeypatch.setenv(FAKE_ENV_NAME, FAKE_ENV_VALUE)
+    raw = json.dumps(real.report()) + open(os.path.join(real.directory, "runs", "0",
+                                                         "record.jsonl")).read()
+    assert FAKE_HF in raw and FAKE_ENV_VALUE in raw  # the session itself holds the secrets
+    out = export(real, str(tmp_path / "nb.ipynb"))
+    for path in out.values():
+        with open(path, encoding="utf-8") as fh:
+            content = fh.read()
+        assert FAKE_HF not in content and FAKE_ENV_VALUE not in content, path
+        assert REDACTED in content
+    text = _texts(nbformat.read(out["notebook"], as_version=4))
+    assert f"upload refused for token {REDACTED} and key {REDACTED}" in text
+
+
+def test_repro_py_reruns_the_reproduction(real, tmp_path):
+    path = write_repro(real, str(tmp_path / "repro.py"))
+    source = open(path, encoding="utf-8").read()
+    assert "model_debugger.capture(record)" in source
+    assert "ARGS = ['--steps', '12']" in source and "SEEDS = [0]" in source
+    env = {k: v for k, v in os.environ.items() if k != FAKE_ENV_NAME}
+    proc = subprocess.run([sys.executable, "repro.py", "--out", "runs"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    primary = real.classification.primary
+    assert f"seed 0: {primary} (12 steps" in proc.stdout
+    assert f"expected {primary}: 1/1 runs" in proc.stdout
+    rerun = Run.load(str(tmp_path / "runs" / "record-0.jsonl"))
+    assert len(rerun.steps) == 12 and rerun.first("start") is not None
+
+
+def test_importing_export_stays_light():
+    code = ("import sys, model_debugger, model_debugger.export, model_debugger._plots; "
+            "heavy = [m for m in ('torch', 'tensorflow', 'matplotlib', 'nbformat') "
+            "if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- hand-built sessions: every phase, and sessions stopped anywhere ----------------------------
+DIFF = """--- reproduced
++++ fixed
+@@ -1,3 +1,3 @@
+ import torch
+-opt = torch.optim.SGD(params, lr=3.0)
++opt = torch.optim.SGD(params, lr=0.05)
+ train(opt)
+"""
+
+
+def _j(x: float):
+    """A JSON number as the recorder writes it (non-finite values as strings)."""
+    return x if math.isfinite(x) else str(x)
+
+
+def _write_record(path, losses, gns=None):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"t": "start", "time": 0.0}) + "\n")
+        for i, loss in enumerate(losses):
+            gn = float(gns[i]) if gns else 1.0 / (i + 1)
+            fh.write(json.dumps({"t": "step", "i": i, "ep": 0, "loss": loss, "gn": _j(gn),
+                                 "mgn": {"fc1": _j(gn * 0.7), "fc2": _j(gn * 0.3)}}) + "\n")
+        fh.write(json.dumps({"t": "end", "status": "ok", "steps": len(losses)}) + "\n")
+
+
+def _hand_built(root, stop: str = "done") -> DebugSession:
+    """A script session built event by event, stopped after ``stop``."""
+    s = DebugSession.create(str(root))
+    script = os.path.join(str(root), "train.py")
+    with open(script, "w") as fh:
+        fh.write("print('train')\n")
+    with open(os.path.join(s.directory, "artifact.py"), "w") as fh:
+        fh.write("print('train')\n")
+    s.append("artifact", type="script", script=script, args=[], seed=7, max_seconds=30.0)
+    if stop == "artifact":
+        return s
+    _write_record(os.path.join(s.directory, "runs", "0", "record.jsonl"),
+                  [2.5, 3.75, 40.0, 900.0, "nan"], [1.0, 10.0, 100.0, 1e4, "inf"])
+    s.record_reproduce({"status": "reproduced", "summary": "reproduced 1/1", "steps": 5,
+                        "epochs": 1, "error": None, "error_location": None, "seconds": 1.25,
+                        "code": {"step": {"file": script, "line": 3}},
+                        "record": "runs/0/record.jsonl", "problem": "gradient_instability",
+                        "runs": {"total": 1, "reproduced": 1,
+                                 "categories": ["gradient_instability"]}})
+    if stop == "reproduce":
+        return s
+    s.record_classification(Classification("gradient_instability", ("overfitting",), (
+        Evidence("first_nonfinite_step", 4, "first non-finite loss"),
+        Evidence("loss_final", 917.125, "median of the last steps"))), {})
+    if stop == "classify":
+        return s
+    confirmed = stop != "unconfirmed"
+    s.record_findings([Finding("lr_range", "hyperparameter", confirmed,
+                               "The learning rate 3 diverges; a safe rate is 0.051.",
+                               {"file": script, "line": 42}, {"safe_lr": 0.051, "lr": 3.0})],
+                      probe_seconds={"lr_range": 0.5}, live=True)
+    if stop in ("isolate", "unconfirmed"):
+        return s
+    s.append("fix", fix={"finding": "lr_range", "root_cause": "hyperparameter",
+                         "location": {"file": script, "line": 42}, "diff": DIFF,
+                         "hunks": [{"header": "@@ -1,3 +1,3 @@"}], "touches": ["hyperparameter"],
+                         "suggestion": "Set the learning rate to about 0.051 (now 3.0).",
+                         "expected": "no non-finite loss or gradient",
+                         "overrides": ["architecture change allowed for a hyperparameter cause "
+                                       "(explicit override)"],
+                         "fixed": os.path.join(str(root), "fixed.py"), "copy": "fixes/1.py",
+                         "approved": True})
+    if stop == "fix":
+        return s
+    folder = os.path.join(s.directory, "verify", "1")
+    for seed in (7, 8):
+        _write_record(os.path.join(folder, f"before-{seed}.jsonl"), [2.5, 30.0, 700.0, "nan"])
+        _write_record(os.path.join(folder, f"after-{seed}.jsonl"), [2.5, 2.0, 1.5, 1.25])
+    s.append("verify", verification={
+        "verdict": "partially_resolved", "category": "gradient_instability",
+        "metric": "finite_fraction", "direction": "higher", "scale": "linear",
+        "before": {"values": [0.25, 0.375], "mean": 0.3125, "std": 0.0884, "present": "2/2"},
+        "after": {"values": [1.0, 0.8125], "mean": 0.90625, "std": 0.1326, "present": "1/2"},
+        "noise_band": 0.2652, "improvement": 0.59375,
+        "remaining_symptom": "gradient_instability still present in 1/2 seeds",
+        "remaining": ["overfitting"], "seeds": [7, 8], "finding": "lr_range"})
+    return s
+
+
+def test_fix_and_verify_sections_show_the_plan_and_the_before_after_table(tmp_path):
+    s = _hand_built(tmp_path)
+    nb = nbformat.read(export_notebook(s, str(tmp_path / "nb.ipynb")), as_version=4)
+    nbformat.validate(nb)
+    text = _texts(nb)
+    fix = text.split("## 4. Fix")[1].split("## 5. Verify")[0]
+    assert "**Finding addressed**: `lr_range` — root cause **hyperparameter** at " \
+           f"`{tmp_path / 'train.py'}:42`" in fix
+    assert "The learning rate 3 diverges; a safe rate is 0.051." in fix
+    assert "**Suggestion**: Set the learning rate to about 0.051 (now 3.0)." in fix
+    assert "```diff\n" + DIFF.rstrip() + "\n```" in fix
+    assert "**Boundary overrides**: architecture change allowed for a hyperparameter cause " \
+           "(explicit override)" in fix
+    assert f"!model-debugger verify {s.directory} --fixed {tmp_path / 'fixed.py'} --yes" in fix
+    verify = text.split("## 5. Verify")[1]
+    assert "| before | 0.25 | 0.375 | 0.3125 | 0.0884 | 2/2 |" in verify
+    assert "| after | 1 | 0.8125 | 0.90625 | 0.1326 | 1/2 |" in verify
+    assert "| 0.2652 | 0.59375 | partially_resolved | gradient_instability still present in " \
+           "1/2 seeds | overfitting |" in verify
+    assert "| seed 7 | seed 8 |" in verify
+    assert "**Verdict: partially_resolved**. Back to Isolate" in verify
+    assert "**Not reached**" not in text
+    # reproduce (loss, grad norms) + verify (per-seed values, loss before/after)
+    pngs = _pngs(nb)
+    assert len(pngs) == 4
+    assert len({p for p in pngs}) == 4
+    for data in pngs:
+        _valid_png(data)
+    # numbers of the hand-written record appear in the per-run table
+    assert "| 1 | 7 | 5 | 2.5 | 900 | 2.5 | inf | step 4 | gradient_instability |" in text
+
+
+@pytest.mark.parametrize("stop, reached", [
+    ("artifact", 0), ("reproduce", 1), ("classify", 2), ("isolate", 3), ("unconfirmed", 3),
+    ("fix", 4), ("done", 5)])
+def test_sessions_stopped_at_any_phase_export(tmp_path, stop, reached):
+    s = _hand_built(tmp_path, stop)
+    nb = build_notebook(DebugSession.load(s.directory))
+    nbformat.validate(nb)
+    assert len(_headings(nb)) == 5
+    text = _texts(nb)
+    sections = text.split("\n## ")[1:]
+    assert len(sections) == 5
+    for i, section in enumerate(sections):
+        assert ("**Not reached**" in section) == (i >= reached), (stop, section[:200])
+    if stop == "unconfirmed":
+        assert "**No confirmed finding**" in sections[2]
+        assert "needs a confirmed finding" in sections[3]
+    nbformat.validate(nbformat.reads(nbformat.writes(nb), as_version=4))
+
+
+def test_log_session_exports_and_its_repro_reclassifies(tmp_path):
+    from model_debugger.diagnose import diagnose_log
+
+    log = tmp_path / "train_log.csv"
+    rows = ["step,loss"] + [f"{i},{1.0 * 1.9 ** i:.6g}" for i in range(30)]
+    log.write_text("\n".join(rows) + "\n")
+    s = diagnose_log(str(log), error=f"RuntimeError: request failed: Bearer {FAKE_HF}",
+                     root=str(tmp_path / "sessions"))
+    out = export(s, str(tmp_path / "export" / "log.ipynb"))
+    nb = nbformat.read(out["notebook"], as_version=4)
+    nbformat.validate(nb)
+    text = _texts(nb)
+    assert f"!model-debugger diagnose {log} --error" in text
+    assert "minimal reproducer" in text
+    assert FAKE_HF not in text and f"Bearer {REDACTED}" in text
+    assert f"Primary category: **`{s.classification.primary}`**" in text
+    assert len(_pngs(nb)) == 1  # the loss curve; a log has no gradient norms
+    _valid_png(_pngs(nb)[0])
+    assert FAKE_HF not in open(out["repro"]).read()
+    log.unlink()  # the repro embeds the log: it does not need the original
+    proc = subprocess.run([sys.executable, out["repro"]], capture_output=True, text=True,
+                          timeout=120)
+    assert f"classification: {s.classification.primary}" in proc.stdout, proc.stderr
+    assert "log train_log.csv: 30 loss points" in proc.stdout
+    assert proc.returncode == (0 if s.reproduce["problem"] else 1)
+
+
+# -- redaction ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("secret, text", [
+    ("hf_" + "A1b2C3d4E5f6G7h8J9k0", "login with hf_A1b2C3d4E5f6G7h8J9k0 failed"),
+    ("sk-proj-abcdefghijklmnop1234", "OPENAI key sk-proj-abcdefghijklmnop1234."),
+    ("ghp_" + "x" * 36, "git clone https://ghp_" + "x" * 36 + "@github.com/a/b"),
+    ("AKIAIOSFODNN7EXAMPLE", "aws AKIAIOSFODNN7EXAMPLE region"),
+    ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.SflKxwRJSMeKKF2QT4",
+     "jwt=eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.SflKxwRJSMeKKF2QT4"),
+    ("s3cr3t-pw", "connecting with password=s3cr3t-pw to db"),
+    ("hunter22", "db_password: hunter22"),
+    ("abc123def456", "Authorization: Bearer abc123def456"),
+    ("pa55word", "postgres://user:pa55word@host:5432/db"),
+    ("quotedvalue", 'api_key = "quotedvalue"'),
+])
+def test_redact_token_patterns(secret, text):
+    out = redact(text)
+    assert secret not in out and REDACTED in out
+    assert redact(out) == out
+
+
+def test_redact_environment_values(monkeypatch):
+    monkeypatch.setenv("MY_SERVICE_SECRET", "value-from-env-1234")
+    monkeypatch.setenv("HARMLESS_SETTING", "value-not-secret-5678")
+    monkeypatch.setenv("SHORT_KEY", "abc")
+    out = redact("a=value-from-env-1234 b=value-not-secret-5678 c=abc")
+    assert out == f"a={REDACTED} b=value-not-secret-5678 c=abc"
+
+
+@pytest.mark.parametrize("text", [
+    "epoch 3: train_loss=0.1234 val_acc=0.9",
+    "max_tokens=5 num_tokens: 12 tokenizer=bert",
+    'token = os.environ["HF_TOKEN"]',
+    "password = getpass.getpass()",
+    "api_key = args.api_key",
+    "key = None",
+    "loss.backward()  # at /tmp/train.py:12",
+])
+def test_redact_keeps_what_is_not_a_secret(text):
+    assert redact(text) == text
+
+
+def test_redact_args_hides_the_value_after_a_secret_flag():
+    args = ["--epochs", "3", "--api-key", "plainvalue", "--token=zzzzzz999", "--lr", "0.1"]
+    assert redact_args(args) == ["--epochs", "3", "--api-key", REDACTED,
+                                 f"--token={REDACTED}", "--lr", "0.1"]
+
+
+def test_plots_draw_without_pyplot(tmp_path):
+    from model_debugger import _plots
+
+    path = tmp_path / "r.jsonl"
+    _write_record(str(path), [1.0, 0.5, "nan"], [1.0, 2.0, "inf"])
+    run = Run.load(str(path))
+    for fig in (_plots.loss_figure(run), _plots.grad_norm_figure(run),
+                _plots.before_after_loss_figure({0: run}, {0: run}),
+                _plots.verification_figure({"seeds": [0], "before": {"values": [0.5],
+                                                                      "mean": 0.5},
+                                            "after": {"values": [None], "mean": None},
+                                            "noise_band": 0.1})):
+        data = _plots.figure_png(fig)
+        assert data == _plots.figure_png(fig)
+        assert _valid_png(data) == (360, 640)
+    assert "matplotlib.pyplot" not in sys.modules
