@@ -55,18 +55,26 @@ def build_context(run: Run, keeper=None, sources: dict | None = None,
     ctx = ProbeContext(run=run, signals=sig, classification=classify(sig),
                        source_files=sources if sources is not None else user_sources(run),
                        deadline=time.monotonic() + budget)
-    framework = "torch" if run.first("model") or run.first("optimizer") else "none"
-    ctx.framework = framework
+    seen = run.first("model") or run.first("optimizer")
+    ctx.framework = seen.get("framework", "torch") if seen else "none"
+    keras = getattr(keeper, "framework", "torch") == "keras"
     if keeper is not None and keeper.model is not None:
+        ctx.framework = "keras" if keras else ctx.framework
         ctx.model = keeper.model
         ctx.initial_state = keeper.initial_state
         ctx.optimizer = keeper.optimizer
         ctx.loss = keeper.loss
+        ctx.train_xy, ctx.val_xy = keeper.arrays() if keras else (
+            _arrays(keeper.train_batches), _arrays(keeper.val_batches))
         ctx.train_batches, ctx.val_batches = keeper.train_batches, keeper.val_batches
-        ctx.train_xy, ctx.val_xy = _arrays(keeper.train_batches), _arrays(keeper.val_batches)
         ctx.extras["namespace"] = keeper.namespace
         ctx.extras["train_loader"] = keeper.train_loader
-        if keeper.optimizer and keeper.loss and keeper.train_batches:
+        if keras and keeper.optimizer and keeper.loss and keeper.train_batches:
+            try:
+                ctx.trainer = keeper.make_trainer()
+            except Exception:  # noqa: BLE001 - a model Keras cannot clone: record-only probes
+                ctx.trainer = None
+        elif keeper.optimizer and keeper.loss and keeper.train_batches:
             from .probes.torch_adapter import TorchTrainer
 
             try:

@@ -23,8 +23,17 @@ def expectations(path: Path) -> dict[str, str]:
     return dict(re.findall(r"^expect-([\w-]+):\s*(.+?)\s*$", text, flags=re.MULTILINE))
 
 
+def _has_tensorflow() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorflow") is not None
+
+
 def scenario_paths(prefix: str = "") -> list[Path]:
-    return sorted(p for p in SCENARIOS.glob(f"{prefix}*.py") if expectations(p))
+    """Scenario scripts with expectations; Keras ones (``keras_*``) only where TensorFlow is."""
+    keras = _has_tensorflow()
+    return sorted(p for p in SCENARIOS.glob(f"{prefix}*.py") if expectations(p)
+                  and (keras or not p.name.startswith("keras_")))
 
 
 def diagnose(script: Path, root: Path, *extra: str, timeout: float = 300) -> tuple[dict, str]:

@@ -20,9 +20,7 @@ a capture is active:
 
 from __future__ import annotations
 
-import inspect
 import math
-import re
 import sys
 import time
 import weakref
@@ -30,49 +28,16 @@ import weakref
 import numpy as np
 
 from .codeloc import definition_location, user_frame
-from .keras_keeper import KerasKeeper, LabelStats, describe_loss, split_batch
+from .keras_hooks import FitHooks, LoopHooks
+from .keras_keeper import KerasKeeper, LabelStats, describe_loss
+from .keras_util import assignment, in_xla, initializing, layer_of, user_location
 from .recorder import Recorder, _num, rss_bytes
 
 _HYPER = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "rho", "weight_decay",
           "clipnorm", "global_clipnorm", "clipvalue", "amsgrad")
-_PROGRESS = re.compile(r"/step\b|━|\d+/\d+ \[")  # Keras progress bar lines, not user metrics
 
 
-def _user_location(start=None) -> dict | None:
-    """The innermost user ``file:line``; autograph's generated copies of user code are skipped."""
-    frame = user_frame(start or sys._getframe(1))
-    while frame is not None and "__autograph_generated" in frame.f_code.co_filename:
-        frame = user_frame(frame.f_back)
-    if frame is None:
-        return None
-    return {"file": frame.f_code.co_filename, "line": frame.f_lineno}
-
-
-def _assignment(namespace: dict | None, name: str) -> dict | None:
-    """Where ``name = ...`` is first assigned in the file that holds ``namespace``."""
-    path = (namespace or {}).get("__file__")
-    if not path or not name or not name.isidentifier():
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if re.match(rf"\s*{name}\s*(:[^=]*)?=(?!=)", line):
-                    return {"file": path, "line": n}
-    except (OSError, UnicodeDecodeError):
-        return None
-    return None
-
-
-def _layer_of(var) -> str:
-    """The layer name of a variable: its path without the model prefix and the variable name."""
-    path = getattr(var, "path", None) or getattr(var, "name", "?")
-    parts = str(path).split(":")[0].split("/")
-    if len(parts) >= 3:
-        return "/".join(parts[1:-1])
-    return parts[0] if len(parts) == 2 else str(path)
-
-
-class KerasInstrument:
+class KerasInstrument(FitHooks, LoopHooks):
     """Instruments Keras / TensorFlow training for one Recorder."""
 
     def __init__(self, rec: Recorder) -> None:
@@ -93,6 +58,7 @@ class KerasInstrument:
         self._current: tuple | None = None
         self._pending = None
         self._target = None
+        self._call = None
         self._fit_depth = 0
         self._in_apply = False
         self._data_wait = 0.0
@@ -109,7 +75,7 @@ class KerasInstrument:
     def attach(self, name: str) -> None:
         """Patch what the imported module offers (``tensorflow`` or ``keras``), once each."""
         def ready(mod: str) -> bool:  # the module whose import just finished counts as ready
-            return mod in sys.modules and (mod == name or not _initializing(mod))
+            return mod in sys.modules and (mod == name or not initializing(mod))
 
         if self._tf is None and ready("tensorflow"):
             self._attach_tf(sys.modules["tensorflow"])
@@ -136,6 +102,8 @@ class KerasInstrument:
                     self._wrap_make_train(TensorFlowTrainer.make_train_function))
         self._patch(BaseOptimizer, "__init__", self._wrap_opt_init(BaseOptimizer.__init__))
         self._patch(BaseOptimizer, "apply", self._nograph(self._wrap_apply(BaseOptimizer.apply)))
+        self._patch(keras.Model, "__call__", self._wrap_model_call(keras.Model.__call__))
+        self._patch(keras.losses.Loss, "__call__", self._wrap_loss_call(keras.losses.Loss.__call__))
 
     def _nograph(self, fn):
         return self._tf.autograph.experimental.do_not_convert(fn)
@@ -209,7 +177,7 @@ class KerasInstrument:
         return compile
 
     def _after_compile(self, model) -> None:
-        loc = _user_location(sys._getframe())
+        loc = user_location(sys._getframe())
         self._ref("compile", loc)
         loss = describe_loss(getattr(model, "loss", None))
         if loss is not None:
@@ -225,7 +193,7 @@ class KerasInstrument:
         def __init__(opt, *args, **kwargs):
             original(opt, *args, **kwargs)
             if id(opt) not in inst._opt_locs:
-                loc = _user_location(sys._getframe())
+                loc = user_location(sys._getframe())
                 if loc is not None:
                     inst._opt_locs[id(opt)] = loc
 
@@ -261,149 +229,6 @@ class KerasInstrument:
             if isinstance(v, (int, float, bool)) and v is not None:
                 out[key] = v
         return out
-
-    # -- fit -------------------------------------------------------------------------------
-    def _wrap_fit(self, original):
-        inst = self
-        sig = inspect.signature(original)
-
-        def fit(model, *args, **kwargs):
-            try:
-                bound = sig.bind(model, *args, **kwargs)
-            except TypeError:
-                return original(model, *args, **kwargs)
-            inst._guard(inst._before_fit)(model, bound.arguments, sys._getframe())
-            tee = getattr(inst.rec, "_tee", None)
-            on_line = getattr(tee, "_on_line", None)
-            if on_line is not None:
-                tee._on_line = lambda line: None if _PROGRESS.search(line) else on_line(line)
-            inst._fit_depth += 1
-            try:
-                return original(*bound.args, **bound.kwargs)
-            finally:
-                inst._fit_depth -= 1
-                if on_line is not None:
-                    tee._on_line = on_line
-                inst._current = None
-
-        fit.__wrapped__ = original
-        return fit
-
-    def _before_fit(self, model, arguments: dict, frame) -> None:
-        loc = _user_location(frame)
-        for kind in ("fit", "backward", "step"):
-            self._ref(kind, loc)
-        self._discover_from_frame(model, frame)
-        opt = getattr(model, "optimizer", None)
-        if opt is not None:
-            self._on_optimizer(opt, loc)
-        if self.keeper.loss is None:
-            loss = describe_loss(getattr(model, "loss", None))
-            if loss is not None:
-                self.keeper.loss = loss
-                self.labels.loss, self.labels.keras = loss["name"], loss["keras"]
-        x, y = arguments.get("x"), arguments.get("y")
-        if y is None and x is not None and not hasattr(x, "shape"):
-            self.keeper.train_loader = self.keeper.train_loader or x
-        val = arguments.get("validation_data")
-        split = arguments.get("validation_split") or 0.0
-        if val is None and split and hasattr(x, "shape") and y is not None:
-            cut = int(len(x) * (1.0 - split))
-            val = (x[cut:], y[cut:])
-        if val is not None and self.keeper.validation is None and not self.keeper.val_batches:
-            self.keeper.validation = val
-        callbacks = arguments.get("callbacks")
-        cb = self._callback()
-        if callbacks is not None and hasattr(callbacks, "append") and \
-                type(callbacks).__name__ == "CallbackList":
-            callbacks.append(cb)
-        else:
-            arguments["callbacks"] = [*(callbacks or []), cb]
-        fn = getattr(model, "train_function", None)
-        if fn is not None and not getattr(fn, "_md_timed", False):
-            model.train_function = None  # traced before the capture: retrace with the probes
-        self._epoch_base = self.rec.epoch + (1 if self._steps else 0)
-
-    def _callback(self):
-        inst = self
-        base = self._keras.callbacks.Callback
-
-        class ModelDebuggerCallback(base):
-            def on_epoch_begin(self, epoch, logs=None):
-                inst._guard(inst._on_epoch_begin)(epoch)
-
-            def on_train_batch_end(self, batch, logs=None):
-                inst._guard(inst._on_batch_end)(logs)
-
-            def on_epoch_end(self, epoch, logs=None):
-                inst._guard(inst._on_epoch_end)(epoch, logs)
-
-        return ModelDebuggerCallback()
-
-    def _on_epoch_begin(self, epoch: int) -> None:
-        self.rec.set_epoch(self._epoch_base + int(epoch), "keras")
-        self._last_step_end = time.perf_counter()
-
-    def _on_epoch_end(self, epoch: int, logs) -> None:
-        ep = self._epoch_base + int(epoch)
-        for name, value in (logs or {}).items():
-            if isinstance(value, (int, float, np.floating, np.integer)) or \
-                    getattr(value, "shape", None) == ():
-                self.rec.metric(name, float(value), "keras", epoch=ep)
-        self._emit_targets()
-
-    def _on_batch_end(self, logs) -> None:
-        if self._pending is not None:
-            vec, layout = self._pending
-            self._pending = None
-        elif self._current is not None:
-            vec, layout = self._stashes[self._current].numpy(), self._layouts[self._current]
-        else:
-            loss = (logs or {}).get("loss")
-            self._emit_step(None if loss is None else float(loss), None, {})
-            return
-        self._emit_from_vec(vec, layout)
-
-    def _wrap_make_train(self, original):
-        inst = self
-
-        def make_train_function(model, force=False):
-            out = original(model, force)
-            fn = getattr(model, "train_function", None)
-            if inst._fit_depth and fn is not None and not getattr(fn, "_md_timed", False):
-                model.train_function = inst._timed(model, fn)
-                inst._touched.append(weakref.ref(model))
-            return out
-
-        make_train_function.__wrapped__ = original
-        return make_train_function
-
-    def _timed(self, model, fn):
-        """The train function, fed one batch taken by a timed ``next()`` (the data wait)."""
-        inst = self
-        out_of_range = self._tf.errors.OutOfRangeError
-
-        def train_function(iterator):
-            if getattr(model, "steps_per_execution", 1) != 1 or isinstance(iterator, list):
-                return fn(iterator)
-            t0 = time.perf_counter()
-            try:
-                data = next(iterator)
-            except out_of_range:
-                raise StopIteration from None
-            inst._data_wait += time.perf_counter() - t0
-            inst._guard(inst._on_data)(data)
-            return fn(iter((data,)))
-
-        train_function._md_timed = True
-        return train_function
-
-    def _on_data(self, data) -> None:
-        x, y = split_batch(data)
-        self._last_x = x
-        self.keeper.on_batch(x, y, self.rec.epoch)
-        if y is not None and not isinstance(y, (dict, tuple, list)):
-            self.labels.observe(y.numpy() if hasattr(y, "numpy") else y)
 
     # -- models ----------------------------------------------------------------------------
     def _discover_from_frame(self, model, frame) -> None:
@@ -448,7 +273,7 @@ class KerasInstrument:
         modules = [layer.name for layer in getattr(model, "layers", []) if layer.weights]
         self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
                       modules=modules[:500], training=True, framework="keras")
-        self._ref("model", definition_location(model) or _assignment(namespace, name), name=name)
+        self._ref("model", definition_location(model) or assignment(namespace, name), name=name)
         self.keeper.on_model(model, namespace)
 
     # -- gradients -------------------------------------------------------------------------
@@ -468,7 +293,7 @@ class KerasInstrument:
                 target.shape.rank is not None and target.shape.num_elements() == 1:
             self._target = target
             if not self._fit_depth:
-                self._ref("backward", _user_location(sys._getframe()))
+                self._ref("backward", user_location(sys._getframe()))
 
     def _wrap_apply(self, original):
         inst = self
@@ -501,7 +326,7 @@ class KerasInstrument:
             return None
         frame = sys._getframe()
         if not self._fit_depth:
-            self._ref("step", _user_location(frame))
+            self._ref("step", user_location(frame))
         if id(opt) not in self._opts:
             self._on_optimizer(opt, None)
         if not self._models:
@@ -511,7 +336,7 @@ class KerasInstrument:
             names: list[str] = []
             index = []
             for _, v in pairs:
-                layer = _layer_of(v)
+                layer = layer_of(v)
                 if layer not in names:
                     names.append(layer)
                 index.append(names.index(layer))
@@ -532,7 +357,7 @@ class KerasInstrument:
             stash.assign(vec)
             self._current = key
             return None
-        if not _in_xla():
+        if not in_xla():
             emit = self._guard(self._emit_from_vec)
 
             def step(v):
@@ -640,18 +465,3 @@ class KerasInstrument:
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 return layer.name
         return None
-
-
-def _initializing(name: str) -> bool:
-    spec = getattr(sys.modules.get(name), "__spec__", None)
-    return bool(getattr(spec, "_initializing", False))
-
-
-def _in_xla() -> bool:
-    try:
-        from tensorflow.python.framework import ops
-        from tensorflow.python.ops import control_flow_util
-
-        return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
-    except Exception:  # noqa: BLE001
-        return False

@@ -170,10 +170,9 @@ class Recorder:
     @property
     def keeper(self):
         """Live objects kept for Isolate (the model, initial weights, batches), or None."""
-        for inst in self._instruments:
-            if getattr(inst, "keeper", None) is not None:
-                return inst.keeper
-        return None
+        keepers = [k for k in (getattr(i, "keeper", None) for i in self._instruments)
+                   if k is not None]
+        return next((k for k in keepers if k.model is not None), keepers[0] if keepers else None)
 
     def _attach_torch(self, _module) -> None:
         from .torch_instrument import TorchInstrument

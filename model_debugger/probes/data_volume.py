@@ -7,6 +7,8 @@ memorises the training set.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .base import Probe, ProbeContext, register
 
 PARAMS_PER_SAMPLE = 10.0
@@ -27,8 +29,8 @@ class DataVolume(Probe):
             return []
         per_sample = max(1, targets[-1]["n"] // max(1, len(ctx.run.steps) and ctx.run.epochs))
         if ctx.trainer is not None and ctx.trainer.targets is not None \
-                and ctx.trainer.targets.dim() > 1:
-            per_sample = max(1, per_sample // int(ctx.trainer.targets[0].numel()))
+                and ctx.trainer.targets.ndim > 1:
+            per_sample = max(1, per_sample // int(np.prod(ctx.trainer.targets.shape[1:])))
         ratio = model["params"] / per_sample
         if ratio < PARAMS_PER_SAMPLE:
             return []

@@ -19,6 +19,8 @@ TOO_LOW = 100.0  # user lr this many times below the best rate
 
 def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
     """Return (learning rates, smoothed losses) of one geometric sweep."""
+    if hasattr(tr, "sweep"):  # a non-PyTorch trainer runs the same sweep itself
+        return tr.sweep(LR_MIN, LR_MAX, STEPS)
     import torch
 
     model = tr.fresh_model()
@@ -50,7 +52,7 @@ def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
 class LRRange(Probe):
     id = "lr_range"
     categories = ("gradient_instability", "loss_not_decreasing")
-    frameworks = ("torch", "none")
+    frameworks = ("torch", "keras", "none")
 
     def run(self, ctx: ProbeContext):
         tr = ctx.trainer
@@ -132,10 +134,13 @@ class LRRange(Probe):
 
 def _heldout_at(tr, ctx: ProbeContext, lr: float) -> float:
     """Held-out loss of a fresh copy trained at ``lr`` on 70% of the sample."""
-    import torch
-
     n = min(tr.n, 768)
-    idx = torch.randperm(tr.n, generator=torch.Generator().manual_seed(1))[:n]
+    if hasattr(tr, "randperm"):
+        idx = tr.randperm(tr.n, 1)[:n]
+    else:
+        import torch
+
+        idx = torch.randperm(tr.n, generator=torch.Generator().manual_seed(1))[:n]
     inputs, target = tr.subset(idx)
     cut = int(0.7 * n)
     steps = tr.steps_within(100, seconds=min(2.0, ctx.time_left() / 10))

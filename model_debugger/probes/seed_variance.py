@@ -19,7 +19,7 @@ class SeedVariance(Probe):
     id = "seed_variance"
     categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = True
-    frameworks = ("torch",)
+    frameworks = ("torch", "keras")
 
     def run(self, ctx: ProbeContext):
         tr = ctx.trainer

@@ -1,0 +1,223 @@
+"""Hooks of the Keras instrument, by training style (mixed into ``KerasInstrument``).
+
+- :class:`FitHooks`: ``model.fit`` — a recording callback, a timed train function (data wait,
+  sample batches, label statistics), what fit received for Isolate;
+- :class:`LoopHooks`: custom ``tf.GradientTape`` loops run eagerly — the loss objects and model
+  calls give the training loss, sample batches and label statistics.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import time
+import weakref
+
+import numpy as np
+
+from .keras_keeper import describe_loss, split_batch, to_numpy
+from .keras_util import user_location
+
+_PROGRESS = re.compile(r"/step\b|━|\d+/\d+ \[")  # Keras progress bar lines, not user metrics
+
+
+class FitHooks:
+    """``fit``: callback, timed train function, validation data. Needs the instrument's state."""
+
+    # -- fit -------------------------------------------------------------------------------
+    def _wrap_fit(self, original):
+        inst = self
+        sig = inspect.signature(original)
+
+        def fit(model, *args, **kwargs):
+            try:
+                bound = sig.bind(model, *args, **kwargs)
+            except TypeError:
+                return original(model, *args, **kwargs)
+            inst._guard(inst._before_fit)(model, bound.arguments, sys._getframe())
+            tee = getattr(inst.rec, "_tee", None)
+            on_line = getattr(tee, "_on_line", None)
+            if on_line is not None:
+                tee._on_line = lambda line: None if _PROGRESS.search(line) else on_line(line)
+            inst._fit_depth += 1
+            try:
+                return original(*bound.args, **bound.kwargs)
+            finally:
+                inst._fit_depth -= 1
+                if on_line is not None:
+                    tee._on_line = on_line
+                inst._current = None
+
+        fit.__wrapped__ = original
+        return fit
+
+    def _before_fit(self, model, arguments: dict, frame) -> None:
+        loc = user_location(frame)
+        for kind in ("fit", "backward", "step"):
+            self._ref(kind, loc)
+        self._discover_from_frame(model, frame)
+        opt = getattr(model, "optimizer", None)
+        if opt is not None:
+            self._on_optimizer(opt, loc)
+        if self.keeper.loss is None:
+            loss = describe_loss(getattr(model, "loss", None))
+            if loss is not None:
+                self.keeper.loss = loss
+                self.labels.loss, self.labels.keras = loss["name"], loss["keras"]
+        x, y = arguments.get("x"), arguments.get("y")
+        if y is None and x is not None and not hasattr(x, "shape"):
+            self.keeper.train_loader = self.keeper.train_loader or x
+        val = arguments.get("validation_data")
+        split = arguments.get("validation_split") or 0.0
+        if val is None and split and hasattr(x, "shape") and y is not None:
+            cut = int(len(x) * (1.0 - split))
+            val = (x[cut:], y[cut:])
+        if val is not None and self.keeper.validation is None and not self.keeper.val_batches:
+            self.keeper.validation = val
+        callbacks = arguments.get("callbacks")
+        cb = self._callback()
+        if callbacks is not None and hasattr(callbacks, "append") and \
+                type(callbacks).__name__ == "CallbackList":
+            callbacks.append(cb)
+        else:
+            arguments["callbacks"] = [*(callbacks or []), cb]
+        fn = getattr(model, "train_function", None)
+        if fn is not None and not getattr(fn, "_md_timed", False):
+            model.train_function = None  # traced before the capture: retrace with the probes
+        self._epoch_base = self.rec.epoch + (1 if self._steps else 0)
+
+    def _callback(self):
+        inst = self
+        base = self._keras.callbacks.Callback
+
+        class ModelDebuggerCallback(base):
+            def on_epoch_begin(self, epoch, logs=None):
+                inst._guard(inst._on_epoch_begin)(epoch)
+
+            def on_train_batch_end(self, batch, logs=None):
+                inst._guard(inst._on_batch_end)(logs)
+
+            def on_epoch_end(self, epoch, logs=None):
+                inst._guard(inst._on_epoch_end)(epoch, logs)
+
+        return ModelDebuggerCallback()
+
+    def _on_epoch_begin(self, epoch: int) -> None:
+        self.rec.set_epoch(self._epoch_base + int(epoch), "keras")
+        self._last_step_end = time.perf_counter()
+
+    def _on_epoch_end(self, epoch: int, logs) -> None:
+        ep = self._epoch_base + int(epoch)
+        for name, value in (logs or {}).items():
+            if isinstance(value, (int, float, np.floating, np.integer)) or \
+                    getattr(value, "shape", None) == ():
+                self.rec.metric(name, float(value), "keras", epoch=ep)
+        self._emit_targets()
+
+    def _on_batch_end(self, logs) -> None:
+        if self._pending is not None:
+            vec, layout = self._pending
+            self._pending = None
+        elif self._current is not None:
+            vec, layout = self._stashes[self._current].numpy(), self._layouts[self._current]
+        else:
+            loss = (logs or {}).get("loss")
+            self._emit_step(None if loss is None else float(loss), None, {})
+            return
+        self._emit_from_vec(vec, layout)
+
+    def _wrap_make_train(self, original):
+        inst = self
+
+        def make_train_function(model, force=False):
+            out = original(model, force)
+            fn = getattr(model, "train_function", None)
+            if inst._fit_depth and fn is not None and not getattr(fn, "_md_timed", False):
+                model.train_function = inst._timed(model, fn)
+                inst._touched.append(weakref.ref(model))
+            return out
+
+        make_train_function.__wrapped__ = original
+        return make_train_function
+
+    def _timed(self, model, fn):
+        """The train function, fed one batch taken by a timed ``next()`` (the data wait)."""
+        inst = self
+        out_of_range = self._tf.errors.OutOfRangeError
+
+        def train_function(iterator):
+            if getattr(model, "steps_per_execution", 1) != 1 or isinstance(iterator, list):
+                return fn(iterator)
+            t0 = time.perf_counter()
+            try:
+                data = next(iterator)
+            except out_of_range:
+                raise StopIteration from None
+            inst._data_wait += time.perf_counter() - t0
+            inst._guard(inst._on_data)(data)
+            return fn(iter((data,)))
+
+        train_function._md_timed = True
+        return train_function
+
+    def _on_data(self, data) -> None:
+        x, y = split_batch(data)
+        self._last_x = x
+        self.keeper.on_batch(x, y, self.rec.epoch)
+        if y is not None and not isinstance(y, (dict, tuple, list)):
+            self.labels.observe(y.numpy() if hasattr(y, "numpy") else y)
+
+
+
+class LoopHooks:
+    """Custom loops: ``Model.__call__`` remembers the last eager input, ``Loss.__call__`` pairs
+    it with the targets while a gradient tape records (training) or not (validation)."""
+
+    def _wrap_model_call(self, original):
+        inst = self
+
+        def __call__(model, *args, **kwargs):
+            if args and not inst._fit_depth and inst._tf.executing_eagerly():
+                inst._call = args[0]
+            return original(model, *args, **kwargs)
+
+        __call__.__wrapped__ = original
+        return __call__
+
+    def _wrap_loss_call(self, original):
+        inst = self
+
+        def __call__(loss, y_true, y_pred, *args, **kwargs):
+            out = original(loss, y_true, y_pred, *args, **kwargs)
+            if not inst._fit_depth and inst._tf.executing_eagerly():
+                inst._guard(inst._on_loss_call)(loss, y_true, y_pred)
+            return out
+
+        __call__.__wrapped__ = original
+        return __call__
+
+    def _on_loss_call(self, loss, y_true, y_pred) -> None:
+        from tensorflow.python.eager import record
+
+        x, self._call = self._call, None
+        if not record.could_possibly_record():  # no tape: an evaluation
+            y = to_numpy(y_true)
+            if x is not None and len(self.keeper.val_batches) < 32 and hasattr(y, "shape") \
+                    and getattr(x, "shape", (None,))[:1] == y.shape[:1]:
+                self.keeper.val_batches.append(((to_numpy(x),), y))
+            return
+        if self.keeper.loss is None:
+            desc = describe_loss(loss)
+            if desc is None:
+                return
+            self.keeper.loss = desc
+            self.labels.loss, self.labels.keras = desc["name"], desc["keras"]
+            self._ref("loss_fn", user_location(sys._getframe()), name=desc["keras"])
+        if self.keeper.loss.get("object") is not loss:
+            return
+        y = to_numpy(y_true)
+        self.labels.observe(y)
+        if x is not None:
+            self._last_x = x
+            self.keeper.on_batch(x, y, self.rec.epoch)

@@ -1,0 +1,59 @@
+"""Helpers of the Keras instrument: user code locations (autograph-aware), layer names, import
+state and XLA detection. Importing this module imports neither tensorflow nor keras."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from .codeloc import user_frame
+
+
+def user_location(start=None) -> dict | None:
+    """The innermost user ``file:line``; autograph's generated copies of user code are skipped."""
+    frame = user_frame(start or sys._getframe(1))
+    while frame is not None and "__autograph_generated" in frame.f_code.co_filename:
+        frame = user_frame(frame.f_back)
+    if frame is None:
+        return None
+    return {"file": frame.f_code.co_filename, "line": frame.f_lineno}
+
+
+def assignment(namespace: dict | None, name: str) -> dict | None:
+    """Where ``name = ...`` is first assigned in the file that holds ``namespace``."""
+    path = (namespace or {}).get("__file__")
+    if not path or not name or not name.isidentifier():
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if re.match(rf"\s*{name}\s*(:[^=]*)?=(?!=)", line):
+                    return {"file": path, "line": n}
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def layer_of(var) -> str:
+    """The layer name of a variable: its path without the model prefix and the variable name."""
+    path = getattr(var, "path", None) or getattr(var, "name", "?")
+    parts = str(path).split(":")[0].split("/")
+    if len(parts) >= 3:
+        return "/".join(parts[1:-1])
+    return parts[0] if len(parts) == 2 else str(path)
+
+
+
+def initializing(name: str) -> bool:
+    spec = getattr(sys.modules.get(name), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def in_xla() -> bool:
+    try:
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+
+        return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
+    except Exception:  # noqa: BLE001
+        return False

@@ -1,0 +1,191 @@
+"""The Keras adapter probes use to train copies of the user's model from its initial weights.
+
+Same interface as :class:`~model_debugger.probes.torch_adapter.TorchTrainer`: nothing touches the
+user's objects; every probe trains ``keras.models.clone_model`` copies set to the weights captured
+before the first step, with the user's optimizer class and config (or an override) and the
+compiled loss. Inputs and targets are NumPy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class KerasTrainer:
+    """Train and evaluate copies of a captured Keras model.
+
+    Parameters
+    ----------
+    model : keras.Model
+        The user's model (only cloned, never modified).
+    initial_state : list of numpy arrays or None
+        ``model.get_weights()`` taken before the first step.
+    optimizer : dict
+        ``{"cls": optimizer class, "hyper": {"lr": ...}, "config": get_config()}``.
+    loss : dict
+        :func:`~model_debugger.capture.keras_keeper.describe_loss` of the compiled loss.
+    train_batches, val_batches : list of ((x, ...), y) NumPy pairs
+    """
+
+    framework = "keras"
+
+    def __init__(self, model, initial_state, optimizer, loss, train_batches, val_batches=()):
+        import keras
+
+        self.model = model
+        self.initial_state = initial_state
+        self.opt_cls = optimizer.get("cls") or keras.optimizers.Adam
+        self.config = dict(optimizer.get("config") or {})
+        self.hyper = dict(optimizer.get("hyper") or {"lr": 1e-3})
+        obj = loss.get("object")
+        self.loss_obj = keras.losses.get(obj) if isinstance(obj, str) else obj
+        self.loss_name = loss.get("name")
+        self.loss_fn = _named(self.loss_obj, self.loss_name)
+        self.loss_input_shape = None
+        self.inputs, self.targets = _stack(train_batches)
+        self.val_inputs, self.val_targets = _stack(val_batches) if val_batches else (None, None)
+
+    @property
+    def lr(self) -> float:
+        return float(self.hyper.get("lr", 1e-3))
+
+    @property
+    def n(self) -> int:
+        return 0 if self.targets is None else int(self.targets.shape[0])
+
+    def fresh_model(self):
+        """A clone of the model with its initial weights."""
+        import keras
+
+        model = keras.models.clone_model(self.model)
+        if not model.built and self.inputs is not None:
+            model(self._x(tuple(x[:1] for x in self.inputs)))
+        if self.initial_state is not None:
+            model.set_weights(self.initial_state)
+        return model
+
+    def optimizer(self, model=None, lr: float | None = None, cls=None):
+        """A new optimizer of the user's class and config (``lr`` overrides the rate)."""
+        cls = cls or self.opt_cls
+        config = {k: v for k, v in self.config.items() if k != "name"}
+        config["learning_rate"] = float(lr if lr is not None else self.lr)
+        try:
+            return cls.from_config(config)
+        except Exception:  # noqa: BLE001 - another optimizer class: only the rate carries over
+            return cls(learning_rate=config["learning_rate"])
+
+    def subset(self, idx):
+        """``(inputs, target)`` rows ``idx`` of the training sample."""
+        idx = np.asarray(idx) if not isinstance(idx, slice) else idx
+        return tuple(x[idx] for x in self.inputs), self.targets[idx]
+
+    def randperm(self, n: int, seed: int) -> np.ndarray:
+        return np.random.default_rng(seed).permutation(n)
+
+    @staticmethod
+    def _x(inputs):
+        return inputs[0] if len(inputs) == 1 else list(inputs)
+
+    def _loss(self, model, inputs, target, training: bool):
+        import tensorflow as tf
+
+        out = model(self._x(inputs), training=training)
+        return tf.reduce_mean(self.loss_obj(target, out))
+
+    def _step_fn(self, model, opt):
+        import tensorflow as tf
+
+        variables = model.trainable_variables
+
+        @tf.function(reduce_retracing=True)
+        def step(inputs, target):
+            with tf.GradientTape() as tape:
+                loss = self._loss(model, inputs, target, True)
+            grads = tape.gradient(loss, variables)
+            opt.apply_gradients(zip(grads, variables))
+            return loss
+
+        return step
+
+    def fit(self, model, inputs, target, steps: int, lr: float | None = None, batch_size: int = 64,
+            seed: int = 0, opt_cls=None, stop_below: float | None = None) -> list[float]:
+        """Train ``model`` in place for ``steps`` minibatch steps; return the loss per step."""
+        rng = np.random.default_rng(seed)
+        opt = self.optimizer(model, lr, opt_cls)
+        step = self._step_fn(model, opt)
+        n = int(target.shape[0])
+        losses: list[float] = []
+        for _ in range(steps):
+            idx = rng.permutation(n)[:batch_size] if n > batch_size else slice(None)
+            value = float(step(tuple(x[idx] for x in inputs), target[idx]))
+            losses.append(value)
+            if not math.isfinite(value) or (stop_below is not None and value < stop_below):
+                break
+        return losses
+
+    def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """A geometric learning-rate sweep (as ``lr_range.sweep``): rates and smoothed losses."""
+        model = self.fresh_model()
+        opt = self.optimizer(model, lr_min)
+        rng = np.random.default_rng(0)
+        lrs = np.geomspace(lr_min, lr_max, self.steps_within(steps, floor=60))
+        step = self._step_fn(model, opt)
+        losses, smooth = [], None
+        for lr in lrs:
+            opt.learning_rate = float(lr)  # assigns the optimizer's variable: no retrace
+            inputs, target = self.subset(rng.permutation(self.n)[:64])
+            value = float(step(inputs, target))  # the loss before this update
+            if not math.isfinite(value):
+                losses.append(math.inf)
+                break
+            smooth = value if smooth is None else 0.8 * smooth + 0.2 * value
+            losses.append(smooth)
+            if smooth > 4 * min(losses):
+                break
+        return lrs[:len(losses)], np.array(losses)
+
+    def steps_within(self, steps: int, batch_size: int = 64, floor: int = 30,
+                     work: float = 2e7, seconds: float | None = None) -> int:
+        """How many of ``steps`` training steps a probe affords on this model (see TorchTrainer)."""
+        params = max(int(self.model.count_params()), 1)
+        per_step = max(params * min(batch_size, max(self.n, 1)), 1)
+        count = max(floor, min(steps, int(steps * work / per_step)))
+        if seconds is None or per_step <= work:
+            return count
+        import time
+
+        model = self.fresh_model()
+        inputs, target = self.subset(slice(0, min(batch_size, self.n)))
+        self.fit(model, inputs, target, 1, batch_size=batch_size)  # the trace
+        t0 = time.perf_counter()
+        self.fit(model, inputs, target, 2, batch_size=batch_size)
+        took = max((time.perf_counter() - t0) / 2, 1e-6)
+        return max(5, min(count, int(seconds / took)))
+
+    def evaluate(self, model, inputs, target) -> float:
+        """Mean loss of ``model`` on the given rows (inference mode)."""
+        return float(self._loss(model, inputs, target, False))
+
+
+def _named(obj, name):
+    """The loss callable, named like the PyTorch functional it corresponds to (for baselines)."""
+    def loss_fn(target, output):
+        return obj(target, output)
+
+    loss_fn.__name__ = name or getattr(obj, "__name__", "loss")
+    return loss_fn
+
+
+def _stack(batches):
+    """Concatenate ``[((x, ...), y), ...]`` NumPy pairs whose shapes match the first one."""
+    batches = [(i, t) for i, t in batches if t is not None and np.ndim(t) > 0]
+    if not batches:
+        return None, None
+    first_in, first_t = batches[0]
+    keep = [(i, t) for i, t in batches
+            if len(i) == len(first_in) and t.shape[1:] == first_t.shape[1:]
+            and all(a.shape[1:] == b.shape[1:] for a, b in zip(i, first_in))]
+    inputs = tuple(np.concatenate([i[k] for i, _ in keep]) for k in range(len(first_in)))
+    return inputs, np.concatenate([t for _, t in keep])
