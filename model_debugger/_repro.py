@@ -215,3 +215,27 @@ def repro_source(session: DebugSession) -> str:
                               name=redact(os.path.basename(script)), home=redact(os.path.dirname(script)),
                               code=_literal(redact(code or "")))
     return _HEADER.format(sid=session.id, what=what, expected=expected) + "\n" + body
+
+
+def write_repro(session: DebugSession | str, path: str | None = None) -> str:
+    """Write the standalone ``repro.py`` of a session (or session folder).
+
+    Parameters
+    ----------
+    session : DebugSession or str
+    path : str, optional
+        Where to write (default ``<session dir>/repro.py``).
+
+    Returns
+    -------
+    str
+        The path written; the file is checked to compile first.
+    """
+    if not isinstance(session, DebugSession):
+        session = DebugSession.load(os.fspath(session))
+    path = path or os.path.join(session.directory, "repro.py")
+    source = repro_source(session)
+    compile(source, path, "exec")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(source)
+    return path

@@ -18,9 +18,16 @@ import re
 import shlex
 import time
 
+import numpy as np
+
+from . import _plots
+from ._repro import write_repro
+from .logs import load_log
 from .records import Run
 from .session import PHASES, REPORT_SCHEMA, DebugSession
 
+__all__ = ["REDACTED", "build_notebook", "export", "export_notebook", "redact", "redact_args",
+           "write_repro"]
 REDACTED = "[REDACTED]"
 SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASS|CREDENTIAL|AUTH|API", re.I)
 _TOKENS = [
@@ -157,9 +164,7 @@ class _Notebook:
 
 
 def _png(fig) -> str:
-    from ._plots import figure_png
-
-    return base64.b64encode(figure_png(fig)).decode("ascii")
+    return base64.b64encode(_plots.figure_png(fig)).decode("ascii")
 
 
 def _load(path: str) -> Run | None:
@@ -174,13 +179,9 @@ def _artifact(session: DebugSession) -> dict:
 def _run_row(i: int, seed, run: Run | None, category: str) -> list:
     if run is None or not run.steps:
         return [i + 1, seed, 0, None, None, None, None, None, category]
-    import numpy as np
-
     loss, gn = run.series("loss"), run.series("gn")
     fin = loss[np.isfinite(loss)]
-    from ._plots import first_nonfinite
-
-    bad, step = run.first("nonfinite"), first_nonfinite(run)
+    bad, step = run.first("nonfinite"), _plots.first_nonfinite(run)
     first_bad = (f"step {bad.get('step')} ({bad.get('what')}, {bad.get('module') or '—'})"
                  if bad else (f"step {step}" if step is not None else None))
     return [i + 1, seed, len(run.steps), float(loss[0]) if np.isfinite(loss[0]) else str(loss[0]),
@@ -226,8 +227,6 @@ def _reproduce(nb: _Notebook, session: DebugSession, art: dict) -> None:
     if art.get("type") == "log":
         run = None
         try:
-            from .logs import load_log
-
             run = load_log(art["path"], art.get("error"))
         except (ValueError, OSError, KeyError) as exc:
             lines.append(f"(the log cannot be read again for plots: {exc})")
@@ -241,12 +240,10 @@ def _reproduce(nb: _Notebook, session: DebugSession, art: dict) -> None:
             if run is not None:
                 runs.append(run)
     if runs:
-        from ._plots import grad_norm_figure, loss_figure
-
-        figures.append((loss_figure(runs, [f"run {i + 1}" for i in range(len(runs))]),
+        figures.append((_plots.loss_figure(runs, [f"run {i + 1}" for i in range(len(runs))]),
                         "loss per step"))
         if any(r.steps and "gn" in r.steps[0] for r in runs):
-            figures.append((grad_norm_figure(runs[0], "Gradient norms per step (run 1)"),
+            figures.append((_plots.grad_norm_figure(runs[0], "Gradient norms per step (run 1)"),
                             "gradient norms, run 1"))
     nb.code(cmd, "\n".join(lines) + "\n", figures)
     nb.md("Per run:", _table(["run", "seed", "steps", "first loss", "final finite loss",
@@ -311,17 +308,16 @@ def _isolate(nb: _Notebook, session: DebugSession) -> None:
             out += "\n"
         if e.get("noise"):
             out += f"seed noise: {json.dumps(e['noise'], default=str)}\n"
-        nb.code(f"# measured evidence of each finding (isolate round {n})\n"
+        nb.code(f"# Isolate round {n}: the measured evidence behind each finding\n"
                 f"from model_debugger.session import DebugSession\n"
-                f"DebugSession.load({session.directory!r}).findings", out)
+                f"events = DebugSession.load({session.directory!r}).events\n"
+                f"[e for e in events if e['kind'] == 'isolate'][{n - 1}]['findings']", out)
 
 
 def _finding_for(session: DebugSession, check: str, upto: int) -> dict | None:
-    found = None
-    for e in session.events[:upto]:
-        if e["kind"] == "isolate":
-            found = next((f for f in e.get("findings", []) if f["check"] == check), found)
-    return found
+    """The finding a fix addresses, as the latest Isolate round before the fix reported it."""
+    return next((f for e in reversed(session.events[:upto]) if e["kind"] == "isolate"
+                 for f in e.get("findings", []) if f["check"] == check), None)
 
 
 def _fix(nb: _Notebook, session: DebugSession) -> None:
@@ -346,8 +342,13 @@ def _fix(nb: _Notebook, session: DebugSession) -> None:
                                             "none (every boundary held)."),
               f"The change (the session's copy of the fixed code is `{fix.get('copy')}`):",
               f"```diff\n{(fix.get('diff') or '').rstrip()}\n```")
-        nb.code(_cmd("model-debugger", "verify", session.directory,
-                     "--fixed", fix.get("fixed") or fix.get("copy") or "fixed.py", "--yes"),
+        ver = next((x["verification"] for x in session.events[e["seq"]:]
+                    if x["kind"] == "verify"), None)
+        flags = ["--seeds", len(ver.get("seeds") or [])] if ver and ver.get("seeds") else []
+        flags += ["--allow-architecture"] * any("architecture" in o for o in overrides)
+        flags += ["--data-consent"] * any("preprocessing" in o for o in overrides)
+        nb.code(_cmd("model-debugger", "verify", session.directory, "--fixed",
+                     fix.get("fixed") or fix.get("copy") or "fixed.py", "--yes", *flags),
                 f"fix plan for {fix.get('finding')} ({fix.get('root_cause')}) at "
                 f"{_loc(fix.get('location'))}: approved\n"
                 f"touches: {', '.join(fix.get('touches') or []) or '-'}\n"
@@ -383,8 +384,6 @@ def _verify(nb: _Notebook, session: DebugSession) -> None:
     if not events:
         nb.md(f"**Not reached**: {session.gates()['verify'] or 'not verified yet'}.")
         return
-    from ._plots import before_after_loss_figure, verification_figure
-
     for n, e in enumerate(events, 1):
         v = e["verification"]
         seeds = v.get("seeds") or []
@@ -405,9 +404,9 @@ def _verify(nb: _Notebook, session: DebugSession) -> None:
               + (" Back to Isolate with the remaining symptom."
                  if v.get("verdict") == "partially_resolved" else ""))
         before, after = _verify_runs(session, n, v)
-        figures = [(verification_figure(v), f"{v.get('metric')} before/after")]
+        figures = [(_plots.verification_figure(v), f"{v.get('metric')} before/after")]
         if before or after:
-            figures.append((before_after_loss_figure(before, after), "loss before/after"))
+            figures.append((_plots.before_after_loss_figure(before, after), "loss before/after"))
         out = "".join(f"{name}: " + ", ".join(f"seed {s}={_num(x)}" for s, x in
                                               zip(seeds, side.get("values") or []))
                       + f"; mean {_num(side.get('mean'))}; present {side.get('present')}\n"
@@ -436,7 +435,8 @@ def build_notebook(session: DebugSession | str):
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(created)) if created else "—"
     rep = session.report()
     gates = session.gates()
-    status = [[p.capitalize(), "done" if _done(session, p) else ("open" if gates[p] is None
+    kinds = {e["kind"] for e in session.events}
+    status = [[p.capitalize(), "done" if p in kinds else ("open" if gates[p] is None
                                                                   else f"blocked: {gates[p]}")]
               for p in PHASES]
     nb.md(f"# model_debugger session `{session.id}`",
@@ -459,10 +459,6 @@ def build_notebook(session: DebugSession | str):
     })
     nbformat.validate(notebook)
     return notebook
-
-
-def _done(session: DebugSession, phase: str) -> bool:
-    return any(e["kind"] == phase for e in session.events)
 
 
 def export_notebook(session: DebugSession | str, path: str | None = None) -> str:
@@ -499,16 +495,3 @@ def export(session: DebugSession | str, path: str | None = None) -> dict:
     repro = write_repro(session, os.path.join(os.path.dirname(os.path.abspath(notebook)),
                                               "repro.py"))
     return {"notebook": notebook, "repro": repro}
-
-
-def write_repro(session: DebugSession | str, path: str | None = None) -> str:
-    """Write a standalone script that re-runs the reproduction (see :mod:`._repro`)."""
-    from ._repro import repro_source
-
-    session = _session(session)
-    path = path or os.path.join(session.directory, "repro.py")
-    source = repro_source(session)
-    compile(source, path, "exec")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(source)
-    return path

@@ -432,3 +432,63 @@ def test_plots_draw_without_pyplot(tmp_path):
         assert data == _plots.figure_png(fig)
         assert _valid_png(data) == (360, 640)
     assert "matplotlib.pyplot" not in sys.modules
+
+
+def test_real_fix_and_verify_export(real, tmp_path, monkeypatch):
+    """The product's own Fix and Verify (plan_fix, record_fix, verify_script) on a copy."""
+    import shutil
+
+    from model_debugger.fix import plan_fix
+    from model_debugger.verify import verify_script
+
+    monkeypatch.delenv(FAKE_ENV_NAME, raising=False)
+    folder = tmp_path / "session"
+    shutil.copytree(real.directory, folder)
+    s = DebugSession.load(str(folder))
+    assert s.queue and s.queue[0].check == "lr_range", [f.to_json() for f in s.findings]
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(TINY.replace("lr=3.0", "lr=0.05"))
+    s.record_fix(plan_fix(s, fixed.read_text(), fixed_path=str(fixed)), approved=True)
+    with open(os.devnull, "w") as sink:
+        v = verify_script(s, seeds=[0], stdout=sink)
+    nb = nbformat.read(export_notebook(DebugSession.load(str(folder)), str(tmp_path / "n.ipynb")),
+                       as_version=4)
+    nbformat.validate(nb)
+    text = _texts(nb)
+    assert "-opt = torch.optim.SGD(model.parameters(), lr=3.0)\n" \
+           "+opt = torch.optim.SGD(model.parameters(), lr=0.05)" in text
+    assert f"--fixed {fixed} --yes --seeds 1" in text
+    assert f"**Verdict: {v['verdict']}**" in text
+    b, a = v["before"], v["after"]
+    assert f"| before | {_fmt(b['values'][0])} | {_fmt(b['mean'])} |" in text
+    assert f"| after | {_fmt(a['values'][0])} | {_fmt(a['mean'])} |" in text
+    assert "**Not reached**" not in text
+    assert len(_pngs(nb)) == 4
+
+
+def _fmt(x) -> str:
+    return "—" if x is None else f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def test_two_fix_verify_cycles_are_numbered(tmp_path):
+    s = _hand_built(tmp_path)
+    s.record_findings([Finding("missing_zero_grad", "training_loop", True, "zero_grad is never "
+                               "called", {"file": "train.py", "line": 9}, {})])
+    s.append("fix", fix={"finding": "missing_zero_grad", "root_cause": "training_loop",
+                         "location": {"file": "train.py", "line": 9}, "diff": "", "hunks": [],
+                         "touches": ["training_loop"], "suggestion": "Call zero_grad.",
+                         "expected": "", "overrides": [], "fixed": "fixed2.py",
+                         "copy": "fixes/2.py", "approved": True})
+    s.append("verify", verification={
+        "verdict": "resolved", "category": "gradient_instability", "metric": "finite_fraction",
+        "direction": "higher", "before": {"values": [0.5], "mean": 0.5, "present": "1/1"},
+        "after": {"values": [1.0], "mean": 1.0, "present": "0/1"}, "noise_band": 0.01,
+        "improvement": 0.5, "remaining_symptom": None, "remaining": [], "seeds": [7],
+        "finding": "missing_zero_grad"})
+    text = _texts(build_notebook(s))
+    for head in ("### Isolate, round 2", "### Fix 1: `lr_range`", "### Fix 2: `missing_zero_grad`",
+                 "### Verify 1: `lr_range`", "### Verify 2: `missing_zero_grad`"):
+        assert head in text
+    assert "`train.py:9` (confirmed: yes)" in text
+    assert "| before | 0.5 | 0.5 | — | 1/1 |" in text
+    assert "--fixed fixed2.py --yes --seeds 1" in text
