@@ -9,7 +9,7 @@ from __future__ import annotations
 from .capture import CaptureConfig, Recorder, log
 
 __version__ = "0.1.0"
-__all__ = ["CaptureConfig", "Recorder", "capture", "log", "__version__"]
+__all__ = ["CaptureConfig", "Recorder", "capture", "current_session", "log", "__version__"]
 
 
 def capture(path: str | None = None, **config) -> Recorder:
@@ -29,3 +29,29 @@ def capture(path: str | None = None, **config) -> Recorder:
         A context manager; every hook it installs is removed when the block exits.
     """
     return Recorder(path, CaptureConfig(**config))
+
+
+def current_session():
+    """The notebook kernel's debugging session (``.report()``, ``.tracker``), created on first use.
+
+    Returns
+    -------
+    model_debugger.notebook.NotebookSession
+    """
+    from .notebook import current_session as _current
+
+    return _current()
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext model_debugger``: register the magics (imports neither torch nor tensorflow)."""
+    from .magics import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    """``%unload_ext model_debugger``: remove every magic and forget the kernel's session."""
+    from .magics import unload
+
+    unload(ipython)

@@ -1,0 +1,204 @@
+"""IPython magics: parse arguments, call the kernel's session, display. Nothing else.
+
+``%load_ext model_debugger`` registers them; ``%unload_ext model_debugger`` removes them all.
+
+- ``%%reproduce [--runs N] [--seed S]``: run the cell under capture (live loss curves), record
+  Reproduce and Classify; earlier cells it depends on are kept with it in ``artifact.py``.
+- ``%classify``: the classification Reproduce recorded, with its numbers.
+- ``%isolate [--probe ID ...] [--budget SECONDS]``: probes on the live objects; the findings.
+- ``%%evidence``: run a cell and attach its outputs and ``name=value`` numbers to the current
+  hypothesis (evidence never confirms a finding; only Isolate's measurements do).
+- ``%%fix [--yes] [--allow-architecture] [--data-consent]``: the cell holds the changed code; the
+  plan is shown with an Approve button (``--yes`` approves).
+- ``%verify [--seeds K]``, ``%md_status``, ``%md_export PATH``.
+"""
+
+from __future__ import annotations
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from ._deps import earlier_cells
+from .session import GateError
+
+
+def _session():
+    from .notebook import current_session
+
+    return current_session()
+
+
+def _views():
+    from .widgets import views
+
+    return views
+
+
+def _numbers(text: str) -> dict[str, float]:
+    from .capture.metrics import parse_metric_line
+
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        found.update(parse_metric_line(line)[1])
+    return found
+
+
+@magics_class
+class DebuggerMagics(Magics):
+    """The model_debugger magics (one instance per shell)."""
+
+    @magic_arguments()
+    @argument("--runs", type=int, default=1, help="how many times to run the cell")
+    @argument("--seed", type=int, default=None, help="seed of run i is SEED + i")
+    @cell_magic
+    def reproduce(self, line: str, cell: str) -> None:
+        """Run the cell under capture; record Reproduce and Classify."""
+        args = parse_argstring(self.reproduce, line)
+        ns, views = _session(), _views()
+        history = earlier_cells(self.shell.user_ns.get("In", []), cell)
+        display(ns.curves)
+        verdict, error = ns.reproduce(cell, runs=args.runs, seed=args.seed, history=history)
+        display(views.reproduce(verdict, error))
+        if isinstance(error, KeyboardInterrupt):
+            display(views.message("interrupted: the partial record was kept", "warning"))
+        report = ns.report()
+        display(views.classification(report))
+        display(ns.gradients)
+        display(ns.tracker)
+
+    @line_magic
+    def classify(self, line: str = "") -> None:
+        """Show the classification Reproduce recorded (nothing is re-classified)."""
+        display(_views().classification(_session().report()))
+
+    @magic_arguments()
+    @argument("--probe", nargs="+", action="extend", default=None, metavar="ID",
+              help="probe ids to run (default: those for the categories)")
+    @argument("--budget", type=float, default=30.0, help="seconds for all probes")
+    @line_magic
+    def isolate(self, line: str = "") -> None:
+        """Run probes on the live objects of the reproduction; show the findings."""
+        from .widgets import Progress
+
+        args = parse_argstring(self.isolate, line)
+        ns, views = _session(), _views()
+        progress = Progress("Isolate")
+        display(progress)
+        try:
+            found = ns.isolate(args.probe, budget=args.budget, progress=progress)
+        except (GateError, ValueError, KeyError) as exc:
+            display(views.message(str(exc).strip("'\""), "error"))
+            return
+        display(views.findings(found, ns.session.directory))
+
+    @cell_magic
+    def evidence(self, line: str, cell: str) -> None:
+        """Run the cell; attach its outputs and numbers to the current hypothesis."""
+        from IPython.utils.capture import capture_output
+
+        ns, views = _session(), _views()
+        with capture_output() as captured:
+            result = self.shell.run_cell(cell, store_history=False)
+        captured.show()
+        text = captured.stdout + "".join(
+            "\n" + o.data.get("text/plain", "") for o in captured.outputs)
+        if not result.success:
+            text += f"\n(the cell raised {type(result.error_in_exec).__name__})"
+        numbers = _numbers(text)
+        event = ns.evidence(cell, text, numbers)
+        target = event["hypothesis"] or "the classification (no finding yet)"
+        listed = ", ".join(f"{k}={v:g}" for k, v in numbers.items()) or "no numbers"
+        display(views.message(f"evidence attached to {target}: {listed} "
+                              "(evidence informs; only Isolate's measurements confirm)"))
+
+    @magic_arguments()
+    @argument("--yes", action="store_true", help="approve the plan now")
+    @argument("--allow-architecture", action="store_true",
+              help="allow an architecture change for a hyperparameter or data cause")
+    @argument("--data-consent", action="store_true", help="consent to change preprocessing")
+    @cell_magic
+    def fix(self, line: str, cell: str) -> None:
+        """Plan the change the cell holds; approve with --yes or the Approve button."""
+        import ipywidgets as W
+
+        from .fix import FixRefused
+
+        args = parse_argstring(self.fix, line)
+        ns, views = _session(), _views()
+        try:
+            plan = ns.plan_fix(cell, allow_architecture=args.allow_architecture,
+                               data_consent=args.data_consent)
+        except FixRefused as exc:
+            display(views.refused(exc.reasons))
+            return
+        except GateError as exc:
+            display(views.message(str(exc), "error"))
+            return
+        display(views.plan(plan, ns.session.directory))
+        if args.yes:
+            ns.approve(plan)
+            display(views.message(f"approved: the fix for {plan['finding']} is recorded; "
+                                  "run %verify"))
+        else:
+            tracker = ns.tracker
+            display(W.VBox([tracker.fix_button, tracker.message]))
+
+    @magic_arguments()
+    @argument("--seeds", type=int, default=3, help="how many seeds to compare over")
+    @line_magic
+    def verify(self, line: str = "") -> None:
+        """Rerun before and after the approved fix across seeds; show the verdict."""
+        from .widgets import Progress
+
+        args = parse_argstring(self.verify, line)
+        ns, views = _session(), _views()
+        progress = Progress("Verify")
+        display(progress)
+        try:
+            verification = ns.verify(args.seeds, progress=progress)
+        except GateError as exc:
+            display(views.message(str(exc), "error"))
+            return
+        display(views.verification(verification))
+        display(ns.tracker)
+
+    @line_magic
+    def md_status(self, line: str = "") -> None:
+        """The session at a glance, with the phase tracker and the findings table."""
+        ns, views = _session(), _views()
+        display(views.status(ns.report()))
+        display(ns.tracker)
+        display(ns.findings_table)
+
+    @magic_arguments()
+    @argument("path", help="where to write the record notebook (.ipynb)")
+    @line_magic
+    def md_export(self, line: str) -> None:
+        """Export the session as a record notebook."""
+        args = parse_argstring(self.md_export, line)
+        ns, views = _session(), _views()
+        try:
+            path = ns.export(args.path)
+        except (RuntimeError, OSError, GateError) as exc:
+            display(views.message(f"export failed: {exc}", "error"))
+            return
+        display(views.message(f"exported the session record to {path}"))
+
+
+def load(shell) -> None:
+    """Register the magics on ``shell``."""
+    shell.register_magics(DebuggerMagics)
+
+
+def unload(shell) -> None:
+    """Remove every magic this module registered, and forget the kernel's session."""
+    from .notebook import reset_session
+
+    manager = shell.magics_manager
+    for table in manager.magics.values():
+        for name in [n for n, fn in table.items()
+                     if isinstance(getattr(fn, "__self__", None), DebuggerMagics)]:
+            del table[name]
+    manager.registry.pop(DebuggerMagics.__name__, None)
+    reset_session()

@@ -1,0 +1,43 @@
+"""Progress of long actions (probes, Verify runs), ticked by a background thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import ipywidgets as W
+
+
+class Progress(W.HBox):
+    """A bar and a label; :meth:`track` moves it while a block runs."""
+
+    def __init__(self, description: str = "") -> None:
+        self.bar = W.FloatProgress(value=0.0, min=0.0, max=1.0, description=description)
+        self.label = W.Label("")
+        super().__init__([self.bar, self.label])
+
+    @contextmanager
+    def track(self, fraction: Callable[[float], tuple[float, str]], interval: float = 0.5):
+        """Run the block while ``fraction(elapsed)`` -> ``(0..1, label)`` moves the bar."""
+        stop = threading.Event()
+        t0 = time.monotonic()
+
+        def tick() -> None:
+            while not stop.wait(interval):
+                try:
+                    value, text = fraction(time.monotonic() - t0)
+                    self.bar.value, self.label.value = min(max(value, 0.0), 1.0), text
+                except Exception:  # noqa: BLE001 - progress must never break the action
+                    continue
+
+        thread = threading.Thread(target=tick, name="model_debugger-progress", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+            self.bar.value = 1.0
+            self.label.value = f"done in {time.monotonic() - t0:.1f} s"

@@ -1,0 +1,204 @@
+"""The magics in a real InteractiveShell (``run_cell`` / ``run_cell_magic``), no browser.
+
+One small PyTorch problem (a learning rate far too low) is walked Reproduce -> Verify; other
+tests check what the magics refuse, a cell that raises / runs out of memory / is interrupted,
+``%%evidence`` and ``%unload_ext``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+import model_debugger
+from model_debugger import notebook
+
+pytest.importorskip("torch")
+
+DATA = """import torch
+from torch import nn
+torch.manual_seed(0)
+X = torch.randn(2048, 20)
+y = (X[:, :5].sum(dim=1) > 0).long()
+"""
+MODEL = "model = nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 2))\n"
+UNRELATED = "unrelated = [1, 2, 3]\n"
+LOOP = """optimizer = torch.optim.SGD(model.parameters(), lr=1e-5)
+loss_fn = nn.CrossEntropyLoss()
+for epoch in range(4):
+    perm = torch.randperm(len(X))
+    for i in range(0, len(X), 64):
+        idx = perm[i:i + 64]
+        optimizer.zero_grad()
+        loss = loss_fn(model(X[idx]), y[idx])
+        loss.backward()
+        optimizer.step()
+    print(f"epoch {epoch}: loss={loss.item():.4f}")
+"""
+FIXED = LOOP.replace("lr=1e-5", "lr=0.1")
+
+
+@pytest.fixture
+def shell(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "model_debugger")
+    yield ip
+    ip.run_line_magic("unload_ext", "model_debugger")
+    for name in ("X", "y", "model", "optimizer", "loss", "unrelated"):
+        ip.user_ns.pop(name, None)
+
+
+def run(ip, code: str) -> str:
+    """Run a cell as the kernel would (stored in ``In``); the text of everything it showed."""
+    with capture_output() as cap:
+        result = ip.run_cell(code, store_history=True)
+    assert result.error_in_exec is None, result.error_in_exec
+    return cap.stdout + "\n".join(o.data.get("text/plain", "") for o in cap.outputs)
+
+
+def magic(ip, name: str, line: str = "", cell: str | None = None) -> str:
+    with capture_output() as cap:
+        if cell is None:
+            ip.run_line_magic(name, line)
+        else:
+            ip.run_cell_magic(name, line, cell)
+    return cap.stdout + "\n".join(o.data.get("text/plain", "") for o in cap.outputs)
+
+
+def test_walkthrough_reproduce_to_verify(shell):
+    for cell in (DATA, MODEL, UNRELATED):
+        run(shell, cell)
+    out = run(shell, "%%reproduce --seed 0\n" + LOOP)
+    ns = model_debugger.current_session()
+    s = ns.session
+    assert "Classification: loss_not_decreasing" in out and "loss_relative_drop" in out
+    assert "reproduced 1/1" in out
+    assert os.path.dirname(s.directory) == os.path.join(os.getcwd(), ".model_debugger")
+    artifact = open(os.path.join(s.directory, "artifact.py")).read()
+    assert "import torch" in artifact and "X = torch.randn" in artifact and "model = nn" in artifact
+    assert "unrelated" not in artifact and artifact.count("optimizer = torch.optim.SGD") == 1
+    assert ns.curves.redraws >= 1 and "steps" in ns.curves.status.value
+
+    events = len(s.events)
+    out = magic(shell, "classify")
+    assert "Classification: loss_not_decreasing" in out and "loss_relative_drop" in out
+    assert len(s.events) == events  # shown, not re-classified
+
+    assert ns.tracker.fix_button.disabled
+    out = magic(shell, "isolate", "--budget 20")
+    assert "[confirmed] lr_range (hyperparameter) at runs/0/cell.py:1" in out
+    assert ns.report()["fix_allowed"] and not ns.tracker.fix_button.disabled
+
+    out = magic(shell, "evidence", "", "print('lr_sweep_best: 0.33')\n")
+    assert "lr_sweep_best: 0.33" in out and "attached to lr_range" in out
+    assert s.events[-1]["kind"] == "evidence" and s.events[-1]["numbers"] == {
+        "lr_sweep_best": 0.33}
+
+    wider = "model = nn.Sequential(nn.Linear(20, 256), nn.ReLU(), nn.Linear(256, 2))\n"
+    out = magic(shell, "fix", "", wider + FIXED)
+    assert "Fix refused" in out and "architecture" in out and s.pending_fix is None
+
+    out = magic(shell, "fix", "", FIXED)
+    assert "Fix plan for lr_range" in out and "+optimizer = torch.optim.SGD(model.parameters(), " \
+        "lr=0.1)" in out
+    assert s.pending_fix is None  # shown, not approved
+    ns.tracker.fix_button.click()
+    assert s.pending_fix["finding"] == "lr_range" and ns.tracker.fix_button.disabled
+
+    out = magic(shell, "verify", "--seeds 2")
+    assert "Verify: resolved" in out
+    assert ns.report()["verification"]["verdict"] == "resolved"
+    out = magic(shell, "md_status")
+    assert "last verdict: resolved" in out
+
+
+def test_fix_with_yes_approves_and_refusals_change_nothing(shell):
+    run(shell, DATA)
+    run(shell, MODEL)
+    out = magic(shell, "fix", "--yes", FIXED)
+    assert "fix refused" in out  # no reproduction yet
+    magic(shell, "reproduce", "--seed 0", LOOP)
+    out = magic(shell, "verify")
+    assert "verify refused" in out
+    out = magic(shell, "fix", "--yes", FIXED)
+    assert "needs a confirmed finding" in out  # no Isolate yet: no fix
+    magic(shell, "isolate", "--probe lr_range --budget 20")
+    s = model_debugger.current_session().session
+    n = len(s.events)
+    out = magic(shell, "fix", "--yes", LOOP)
+    assert "identical" in out and len(s.events) == n
+    out = magic(shell, "fix", "--yes", FIXED)
+    assert "approved" in out and s.pending_fix["finding"] == "lr_range"
+
+
+@pytest.mark.parametrize("failure, expect", [
+    ("raise RuntimeError('boom')", "RuntimeError: boom"),
+    ("raise MemoryError('out of memory')", "MemoryError"),
+    ("raise KeyboardInterrupt", "interrupted"),
+])
+def test_failing_cell_keeps_partial_record_and_kernel(shell, failure, expect):
+    run(shell, DATA)
+    run(shell, MODEL)
+    cell = LOOP.replace("    print(", f"    if epoch == 1:\n        {failure}\n    print(")
+    out = magic(shell, "reproduce", "", cell)
+    assert expect in out
+    ns = model_debugger.current_session()
+    rep = ns.report()
+    assert rep["reproduce"]["steps"] > 0 and rep["classification"] is not None
+    assert rep["phase"] == "isolate"
+    assert run(shell, "print(1 + 1)").strip() == "2"  # the kernel goes on
+    out = magic(shell, "classify")
+    assert "Classification:" in out
+
+
+def test_second_reproduce_starts_new_session(shell):
+    run(shell, DATA)
+    run(shell, MODEL)
+    short = LOOP.replace("range(3)", "range(1)")
+    magic(shell, "reproduce", "", short)
+    first = model_debugger.current_session().session.directory
+    magic(shell, "reproduce", "", short)
+    second = model_debugger.current_session().session.directory
+    assert first != second and os.path.exists(os.path.join(first, "session.json"))
+
+
+def test_classify_before_reproduce_says_why(shell):
+    out = magic(shell, "classify")
+    assert "needs a reproduce record" in out
+
+
+def test_md_export_calls_export(shell, monkeypatch, tmp_path):
+    import sys
+    import types
+
+    calls = []
+    fake = types.ModuleType("model_debugger.export")
+    fake.export_notebook = lambda session, path: calls.append((session, path)) or path
+    monkeypatch.setitem(sys.modules, "model_debugger.export", fake)
+    out = magic(shell, "md_export", str(tmp_path / "record.ipynb"))
+    assert "exported the session record to" in out
+    assert calls and calls[0][0] is model_debugger.current_session().session
+
+
+def test_unload_ext_removes_every_magic():
+    ip = InteractiveShell.instance()
+    names = ("reproduce", "classify", "isolate", "evidence", "fix", "verify", "md_status",
+             "md_export")
+    callbacks = {k: list(v) for k, v in ip.events.callbacks.items()}
+    registry = set(ip.magics_manager.registry)
+    ip.run_line_magic("load_ext", "model_debugger")
+    assert {n for t in ip.magics_manager.magics.values() for n in t} >= set(names)
+    model_debugger.current_session()
+    ip.run_line_magic("unload_ext", "model_debugger")
+    left = {n for t in ip.magics_manager.magics.values() for n in t}
+    assert not left & {"reproduce", "isolate", "evidence", "md_status", "md_export"}
+    assert set(ip.magics_manager.registry) == registry
+    assert {k: list(v) for k, v in ip.events.callbacks.items()} == callbacks
+    assert notebook._CURRENT is None
+    ip.run_line_magic("load_ext", "model_debugger")  # loads again after unloading
+    ip.run_line_magic("unload_ext", "model_debugger")
