@@ -488,10 +488,11 @@ def export_notebook(session: DebugSession | str, path: str | None = None) -> str
     return path
 
 
-def export(session: DebugSession | str, path: str | None = None) -> dict:
-    """Write the notebook and ``repro.py`` beside it; returns ``{"notebook", "repro"}``."""
+def export(session: DebugSession | str, path: str | None = None,
+           repro: str | None = None) -> dict:
+    """Write the notebook and ``repro.py`` (default: beside it); ``{"notebook", "repro"}``."""
     session = _session(session)
     notebook = export_notebook(session, path)
-    repro = write_repro(session, os.path.join(os.path.dirname(os.path.abspath(notebook)),
-                                              "repro.py"))
+    repro = write_repro(session, repro or os.path.join(
+        os.path.dirname(os.path.abspath(notebook)), "repro.py"))
     return {"notebook": notebook, "repro": repro}
