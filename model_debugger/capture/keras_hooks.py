@@ -105,7 +105,7 @@ class FitHooks:
 
     def _on_epoch_begin(self, epoch: int) -> None:
         self.rec.set_epoch(self._epoch_base + int(epoch), "keras")
-        self._last_step_end = time.perf_counter()
+        self._last_step_end = None  # the first step of an epoch also holds tracing, validation
 
     def _on_epoch_end(self, epoch: int, logs) -> None:
         ep = self._epoch_base + int(epoch)

@@ -15,7 +15,7 @@ class DataloaderThroughput(Probe):
     id = "dataloader_throughput"
     categories = ("performance_issue",)
     needs_live = True
-    frameworks = ("torch",)
+    frameworks = ("torch", "keras")
 
     def run(self, ctx: ProbeContext):
         loader = ctx.extras.get("train_loader")
@@ -23,7 +23,10 @@ class DataloaderThroughput(Probe):
         if loader is None or tr is None or tr.n == 0:
             return []
         it = iter(loader)
-        next(it)
+        try:
+            next(it)
+        except StopIteration:  # a generator that fit already exhausted
+            return []
         t0 = time.perf_counter()
         got = 0
         for _ in range(BATCHES):
@@ -46,10 +49,11 @@ class DataloaderThroughput(Probe):
         if collate is not None and getattr(collate, "__module__", "").startswith("torch") is False:
             where = definition_location(collate) if isinstance(collate, type) else _func_loc(
                 collate)
-        getitem = getattr(type(loader.dataset), "__getitem__", None)
-        where = where or (_func_loc(getitem) if getitem else None) or \
-            definition_location(loader.dataset) or ctx.ref("loss_fn")
-        workers = getattr(loader, "num_workers", 0)
+        dataset = getattr(loader, "dataset", loader)  # Keras: a PyDataset or a generator
+        getitem = getattr(type(dataset), "__getitem__", None)
+        where = where or (_func_loc(getitem) if getitem else None) or _func_loc(dataset) or \
+            definition_location(dataset) or ctx.ref("loss_fn")
+        workers = getattr(loader, "num_workers", getattr(loader, "workers", 0))
         return [self.finding(
             "data", True,
             f"Loading one batch takes {load_ms:.1f} ms, computing one step {step_ms:.1f} ms: "
@@ -60,7 +64,7 @@ class DataloaderThroughput(Probe):
 
 
 def _func_loc(fn) -> dict | None:
-    code = getattr(fn, "__code__", None)
+    code = getattr(fn, "__code__", None) or getattr(fn, "gi_code", None)  # a generator too
     if code is None:
         return None
     from ..capture.codeloc import is_user_file

@@ -46,6 +46,7 @@ class KerasTrainer:
         self.loss_input_shape = None
         self.inputs, self.targets = _stack(train_batches)
         self.val_inputs, self.val_targets = _stack(val_batches) if val_batches else (None, None)
+        self._steps: dict = {}
 
     @property
     def lr(self) -> float:
@@ -109,12 +110,25 @@ class KerasTrainer:
 
         return step
 
+    def _cached_step(self, model, lr, opt_cls):
+        """One optimizer and traced step per (model, rate, class): fitting the same copy again
+        continues with its optimizer state and costs no new trace."""
+        key = (id(model), lr, opt_cls)
+        cached = self._steps.get(key)
+        if cached is None or cached[0]() is not model:
+            import weakref
+
+            if len(self._steps) > 32:
+                self._steps.clear()
+            opt = self.optimizer(model, lr, opt_cls)
+            cached = self._steps[key] = (weakref.ref(model), self._step_fn(model, opt))
+        return cached[1]
+
     def fit(self, model, inputs, target, steps: int, lr: float | None = None, batch_size: int = 64,
             seed: int = 0, opt_cls=None, stop_below: float | None = None) -> list[float]:
         """Train ``model`` in place for ``steps`` minibatch steps; return the loss per step."""
         rng = np.random.default_rng(seed)
-        opt = self.optimizer(model, lr, opt_cls)
-        step = self._step_fn(model, opt)
+        step = self._cached_step(model, lr, opt_cls)
         n = int(target.shape[0])
         losses: list[float] = []
         for _ in range(steps):
