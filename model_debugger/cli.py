@@ -1,7 +1,8 @@
 """Command line: ``model-debugger diagnose|verify|report``.
 
 ``diagnose SCRIPT [--json] [--runs N] [--seed S] [-- ARGS]`` reproduces, classifies and isolates;
-``verify SESSION_DIR --fixed FIXED [--yes] [--json]`` plans, approves and verifies one fix.
+``verify SESSION_DIR --fixed FIXED [--yes] [--json]`` plans, approves and verifies one fix;
+``export SESSION_DIR [-o NOTEBOOK]`` writes the record notebook and ``repro.py``.
 Everything after ``--`` is passed to the training script.
 """
 
@@ -49,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="allow an architecture change for a hyperparameter/data cause (recorded)")
     v.add_argument("--data-consent", action="store_true",
                    help="consent to a change of data preprocessing (recorded)")
+    e = sub.add_parser("export", help="write the session as a record notebook plus repro.py",
+                       description="Write an nbformat v4 notebook recording every phase and a "
+                                   "standalone repro.py (secrets redacted).")
+    e.add_argument("session", help="session folder")
+    e.add_argument("-o", "--output", help="notebook path (default: inside the session folder)")
+    e.add_argument("--json", action="store_true", help="print the written paths as JSON")
     s = sub.add_parser("report", help="print the report of a saved session")
     s.add_argument("session", help="session folder")
     s.add_argument("--json", action="store_true")
@@ -113,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "report":
             report = DebugSession.load(ns.session).report()
+        elif ns.command == "export":
+            from .export import export
+
+            paths = export(DebugSession.load(ns.session), ns.output)
+            print(json.dumps(paths) if ns.json else
+                  f"Notebook: {paths['notebook']}\nRepro script: {paths['repro']}")
+            return 0
         elif ns.command == "verify":
             report = _verify(ns)
             if report is None:

@@ -4,7 +4,8 @@ The comparison uses the signal that defined the category (:data:`suggest.DEFININ
 band from the spread across seeds (and ``seed_variance`` when Isolate measured it), so a lucky seed
 is not taken for a cure. Verdicts: ``resolved`` (the category fires in no seed and the signal
 moved beyond the noise, or the problem was present in every seed before), ``partially_resolved``
-(the signal improved or some seeds are clean, but the category remains: back to Isolate), and
+(the signal improved or some seeds are clean, but the category remains, or the fix brought a
+problem the unfixed runs did not show: back to Isolate), and
 ``not_resolved``.
 """
 
@@ -80,9 +81,15 @@ def judge(category: str, before: list[dict], after: list[dict], noise: dict | No
     improved = improvement is not None and improvement > band
     n = len(after)
     crashed = sum(m["crashed"] for m in after)
+    seen_before = {c for m in before for c in m["categories"]}
+    new = sorted({c for m in after for c in m["categories"]} - seen_before - {HEALTHY})
     if crashed and category != "memory_issue":
         verdict = "not_resolved"
         remaining = f"the fixed code crashed in {crashed}/{n} seeds: {a['errors'][0]}"
+    elif a["present_count"] == 0 and (improved or b["present_count"] == len(before)) and new:
+        verdict = "partially_resolved"
+        remaining = f"{category} is gone, but the fixed runs show {', '.join(new)}, which the " \
+                    "unfixed runs did not"
     elif a["present_count"] == 0 and (improved or b["present_count"] == len(before)):
         verdict, remaining = "resolved", None
     elif a["present_count"] == 0:

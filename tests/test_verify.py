@@ -68,8 +68,18 @@ def test_judge_a_crashing_fix_is_not_resolved():
     assert v["verdict"] == "not_resolved" and "crashed in 2/2" in v["remaining_symptom"]
 
 
-def test_judge_lists_new_problems_for_the_queue():
-    before = [_m([GI], finite_fraction=0.02)]
+def test_judge_a_fix_that_brings_a_new_problem_is_only_partial():
+    """Zeroing gradients between backward and step cures the NaN and stops all learning."""
+    before = [_m([GI, "overfitting"], finite_fraction=0.02)]
+    after = [_m(["loss_not_decreasing", "overfitting"], finite_fraction=1.0)]
+    v = judge(GI, before, after)
+    assert v["verdict"] == "partially_resolved" and "loss_not_decreasing" in \
+        v["remaining_symptom"]
+    assert v["remaining"] == ["loss_not_decreasing", "overfitting"]
+
+
+def test_judge_lists_secondary_problems_for_the_queue():
+    before = [_m([GI, "overfitting"], finite_fraction=0.02)]
     after = [_m(["overfitting"], finite_fraction=1.0)]
     v = judge(GI, before, after)
     assert v["verdict"] == "resolved" and v["remaining"] == ["overfitting"]
