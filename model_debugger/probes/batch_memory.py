@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from ..pitfalls.optimization import batch_that_fits
 from .base import Probe, ProbeContext, register
 
+_DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int32": 4, "int64": 8,
+                "int8": 1, "uint8": 1, "bool": 1, "int16": 2}
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6,
           "gb": 1e9, "tb": 1e12}
 
@@ -14,8 +18,13 @@ _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 
 def requested_bytes(message: str) -> float | None:
     """The allocation an OOM message names ("tried to allocate 2.00 GiB" / "... 123 bytes")."""
     m = re.search(r"allocate\s+([\d.]+)\s*(bytes|[KMGT]i?B)\b", message, re.IGNORECASE)
-    if not m:
-        return None
+    if not m:  # TensorFlow: "OOM when allocating tensor with shape[1024,64] and type float"
+        m = re.search(r"shape\[([\d,\s]*)\] and type (\w+)", message)
+        size = _DTYPE_BYTES.get(m.group(2)) if m else None
+        if size is None:
+            return None
+        return float(np.prod([int(d) for d in m.group(1).split(",") if d.strip()],
+                             dtype=np.float64)) * size
     unit = "b" if m.group(2).lower() == "bytes" else m.group(2).lower()
     return float(m.group(1)) * _UNITS[unit]
 
@@ -57,7 +66,7 @@ class BatchMemory(Probe):
     id = "batch_memory"
     categories = ("memory_issue",)
     needs_live = True
-    frameworks = ("torch",)
+    frameworks = ("torch", "keras")
 
     def run(self, ctx: ProbeContext):
         err = ctx.run.error
@@ -65,8 +74,11 @@ class BatchMemory(Probe):
         if err is None or err.get("kind") != "oom" or tr is None or tr.n == 0:
             return []
         inputs, _ = tr.subset(slice(0, min(32, tr.n)))
-        per_sample = per_sample_bytes(tr.fresh_model(), inputs)
-        params = sum(p.numel() * p.element_size() for p in ctx.model.parameters())
+        if hasattr(tr, "per_sample_bytes"):  # a non-PyTorch trainer measures it itself
+            per_sample, params = tr.per_sample_bytes(inputs), tr.param_bytes()
+        else:
+            per_sample = per_sample_bytes(tr.fresh_model(), inputs)
+            params = sum(p.numel() * p.element_size() for p in ctx.model.parameters())
         want = requested_bytes(err.get("message", ""))
         avail = available_bytes()
         fits = batch_that_fits(per_sample, avail, 4 * params) if avail else None

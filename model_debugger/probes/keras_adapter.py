@@ -178,6 +178,27 @@ class KerasTrainer:
         took = max((time.perf_counter() - t0) / 2, 1e-6)
         return max(5, min(count, int(seconds / took)))
 
+    def param_bytes(self) -> int:
+        return int(sum(np.prod(w.shape) * np.dtype(w.dtype).itemsize
+                       for w in self.model.weights))
+
+    def per_sample_bytes(self, inputs) -> float:
+        """Bytes of inputs plus every layer output per sample (functional / Sequential models;
+        otherwise inputs and the model output only)."""
+        import keras
+
+        model = self.fresh_model()
+        total = sum(x.nbytes for x in inputs)
+        try:
+            layers = [layer for layer in model.layers if not isinstance(layer, keras.InputLayer)]
+            outs = keras.Model(model.inputs, [layer.output for layer in layers])(
+                self._x(inputs), training=False)
+        except Exception:  # noqa: BLE001 - a subclassed model has no symbolic layer outputs
+            outs = [model(self._x(inputs), training=False)]
+        for out in outs if isinstance(outs, (list, tuple)) else [outs]:
+            total += np.asarray(out).nbytes
+        return total / max(int(inputs[0].shape[0]), 1)
+
     def evaluate(self, model, inputs, target) -> float:
         """Mean loss of ``model`` on the given rows (inference mode)."""
         return float(self._loss(model, inputs, target, False))
