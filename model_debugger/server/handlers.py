@@ -1,0 +1,193 @@
+"""Thin, authenticated REST handlers for saved sessions (usable when no kernel is running).
+
+- ``GET  /model-debugger/sessions``: the sessions saved under the server root
+  (``.model_debugger/<id>/session.json`` in the root and up to two folder levels below it).
+- ``GET  /model-debugger/sessions/<path>``: one session's report; ``<path>`` is the session
+  folder relative to the root (as listed).
+- ``POST /model-debugger/export``: ``{"session": <path>, "path": <notebook path, optional>}``
+  writes the record notebook and ``repro.py`` (:func:`model_debugger.export.export`).
+
+Every path is relative to the server root; anything resolving outside it is refused (403). Errors
+are JSON (``{"message": ...}``). The domain code knows nothing of Tornado; these handlers only
+translate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+try:  # jupyter_server >= 2
+    from jupyter_server.auth.decorator import authorized
+except ImportError:  # pragma: no cover - jupyter_server 1.x
+    def authorized(method):
+        return method
+
+ROOT = ".model_debugger"
+SESSION_FILE = "session.json"
+SCAN_DEPTH = 2
+SKIP = {"node_modules", "__pycache__", "site-packages"}
+AUTH_RESOURCE = "contents"
+
+
+def _root(handler: APIHandler) -> str:
+    root = handler.settings.get("server_root_dir") or os.getcwd()
+    return os.path.realpath(os.path.expanduser(root))
+
+
+def resolve(root: str, relative: str) -> str:
+    """``relative`` under ``root`` as an absolute real path; HTTPError 403 when outside it."""
+    if not isinstance(relative, str) or not relative.strip():
+        raise tornado.web.HTTPError(400, "a path relative to the server root is required")
+    if os.path.isabs(relative) or "\x00" in relative:
+        raise tornado.web.HTTPError(403, f"{relative!r}: only paths inside the server root")
+    full = os.path.realpath(os.path.join(root, relative))
+    if full != root and not full.startswith(root + os.sep):
+        raise tornado.web.HTTPError(403, f"{relative!r} is outside the server root")
+    return full
+
+
+def _rel(root: str, path: str) -> str:
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def find_sessions(root: str, depth: int = SCAN_DEPTH) -> list[str]:
+    """Session folders (absolute) under ``root``: ``<dir>/.model_debugger/<id>/session.json``."""
+    found: list[str] = []
+
+    def walk(folder: str, level: int) -> None:
+        store = os.path.join(folder, ROOT)
+        if os.path.isdir(store):
+            try:
+                ids = sorted(os.listdir(store))
+            except OSError:
+                ids = []
+            found.extend(os.path.join(store, i) for i in ids
+                         if os.path.isfile(os.path.join(store, i, SESSION_FILE)))
+        if level >= depth:
+            return
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return
+        for entry in entries:
+            if entry.name.startswith(".") or entry.name in SKIP:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                walk(entry.path, level + 1)
+
+    walk(root, 0)
+    return found
+
+
+def summary(root: str, folder: str) -> dict:
+    """What the list shows of one session (``error`` instead when it cannot be loaded)."""
+    from ..session import DebugSession, SessionError
+
+    item = {"path": _rel(root, folder), "id": os.path.basename(folder)}
+    try:
+        session = DebugSession.load(folder)
+        report = session.report()
+    except (SessionError, OSError) as exc:
+        return {**item, "error": str(exc)}
+    cls = report.get("classification") or {}
+    verification = report.get("verification") or {}
+    return {**item, "phase": report["phase"], "primary": cls.get("primary"),
+            "fix_allowed": report["fix_allowed"], "verdict": verification.get("verdict"),
+            "title": session._data.get("title", ""), "created": session._data.get("created")}
+
+
+def _load(root: str, relative: str):
+    from ..session import DebugSession, SessionError
+
+    folder = resolve(root, relative)
+    if not os.path.isfile(os.path.join(folder, SESSION_FILE)):
+        raise tornado.web.HTTPError(404, f"no model_debugger session at {relative!r}")
+    try:
+        return DebugSession.load(folder)
+    except SessionError as exc:
+        raise tornado.web.HTTPError(422, str(exc)) from None
+
+
+class _Base(APIHandler):
+    auth_resource = AUTH_RESOURCE
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        """Errors as JSON: ``{"message", "reason", "status"}``."""
+        self.set_header("Content-Type", "application/json")
+        reason = self._reason
+        message = reason
+        exc_info = kwargs.get("exc_info")
+        if exc_info:
+            exc = exc_info[1]
+            if isinstance(exc, tornado.web.HTTPError):
+                message = exc.log_message % exc.args if exc.log_message else reason
+            else:
+                message = f"{type(exc).__name__}: {exc}"
+        self.finish(json.dumps({"message": message, "reason": reason, "status": status_code}))
+
+
+class SessionsHandler(_Base):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        root = _root(self)
+        folders = await asyncio.get_running_loop().run_in_executor(None, find_sessions, root)
+        items = [summary(root, f) for f in folders]
+        self.finish(json.dumps({"root": root, "sessions": items}))
+
+
+class SessionHandler(_Base):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, path: str) -> None:
+        root = _root(self)
+        session = _load(root, path)
+        self.finish(json.dumps({"path": _rel(root, session.directory),
+                                "report": session.report()}, default=str))
+
+
+class ExportHandler(_Base):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self) -> None:
+        root = _root(self)
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except json.JSONDecodeError as exc:
+            raise tornado.web.HTTPError(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise tornado.web.HTTPError(400, "the body must be a JSON object")
+        session = _load(root, body.get("session"))
+        target = None
+        if body.get("path"):
+            target = resolve(root, body["path"])
+            if not target.endswith(".ipynb"):
+                raise tornado.web.HTTPError(400, "the export path must end with .ipynb")
+
+        def run() -> dict:
+            from ..export import export
+
+            return export(session, target)
+
+        try:
+            written = await asyncio.get_running_loop().run_in_executor(None, run)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise tornado.web.HTTPError(500, f"export failed: {exc}") from None
+        self.finish(json.dumps({key: _rel(root, value) if value else value
+                                for key, value in written.items()}))
+
+
+def setup_handlers(web_app) -> None:
+    """Add the handlers under ``<base_url>/model-debugger/``."""
+    base = url_path_join(web_app.settings.get("base_url", "/"), "model-debugger")
+    web_app.add_handlers(".*$", [
+        (url_path_join(base, "sessions"), SessionsHandler),
+        (url_path_join(base, "sessions", "(.+)"), SessionHandler),
+        (url_path_join(base, "export"), ExportHandler),
+    ])
