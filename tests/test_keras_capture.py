@@ -1,0 +1,275 @@
+"""Capture of real Keras 3 (TensorFlow backend) training, in process.
+
+The record must have the PyTorch instrument's schema; every number is checked against a plain
+reference computed by the test itself (a ``GradientTape`` over the same batch, Keras' own epoch
+losses), and everything patched is restored afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = pytest.importorskip("tensorflow")
+import keras  # noqa: E402
+from keras.src.backend.tensorflow.trainer import TensorFlowTrainer  # noqa: E402
+from keras.src.optimizers.base_optimizer import BaseOptimizer  # noqa: E402
+from keras.src.trainers.trainer import Trainer  # noqa: E402
+
+from model_debugger import capture  # noqa: E402
+from model_debugger.classify import classify  # noqa: E402
+from model_debugger.records import Run  # noqa: E402
+from model_debugger.signals import compute  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def line_of(marker: str) -> int:
+    with open(HERE, encoding="utf-8") as fh:
+        hits = [i for i, line in enumerate(fh, 1) if line.rstrip().endswith(f"# <{marker}>")]
+    assert len(hits) == 1, (marker, hits)
+    return hits[0]
+
+
+def data(n=256, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)).astype("float32")
+    return X, (X[:, 0] + 0.5 * X[:, 1] > 0).astype("int64")
+
+
+def mlp(d=8, seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((d,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(2)])
+
+
+def ce():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def test_fit_record_has_the_torch_schema_and_code_references():
+    X, y = data()
+    Xv, yv = data(128, seed=1)
+    with capture() as rec:
+        model = mlp()  # <model>
+        opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.5)  # <opt>
+        model.compile(optimizer=opt, loss=ce(), metrics=["accuracy"])  # <compile>
+        model.fit(X, y, batch_size=32, epochs=3, validation_data=(Xv, yv), verbose=0)  # <fit>
+    run = Run(rec.events)
+    steps = run.steps
+    assert len(steps) == 3 * 8 and [s["i"] for s in steps] == list(range(24))
+    assert [s["ep"] for s in steps] == [0] * 8 + [1] * 8 + [2] * 8
+    for s in steps:
+        assert isinstance(s["loss"], float) and math.isfinite(s["loss"])
+        assert s["gn"] > 0 and list(s["mgn"]) == [layer.name for layer in model.layers]
+        assert math.isclose(s["gn"], math.hypot(*s["mgn"].values()), rel_tol=1e-6)
+        assert s["dw"] >= 0 and s["rss"] > 0
+    assert steps[0]["dt"] is None and all(s["dt"] > 0 for s in steps[1:8])
+    refs = run.refs()
+    for kind, marker in (("model", "model"), ("optimizer", "opt"), ("compile", "compile"),
+                         ("fit", "fit"), ("backward", "fit"), ("step", "fit")):
+        assert refs[kind] == {"file": HERE, "line": line_of(marker)}, kind
+    model_ev, opt_ev = run.first("model"), run.first("optimizer")
+    assert model_ev["framework"] == "keras" and model_ev["params"] == model.count_params()
+    assert model_ev["modules"] == [layer.name for layer in model.layers]
+    assert model_ev["name"] == "model"
+    assert opt_ev["cls"] == "SGD" and opt_ev["hyper"]["lr"] == 0.1
+    assert opt_ev["hyper"]["momentum"] == 0.5
+    metrics = run.metrics()
+    assert [round(v, 6) for *_, v in metrics["val_loss"]] == \
+        [round(v, 6) for v in model.history.history["val_loss"]]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(metrics)
+    targets = run.of("targets")[-1]
+    assert targets["loss"] == "cross_entropy" and targets["n"] == 3 * 256
+    assert targets["counts"] == (3 * np.bincount(y)).tolist()
+    sig = compute(run)
+    assert sig["val_points"] == 3 and sig["constant_predictor_loss"] > 0
+    assert classify(sig).primary in ("healthy", "overfitting", "loss_not_decreasing")
+
+
+def test_step_loss_and_gradient_norms_match_a_reference_tape():
+    X, y = data(64)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0), loss=ce())
+    with tf.GradientTape() as tape:
+        ref_loss = ce()(y[:32], model(X[:32], training=True))
+    grads = tape.gradient(ref_loss, model.trainable_variables)
+    ref = [float(tf.norm(g)) for g in grads]
+    with capture() as rec:
+        model.fit(X, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    steps = Run(rec.events).steps
+    assert len(steps) == 4
+    first = steps[0]
+    assert math.isclose(first["loss"], float(ref_loss), rel_tol=1e-5)
+    names = [layer.name for layer in model.layers]
+    assert list(first["mgn"]) == names
+    for k, name in enumerate(names):  # kernel and bias of each Dense layer
+        assert math.isclose(first["mgn"][name], math.hypot(*ref[2 * k:2 * k + 2]), rel_tol=1e-5)
+    assert math.isclose(first["gn"], math.sqrt(sum(v * v for v in ref)), rel_tol=1e-5)
+    # lr = 0: the same batch gives the same numbers in the second epoch
+    assert math.isclose(steps[2]["loss"], first["loss"], rel_tol=1e-6)
+    # per-step losses average to Keras' own epoch loss
+    keras_loss = model.history.history["loss"]
+    assert math.isclose(np.mean([s["loss"] for s in steps[2:]]), keras_loss[1], rel_tol=1e-5)
+
+
+def test_model_fitted_before_the_capture_is_retraced_and_measured():
+    X, y = data(64)
+    model = mlp()
+    model.compile(optimizer="adam", loss=ce())
+    model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+    with capture() as rec:
+        model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+    steps = Run(rec.events).steps
+    assert len(steps) == 2 and all(s["gn"] > 0 and "mgn" in s for s in steps)
+
+
+def test_custom_loops_eager_and_tf_function():
+    X, y = data(128)
+    with capture() as rec:
+        model = mlp()
+        optimizer = keras.optimizers.Adam(1e-2)
+        loss_fn = ce()
+        for i in range(0, 64, 32):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[i:i + 32], model(X[i:i + 32], training=True))  # <loop-loss>
+            grads = tape.gradient(loss, model.trainable_variables)  # <loop-backward>
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))  # <loop-step>
+
+        @tf.function
+        def train_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        traced = [float(train_step(X[i:i + 32], y[i:i + 32])) for i in range(64, 128, 32)]
+    run = Run(rec.events)
+    steps = run.steps
+    assert len(steps) == 4
+    assert all(math.isfinite(s["loss"]) and s["gn"] > 0 for s in steps)
+    assert [round(s["loss"], 5) for s in steps[2:]] == [round(v, 5) for v in traced]
+    refs = run.refs()
+    assert refs["loss_fn"]["line"] == line_of("loop-loss")
+    assert refs["backward"]["line"] == line_of("loop-backward")
+    assert refs["step"]["line"] == line_of("loop-step")
+    assert run.first("optimizer")["cls"] == "Adam" and run.first("model")["name"] == "model"
+    keeper = rec.keeper
+    assert keeper.model is model and keeper.loss["name"] == "cross_entropy"
+    assert len(keeper.train_batches) == 2 and keeper.train_batches[0][0][0].shape == (32, 8)
+
+
+def test_first_nonfinite_step_and_layer():
+    X, y = data(256)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=1e4), loss=ce())
+    X = X * 1e3
+    with capture() as rec:
+        model.fit(X, y, batch_size=32, epochs=2, verbose=0)
+    run = Run(rec.events)
+    bad = run.first("nonfinite")
+    assert bad is not None and bad["module"] in [layer.name for layer in model.layers]
+    losses = [s["loss"] for s in run.steps]
+    first_bad = next(i for i, v in enumerate(losses) if isinstance(v, str))
+    assert bad["step"] <= first_bad
+    assert compute(run)["first_nonfinite_step"] == bad["step"]
+
+
+def test_data_wait_of_a_slow_generator():
+    X, y = data(256)
+
+    def batches():
+        while True:
+            for i in range(0, 256, 32):
+                time.sleep(0.01)
+                yield X[i:i + 32], y[i:i + 32]
+
+    model = mlp()
+    model.compile(optimizer="adam", loss=ce())
+    with capture() as rec:
+        model.fit(batches(), steps_per_epoch=8, epochs=2, shuffle=False, verbose=0)
+    steps = Run(rec.events).steps
+    assert len(steps) == 16
+    timed = [s for s in steps if s["dt"] is not None]
+    wait = sum(s["dw"] for s in timed) / sum(s["dt"] for s in timed)
+    assert wait > 0.5, wait
+    assert compute(Run(rec.events))["data_wait_ms"] >= 5
+
+
+def test_progress_bar_lines_are_not_parsed_as_metrics(capsys):
+    X, y = data(64)
+    model = mlp()
+    model.compile(optimizer="adam", loss=ce(), metrics=["accuracy"])
+    with capture() as rec:
+        model.fit(X, y, batch_size=32, epochs=2, verbose=2)
+        print("val_f1=0.5")
+    sources = {(e["name"], e["source"]) for e in rec.events if e["t"] == "metric"}
+    assert ("loss", "keras") in sources and ("val_f1", "stdout") in sources
+    assert not any(src == "stdout" and name != "val_f1" for name, src in sources)
+
+
+def test_everything_restored_after_capture():
+    originals = (Trainer.compile, TensorFlowTrainer.fit, TensorFlowTrainer.make_train_function,
+                 BaseOptimizer.apply, BaseOptimizer.__init__, keras.Model.__call__,
+                 keras.losses.Loss.__call__, tf.GradientTape.gradient)
+    X, y = data(64)
+    model = mlp()
+    model.compile(optimizer="adam", loss=ce())
+    with capture() as rec:
+        model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+    assert (Trainer.compile, TensorFlowTrainer.fit, TensorFlowTrainer.make_train_function,
+            BaseOptimizer.apply, BaseOptimizer.__init__, keras.Model.__call__,
+            keras.losses.Loss.__call__, tf.GradientTape.gradient) == originals
+    assert model.train_function is None  # retraced without the probes next time
+    n = len(rec.events)
+    model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+    assert len(rec.events) == n
+
+
+def test_out_of_memory_ends_with_a_partial_record():
+    X, y = data(64)
+    model = mlp()
+    model.compile(optimizer="adam", loss=ce())
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+        with capture() as rec:
+            model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+            tf.zeros([2 ** 40, 64])  # <oom>
+    run = Run(rec.events)
+    assert len(run.steps) == 2
+    assert run.error["kind"] == "oom" and run.error["location"]["line"] == line_of("oom")
+    assert classify(compute(run)).primary == "memory_issue"
+
+
+def test_importing_and_capturing_never_imports_tensorflow():
+    code = ("import sys, model_debugger\n"
+            "with model_debugger.capture():\n    pass\n"
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("first", ["keras", "tensorflow"])
+def test_instrument_attaches_when_the_script_imports_keras(first, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        f"import {first}\nimport numpy as np\nimport keras\n"
+        "m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
+        "m.compile(optimizer='sgd', loss='mse')\n"
+        "m.fit(np.zeros((64, 4), 'float32'), np.zeros((64, 2), 'float32'), batch_size=16,"
+        " verbose=0)\n")
+    record = tmp_path / "record.jsonl"
+    code = (f"import runpy, model_debugger\nwith model_debugger.capture({str(record)!r}):\n"
+            f"    runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
+    run = Run.load(str(record))
+    assert len(run.steps) == 4 and run.refs()["fit"]["line"] == 6
+    assert run.of("targets")[-1]["loss"] == "mse_loss"
