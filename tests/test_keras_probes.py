@@ -1,0 +1,121 @@
+"""Isolate on real in-process Keras captures: the KerasTrainer, the probe context, probes.
+
+Each training snippet runs under ``model_debugger.capture()``; the context is built from the
+record and the capture's KerasKeeper with this file as the user's source, as the CLI child does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from model_debugger.probes.batch_memory import requested_bytes
+
+HERE = os.path.abspath(__file__)
+
+
+def test_tensorflow_oom_message_gives_the_requested_bytes():
+    msg = ("{{function_node __wrapped__Fill}} OOM when allocating tensor with shape[1024,64] "
+           "and type float on /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu")
+    assert requested_bytes(msg) == 1024 * 64 * 4
+    assert requested_bytes(msg.replace("float", "double")) == 1024 * 64 * 8
+    assert requested_bytes("Tried to allocate 2.00 GiB") == 2 * 2**30
+
+
+@pytest.fixture(scope="module")
+def tk():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    pytest.importorskip("tensorflow")
+    import keras
+
+    return keras
+
+
+def line_of(marker: str) -> int:
+    with open(HERE, encoding="utf-8") as fh:
+        hits = [i for i, line in enumerate(fh, 1) if line.rstrip().endswith(f"# <{marker}>")]
+    assert len(hits) == 1, (marker, hits)
+    return hits[0]
+
+
+def problem(n=1024, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 10)).astype("float32")
+    return X, (X[:, :3].sum(axis=1) > 0).astype("int64")
+
+
+def captured(keras, lr: float, epochs: int = 3, val: bool = True):
+    import model_debugger
+    from model_debugger.isolate import build_context
+    from model_debugger.records import Run
+
+    X, y = problem()
+    Xv, yv = problem(256, seed=1)
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, activation="tanh"),
+                                  keras.layers.Dense(2)])  # <model>
+        opt = keras.optimizers.SGD(learning_rate=lr, momentum=0.5)  # <opt>
+        model.compile(optimizer=opt,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(X, y, batch_size=64, epochs=epochs, verbose=0,
+                  validation_data=(Xv, yv) if val else None)  # <fit>
+    source = {HERE: open(HERE, encoding="utf-8").read()}
+    return model, build_context(Run(rec.events), rec.keeper, source, budget=60.0)
+
+
+def test_context_and_trainer_from_a_keras_capture(tk):
+    from model_debugger.probes.keras_adapter import KerasTrainer
+
+    model, ctx = captured(tk, 0.05)
+    assert ctx.framework == "keras" and ctx.live and isinstance(ctx.trainer, KerasTrainer)
+    tr = ctx.trainer
+    assert tr.n == 1024 and tr.inputs[0].shape == (1024, 10) and tr.lr == 0.05
+    assert ctx.train_xy[0].shape == (1024, 10) and ctx.val_xy[0].shape == (256, 10)
+    assert ctx.loss["name"] == "cross_entropy" and ctx.ref("optimizer")["line"] == line_of("opt")
+    trained = [w.copy() for w in model.get_weights()]
+    fresh = tr.fresh_model()
+    for a, b in zip(fresh.get_weights(), ctx.initial_state):
+        np.testing.assert_array_equal(a, b)
+    assert not np.allclose(trained[0], ctx.initial_state[0])  # initial weights, not trained ones
+    opt = tr.optimizer(fresh, lr=0.2)
+    assert type(opt).__name__ == "SGD" and math.isclose(float(opt.learning_rate), 0.2,
+                                                        rel_tol=1e-6)
+    assert opt.get_config()["momentum"] == 0.5
+    inputs, target = tr.subset(tr.randperm(tr.n, 0)[:256])
+    before = tr.evaluate(fresh, inputs, target)
+    losses = tr.fit(fresh, inputs, target, 40, lr=0.1)
+    assert len(losses) == 40 and losses[-1] < losses[0]
+    assert tr.evaluate(fresh, inputs, target) < before
+    for a, b in zip(model.get_weights(), trained):  # the user's model is untouched
+        np.testing.assert_array_equal(a, b)
+    lrs, curve = tr.sweep(1e-5, 10.0, 60)
+    assert len(lrs) == len(curve) >= 10 and np.isfinite(curve[0])
+
+
+def test_lr_too_low_is_confirmed_at_the_optimizer_line(tk):
+    from model_debugger.probes import run_probes
+
+    _, ctx = captured(tk, 1e-5, epochs=2, val=False)
+    assert ctx.classification.primary == "loss_not_decreasing"
+    findings = run_probes(ctx)
+    confirmed = [f for f in findings if f.confirmed]
+    assert confirmed and confirmed[0].root_cause == "hyperparameter"
+    assert confirmed[0].check in ("lr_range", "overfit_small_batch")
+    assert confirmed[0].location == {"file": HERE, "line": line_of("opt")}
+    assert "lr_range" in ctx.extras["probe_seconds"]  # the sweep ran on the Keras copy
+
+
+def test_healthy_keras_run_gives_no_confirmed_finding(tk):
+    from model_debugger.probes import PROBES, run_probes
+
+    _, ctx = captured(tk, 0.05, epochs=4)
+    assert ctx.classification.primary == "healthy"
+    ids = [pid for pid, cls in PROBES.items() if "keras" in cls.frameworks]
+    findings = run_probes(ctx, ids)
+    assert not [(f.check, f.explanation) for f in findings if f.confirmed and
+                not f.evidence.get("probe_error")]
+    assert not [f for f in findings if f.evidence.get("probe_error")], findings
