@@ -1,0 +1,363 @@
+/**
+ * The "Model Debugger" sidebar: a view of the kernel's session snapshot, nothing more.
+ *
+ * It renders the phase tracker (Fix is enabled only when `report.fix_allowed`; every blocked
+ * phase shows its gate's reason), the classification with its numbers, the findings with
+ * file:line (click: reveal the cell or open the file), fix and verify status, and Export.
+ */
+import { PathExt } from '@jupyterlab/coreutils';
+import { NotebookPanel } from '@jupyterlab/notebook';
+import { Widget } from '@lumino/widgets';
+
+import { ConnectionState, KernelConnection } from './connection';
+import { Finding, Report, Snapshot } from './snapshot';
+
+export const PHASES = ['reproduce', 'classify', 'isolate', 'fix', 'verify'] as const;
+
+export interface IPanelActions {
+  /** Open a file (path relative to the server root) in JupyterLab. */
+  openFile(path: string): Promise<void>;
+  /** Insert a `%%fix` cell below the active cell of the notebook. */
+  insertFixCell(panel: NotebookPanel): void;
+  /** Export through the REST endpoint (when the kernel cannot). */
+  exportViaServer(sessionPath: string): Promise<{ notebook: string; repro: string }>;
+}
+
+interface IExportResult {
+  notebook: string;
+  repro: string;
+  relative: { notebook: string; repro: string };
+}
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  cls: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (cls) {
+    node.className = cls;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function num(value: unknown): string {
+  if (typeof value === 'number') {
+    return Number.isInteger(value) ? String(value) : String(Number(value.toPrecision(4)));
+  }
+  return value === null || value === undefined ? '—' : String(value);
+}
+
+export class DebuggerPanel extends Widget {
+  constructor(private readonly actions: IPanelActions) {
+    super();
+    this.id = 'model-debugger-panel';
+    this.addClass('jp-ModelDebugger');
+    this.node.tabIndex = 0;
+    this.render();
+  }
+
+  /** Follow this notebook (null: no notebook is active). */
+  setNotebook(panel: NotebookPanel | null): void {
+    if (panel === this._notebook) {
+      return;
+    }
+    this._connection?.dispose();
+    this._connection = null;
+    this._notebook = panel;
+    this._status = '';
+    if (panel) {
+      this._connection = new KernelConnection(panel.sessionContext);
+      this._connection.changed.connect(() => this.render());
+      panel.disposed.connect(() => {
+        if (this._notebook === panel) {
+          this.setNotebook(null);
+        }
+      });
+    }
+    this.render();
+  }
+
+  get connection(): KernelConnection | null {
+    return this._connection;
+  }
+
+  render(): void {
+    const root = this.node;
+    root.textContent = '';
+    const header = el('div', 'jp-ModelDebugger-header');
+    header.appendChild(el('h2', 'jp-ModelDebugger-title', 'Model Debugger'));
+    const state: ConnectionState | 'no-notebook' = this._connection
+      ? this._connection.state
+      : 'no-notebook';
+    const badge = el('span', 'jp-ModelDebugger-state', state);
+    badge.dataset.state = state;
+    header.appendChild(badge);
+    root.appendChild(header);
+    root.dataset.state = state;
+    if (this._notebook) {
+      root.appendChild(el('div', 'jp-ModelDebugger-notebook', this._notebook.context.path));
+    }
+    const message = this._message(state);
+    if (message) {
+      root.appendChild(message);
+    }
+    const snapshot = this._connection?.snapshot ?? null;
+    const report = snapshot?.report ?? null;
+    root.appendChild(this._tracker(report));
+    if (snapshot && report) {
+      root.appendChild(this._classification(report));
+      root.appendChild(this._findings(snapshot, report));
+      root.appendChild(this._fixVerify(report));
+    } else if (state === 'connected') {
+      root.appendChild(
+        el('p', 'jp-ModelDebugger-empty', 'No session yet: run a %%reproduce cell.')
+      );
+    }
+    const actions = el('div', 'jp-ModelDebugger-actions');
+    const exportButton = el('button', 'jp-mod-styled jp-ModelDebugger-export', 'Export');
+    exportButton.disabled = !report || this._busy;
+    exportButton.title = report
+      ? 'Write the session record notebook and repro.py'
+      : 'Nothing to export yet';
+    exportButton.onclick = () => void this.exportSession();
+    actions.appendChild(exportButton);
+    root.appendChild(actions);
+    if (this._status) {
+      root.appendChild(el('div', 'jp-ModelDebugger-status', this._status));
+    }
+  }
+
+  /** Ask the kernel to export (falls back to the server's REST endpoint). */
+  async exportSession(): Promise<void> {
+    const snapshot = this._connection?.snapshot;
+    const report = snapshot?.report;
+    if (!report || !snapshot) {
+      return;
+    }
+    this._busy = true;
+    this._status = 'exporting…';
+    this.render();
+    let opened = '';
+    try {
+      if (this._connection?.state === 'connected') {
+        const result = await this._connection.request<IExportResult>('export');
+        opened = this._serverPath(snapshot, result.notebook) ?? '';
+        this._status = `exported: ${result.relative.notebook}, ${result.relative.repro}`;
+      } else {
+        const session = this._serverPath(snapshot, report.session_dir);
+        if (!session) {
+          throw new Error('the session folder is outside the server root');
+        }
+        const result = await this.actions.exportViaServer(session);
+        opened = result.notebook;
+        this._status = `exported (server): ${result.notebook}, ${result.repro}`;
+      }
+    } catch (e) {
+      this._status = `export failed: ${(e as Error).message}`;
+    } finally {
+      this._busy = false;
+      this.render();
+    }
+    if (opened) {
+      await this.actions.openFile(opened).catch(() => undefined);
+    }
+  }
+
+  /** An absolute kernel path as a path relative to the server root, when we can tell. */
+  private _serverPath(snapshot: Snapshot, file: string): string | null {
+    if (!this._notebook) {
+      return null;
+    }
+    const cwd = snapshot.cwd.replace(/\/+$/, '');
+    const notebookDir = PathExt.dirname(this._notebook.context.path);
+    let inside: string | null = null;
+    if (!file.startsWith('/')) {
+      inside = file;
+    } else if (file.startsWith(cwd + '/')) {
+      inside = file.slice(cwd.length + 1);
+    }
+    if (inside === null) {
+      return null;
+    }
+    const joined = PathExt.normalize(PathExt.join(notebookDir, inside));
+    return joined.startsWith('..') ? null : joined;
+  }
+
+  private _message(state: ConnectionState | 'no-notebook'): HTMLElement | null {
+    const box = el('div', 'jp-ModelDebugger-message');
+    switch (state) {
+      case 'no-notebook':
+        box.textContent = 'Open a notebook to follow its kernel.';
+        break;
+      case 'no-kernel':
+        box.textContent = 'The notebook has no running kernel.';
+        break;
+      case 'connecting':
+        box.textContent = 'Connecting to the kernel…';
+        break;
+      case 'restarting':
+        box.textContent = 'The kernel is restarting…';
+        break;
+      case 'missing': {
+        box.classList.add('jp-ModelDebugger-hint');
+        box.appendChild(document.createTextNode('No model_debugger session in this kernel: run '));
+        box.appendChild(el('code', '', '%load_ext model_debugger'));
+        break;
+      }
+      default:
+        return null;
+    }
+    return box;
+  }
+
+  private _tracker(report: Report | null): HTMLElement {
+    const list = el('ol', 'jp-ModelDebugger-tracker');
+    const current = report?.phase ?? 'reproduce';
+    const order = [...PHASES, 'done'];
+    PHASES.forEach(phase => {
+      const item = el('li', 'jp-ModelDebugger-phase');
+      item.dataset.phase = phase;
+      const gate = report ? report.gates[phase] : 'no session yet';
+      let state: string;
+      if (order.indexOf(phase) < order.indexOf(current)) {
+        state = 'done';
+      } else if (phase === current) {
+        state = 'current';
+      } else {
+        state = gate ? 'blocked' : 'ready';
+      }
+      item.dataset.state = state;
+      item.appendChild(el('span', 'jp-ModelDebugger-phaseName', phase[0].toUpperCase() + phase.slice(1)));
+      if (phase === 'fix') {
+        const button = el('button', 'jp-mod-styled jp-ModelDebugger-fix', 'Fix');
+        const allowed = !!report && report.fix_allowed === true;
+        button.disabled = !allowed;
+        button.title = allowed
+          ? `Insert a %%fix cell for ${report!.queue[0] ?? 'the confirmed finding'}`
+          : `Fix is gated: ${gate ?? 'no confirmed finding'}`;
+        button.onclick = () => {
+          if (this._notebook && allowed) {
+            this.actions.insertFixCell(this._notebook);
+          }
+        };
+        item.appendChild(button);
+      }
+      if (gate && state !== 'done') {
+        item.appendChild(el('span', 'jp-ModelDebugger-gate', gate));
+      }
+      list.appendChild(item);
+    });
+    return list;
+  }
+
+  private _classification(report: Report): HTMLElement {
+    const box = el('section', 'jp-ModelDebugger-classification');
+    box.appendChild(el('h3', '', 'Classification'));
+    const cls = report.classification;
+    if (!cls) {
+      box.appendChild(el('p', 'jp-ModelDebugger-empty', report.reproduce?.summary ?? 'not classified yet'));
+      return box;
+    }
+    const primary = el('div', 'jp-ModelDebugger-primary', cls.primary);
+    primary.dataset.category = cls.primary;
+    box.appendChild(primary);
+    if (cls.secondary.length) {
+      box.appendChild(el('div', 'jp-ModelDebugger-secondary', `then: ${cls.secondary.join(', ')}`));
+    }
+    const table = el('table', 'jp-ModelDebugger-evidence');
+    for (const e of cls.evidence) {
+      const row = el('tr', '');
+      row.appendChild(el('td', 'jp-ModelDebugger-signal', e.signal));
+      row.appendChild(el('td', 'jp-ModelDebugger-value', num(e.value)));
+      row.appendChild(el('td', 'jp-ModelDebugger-detail', e.detail));
+      table.appendChild(row);
+    }
+    box.appendChild(table);
+    return box;
+  }
+
+  private _findings(snapshot: Snapshot, report: Report): HTMLElement {
+    const box = el('section', 'jp-ModelDebugger-findings');
+    box.appendChild(el('h3', '', `Findings (${report.findings.length})`));
+    if (!report.findings.length) {
+      box.appendChild(el('p', 'jp-ModelDebugger-empty', report.gates.isolate ? 'Isolate has not run.' : 'Run %isolate.'));
+      return box;
+    }
+    const list = el('ul', '');
+    for (const f of report.findings) {
+      const item = el('li', 'jp-ModelDebugger-finding');
+      item.dataset.confirmed = String(f.confirmed);
+      item.appendChild(el('span', 'jp-ModelDebugger-check', f.check));
+      item.appendChild(el('span', 'jp-ModelDebugger-kind', `${f.root_cause} · ${f.confirmed ? 'confirmed' : 'hypothesis'}`));
+      if (f.location?.file) {
+        const where = el('a', 'jp-ModelDebugger-location', `${PathExt.basename(f.location.file)}:${f.location.line ?? ''}`);
+        where.title = `${f.location.file}:${f.location.line ?? ''}`;
+        where.href = '#';
+        where.onclick = (ev: MouseEvent) => {
+          ev.preventDefault();
+          void this._reveal(snapshot, f);
+        };
+        item.appendChild(where);
+      }
+      item.appendChild(el('div', 'jp-ModelDebugger-explanation', f.explanation));
+      list.appendChild(item);
+    }
+    box.appendChild(list);
+    return box;
+  }
+
+  private _fixVerify(report: Report): HTMLElement {
+    const box = el('section', 'jp-ModelDebugger-fixverify');
+    box.appendChild(el('h3', '', 'Fix and Verify'));
+    const fix = report.fix;
+    box.appendChild(
+      el('div', 'jp-ModelDebugger-fixStatus', fix ? `fix for ${fix.finding}: ${fix.approved ? 'approved' : 'planned'}${fix.suggestion ? ` — ${fix.suggestion}` : ''}` : `fix: ${report.gates.fix ?? 'allowed, not planned yet'}`)
+    );
+    const v = report.verification;
+    const verdict = el('div', 'jp-ModelDebugger-verifyStatus', v ? `verify: ${v.verdict}${v.remaining_symptom ? ` — ${v.remaining_symptom}` : ''}` : `verify: ${report.gates.verify ?? 'ready'}`);
+    if (v) {
+      verdict.dataset.verdict = v.verdict;
+    }
+    box.appendChild(verdict);
+    return box;
+  }
+
+  /** Reveal a finding's code: the %%reproduce cell for the session's cell.py, else the file. */
+  private async _reveal(snapshot: Snapshot, finding: Finding): Promise<void> {
+    const loc = finding.location!;
+    const panel = this._notebook;
+    if (panel && /(^|\/)cell\.py$/.test(loc.file) && loc.file.startsWith(snapshot.root)) {
+      const cells = panel.content.widgets;
+      for (let i = cells.length - 1; i >= 0; i--) {
+        const src = cells[i].model.sharedModel.getSource();
+        if (src.startsWith('%%reproduce')) {
+          panel.content.activeCellIndex = i;
+          panel.content.scrollToItem(i).catch(() => undefined);
+          const editor = cells[i].editor;
+          if (editor && loc.line) {
+            editor.setCursorPosition({ line: Math.max(0, loc.line), column: 0 });
+          }
+          this._status = `revealed the %%reproduce cell (line ${loc.line})`;
+          this.render();
+          return;
+        }
+      }
+    }
+    const path = this._serverPath(snapshot, loc.file);
+    if (!path) {
+      this._status = `${loc.file} is outside the server root`;
+      this.render();
+      return;
+    }
+    await this.actions.openFile(path);
+  }
+
+  private _notebook: NotebookPanel | null = null;
+  private _connection: KernelConnection | null = null;
+  private _status = '';
+  private _busy = false;
+}
