@@ -128,8 +128,10 @@ def test_model_fitted_before_the_capture_is_retraced_and_measured():
     model.fit(X, y, batch_size=32, epochs=1, verbose=0)
     with capture() as rec:
         model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+        model.fit(X, y, batch_size=32, epochs=1, verbose=0)  # no new trace: same stash
     steps = Run(rec.events).steps
-    assert len(steps) == 2 and all(s["gn"] > 0 and "mgn" in s for s in steps)
+    assert len(steps) == 4 and all(s["gn"] > 0 and "mgn" in s for s in steps)
+    assert [s["ep"] for s in steps] == [0, 0, 1, 1]
 
 
 def test_custom_loops_eager_and_tf_function():

@@ -47,7 +47,6 @@ class FitHooks:
                 inst._fit_depth -= 1
                 if on_line is not None:
                     tee._on_line = on_line
-                inst._current = None
 
         fit.__wrapped__ = original
         return fit
@@ -85,6 +84,8 @@ class FitHooks:
         fn = getattr(model, "train_function", None)
         if fn is not None and not getattr(fn, "_md_timed", False):
             model.train_function = None  # traced before the capture: retrace with the probes
+        self._fitting = model
+        self._current = self._stash_of.get(id(model))  # traced by an earlier fit of this capture
         self._epoch_base = self.rec.epoch + (1 if self._steps else 0)
 
     def _callback(self):

@@ -59,6 +59,8 @@ class KerasInstrument(FitHooks, LoopHooks):
         self._pending = None
         self._target = None
         self._call = None
+        self._fitting = None
+        self._stash_of: dict[int, tuple] = {}  # id(model) -> stash key of its traced fit step
         self._fit_depth = 0
         self._in_apply = False
         self._data_wait = 0.0
@@ -140,7 +142,7 @@ class KerasInstrument(FitHooks, LoopHooks):
             if model is not None and getattr(model.train_function, "_md_timed", False):
                 model.train_function = None
         self._touched = []
-        self._last_x = None
+        self._last_x = self._fitting = None
 
     def finish(self) -> None:
         """Flush what is pending when the capture ends."""
@@ -355,7 +357,7 @@ class KerasInstrument(FitHooks, LoopHooks):
                                         name="model_debugger_stash")
                 self._stashes[key] = stash
             stash.assign(vec)
-            self._current = key
+            self._current = self._stash_of[id(self._fitting)] = key
             return None
         if not in_xla():
             emit = self._guard(self._emit_from_vec)
