@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[torch,tensorflow,notebook,test]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[torch,tensorflow,notebook,lab,test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
