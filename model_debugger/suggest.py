@@ -83,12 +83,36 @@ def suggest(finding: Finding, session=None) -> str:
                                  "cause no longer holds; keep it to one change.")
 
 
-def defining_signal(category: str, signals: dict) -> tuple[str, int] | None:
-    """The signal (and its good direction) that judges ``category`` for these signals."""
-    for name, sign in DEFINING.get(category, ()):
-        if name in signals:
-            return name, sign
-    return None
+# the evidence a classification cites that each compared signal stands for
+_CITED_AS = {"finite_fraction": ("first_nonfinite_step",), "completed": ("error",),
+             "loss_relative_drop": ("loss_relative_drop", "loss_final", "loss_initial",
+                                    "loss_spike", "constant_predictor_loss")}
+
+
+def defining_signal(category: str, signals: dict,
+                    cited: list[str] | None = None) -> tuple[str, int] | None:
+    """The signal (and its good direction) that judges ``category``.
+
+    Parameters
+    ----------
+    category : str
+    signals : dict
+        Signals of a run with the problem (see :func:`model_debugger.verify.measure`).
+    cited : list of str, optional
+        The signals the classification cited: the compared signal is the first candidate that
+        stands for one of them (a NaN is judged by ``finite_fraction``, a vanishing gradient by
+        ``first_to_last_grad_ratio``); without them, the first candidate the run has.
+    """
+    candidates = [(n, sign) for n, sign in DEFINING.get(category, ()) if n in signals]
+    if cited:
+        for name, sign in candidates:
+            if set(_CITED_AS.get(name, (name,))) & set(cited):
+                return name, sign
+    shown = [(n, sign) for n, sign in candidates
+             if n not in ("finite_fraction", "completed") or
+             (n == "finite_fraction" and "first_nonfinite_step" in signals) or
+             (n == "completed" and signals.get("error_kind") == "oom")]
+    return (shown or candidates or [None])[0]
 
 
 def expected_effect(classification: dict | None) -> str:

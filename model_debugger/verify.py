@@ -65,10 +65,16 @@ def _side(measured: list[dict], name: str, category: str) -> dict:
             "errors": [m["error"] for m in measured if m["error"]]}
 
 
-def judge(category: str, before: list[dict], after: list[dict], noise: dict | None = None) -> dict:
-    """The verdict on ``category`` from measured before/after runs (see :func:`measure`)."""
-    ref = next((m["signals"] for m in before if defining_signal(category, m["signals"])), {})
-    name, sign = defining_signal(category, ref) or (DEFINING.get(category, (("steps", 1),))[0])
+def judge(category: str, before: list[dict], after: list[dict], noise: dict | None = None,
+          cited: list[str] | None = None) -> dict:
+    """The verdict on ``category`` from measured before/after runs (see :func:`measure`).
+
+    ``cited`` are the signals the classification cited; they choose the compared signal.
+    """
+    ref = next((m["signals"] for m in before if category in m["categories"]),
+               before[0]["signals"] if before else {})
+    name, sign = defining_signal(category, ref, cited) or \
+        (DEFINING.get(category, (("steps", 1),))[0])
     b, a = _side(before, name, category), _side(after, name, category)
     band = max(NOISE_K * b["std"], NOISE_K * a["std"], MIN_EFFECT.get(name, 0.0))
     if name in LOG_SIGNALS:
@@ -152,7 +158,9 @@ def verify(session: DebugSession, runner: Callable[[str, int], Run], seeds: list
     after = [measure(runner("after", s)) for s in seeds]
     noise = next((e.get("noise") for e in reversed(session.events) if e["kind"] == "isolate"),
                  None)
-    verification = judge(category, before, after, noise)
+    cls = session.classification
+    cited = [e.signal for e in cls.evidence] if cls and cls.primary == category else None
+    verification = judge(category, before, after, noise, cited)
     verification.update(seeds=list(seeds), finding=fix["finding"])
     session.record_verification(verification)
     return verification

@@ -37,7 +37,7 @@ def test_max_seconds_classifies_the_partial_record(tmp_path):
     script.write_text(textwrap.dedent("""
         import torch
         from torch import nn
-        model = nn.Sequential(nn.Linear(128, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        model = nn.Sequential(nn.Linear(128, 4096), nn.ReLU(), nn.Linear(4096, 10))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         kept = []
         while True:  # runs until stopped; every step keeps a graph alive

@@ -244,3 +244,22 @@ def test_change_helpers_on_their_own():
     hunks = hunks_of(a, b)
     assert len(hunks) == 2 and len(unrelated_groups(hunks, a, b)) == 2
     assert touches(a, b, hunks) == set()
+
+
+def test_cli_refusal_prints_one_json_object_and_records_nothing(tmp_path, capsys):
+    import json
+
+    from model_debugger.cli import main
+
+    s = _session(tmp_path, [_f("lr_range", "hyperparameter")])
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(_edit("        opt.step()\n", "        opt.step()\n        opt.zero_grad()\n",
+                           _edit(*LR_FIX)))
+    events = len(s.events)
+    assert main(["verify", s.directory, "--fixed", str(fixed), "--yes", "--json"]) == 3
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert "unrelated places" in report["refused"][0] and len(report["hunks"]) == 2
+    assert report["fix"] is None and "hunk 2:" in err
+    assert len(DebugSession.load(s.directory).events) == events
+    assert main(["verify", s.directory, "--fixed", str(tmp_path / "nope.py")]) == 2

@@ -169,3 +169,16 @@ def test_verify_refused_without_an_approved_fix(tmp_path):
     art.reproduce(TRAIN, runs=1, seed=0)
     with pytest.raises(GateError, match="needs an approved fix"):
         art.verify([0])
+
+
+def test_the_compared_signal_is_the_one_the_classification_cited():
+    sig = dict(finite_fraction=1.0, grad_norm_growth=1e5, first_to_last_grad_ratio=1e-5,
+               loss_relative_drop=0.01)
+    before = [_m([GI], **sig)]
+    after = [_m(["healthy"], **{**sig, "first_to_last_grad_ratio": 0.5})]
+    v = judge(GI, before, after, cited=["first_to_last_grad_ratio", "loss_relative_drop"])
+    assert v["metric"] == "first_to_last_grad_ratio" and v["verdict"] == "resolved"
+    # without a NaN, finite_fraction (always 1.0) never judges an explosion
+    assert judge(GI, before, after)["metric"] == "grad_norm_growth"
+    nan = [_m([GI], **{**sig, "finite_fraction": 0.1, "first_nonfinite_step": 3})]
+    assert judge(GI, nan, after, cited=["first_nonfinite_step"])["metric"] == "finite_fraction"
