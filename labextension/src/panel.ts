@@ -141,11 +141,9 @@ export class DebuggerPanel extends Widget {
     this._busy = true;
     this._status = 'exporting…';
     this.render();
-    let opened = '';
     try {
       if (this._connection?.state === 'connected') {
         const result = await this._connection.request<IExportResult>('export');
-        opened = this._serverPath(snapshot, result.notebook) ?? '';
         this._status = `exported: ${result.relative.notebook}, ${result.relative.repro}`;
       } else {
         const session = this._serverPath(snapshot, report.session_dir);
@@ -153,7 +151,6 @@ export class DebuggerPanel extends Widget {
           throw new Error('the session folder is outside the server root');
         }
         const result = await this.actions.exportViaServer(session);
-        opened = result.notebook;
         this._status = `exported (server): ${result.notebook}, ${result.repro}`;
       }
     } catch (e) {
@@ -161,9 +158,6 @@ export class DebuggerPanel extends Widget {
     } finally {
       this._busy = false;
       this.render();
-    }
-    if (opened) {
-      await this.actions.openFile(opened).catch(() => undefined);
     }
   }
 
