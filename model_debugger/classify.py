@@ -100,6 +100,8 @@ def wrong_solution(sig: dict):
             return "convergence_to_wrong_solution", [
                 _ev(sig, "loss_relative_drop", "the loss falls"),
                 _ev(sig, f"{split}_f1_final", f"'{sig[f'{split}_f1_name']}' stays ~0")]
+        if f"{split}_f1_final" in sig and sig[f"{split}_f1_final"] >= TRIVIAL_F1:
+            continue  # a class-balanced score that is not trivial outranks accuracy
         if f"{split}_acc_final" in sig and sig.get("majority_rate") is not None:
             trivial = sig[f"{split}_acc_final"] <= sig["majority_rate"] + TRIVIAL_METRIC_MARGIN
             near_baseline = sig.get("constant_predictor_loss") is not None and \

@@ -19,6 +19,7 @@ from .records import Run
 from .session import DebugSession
 
 MAX_COPY_BYTES = 1 << 30  # arrays/tensors copied for restore, in total
+HIST_EVERY = 20
 
 
 def seed_everything(seed: int) -> None:
@@ -127,8 +128,12 @@ class Snapshot:
 
 
 def run_code(code: str, namespace: dict, record: str, seed: int | None = None,
-             filename: str | None = None) -> tuple[Run, BaseException | None]:
+             filename: str | None = None, hist_every: int = HIST_EVERY
+             ) -> tuple[Run, BaseException | None]:
     """Execute ``code`` in ``namespace`` under capture; the record streams to ``record``.
+
+    ``hist_every`` is denser than a script's default: notebook runs are short, and the
+    gradient panel's step slider needs more than one histogram.
 
     Returns
     -------
@@ -144,7 +149,7 @@ def run_code(code: str, namespace: dict, record: str, seed: int | None = None,
     with open(filename, "w", encoding="utf-8") as fh:
         fh.write(code)
     error = None
-    rec = capture(record)
+    rec = capture(record, hist_every=hist_every)
     try:
         with rec:
             exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the user's own cell

@@ -154,7 +154,7 @@ class DebugSession:
 
     def _state(self) -> dict:
         """Replay Isolate/Fix/Verify events: the queue, the pending fix, what was resolved."""
-        st: dict = {"resolved": [], "pending": None, "reisolate": False, "remaining": [],
+        st: dict = {"resolved": [], "settled": [], "pending": None, "reisolate": False, "remaining": [],
                     "problem": None, "artifact": None, "copy": None, "verifications": 0}
         for e in self._data["events"]:
             kind = e["kind"]
@@ -164,7 +164,7 @@ class DebugSession:
             elif kind == "classify":
                 st["problem"] = e["classification"]["primary"]
             elif kind == "isolate":
-                st.update(resolved=[], pending=None, reisolate=False)
+                st.update(resolved=[], settled=[], pending=None, reisolate=False)
             elif kind == "fix":
                 st["pending"] = e["fix"]
             elif kind == "verify" and st["pending"] is not None:
@@ -176,6 +176,8 @@ class DebugSession:
                     st["copy"] = os.path.join(self.directory, fix["copy"])
                 if v["verdict"] == "resolved":
                     st["resolved"].append(fix["finding"])
+                    if v.get("category"):
+                        st["settled"].append(v["category"])
                     st["remaining"] = list(v.get("remaining", []))
                 elif v["verdict"] == "partially_resolved":
                     st["reisolate"] = True
@@ -183,11 +185,17 @@ class DebugSession:
 
     @property
     def queue(self) -> list[Finding]:
-        """Confirmed findings still to fix, in priority order (the first is current)."""
+        """Confirmed findings still to fix, in priority order (the first is current).
+
+        A resolved verdict settles its finding and every other finding that explained the same
+        category (they were causes of a symptom that is gone); findings about other categories
+        stay queued.
+        """
         st = self._state()
         if st["reisolate"]:
             return []
-        return [f for f in self.findings if f.confirmed and f.check not in st["resolved"]]
+        return [f for f in self.findings if f.confirmed and f.check not in st["resolved"]
+                and (f.evidence or {}).get("category") not in st["settled"]]
 
     @property
     def pending_fix(self) -> dict | None:

@@ -263,3 +263,14 @@ def test_cli_refusal_prints_one_json_object_and_records_nothing(tmp_path, capsys
     assert report["fix"] is None and "hunk 2:" in err
     assert len(DebugSession.load(s.directory).events) == events
     assert main(["verify", s.directory, "--fixed", str(tmp_path / "nope.py")]) == 2
+
+
+def test_a_resolved_category_settles_the_other_findings_that_explained_it(tmp_path):
+    s = _session(tmp_path, [
+        _f("lr_range", "hyperparameter", category="gradient_instability"),
+        _f("constant_baseline", "hyperparameter", category="gradient_instability"),
+        _f("class_imbalance", "data", category="convergence_to_wrong_solution")])
+    s.record_fix(plan_fix(s, _edit(*LR_FIX)), approved=True)
+    s.record_verification({"verdict": "resolved", "category": "gradient_instability",
+                           "seeds": [0], "remaining": []})
+    assert [f.check for f in s.queue] == ["class_imbalance"] and s.phase == "fix"

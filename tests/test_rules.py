@@ -607,3 +607,12 @@ def test_signals_mse_targets():
 ])
 def test_metric_role(name, role):
     assert metric_role(name) == role
+
+
+def test_wrong_solution_a_useful_f1_outranks_accuracy_below_the_majority_rate():
+    """Class weights trade accuracy for minority recall: F1 says the model is not trivial."""
+    run = syn.make_run(syn.steps_events(syn.decay(100)), syn.targets_counts(MAJORITY_COUNTS),
+                       syn.metric("val_acc", [0.45, 0.5, 0.6 - 3 * C.TRIVIAL_METRIC_MARGIN]),
+                       syn.metric("val_f1", [0.1, 0.3, 0.55]))
+    sig, cls = quiet(C.wrong_solution, run)
+    assert sig["val_acc_final"] < sig["majority_rate"] and cls.primary == HEALTHY
