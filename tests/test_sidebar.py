@@ -136,7 +136,7 @@ def _state(page) -> dict:
             phases: [...panel.querySelectorAll('.jp-ModelDebugger-phase')].map(
                 li => [li.dataset.phase, li.dataset.state]),
             primary: primary ? primary.textContent : null,
-            numbers: [...panel.querySelectorAll('.jp-ModelDebugger-evidence tr')].map(
+            numbers: [...panel.querySelectorAll('.jp-ModelDebugger-evidence tr.jp-ModelDebugger-number')].map(
                 tr => tr.textContent),
             findings: [...panel.querySelectorAll('.jp-ModelDebugger-finding')].map(
                 li => li.textContent),

@@ -46,6 +46,10 @@ function el<K extends keyof HTMLElementTagNameMap>(
 
 function num(value: unknown): string {
   if (typeof value === 'number') {
+    const size = Math.abs(value);
+    if (size !== 0 && (size >= 1e6 || size < 1e-3)) {
+      return value.toExponential(3);
+    }
     return Number.isInteger(value) ? String(value) : String(Number(value.toPrecision(4)));
   }
   return value === null || value === undefined ? '—' : String(value);
@@ -264,11 +268,17 @@ export class DebuggerPanel extends Widget {
     }
     const table = el('table', 'jp-ModelDebugger-evidence');
     for (const e of cls.evidence) {
-      const row = el('tr', '');
+      const row = el('tr', 'jp-ModelDebugger-number');
       row.appendChild(el('td', 'jp-ModelDebugger-signal', e.signal));
       row.appendChild(el('td', 'jp-ModelDebugger-value', num(e.value)));
-      row.appendChild(el('td', 'jp-ModelDebugger-detail', e.detail));
       table.appendChild(row);
+      if (e.detail) {
+        const detail = el('tr', 'jp-ModelDebugger-detailRow');
+        const cell = el('td', 'jp-ModelDebugger-detail', e.detail);
+        cell.colSpan = 2;
+        detail.appendChild(cell);
+        table.appendChild(detail);
+      }
     }
     box.appendChild(table);
     return box;
