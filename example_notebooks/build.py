@@ -147,13 +147,15 @@ for epoch in range(40):
               "step is fast, so most of each step is spent waiting for data.",
         data="""import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 torch.manual_seed(11)
 rows = [[float(v) for v in torch.randn(64)] for _ in range(512)]
 labels = [int(r[0] > 0) for r in rows]""",
         model="model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 2))",
-        loop="""def collate(batch):
+        loop="""from torch.utils.data import DataLoader
+
+
+def collate(batch):
     xs = torch.zeros(len(batch), 64)
     for i, (row, _) in enumerate(batch):
         for j, v in enumerate(row):

@@ -187,14 +187,19 @@ class DebuggerMagics(Magics):
 
 
 def load(shell) -> None:
-    """Register the magics on ``shell``."""
+    """Register the magics on ``shell``, and the sidebar's comm target when in a kernel."""
+    from . import comm
+
     shell.register_magics(DebuggerMagics)
+    comm.register(shell)
 
 
 def unload(shell) -> None:
     """Remove every magic this module registered, and forget the kernel's session."""
+    from . import comm
     from .notebook import reset_session
 
+    comm.unregister(shell)
     manager = shell.magics_manager
     for table in manager.magics.values():
         for name in [n for n, fn in table.items()
