@@ -21,4 +21,4 @@ for step in range(60):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    history.append(model(x).detach())  # kept for "train accuracy" later, graph and activations included
+    history.append(loss.item())  # a number, not a tensor with its graph
