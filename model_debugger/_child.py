@@ -21,6 +21,13 @@ def _interrupt(signum, frame):
     raise TimeLimit(f"stopped by signal {signum} (time limit)")
 
 
+def _seed_keras(keras, seed: int) -> None:
+    try:
+        keras.utils.set_random_seed(seed)  # Python, NumPy and the backend (TensorFlow)
+    except Exception as exc:  # noqa: BLE001 - seeding must never break the user's import
+        print(f"model_debugger: could not seed keras: {exc}", file=sys.stderr)
+
+
 def _seed_everything(seed: int) -> None:
     from .capture.imports import when_imported
 
@@ -28,6 +35,7 @@ def _seed_everything(seed: int) -> None:
     os.environ.setdefault("PYTHONHASHSEED", str(seed))
     when_imported("numpy", lambda np: np.random.seed(seed))
     when_imported("torch", lambda torch: torch.manual_seed(seed))
+    when_imported("keras", lambda keras: _seed_keras(keras, seed))
 
 
 def main(argv: list[str] | None = None) -> int:

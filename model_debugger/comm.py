@@ -72,7 +72,7 @@ def snapshot(ns=None) -> dict:
     from .notebook import current_session
 
     ns = ns if ns is not None else current_session()
-    session = getattr(ns, "_session", None)  # None until the first action: create nothing here
+    session = ns.session if ns.has_session else None  # asking must not create a session
     report = session.report() if session is not None else None
     plan = ns.plan if isinstance(getattr(ns, "plan", None), dict) else None
     return _clean({"schema": SNAPSHOT_SCHEMA, "protocol": PROTOCOL, "version": __version__,
@@ -97,7 +97,7 @@ def _export(args: dict) -> dict:
     from .notebook import current_session
 
     ns = current_session()
-    if getattr(ns, "_session", None) is None:
+    if not ns.has_session:
         raise ValueError("no session to export yet: run a %%reproduce cell first")
     path = args.get("path") or None
     if path is not None:

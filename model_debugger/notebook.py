@@ -52,6 +52,11 @@ class NotebookSession:
 
     # -- state -----------------------------------------------------------------------------
     @property
+    def has_session(self) -> bool:
+        """True once a DebugSession exists (asking creates none)."""
+        return self._session is not None
+
+    @property
     def session(self) -> DebugSession:
         """The DebugSession (created on first use)."""
         if self._session is None:
