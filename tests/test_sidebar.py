@@ -35,9 +35,7 @@ pytestmark = [
                        reason=f"{CHROMIUM} is missing (apt-get install -y chromium; .ci/run does)"),
 ]
 
-SETUP = """%load_ext model_debugger
-import model_debugger.comm
-model_debugger.comm.register(get_ipython())"""
+SETUP = "%load_ext model_debugger"  # registers the sidebar's comm target
 
 REPRODUCE = """%%reproduce --seed 0
 import torch
