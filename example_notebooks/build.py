@@ -242,6 +242,34 @@ for epoch in range(5):
 )
 
 
+KERAS = dict(
+    category="loss_not_decreasing",
+    title="Keras: loss not decreasing with a learning rate far too small",
+    source="tests/scenarios/keras_lnd_lr_too_low.py",
+    story="A Keras 3 model trained with `model.fit` and plain SGD at `learning_rate=1e-5`: the "
+          "loss stays flat. Nothing in the training code changes for the diagnosis: `fit` gets "
+          "a recording callback and gradients are read where Keras applies them.",
+    data="""import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+
+keras.utils.set_random_seed(0)
+X = np.random.randn(2048, 20).astype("float32")
+y = (X[:, :5].sum(axis=1) > 0).astype("int64")""",
+    model="""model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(64, activation="tanh"),
+                          keras.layers.Dense(2)])""",
+    loop="""model.compile(optimizer=keras.optimizers.SGD(learning_rate=1e-5),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(X, y, batch_size=64, epochs=4, verbose=2)""",
+    fix=("learning_rate=1e-5", "learning_rate=0.1"),
+    why="`lr_range` swept learning rates on clones of the model set to its initial weights: "
+        "the loss falls fastest near 0.1. One change, the learning rate; Verify restores the "
+        "model's initial weights before every run.",
+)
+
+
 def _notebook(cells: list) -> nbformat.NotebookNode:
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
@@ -250,8 +278,9 @@ def _notebook(cells: list) -> nbformat.NotebookNode:
     return nb
 
 
-def walkthrough(category: str, w: dict) -> nbformat.NotebookNode:
+def walkthrough(name: str, w: dict) -> nbformat.NotebookNode:
     """The notebook of one category: reproduce, classify, isolate, fix, verify, export."""
+    category = name
     old, new = w["fix"]
     assert w["loop"].count(old) == 1, (category, old)
     fixed = w["loop"].replace(old, new)
@@ -307,6 +336,7 @@ def notebooks() -> dict[str, nbformat.NotebookNode]:
     """``{file name: notebook}`` of every example."""
     out = {f"{cat}.ipynb": walkthrough(cat, w) for cat, w in WALKS.items()}
     out["healthy.ipynb"] = healthy(HEALTHY)
+    out["keras_loss_not_decreasing.ipynb"] = walkthrough("keras_loss_not_decreasing", KERAS)
     return out
 
 

@@ -56,7 +56,17 @@ def test_every_category_has_a_notebook():
 @pytest.mark.slow
 @pytest.mark.parametrize("category", CATEGORIES)
 def test_walkthrough_notebook(category, tmp_path):
-    outs = execute(f"{category}.ipynb", tmp_path)
+    _walkthrough(category, category, tmp_path)
+
+
+@pytest.mark.slow
+def test_keras_notebook(tmp_path):
+    pytest.importorskip("tensorflow")
+    _walkthrough("keras_loss_not_decreasing", "loss_not_decreasing", tmp_path)
+
+
+def _walkthrough(name: str, category: str, tmp_path: Path) -> None:
+    outs = execute(f"{name}.ipynb", tmp_path)
     text = "\n".join(outs)
     classify = next(o for o in outs if o.startswith("Classification:"))
     assert classify.startswith(f"Classification: {category} "), classify
@@ -64,8 +74,8 @@ def test_walkthrough_notebook(category, tmp_path):
     assert "approved: the fix for" in text
     verdicts = re.findall(r"^Verify: (\w+)", text, flags=re.MULTILINE)
     assert verdicts == ["resolved"], text[-3000:]
-    assert (tmp_path / f"{category}_record.ipynb").exists()
-    record = nbformat.read(tmp_path / f"{category}_record.ipynb", as_version=4)
+    assert (tmp_path / f"{name}_record.ipynb").exists()
+    record = nbformat.read(tmp_path / f"{name}_record.ipynb", as_version=4)
     nbformat.validate(record)
     shutil.rmtree(tmp_path / ".model_debugger", ignore_errors=True)
 
