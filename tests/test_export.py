@@ -431,7 +431,17 @@ def test_plots_draw_without_pyplot(tmp_path):
         data = _plots.figure_png(fig)
         assert data == _plots.figure_png(fig)
         assert _valid_png(data) == (360, 640)
-    assert "matplotlib.pyplot" not in sys.modules
+    # pyplot's global state stays untouched: checked in a fresh process (other tests in this
+    # one may import pyplot themselves)
+    code = ("import sys\nfrom model_debugger import _plots\nfrom model_debugger.records import Run\n"
+            f"run = Run.load({str(path)!r})\n"
+            "_plots.figure_png(_plots.loss_figure(run))\n"
+            "_plots.figure_png(_plots.grad_norm_figure(run))\n"
+            "assert 'matplotlib.pyplot' not in sys.modules\n")
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_real_fix_and_verify_export(real, tmp_path, monkeypatch):

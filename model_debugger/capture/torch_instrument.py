@@ -137,8 +137,9 @@ class TorchInstrument:
             self._pending_losses = []
         self.losses.flush_eval()
         self.losses.emit()
-        self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
-                      backward=self._backwards, optimizer_steps=self._opt_steps)
+        if self._backwards or self._opt_steps:  # torch imported but not trained: say nothing
+            self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
+                          backward=self._backwards, optimizer_steps=self._opt_steps)
 
     # -- code references -------------------------------------------------------------------
     def _ref(self, kind: str, loc: dict | None, **extra) -> None:

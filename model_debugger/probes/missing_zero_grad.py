@@ -10,6 +10,7 @@ from .base import Probe, ProbeContext, register
 class MissingZeroGrad(Probe):
     id = "missing_zero_grad"
     categories = ("gradient_instability", "loss_not_decreasing", "convergence_to_wrong_solution")
+    frameworks = ("torch", "none")  # Keras clears gradients itself
 
     def run(self, ctx: ProbeContext):
         hits = lint_hits(ctx, "missing_zero_grad")
