@@ -28,6 +28,8 @@ TRAIN_NOT_RISING = 1.02     # train loss at the end not above its value at the v
 TRIVIAL_METRIC_MARGIN = 0.015  # accuracy no more than 1.5 points above the majority rate
 TRIVIAL_F1 = 0.05
 LOSS_FALLS = 0.10            # "loss falls": at least a 10% decrease
+GPU_IDLE_UTIL = 30.0         # median GPU utilisation below 30% ...
+GPU_IDLE_STEP_MS = 20.0      # ... with steps long enough for the idle time to matter
 
 
 def _ev(sig: dict, key: str, detail: str) -> Evidence:
@@ -68,6 +70,12 @@ def exploding(sig: dict):
 
 
 def memory_growth(sig: dict):
+    if sig.get("cuda_growth_mb", 0) >= RSS_GROWTH_MB and sig.get("cuda_growth_r2", 0) >= RSS_R2:
+        return "memory_issue", [
+            _ev(sig, "cuda_growth_mb", f"GPU memory allocated, growth after warm-up "
+                f"(>= {RSS_GROWTH_MB:g} MB)"),
+            _ev(sig, "cuda_slope_mb_per_step", "MB per step"),
+            _ev(sig, "cuda_growth_r2", f"R^2 of a linear fit (steady growth, >= {RSS_R2})")]
     if sig.get("rss_growth_mb", 0) < RSS_GROWTH_MB or sig.get("rss_growth_r2", 0) < RSS_R2:
         return None
     return "memory_issue", [
@@ -156,9 +164,19 @@ def slow_data(sig: dict):
         _ev(sig, "step_ms", "mean step time, ms")]
 
 
+def gpu_idle(sig: dict):
+    if sig.get("gpu_util_median", 100) >= GPU_IDLE_UTIL or sig.get("step_ms", 0) < GPU_IDLE_STEP_MS:
+        return None
+    return "performance_issue", [
+        _ev(sig, "gpu_util_median", f"median GPU utilisation, percent (< {GPU_IDLE_UTIL:g}: the "
+            "GPU waits on the CPU)"),
+        _ev(sig, "step_ms", f"mean step time, ms (>= {GPU_IDLE_STEP_MS:g}: time worth saving)"),
+        _ev(sig, "gpu_util_samples", "readings")]
+
+
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, exploding, memory_growth, overfitting, wrong_solution, vanishing,
-    not_decreasing, slow_data,
+    not_decreasing, slow_data, gpu_idle,
 )
 
 

@@ -126,6 +126,17 @@ def compute(run: Run) -> dict:
         s["rss_start_mb"], s["rss_end_mb"] = float(body[0] / 2**20), float(body[-1] / 2**20)
         s["rss_growth_mb"] = float((body[-1] - body[0]) / 2**20)
         s["rss_slope_mb_per_step"], s["rss_growth_r2"] = slope, r2
+    cuda = run.series("cuda")
+    cuda = cuda[np.isfinite(cuda)]
+    if len(cuda) >= 20 and cuda.max() > 0:
+        body = cuda[len(cuda) // 10:]
+        slope, r2 = _fit(body / 2**20)
+        s["cuda_growth_mb"] = float((body[-1] - body[0]) / 2**20)
+        s["cuda_slope_mb_per_step"], s["cuda_growth_r2"] = slope, r2
+    util = _finite(run.series("gpu_util"))
+    if len(util) >= 3:
+        s["gpu_util_median"] = float(np.median(util))
+        s["gpu_util_samples"] = int(len(util))
     err = run.error
     if err is not None:
         s["error_kind"], s["error"] = err["kind"], f"{err['type']}: {err['message']}"[:300]

@@ -14,8 +14,8 @@ DEFINING: dict[str, tuple[tuple[str, int], ...]] = {
     "overfitting": (("val_loss_rise", -1), ("gap_final", -1)),
     "gradient_instability": (("finite_fraction", +1), ("grad_norm_growth", -1),
                              ("first_to_last_grad_ratio", +1), ("loss_relative_drop", +1)),
-    "memory_issue": (("completed", +1), ("rss_growth_mb", -1)),
-    "performance_issue": (("data_wait_fraction", -1),),
+    "memory_issue": (("completed", +1), ("cuda_growth_mb", -1), ("rss_growth_mb", -1)),
+    "performance_issue": (("data_wait_fraction", -1), ("gpu_util_median", +1)),
     "convergence_to_wrong_solution": (("val_f1_final", +1), ("train_f1_final", +1),
                                       ("val_acc_final", +1), ("train_acc_final", +1)),
 }
@@ -128,8 +128,8 @@ def expected_effect(classification: dict | None) -> str:
         "gradient_instability": "no non-finite loss or gradient, and no exploding or vanishing "
                                 "gradient norms (now {})",
         "memory_issue": "the run completes without OOM and memory stays flat (now {})",
-        "performance_issue": "data wait should no longer dominate: data_wait_fraction below "
-                             "0.5 (now {})",
+        "performance_issue": "data wait should no longer dominate (data_wait_fraction below "
+                             "0.5) and the GPU, if any, should be kept busy (now {})",
         "convergence_to_wrong_solution": "the tracked metric should rise above the trivial "
                                          "level (now {})",
     }

@@ -29,7 +29,7 @@ NOISE_K = 2.0  # the band is this many standard deviations of the per-seed value
 # smallest change that counts, per signal (ratios are compared in log10)
 MIN_EFFECT = {"loss_relative_drop": 0.02, "val_loss_rise": 0.02, "gap_final": 0.02,
               "finite_fraction": 0.25, "completed": 0.5, "data_wait_fraction": 0.05,
-              "rss_growth_mb": 20.0}
+              "rss_growth_mb": 20.0, "cuda_growth_mb": 20.0, "gpu_util_median": 10.0}
 LOG_SIGNALS = ("grad_norm_growth", "first_to_last_grad_ratio")
 
 

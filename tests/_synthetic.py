@@ -49,6 +49,8 @@ def steps_events(
     dt: Sequence | None = None,
     dw: Sequence | None = None,
     rss: Sequence | None = None,
+    cuda: Sequence | None = None,
+    gpu_util: Sequence | None = None,
 ) -> list[dict]:
     """``step`` events; every argument is a per-step sequence (or None to leave it out)."""
     if n is None:
@@ -63,6 +65,10 @@ def steps_events(
                       "rss": int(rss[i]) if rss is not None else None}
         if mgn is not None:
             step["mgn"] = {k: _num(v) for k, v in mgn[i].items()}
+        if cuda is not None:
+            step["cuda"] = int(cuda[i])
+        if gpu_util is not None and np.isfinite(gpu_util[i]):
+            step["gpu_util"] = float(gpu_util[i])  # read every few steps only
         out.append({"t": "step", **step})
     return out
 

@@ -69,7 +69,7 @@ def classify_and_check(sig: dict) -> Classification:
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "exploding", "memory_growth", "overfitting",
-                     "wrong_solution", "vanishing", "not_decreasing", "slow_data"]
+                     "wrong_solution", "vanishing", "not_decreasing", "slow_data", "gpu_idle"]
 
 
 # -- nonfinite -------------------------------------------------------------------------------
@@ -437,6 +437,55 @@ def test_not_decreasing_quiet_when_loss_beats_constant_predictor():
     sig, cls = quiet(C.not_decreasing, _baseline_run(0.9 * C.BASELINE_MARGIN))
     assert sig["loss_final"] < C.BASELINE_MARGIN * sig["constant_predictor_loss"]
     assert cls.primary == HEALTHY
+
+
+def _cuda_run(growth_mb: float, rss_flat: bool = True):
+    n = 100
+    i = np.arange(n)
+    cuda = (2000.0 + growth_mb * (i - n // 10) / (n - 1 - n // 10)) * syn.MB
+    return syn.make_run(syn.healthy_steps(n, cuda=cuda, rss=np.full(n, 500.0 * syn.MB)))
+
+
+def test_memory_growth_fires_on_gpu_memory_while_process_memory_is_flat():
+    sig, _ = fires(C.memory_growth, _cuda_run(1.2 * C.RSS_GROWTH_MB), "memory_issue",
+                   {"cuda_growth_mb", "cuda_slope_mb_per_step", "cuda_growth_r2"})
+    assert sig["rss_growth_mb"] == 0 and sig["cuda_growth_mb"] == pytest.approx(
+        1.2 * C.RSS_GROWTH_MB, rel=1e-3)
+
+
+def test_memory_growth_quiet_on_flat_gpu_memory():
+    sig, cls = quiet(C.memory_growth, _cuda_run(0.5 * C.RSS_GROWTH_MB))
+    assert sig["cuda_growth_mb"] < C.RSS_GROWTH_MB and cls.primary == HEALTHY
+
+
+# -- gpu_idle --------------------------------------------------------------------------------
+
+
+def _gpu_run(util: float, step_ms: float):
+    n = 60
+    utils = np.full(n, np.nan)
+    utils[::10] = util
+    return syn.make_run(syn.healthy_steps(n, dt=np.full(n, step_ms / 1000), dw=np.zeros(n),
+                                          gpu_util=utils, cuda=np.full(n, syn.MB)))
+
+
+def test_gpu_idle_fires_when_long_steps_leave_the_gpu_waiting():
+    sig, _ = fires(C.gpu_idle, _gpu_run(C.GPU_IDLE_UTIL / 3, 2 * C.GPU_IDLE_STEP_MS),
+                   "performance_issue", {"gpu_util_median", "step_ms", "gpu_util_samples"})
+    assert sig["gpu_util_median"] == pytest.approx(C.GPU_IDLE_UTIL / 3)
+    assert sig["gpu_util_samples"] == 6
+
+
+def test_gpu_idle_quiet_when_busy_or_steps_are_short():
+    sig, cls = quiet(C.gpu_idle, _gpu_run(2 * C.GPU_IDLE_UTIL, 2 * C.GPU_IDLE_STEP_MS))
+    assert cls.primary == HEALTHY
+    sig, cls = quiet(C.gpu_idle, _gpu_run(C.GPU_IDLE_UTIL / 3, C.GPU_IDLE_STEP_MS / 2))
+    assert sig["gpu_util_median"] < C.GPU_IDLE_UTIL and cls.primary == HEALTHY
+
+
+def test_no_gpu_no_gpu_signals():
+    sig, _ = quiet(C.gpu_idle, _timed_run(0.1, 1.0))
+    assert "gpu_util_median" not in sig and "cuda_growth_mb" not in sig
 
 
 # -- slow_data -------------------------------------------------------------------------------

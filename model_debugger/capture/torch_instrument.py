@@ -27,6 +27,7 @@ from .recorder import Recorder, _num, rss_bytes
 from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossStats
 from .torch_util import TimedIterator, assignment, floats, hyper, replay_first_nonfinite
 
+GPU_UTIL_EVERY = 10  # steps between GPU utilisation readings (an NVML query each)
 _DOT_NUMEL = 1 << 14  # on CPU a BLAS dot is ~2x faster than the norm kernel on large tensors
 _BACKWARD_MODE_AFTER = 64
 
@@ -59,6 +60,7 @@ class TorchInstrument:
         self.losses = LossStats(rec, self._ref)
         self._before: list | None = None
         self._cuda = torch.cuda.is_available()
+        self._gpu_util = self._cuda  # until NVML turns out to be missing
         self._loader_refs: dict[int, weakref.ref] = {}
         self.keeper = Keeper()
         self._seen_optimizers: weakref.WeakSet = weakref.WeakSet()
@@ -405,11 +407,21 @@ class TorchInstrument:
         if self._cuda:
             step["cuda"] = torch.cuda.memory_allocated()
             step["cuda_peak"] = torch.cuda.max_memory_allocated()
+            if self._gpu_util and self.rec.step % GPU_UTIL_EVERY == 0 and step["cuda"]:
+                step["gpu_util"] = self._read_gpu_util()
         self._data_wait = 0.0
         self.rec.emit("step", **step)
         self.rec.step += 1
         if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
             self.losses.emit()
+
+    def _read_gpu_util(self) -> int | None:
+        """Percent of the last NVML sample period the GPU ran a kernel (None: not measurable)."""
+        try:
+            return int(torch.cuda.utilization())
+        except Exception:  # noqa: BLE001 - no NVML (pynvml) or no permission: stop asking
+            self._gpu_util = False
+            return None
 
     # -- data loading ----------------------------------------------------------------------
     def _wrap_loader_iter(self, original):

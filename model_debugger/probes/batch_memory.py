@@ -29,6 +29,12 @@ def requested_bytes(message: str) -> float | None:
     return float(m.group(1)) * _UNITS[unit]
 
 
+def gpu_free_bytes(message: str) -> float | None:
+    """Free device memory a CUDA OOM message reports ("... of which 1.50 GiB is free")."""
+    m = re.search(r"of which\s+([\d.]+)\s*([KMGT]i?B)\s+is free", message, re.IGNORECASE)
+    return float(m.group(1)) * _UNITS[m.group(2).lower()] if m else None
+
+
 def available_bytes() -> float | None:
     try:
         with open("/proc/meminfo") as fh:
@@ -80,7 +86,7 @@ class BatchMemory(Probe):
             per_sample = per_sample_bytes(tr.fresh_model(), inputs)
             params = sum(p.numel() * p.element_size() for p in ctx.model.parameters())
         want = requested_bytes(err.get("message", ""))
-        avail = available_bytes()
+        avail = gpu_free_bytes(err.get("message", "")) or available_bytes()
         fits = batch_that_fits(per_sample, avail, 4 * params) if avail else None
         implied = int(want / per_sample) if want else None
         usual = int(tr.n / max(len(ctx.train_batches), 1))
