@@ -20,7 +20,8 @@ _DATA_BASES = ("Dataset", "IterableDataset", "PyDataset", "Sequence")
 _DATA_FUNCS = re.compile(r"^(__getitem__|__iter__|__len__|collate\w*|preprocess\w*|transform\w*|"
                          r"normali[sz]e\w*|load_\w*data\w*|make_\w*data\w*)$")
 _PREPROCESS = re.compile(r"\btransforms\.|\bNormalize\(|StandardScaler|MinMaxScaler|"
-                         r"\.mean\(|\.std\(|/\s*255\b|\bargsort\(|\bsort\(|\bpermutation\(")
+                         r"/\s*255\b")
+_MODEL_METHODS = ("__init__", "forward", "build", "call")  # what defines a model's structure
 _DATA_CALLS = ("TensorDataset", "DataLoader", "train_test_split", "from_tensor_slices")
 _ASSIGN = re.compile(r"^\s*([A-Za-z_][\w\s,\[\]\.:]*?)\s*(?:[-+*/%@]|//)?=(?!=)")
 
@@ -52,8 +53,11 @@ class Hunk:
         return {"header": self.header, "removed": list(self.removed), "added": list(self.added)}
 
 
-def hunks_of(original: str, fixed: str) -> list[Hunk]:
-    """The changed regions of ``fixed`` against ``original`` (blank-line-only edits ignored)."""
+def hunks_of(original: str, fixed: str, merge: bool = True) -> list[Hunk]:
+    """The changed regions of ``fixed`` against ``original`` (blank-line-only edits ignored).
+
+    With ``merge``, regions a couple of unchanged lines apart count as one place.
+    """
     a, b = original.splitlines(), fixed.splitlines()
     out = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
@@ -63,7 +67,7 @@ def hunks_of(original: str, fixed: str) -> list[Hunk]:
         if not any(s.strip() for s in removed + added):
             continue
         out.append(Hunk(i1, i2, j1, j2, removed, added))
-    return _merge_close(out)
+    return _merge_close(out) if merge else out
 
 
 def _merge_close(hunks: list[Hunk], gap: int = 2) -> list[Hunk]:
@@ -142,12 +146,15 @@ def _context(source: str) -> tuple[dict[int, list[str]], set[str]]:
                 name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
                 args = child.args if name != "DataLoader" else child.args[:1]
                 if name in _DATA_CALLS or name == "fit":
-                    data.update(n.id for a in args[:2] for n in ast.walk(a)
-                                if isinstance(n, ast.Name))
+                    for a in args[:2]:
+                        while isinstance(a, (ast.Subscript, ast.Starred)):
+                            a = a.value
+                        if isinstance(a, ast.Name):
+                            data.add(a.id)
             if hasattr(child, "lineno") and inner:
                 for ln in range(child.lineno, (getattr(child, "end_lineno", None)
                                                or child.lineno) + 1):
-                    where.setdefault(ln, inner)
+                    where[ln] = inner  # pre-order: the innermost context wins
             visit(child, inner)
 
     visit(tree, [])
@@ -157,7 +164,9 @@ def _context(source: str) -> tuple[dict[int, list[str]], set[str]]:
 def _kind_of(line: str, context: list[str], data_names: set[str]) -> set[str]:
     code = line.split("#", 1)[0]
     kinds = set()
-    if any(c.startswith("class:") and c[6:].endswith(_MODEL_BASES) for c in context) or \
+    in_model = any(c.startswith("class:") and c[6:].endswith(_MODEL_BASES) for c in context)
+    method = next((c[4:] for c in reversed(context) if c.startswith("def:")), None)
+    if (in_model and method in (*_MODEL_METHODS, None)) or \
             any(not m.endswith("Loss") for m in _LAYER.findall(code)):
         kinds.add("architecture")
     if any(c.startswith("class:") and c[6:].endswith(_DATA_BASES) for c in context) or \

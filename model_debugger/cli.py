@@ -2,6 +2,7 @@
 
 ``diagnose SCRIPT [--json] [--runs N] [--seed S] [-- ARGS]`` reproduces, classifies and isolates;
 ``verify SESSION_DIR --fixed FIXED [--yes] [--json]`` plans, approves and verifies one fix;
+``isolate SESSION_DIR`` probes the current code again (after a partial fix);
 ``export SESSION_DIR [-o NOTEBOOK]`` writes the record notebook and ``repro.py``.
 Everything after ``--`` is passed to the training script.
 """
@@ -50,6 +51,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="allow an architecture change for a hyperparameter/data cause (recorded)")
     v.add_argument("--data-consent", action="store_true",
                    help="consent to a change of data preprocessing (recorded)")
+    i = sub.add_parser(
+        "isolate", help="run Isolate again on a session's current code (after a partial fix)",
+        description="Run the session's current artifact (the reproduced script, or the last "
+                    "kept fix) once under capture and probe it; the findings replace the old.")
+    i.add_argument("session", help="session folder")
+    i.add_argument("--json", action="store_true", help="print one JSON report on stdout")
+    i.add_argument("--probe-seconds", type=float, default=30.0,
+                   help="time budget for the probes (default 30)")
     e = sub.add_parser("export", help="write the session as a record notebook plus repro.py",
                        description="Write an nbformat v4 notebook recording every phase and a "
                                    "standalone repro.py (secrets redacted).")
@@ -120,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "report":
             report = DebugSession.load(ns.session).report()
+        elif ns.command == "isolate":
+            from .diagnose import isolate_session
+
+            report = isolate_session(DebugSession.load(ns.session), ns.probe_seconds).report()
         elif ns.command == "export":
             from .export import export
 
@@ -170,6 +183,21 @@ def _verify(ns) -> dict | None:
     with open(ns.fixed, encoding="utf-8") as fh:
         fixed = fh.read()
     talk = sys.stderr if ns.json else sys.stdout
+    art = next((e for e in session.events if e["kind"] == "artifact"), {})
+    if art.get("type") != "script":
+        raise ValueError("this session was reproduced from a log: there is no script to rerun "
+                         "(diagnose the training script to verify a fix)")
+    pending = session.pending_fix
+    if pending is not None:  # an earlier verify was interrupted: finish it
+        with open(os.path.join(session.directory, pending["copy"]), encoding="utf-8") as fh:
+            if fh.read() != fixed:
+                raise ValueError("an approved fix is awaiting Verify and FIXED differs from it; "
+                                 f"rerun with --fixed {pending.get('fixed')}")
+        print(f"Resuming the verification of the approved fix for {pending['finding']} ...",
+              file=talk, flush=True)
+        verify_script(session, seeds_for(session, ns.seeds), max_seconds=ns.max_seconds,
+                      stdout=sys.stderr)
+        return session.report()
     try:
         plan = plan_fix(session, fixed, fixed_path=os.path.abspath(ns.fixed),
                         allow_architecture=ns.allow_architecture, data_consent=ns.data_consent)

@@ -92,7 +92,7 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
     session = DebugSession.create(root, title=os.path.basename(script))
     shutil.copyfile(script, os.path.join(session.directory, "artifact.py"))
     session.append("artifact", type="script", script=script, args=args, seed=seed,
-                   max_seconds=max_seconds)
+                   max_seconds=max_seconds, cwd=os.getcwd())
     results, tried, per_run = [], [], []
     for i in range(max(1, runs)):
         record = os.path.join(session.run_dir(i), "record.jsonl")
@@ -118,6 +118,31 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
     session.record_classification(cls, sig)
     if probe_seconds > 0:
         _record_isolate(session, session.run_dir(0), [script], probe_seconds)
+    return session
+
+
+def isolate_session(session: DebugSession, probe_seconds: float = 30.0,
+                    stdout=None) -> DebugSession:
+    """Isolate again on the session's current code: one captured run, then the probes.
+
+    After a partially resolved fix the current code is the kept fix; the new findings replace
+    the old ones and the Fix gate follows them.
+    """
+    from .session import GateError
+
+    art = next((e for e in session.events if e["kind"] == "artifact"), {})
+    if art.get("type") != "script":
+        raise GateError("isolate refused: the session has no script to run")
+    session._require("isolate")
+    n = sum(1 for e in session.events if e["kind"] == "isolate") + 1
+    folder = os.path.join(session.directory, "isolate", str(n))
+    os.makedirs(folder, exist_ok=True)
+    record = os.path.join(folder, "record.jsonl")
+    run_script(session.artifact_copy, art.get("args", []), record, seed=art.get("seed"),
+               max_seconds=art.get("max_seconds"), stdout=stdout,
+               isolate_seconds=probe_seconds, syspath=os.path.dirname(art["script"]),
+               cwd=art.get("cwd"))
+    _record_isolate(session, folder, [session.artifact_copy], probe_seconds)
     return session
 
 

@@ -78,10 +78,8 @@ def plan_fix(session: DebugSession, fixed_source: str, *, original: str | None =
     diff = "".join(difflib.unified_diff(original.splitlines(True), fixed_source.splitlines(True),
                                         "reproduced", "fixed"))
     hunks = hunks_of(original, fixed_source)
+    places = hunks_of(original, fixed_source, merge=False)
     reasons: list[str] = []
-    if finding.root_cause == "hardware":
-        reasons.append("the root cause is hardware: escalate it (driver, device, memory test) "
-                       "instead of patching the training code")
     if not hunks:
         reasons.append("the fixed code is identical to the reproduced code")
     groups = unrelated_groups(hunks, original, fixed_source)
@@ -91,7 +89,7 @@ def plan_fix(session: DebugSession, fixed_source: str, *, original: str | None =
     before_fw, after_fw = framework_of(original), framework_of(fixed_source)
     if before_fw and after_fw and before_fw != after_fw:
         reasons.append(f"switching framework ({before_fw} -> {after_fw}) is not a fix")
-    kinds = touches(original, fixed_source, hunks)
+    kinds = touches(original, fixed_source, places)
     overrides = []
     if "architecture" in kinds and finding.root_cause in ("hyperparameter", "data"):
         if allow_architecture:
@@ -112,6 +110,7 @@ def plan_fix(session: DebugSession, fixed_source: str, *, original: str | None =
     cls = session.classification
     return {
         "finding": finding.check,
+        "category": (finding.evidence or {}).get("category"),
         "root_cause": finding.root_cause,
         "location": finding.location,
         "diff": diff,

@@ -96,10 +96,19 @@ class Snapshot:
                 state = value.detach().clone() if kind == "tensor" else value.copy()
             self.states.append((value, kind, state))
 
-    def restore(self) -> None:
-        """Rebind every name to its object, drop names made since, and restore their contents."""
+    def restore(self, drop: set[str] | None = None) -> None:
+        """Rebind every name to its object and restore the objects' contents.
+
+        Parameters
+        ----------
+        drop : set of str, optional
+            Names to remove when they did not exist at the snapshot (those the captured code
+            made); None removes every name made since. Other later names (the user's own
+            cells) are kept.
+        """
         ns = self.namespace
-        for k in [k for k in ns if not k.startswith("_") and k not in self.bindings]:
+        for k in [k for k in ns if not k.startswith("_") and k not in self.bindings
+                  and (drop is None or k in drop)]:
             del ns[k]
         ns.update(self.bindings)
         torch = sys.modules.get("torch")
@@ -107,7 +116,8 @@ class Snapshot:
             if kind == "torch_module":
                 with torch.no_grad():
                     for k, v in obj.state_dict().items():
-                        v.copy_(state[k])
+                        if k in state and state[k].shape == v.shape:  # skip parts made since
+                            v.copy_(state[k])
                 for p in obj.parameters():
                     p.grad = None
             elif kind == "torch_optimizer":
@@ -162,17 +172,22 @@ def run_code(code: str, namespace: dict, record: str, seed: int | None = None,
 
 
 def runner_for(session: DebugSession, namespace: dict, snapshot: Snapshot, original: str,
-               fixed: str):
-    """A Verify runner: ``runner(which, seed)`` restores the snapshot, then runs the code."""
+               fixed: str, made: set[str]):
+    """A Verify runner: ``runner(which, seed)`` restores the snapshot, then runs the code.
+
+    ``made`` collects the names the runs create (removed again before the next run).
+    """
     n = sum(1 for e in session.events if e["kind"] == "verify") + 1
     folder = os.path.join(session.directory, "verify", str(n))
     os.makedirs(folder, exist_ok=True)
     code = {"before": original, "after": fixed}
 
     def runner(which: str, seed: int) -> Run:
-        snapshot.restore()
+        snapshot.restore(made)
+        before = set(namespace)
         run, _ = run_code(code[which], namespace, os.path.join(folder, f"{which}-{seed}.jsonl"),
                           seed=seed, filename=os.path.join(folder, f"{which}.py"))
+        made.update(set(namespace) - before)
         return run
 
     return runner
@@ -195,6 +210,8 @@ class KernelArtifact:
         self.snapshot: Snapshot | None = None
         self.code: str | None = None
         self.last_run: Run | None = None
+        self.made: set[str] = set()  # names the captured code created
+        self.code_file: str | None = None  # the file the probed run's code was compiled as
 
     def reproduce(self, code: str, runs: int = 1, seed: int | None = None,
                   prelude: str = "") -> tuple[dict, BaseException | None]:
@@ -214,6 +231,7 @@ class KernelArtifact:
 
         s = self.session
         self.snapshot = Snapshot(self.namespace)
+        self.made = set()
         self.code = code
         with open(os.path.join(s.directory, "artifact.py"), "w", encoding="utf-8") as fh:
             fh.write((prelude.rstrip() + "\n\n" if prelude.strip() else "") + code)
@@ -224,14 +242,17 @@ class KernelArtifact:
         results, tried, per_run, first_error = [], [], [], None
         for i in range(max(1, runs)):
             if i:
-                self.snapshot.restore()
+                self.snapshot.restore(self.made)
             run_seed = None if seed is None else seed + i
             record = os.path.join(s.run_dir(i), "record.jsonl")
+            names = set(self.namespace)
             run, err = run_code(code, self.namespace, record, seed=run_seed,
                                 filename=os.path.join(s.run_dir(i), "cell.py"))
+            self.made.update(set(self.namespace) - names)
             first_error = first_error if i else err
             if i == 0:
                 self.last_run = run
+                self.code_file = os.path.join(s.run_dir(i), "cell.py")
             sig = compute(run)
             cls = classify(sig)
             res = _result_of(run, cls.primary)
@@ -255,7 +276,9 @@ class KernelArtifact:
         if self.last_run is None:
             raise ValueError("nothing reproduced in this kernel yet: run %%reproduce first")
         self.session._require("isolate")
-        sources = {os.path.join(self.session.run_dir(0), "cell.py"): self.code or ""}
+        self._capture_current()
+        sources = {self.code_file or os.path.join(self.session.run_dir(0), "cell.py"):
+                   self.code or ""}
         ctx = build_context(self.last_run, getattr(self.last_run, "keeper", None), sources,
                             budget)
         findings = isolate(ctx, ids)
@@ -263,6 +286,26 @@ class KernelArtifact:
                                      live=True, noise=ctx.extras.get("seed_noise"),
                                      lr_range=ctx.extras.get("lr_range"))
         return findings
+
+    def _capture_current(self) -> None:
+        """After a kept fix, Isolate probes the fixed code: run it once from the snapshot."""
+        with open(self.session.artifact_copy, encoding="utf-8") as fh:
+            current = fh.read()
+        if current == self.code or self.snapshot is None:
+            return
+        n = sum(1 for e in self.session.events if e["kind"] == "isolate") + 1
+        folder = os.path.join(self.session.directory, "isolate", str(n))
+        os.makedirs(folder, exist_ok=True)
+        now = Snapshot(self.namespace)
+        self.snapshot.restore(self.made)
+        names = set(self.namespace)
+        art = next(e for e in self.session.events if e["kind"] == "artifact")
+        run, _ = run_code(current, self.namespace, os.path.join(folder, "record.jsonl"),
+                          seed=art.get("seed"), filename=os.path.join(folder, "cell.py"))
+        made = set(self.namespace) - names
+        self.last_run, self.code = run, current
+        self.code_file = os.path.join(folder, "cell.py")
+        now.restore(made)
 
     def verify(self, seeds: list[int]) -> dict:
         """Rerun the current code and the approved fix from the snapshot, over ``seeds``."""
@@ -279,8 +322,10 @@ class KernelArtifact:
             original = fh.read()
         with open(os.path.join(self.session.directory, fix["copy"]), encoding="utf-8") as fh:
             fixed = fh.read()
+        now = Snapshot(self.namespace)  # the kernel as the user left it, put back afterwards
+        made: set[str] = set()
         try:
             return verify(self.session, runner_for(self.session, self.namespace, self.snapshot,
-                                                   original, fixed), seeds)
+                                                   original, fixed, made), seeds)
         finally:
-            self.snapshot.restore()
+            now.restore(made)

@@ -21,7 +21,8 @@ class ChildResult:
 
 def run_script(script: str, args: list[str], record: str, seed: int | None = None,
                max_seconds: float | None = None, stdout=None,
-               isolate_seconds: float = 0.0, syspath: str | None = None) -> ChildResult:
+               isolate_seconds: float = 0.0, syspath: str | None = None,
+               cwd: str | None = None) -> ChildResult:
     """Run ``script`` as ``__main__`` under capture; its record streams to ``record``.
 
     Parameters
@@ -43,6 +44,8 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
     syspath : str, optional
         The folder the script's imports resolve from (default: the script's own folder); used
         when a session's copy of a script runs in place of the original.
+    cwd : str, optional
+        The working directory of the child (default: this process's).
     """
     cmd = [sys.executable, "-m", "model_debugger._child", "--record", record]
     if seed is not None:
@@ -56,8 +59,14 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
     cmd += [script, *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=stdout or sys.stderr, stderr=stdout or sys.stderr,
-                            env=env)
+    out = stdout or sys.stderr
+    try:
+        out.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream with no file (a test's capture)
+        out = None  # the child writes to this process's own stderr
+    proc = subprocess.Popen(cmd, stdout=out if out is not None else sys.__stderr__,
+                            stderr=out if out is not None else sys.__stderr__,
+                            env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None)
     timed_out = False
     # the child stops the script itself at max_seconds; this is the backstop
     limit = None if max_seconds is None else max_seconds + isolate_seconds + 10

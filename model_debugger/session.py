@@ -194,8 +194,14 @@ class DebugSession:
         st = self._state()
         if st["reisolate"]:
             return []
-        return [f for f in self.findings if f.confirmed and f.check not in st["resolved"]
+        return [f for f in self.findings if f.confirmed and f.root_cause != "hardware"
+                and f.check not in st["resolved"]
                 and (f.evidence or {}).get("category") not in st["settled"]]
+
+    @property
+    def escalations(self) -> list[Finding]:
+        """Confirmed hardware findings: escalated (driver, device), never fixed in code."""
+        return [f for f in self.findings if f.confirmed and f.root_cause == "hardware"]
 
     @property
     def pending_fix(self) -> dict | None:
@@ -240,6 +246,9 @@ class DebugSession:
             fix_gate = "a fix is awaiting Verify"
         elif st["reisolate"]:
             fix_gate = "the last fix was partially resolved: run Isolate again"
+        elif not self.queue and self.escalations:
+            fix_gate = ("the confirmed cause is hardware: escalate it (driver, device, memory "
+                        "test); there is nothing to fix in the training code")
         elif not self.queue:
             fix_gate = "needs a confirmed finding from Isolate"
         else:
@@ -247,7 +256,8 @@ class DebugSession:
         return {
             "reproduce": None,
             "classify": None if self.reproduce is not None else "needs a reproduce record",
-            "isolate": None if self.classification is not None else "needs a classification",
+            "isolate": ("needs a classification" if self.classification is None else
+                        "a fix is awaiting Verify" if st["pending"] is not None else None),
             "fix": fix_gate,
             "verify": None if st["pending"] is not None else "needs an approved fix",
         }
@@ -290,6 +300,8 @@ class DebugSession:
             raise GateError("fix refused: the plan was not approved (approve it explicitly, "
                             "e.g. --yes or the Approve button)")
         current = self.queue[0]
+        if not fix.get("source") and not fix.get("fixed"):
+            raise GateError("fix refused: the plan holds no code (plan it with plan_fix)")
         if fix.get("finding") != current.check:
             raise GateError(f"fix refused: it addresses {fix.get('finding')!r}, but the current "
                             f"finding is {current.check!r} (one problem at a time, in order: "
@@ -337,5 +349,6 @@ class DebugSession:
             "fix": fix["fix"] if fix else None,
             "verification": ver["verification"] if ver else None,
             "queue": [f.check for f in self.queue],
+            "escalations": [f.to_json() for f in self.escalations],
             "gates": self.gates(),
         }

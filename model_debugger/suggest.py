@@ -46,8 +46,9 @@ _TEMPLATES = {
                "seen in training.",
     "distribution_shift": "Build the validation split from the same distribution as training "
                           "(shuffle before splitting, same preprocessing).",
-    "data_volume": "Reduce capacity or regularise (weight decay, dropout, early stopping on the "
-                   "validation loss), or train on more data.",
+    "data_volume": "Regularise the optimisation (weight decay, early stopping on the validation "
+                   "loss) or train on more data; a smaller model is an architecture change and "
+                   "needs an explicit override for a data cause.",
     "dead_units": "Use an initialisation and activation that keep units alive (He init, "
                   "LeakyReLU), or lower the learning rate.",
     "constant_baseline": "Raise the learning rate or train longer until the model beats the "
@@ -73,6 +74,9 @@ def suggest(finding: Finding, session=None) -> str:
         return ("Use an activation and initialisation that keep gradients alive in "
                 f"{', '.join(map(str, ev['vanishing_layers'][:3]))} (ReLU/GELU with He init, "
                 "residual connections or normalisation layers).")
+    if check == "gradient_flow" and finding.root_cause == "hyperparameter":
+        return ("Lower the learning rate (see lr_range's safe rate) so the values that overflow "
+                "stop growing; keep the model as it is.")
     if check == "gradient_flow":
         return ("Guard the operation that produces the first non-finite value (e.g. clamp before "
                 "log, add an epsilon), or lower the learning rate if the values grow first.")

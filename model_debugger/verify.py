@@ -29,7 +29,9 @@ NOISE_K = 2.0  # the band is this many standard deviations of the per-seed value
 # smallest change that counts, per signal (ratios are compared in log10)
 MIN_EFFECT = {"loss_relative_drop": 0.02, "val_loss_rise": 0.02, "gap_final": 0.02,
               "finite_fraction": 0.25, "completed": 0.5, "data_wait_fraction": 0.05,
-              "rss_growth_mb": 20.0, "cuda_growth_mb": 20.0, "gpu_util_median": 10.0}
+              "rss_growth_mb": 20.0, "cuda_growth_mb": 20.0, "gpu_util_median": 10.0,
+              "val_f1_final": 0.02, "train_f1_final": 0.02, "val_acc_final": 0.01,
+              "train_acc_final": 0.01}
 LOG_SIGNALS = ("grad_norm_growth", "first_to_last_grad_ratio")
 
 
@@ -102,7 +104,7 @@ def judge(category: str, before: list[dict], after: list[dict], noise: dict | No
         verdict = "not_resolved"
         remaining = (f"{category} was present in only {b['present']} seeds before and "
                      f"{name} did not move beyond the noise band ({band:.3g})")
-    elif improved or a["present_count"] < n:
+    elif improved or a["present_count"] < b["present_count"]:
         verdict = "partially_resolved"
         remaining = f"{category} still present in {a['present']} seeds ({name} mean " \
                     f"{a['mean']:.4g} vs {b['mean']:.4g} before)" if a["mean"] is not None \
@@ -152,7 +154,8 @@ def verify(session: DebugSession, runner: Callable[[str, int], Run], seeds: list
     if fix is None:
         raise GateError(f"verify refused: {session.gates()['verify']} "
                         f"(current phase: {session.phase})")
-    category = session._state()["problem"] or session.classification.primary
+    category = fix.get("category") or session._state()["problem"] or \
+        session.classification.primary
     known = _known_runs(session, seeds) if known is None else known
     before = [measure(known[s] if s in known else runner("before", s)) for s in seeds]
     after = [measure(runner("after", s)) for s in seeds]
@@ -184,17 +187,29 @@ def verify_script(session: DebugSession, seeds: list[int] | None = None,
     folder = os.path.join(session.directory, "verify", str(n))
     os.makedirs(folder, exist_ok=True)
     home = os.path.dirname(art["script"])
+    copy = os.path.join(session.directory, fix["copy"])
+    # the fixed script runs in place (its __file__ and neighbours) while it still holds the
+    # approved code; the reproduced code runs from the session's copy
     code = {"before": session.artifact_copy,
-            "after": os.path.join(session.directory, fix["copy"])}
+            "after": fix["fixed"] if fix.get("fixed") and _same(fix["fixed"], copy) else copy}
     limit = max_seconds if max_seconds is not None else art.get("max_seconds")
 
     def runner(which: str, seed: int) -> Run:
         record = os.path.join(folder, f"{which}-{seed}.jsonl")
         run_script(code[which], art.get("args", []), record, seed=seed, max_seconds=limit,
-                   stdout=stdout, syspath=home)
+                   stdout=stdout, syspath=home, cwd=art.get("cwd"))
         return Run.load(record) if os.path.exists(record) else Run([])
 
-    return verify(session, runner, seeds)
+    known = None if limit == art.get("max_seconds") else {}  # other limits: rerun "before"
+    return verify(session, runner, seeds, known)
+
+
+def _same(path: str, copy: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as a, open(copy, encoding="utf-8") as b:
+            return a.read() == b.read()
+    except OSError:
+        return False
 
 
 def _known_runs(session: DebugSession, seeds: list[int]) -> dict[int, Run]:
@@ -221,5 +236,7 @@ def _known_runs(session: DebugSession, seeds: list[int]) -> dict[int, Run]:
         if kept:
             paths = {}
         for seed in v.get("seeds", []):
-            paths[seed] = os.path.join(folder, f"{'after' if kept else 'before'}-{seed}.jsonl")
+            path = os.path.join(folder, f"{'after' if kept else 'before'}-{seed}.jsonl")
+            if os.path.exists(path):  # "before" runs that were reused were not written again
+                paths[seed] = path
     return {seed: Run.load(p) for seed, p in paths.items() if seed in seeds and os.path.exists(p)}

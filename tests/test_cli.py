@@ -48,7 +48,7 @@ def test_max_seconds_classifies_the_partial_record(tmp_path):
             opt.step()
             kept.append(model(x))
     """))
-    report, _ = diagnose(script, tmp_path / "s", "--max-seconds", "8")
+    report, _ = diagnose(script, tmp_path / "s", "--max-seconds", "20")
     rep = report["reproduce"]
     assert rep["error"] is None, "a planned stop at the time limit is not a crash"
     assert rep["stopped_at_time_limit"] and rep["timed_out"]

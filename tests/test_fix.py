@@ -169,8 +169,26 @@ def test_loader_settings_are_not_preprocessing(tmp_path):
 
 def test_hardware_cause_is_escalated_not_fixed(tmp_path):
     s = _session(tmp_path, [_f("hardware", "hardware")])
-    with pytest.raises(FixRefused, match="escalate"):
+    with pytest.raises(GateError, match="escalate"):
         plan_fix(s, _edit(*LR_FIX))
+    assert s.fix_allowed is False and [f.check for f in s.escalations] == ["hardware"]
+    assert s.report()["escalations"][0]["check"] == "hardware"
+
+
+def test_a_hardware_finding_does_not_block_the_queue(tmp_path):
+    s = _session(tmp_path, [_f("hardware", "hardware"), _f("lr_range", "hyperparameter")])
+    assert [f.check for f in s.queue] == ["lr_range"]
+    assert plan_fix(s, _edit(*LR_FIX))["finding"] == "lr_range"
+
+
+def test_isolate_refused_while_a_fix_awaits_verify_and_plans_need_code(tmp_path):
+    s = _session(tmp_path, [_f("lr_range", "hyperparameter")])
+    with pytest.raises(GateError, match="holds no code"):
+        s.record_fix({"finding": "lr_range", "diff": ""}, approved=True)
+    s.record_fix(plan_fix(s, _edit(*LR_FIX)), approved=True)
+    with pytest.raises(GateError, match="awaiting Verify"):
+        s.record_findings([_f("feature_scaling", "data")])
+    assert s.pending_fix is not None
 
 
 def test_framework_switch_is_refused(tmp_path):
@@ -274,3 +292,24 @@ def test_a_resolved_category_settles_the_other_findings_that_explained_it(tmp_pa
     s.record_verification({"verdict": "resolved", "category": "gradient_instability",
                            "seeds": [0], "remaining": []})
     assert [f.check for f in s.queue] == ["class_imbalance"] and s.phase == "fix"
+
+
+def test_training_code_inside_a_model_class_is_not_architecture():
+    a = ("import torch\nfrom torch import nn\n\n\nclass Lit(nn.Module):\n"
+         "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(2, 2)\n\n"
+         "    def configure_optimizers(self):\n"
+         "        return torch.optim.SGD(self.parameters(), lr=5.0)\n")
+    b = a.replace("lr=5.0", "lr=0.05")
+    assert touches(a, b, hunks_of(a, b)) == set()
+    c = a.replace("nn.Linear(2, 2)", "nn.Linear(2, 4)")
+    assert touches(a, c, hunks_of(a, c)) == {"architecture"}
+
+
+def test_a_loss_reduction_and_backend_flags_are_not_preprocessing():
+    a = ("import torch\nX = torch.randn(8, 2)\nds = torch.utils.data.TensorDataset(X, X)\n"
+         "loss = (X - 1).pow(2).mean()\n")
+    b = a.replace("(X - 1).pow(2).mean()", "(X - 1).abs().mean()") + \
+        "torch.backends.cudnn.benchmark = True\n"
+    assert touches(a, b, hunks_of(a, b, merge=False)) == set()
+    d = a.replace("X = torch.randn(8, 2)\n", "X = torch.randn(8, 2)\nX = X / 255\n")
+    assert touches(a, d, hunks_of(a, d)) == {"data_preprocessing"}

@@ -7,7 +7,9 @@ Verify run.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import pytest
 
@@ -145,12 +147,23 @@ def test_in_process_fix_is_verified_from_the_same_initial_state(tmp_path):
     art.isolate(["lr_range"], budget=20)
     assert art.session.queue and art.session.queue[0].check == "lr_range"
     art.session.record_fix(plan_fix(art.session, FIXED), approved=True)
+    ruined = ns["model"][0].weight.detach().clone()
+    assert not torch.isfinite(ruined).all() and not torch.equal(first, ruined)
     v = art.verify([0, 1])
     assert v["verdict"] == "resolved", v
     assert v["after"]["values"] == [1.0, 1.0] and math.isclose(v["before"]["values"][0],
                                                                  v["before"]["values"][1])
-    # every run started from the weights the model had before the reproduced code ran
-    assert torch.equal(ns["model"][0].weight, first)
+    # every run started from the weights the model had before the reproduced code ran: the
+    # first loss (before any update) of the fixed run equals the reproduction's, NaN weights
+    # left by the reproduction notwithstanding
+    from model_debugger.records import Run
+
+    d = art.session.directory
+    first_loss = [Run.load(os.path.join(d, *p)).series("loss")[0]
+                  for p in (("runs", "0", "record.jsonl"), ("verify", "1", "after-0.jsonl"))]
+    assert math.isfinite(first_loss[0]) and first_loss[0] == first_loss[1]
+    # and the kernel is left as Verify found it
+    assert torch.allclose(ns["model"][0].weight, ruined, equal_nan=True)
     assert art.session.phase == "done"
 
 
@@ -182,3 +195,124 @@ def test_the_compared_signal_is_the_one_the_classification_cited():
     assert judge(GI, before, after)["metric"] == "grad_norm_growth"
     nan = [_m([GI], **{**sig, "finite_fraction": 0.1, "first_nonfinite_step": 3})]
     assert judge(GI, nan, after, cited=["first_nonfinite_step"])["metric"] == "finite_fraction"
+
+
+def test_judge_a_fix_that_changes_nothing_is_not_kept():
+    before = [_m([GI], finite_fraction=0.3), _m([GI], finite_fraction=0.3),
+              _m(["healthy"], finite_fraction=1.0)]
+    after = [_m([GI], finite_fraction=0.3), _m(["healthy"], finite_fraction=1.0),
+             _m([GI], finite_fraction=0.3)]
+    assert judge(GI, before, after)["verdict"] == "not_resolved"
+
+
+def test_a_queued_finding_is_judged_on_its_own_category(tmp_path):
+    """After the primary is resolved, a finding about overfitting is verified on overfitting."""
+    import _synthetic as syn
+
+    from model_debugger.records import Classification, Evidence, Finding
+
+    s = DebugSession.create(str(tmp_path / "s"))
+    code = "x = 1\n"
+    (tmp_path / "s" / s.id / "artifact.py").write_text(code)
+    s.append("artifact", type="script", script=str(tmp_path / "t.py"), args=[], seed=0)
+    s.record_reproduce({"status": "reproduced", "runs": {"total": 0}})
+    s.record_classification(Classification(GI, ("overfitting",), (
+        Evidence("first_nonfinite_step", 3, ""),)), {})
+    s.record_findings([Finding("data_volume", "data", True, "", None,
+                               {"category": "overfitting"})])
+    s.record_fix(plan_fix(s, "x = 2\n"), approved=True)
+    assert s.pending_fix["category"] == "overfitting"
+
+    def ovf(rise):
+        val = [1.0, 0.8, 0.7, 0.7 * (1 + rise)]
+        return syn.make_run(syn.steps_events(syn.decay(40)), syn.metric("val_loss", val))
+
+    runs = {"before": ovf(0.5), "after": ovf(0.0)}
+    v = __import__("model_debugger.verify", fromlist=["verify"]).verify(
+        s, lambda which, seed: runs[which], [0, 1], known={})
+    assert v["category"] == "overfitting" and v["metric"] == "val_loss_rise"
+    assert v["verdict"] == "resolved", v
+
+
+def test_verify_leaves_the_users_later_names_and_objects_alone(tmp_path):
+    art, ns = _kernel(tmp_path)
+    art.reproduce(TRAIN, runs=1, seed=0)
+    art.isolate(["lr_range"], budget=20)
+    ns["my_helper"] = "kept"  # a later cell of the user's
+    art.session.record_fix(plan_fix(art.session, FIXED), approved=True)
+    art.verify([0])
+    assert ns["my_helper"] == "kept"
+    assert "group" not in ns  # made only by the fixed code's runs: removed again
+
+
+TINY = """import torch
+from torch import nn
+torch.manual_seed(0)
+X = torch.randn(512, 6)
+y = X @ torch.randn(6, 1)
+model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=3.0)
+for step in range(60):
+    idx = torch.randint(0, len(X), (64,))
+    loss = nn.functional.mse_loss(model(X[idx]), y[idx])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_session(tmp_path_factory):
+    from model_debugger.diagnose import diagnose_script
+
+    root = tmp_path_factory.mktemp("tiny")
+    script = root / "train.py"
+    script.write_text(TINY)
+    devnull = open(os.devnull, "w")
+    s = diagnose_script(str(script), runs=1, seed=0, root=str(root / "s"), probe_seconds=15,
+                        stdout=devnull)
+    assert s.phase == "fix", s.report()["findings"]
+    return root, s.directory
+
+
+def test_cli_finishes_an_interrupted_verification(tiny_session, tmp_path, capsys):
+    import shutil
+
+    from model_debugger.cli import main
+
+    root, directory = tiny_session
+    copy = tmp_path / "s"
+    shutil.copytree(directory, copy)
+    s = DebugSession.load(str(copy))
+    fixed = root / "fixed.py"
+    fixed.write_text(TINY.replace("lr=3.0", "lr=0.05"))
+    s.record_fix(plan_fix(s, fixed.read_text(), fixed_path=str(fixed)), approved=True)
+    # the verify process died here; the next call finishes the pending verification
+    assert main(["verify", str(copy), "--fixed", str(fixed), "--json", "--seeds", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verification"]["verdict"] == "resolved" and report["phase"] == "done"
+    other = root / "other.py"
+    other.write_text(TINY.replace("lr=3.0", "lr=0.01"))
+    s2 = DebugSession.load(str(copy))
+    assert s2.pending_fix is None
+
+
+def test_cli_isolate_probes_the_kept_fix_after_a_partial_verdict(tiny_session, tmp_path, capsys):
+    import shutil
+
+    from model_debugger.cli import main
+
+    root, directory = tiny_session
+    copy = tmp_path / "s"
+    shutil.copytree(directory, copy)
+    s = DebugSession.load(str(copy))
+    half = TINY.replace("lr=3.0", "lr=1.5")  # still diverges
+    s.record_fix(plan_fix(s, half), approved=True)
+    s.record_verification({"verdict": "partially_resolved", "category": GI, "seeds": [0],
+                           "remaining": []})
+    assert s.phase == "isolate" and not s.fix_allowed
+    assert main(["isolate", str(copy), "--json", "--probe-seconds", "15"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["phase"] == "fix" and report["queue"][0] == "lr_range"
+    lr = [f for f in report["findings"] if f["check"] == "lr_range"][0]
+    assert lr["evidence"]["lr"] == 1.5  # measured on the kept fix, not the original code

@@ -63,6 +63,7 @@ export interface Report {
   fix: FixPlan | null;
   verification: Verification | null;
   queue: string[];
+  escalations: Finding[];
   gates: Gates;
 }
 /**
