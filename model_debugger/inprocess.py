@@ -46,6 +46,8 @@ def _kind(obj) -> str | None:
             return "torch_module"
         if isinstance(obj, torch.optim.Optimizer):
             return "torch_optimizer"
+        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+            return "torch_scheduler"
         if isinstance(obj, torch.Tensor):
             return "tensor"
     if mod.startswith("numpy") and type(obj).__name__ == "ndarray":
@@ -83,7 +85,7 @@ class Snapshot:
             seen.add(id(value))
             if kind == "torch_module":
                 state = {k: v.detach().clone() for k, v in value.state_dict().items()}
-            elif kind == "torch_optimizer":
+            elif kind in ("torch_optimizer", "torch_scheduler"):
                 state = copy.deepcopy(value.state_dict())
             elif kind == "keras_model":
                 state = [w.copy() for w in value.get_weights()]
@@ -120,7 +122,7 @@ class Snapshot:
                             v.copy_(state[k])
                 for p in obj.parameters():
                     p.grad = None
-            elif kind == "torch_optimizer":
+            elif kind in ("torch_optimizer", "torch_scheduler"):
                 obj.load_state_dict(copy.deepcopy(state))
             elif kind == "keras_model":
                 obj.set_weights(state)

@@ -316,3 +316,14 @@ def test_cli_isolate_probes_the_kept_fix_after_a_partial_verdict(tiny_session, t
     assert report["phase"] == "fix" and report["queue"][0] == "lr_range"
     lr = [f for f in report["findings"] if f["check"] == "lr_range"][0]
     assert lr["evidence"]["lr"] == 1.5  # measured on the kept fix, not the original code
+
+
+def test_snapshot_restores_schedulers_and_keeps_later_names_when_asked(tmp_path):
+    _, ns = _kernel(tmp_path)
+    exec("sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)", ns)
+    snap = Snapshot(ns)
+    exec("for _ in range(3):\n    opt.step()\n    sched.step()\nmine = 1\nmade = 2", ns)
+    assert ns["sched"].last_epoch == 3
+    snap.restore(drop={"made"})
+    assert ns["sched"].last_epoch == 0 and ns["opt"].param_groups[0]["lr"] == 3.0
+    assert "made" not in ns and ns["mine"] == 1
