@@ -62,7 +62,11 @@ def test_scenario_root_cause(path, reports):
     line = path.read_text().splitlines()[root["location"]["line"] - 1]
     assert want["line"] in line, (root["location"], line)
     assert root["explanation"] and root["evidence"]
-    assert report["fix_allowed"] is True and report["phase"] == "fix"
+    if root["root_cause"] == "hardware":  # escalated, never fixed in code
+        assert report["fix_allowed"] is False and report["escalations"][0]["check"] == root["check"]
+        assert "escalate" in report["gates"]["fix"]
+    else:
+        assert report["fix_allowed"] is True and report["phase"] == "fix"
     # findings are ordered: confirmed first
     flags = [f["confirmed"] for f in report["findings"]]
     assert flags == sorted(flags, reverse=True)
