@@ -95,3 +95,20 @@ def definition_location(obj: object) -> dict | None:
     except (TypeError, OSError):
         return None
     return {"file": filename, "line": line}
+
+
+def assignment(namespace: dict | None, name: str) -> dict | None:
+    """Where ``name = ...`` is first assigned in the file that holds ``namespace``."""
+    import re
+
+    path = (namespace or {}).get("__file__")
+    if not path or not name or not name.isidentifier():
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if re.match(rf"\s*{name}\s*(:[^=]*)?=(?!=)", line):
+                    return {"file": path, "line": n}
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None

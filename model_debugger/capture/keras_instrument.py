@@ -27,10 +27,10 @@ import weakref
 
 import numpy as np
 
-from .codeloc import definition_location, user_frame
+from .codeloc import assignment, definition_location, user_frame
 from .keras_hooks import FitHooks, LoopHooks
 from .keras_keeper import KerasKeeper, LabelStats, describe_loss
-from .keras_util import assignment, in_xla, initializing, layer_of, user_location
+from .keras_util import in_xla, initializing, layer_of, user_location
 from .recorder import Recorder, _num, rss_bytes
 
 _HYPER = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "rho", "weight_decay",

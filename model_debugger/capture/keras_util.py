@@ -3,7 +3,6 @@ state and XLA detection. Importing this module imports neither tensorflow nor ke
 
 from __future__ import annotations
 
-import re
 import sys
 
 from .codeloc import user_frame
@@ -19,18 +18,6 @@ def user_location(start=None) -> dict | None:
     return {"file": frame.f_code.co_filename, "line": frame.f_lineno}
 
 
-def assignment(namespace: dict | None, name: str) -> dict | None:
-    """Where ``name = ...`` is first assigned in the file that holds ``namespace``."""
-    path = (namespace or {}).get("__file__")
-    if not path or not name or not name.isidentifier():
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if re.match(rf"\s*{name}\s*(:[^=]*)?=(?!=)", line):
-                    return {"file": path, "line": n}
-    except (OSError, UnicodeDecodeError):
-        return None
     return None
 
 
@@ -41,7 +28,6 @@ def layer_of(var) -> str:
     if len(parts) >= 3:
         return "/".join(parts[1:-1])
     return parts[0] if len(parts) == 2 else str(path)
-
 
 
 def initializing(name: str) -> bool:

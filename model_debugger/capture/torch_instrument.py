@@ -21,11 +21,11 @@ import weakref
 
 import torch
 
-from .codeloc import definition_location, user_frame, user_location
+from .codeloc import assignment, definition_location, user_frame, user_location
 from .keeper import Keeper
 from .recorder import Recorder, _num, rss_bytes
 from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossStats
-from .torch_util import TimedIterator, assignment, floats, hyper, replay_first_nonfinite
+from .torch_util import TimedIterator, floats, hyper, replay_first_nonfinite
 
 GPU_UTIL_EVERY = 10  # steps between GPU utilisation readings (an NVML query each)
 _DOT_NUMEL = 1 << 14  # on CPU a BLAS dot is ~2x faster than the norm kernel on large tensors

@@ -95,18 +95,4 @@ def replay_first_nonfinite(model, args, kwargs) -> tuple[str | None, object]:
     return (found[0] if found else None), out
 
 
-def assignment(namespace: dict | None, name: str) -> dict | None:
-    """Where ``name = ...`` is first assigned in the file that holds ``namespace``."""
-    import re
-
-    path = (namespace or {}).get("__file__")
-    if not path or not name.isidentifier():
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if re.match(rf"\s*{name}\s*(:[^=]*)?=(?!=)", line):
-                    return {"file": path, "line": n}
-    except (OSError, UnicodeDecodeError):
-        return None
     return None
