@@ -1,19 +1,25 @@
 """Per-step overhead of ``model_debugger.capture()`` on real PyTorch training (CPU).
 
 The same loop runs bare and under ``capture()`` (default settings, record streamed to a file),
-alternated in one process after a warm-up, in short rounds: bare, captured, captured, bare, ... (a
-new capture() each round), so that load from other processes on a shared machine hits both modes
-alike. Every step is timed, data loading included. The first ``WARM`` steps of each round are the
-one-off part (entering the capture, finding the model, histograms at step 0) and are reported
-apart. Printed per model:
+alternated in one process after a warm-up, in short rounds of three: bare, captured, bare again,
+rotating which comes first (a new capture() each round), so that load from other processes on a
+shared machine hits every mode alike. Every step is timed, data loading included. The first
+``WARM`` steps of each round are the one-off part (entering the capture, finding the model,
+histograms at step 0) and are reported apart. Printed per model:
 
 - the median seconds per step of each mode and their ratio (the target: <= 1.05);
 - ``paired``: the median over rounds of (captured median / bare median) of the same round;
 - ``of means``: the ratio of the mean step times (it includes the update/weight ratio measured
-  every 10th step);
+  every 50th step);
+- ``A/A``: bare again / bare, the same statistic with nothing to measure: how far this machine's
+  noise alone moves the ratio in this run;
 - ``one-off ms``: what entering a capture and its first steps cost, once per capture.
 
-    python benchmarks/capture_overhead.py            # 30 rounds of 20 steps per mode and model
+Each round starts a new capture, so every measured step falls in a capture's first dozen steps,
+where it still keeps sample batches and counts every target for Isolate: the ratio is an upper
+bound of what a long run pays.
+
+    python benchmarks/capture_overhead.py            # 100 rounds of 12 steps per mode and model
     python benchmarks/capture_overhead.py --quick    # 6 rounds of 12 steps
 """
 
@@ -111,12 +117,12 @@ def bench(name: str, setup, rounds: int, steps: int, tmp: str) -> dict:
 
     bare()  # warm-up of both modes, not measured
     captured()
-    times: dict[str, list[float]] = {"bare": [], "captured": []}
+    modes = [("bare", bare), ("captured", captured), ("bare2", bare)]
+    times: dict[str, list[float]] = {mode: [] for mode, _ in modes}
     paired, one_off = [], []
     for r in range(rounds):
         this = {}
-        order = [("bare", bare), ("captured", captured)]
-        for mode, fn in order if r % 2 == 0 else order[::-1]:  # ABBA: drift cancels out
+        for mode, fn in modes[r % 3:] + modes[:r % 3]:  # each mode first, second and third alike
             step_times, enter_exit = fn()
             this[mode] = (step_times[WARM:], sum(step_times[:WARM]) + enter_exit)
             times[mode] += this[mode][0]
@@ -126,15 +132,15 @@ def bench(name: str, setup, rounds: int, steps: int, tmp: str) -> dict:
     mean = {mode: statistics.fmean(v) for mode, v in times.items()}
     return {"model": name, "bare": med["bare"], "captured": med["captured"],
             "ratio": med["captured"] / med["bare"], "paired": statistics.median(paired),
-            "of_means": mean["captured"] / mean["bare"],
+            "of_means": mean["captured"] / mean["bare"], "noise": med["bare2"] / med["bare"],
             "one_off_ms": 1000 * statistics.median(one_off)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run (6 rounds x 12 steps)")
-    parser.add_argument("--rounds", type=int, help="rounds per mode (default 30)")
-    parser.add_argument("--steps", type=int, help="steps per round (default 20)")
+    parser.add_argument("--rounds", type=int, help="rounds per mode (default 100)")
+    parser.add_argument("--steps", type=int, help="steps per round (default 12)")
     parser.add_argument("--model", choices=["mlp", "cnn"], action="append")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
@@ -145,20 +151,21 @@ def main(argv: list[str] | None = None) -> int:
     CLOCK = time.process_time if ns.clock == "cpu" else time.perf_counter
     if ns.threads:
         torch.set_num_threads(ns.threads)
-    rounds = ns.rounds or (6 if ns.quick else 30)
-    steps = max(ns.steps or (12 if ns.quick else 20), WARM + 2)
+    rounds = ns.rounds or (6 if ns.quick else 100)
+    steps = max(ns.steps or 12, WARM + 2)
     models = {"mlp": mlp_setup, "cnn": cnn_setup}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {ns.clock} clock, "
           f"{rounds} rounds x {steps} steps per mode")
     print(f"{'model':<6} {'bare s/step':>12} {'captured s/step':>16} {'ratio':>7} "
-          f"{'paired':>7} {'of means':>9} {'one-off ms':>11}")
+          f"{'paired':>7} {'of means':>9} {'A/A':>6} {'one-off ms':>11}")
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for name in ns.model or list(models):
             r = bench(name, models[name], rounds, steps, tmp)
             worst = max(worst, r["ratio"])
             print(f"{name:<6} {r['bare']:>12.5f} {r['captured']:>16.5f} {r['ratio']:>7.3f} "
-                  f"{r['paired']:>7.3f} {r['of_means']:>9.3f} {r['one_off_ms']:>11.1f}",
+                  f"{r['paired']:>7.3f} {r['of_means']:>9.3f} {r['noise']:>6.3f} "
+                  f"{r['one_off_ms']:>11.1f}",
                   flush=True)
     print(f"worst ratio {worst:.3f} ({'within' if worst <= 1.05 else 'above'} the 1.05 target)")
     return 0

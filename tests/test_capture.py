@@ -26,6 +26,7 @@ import model_debugger  # noqa: E402
 from model_debugger import capture  # noqa: E402
 from model_debugger.capture import active_recorder  # noqa: E402
 from model_debugger.capture.imports import _finder  # noqa: E402
+from model_debugger.capture.torch_losses import _ALL_BATCHES, _SAMPLE_EVERY  # noqa: E402
 from model_debugger.records import Run  # noqa: E402
 
 HERE = os.path.abspath(__file__)
@@ -190,6 +191,44 @@ def test_grad_norms_of_large_and_small_tensors():
         assert s["mgn"] == pytest.approx(mgn, rel=1e-5)
 
 
+def test_grad_norms_when_gradients_need_grad():
+    """backward(create_graph=True) leaves gradients that need grad: measured by torch instead."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref = []
+    with capture(update_every=0) as rec:
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(torch.randn(8, 8)), torch.randint(0, 4, (8,))).backward(
+                create_graph=True)
+            assert all(p.grad.requires_grad for p in model.parameters())
+            grads = torch.cat([p.grad.detach().flatten() for p in model.parameters()])
+            ref.append(float(torch.linalg.vector_norm(grads)))
+            opt.step()
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert [s["gn"] for s in steps] == pytest.approx(ref, rel=1e-5)
+    assert not [e for e in rec.events if e["t"] == "internal_error"]
+
+
+def test_steps_are_written_in_order_with_other_events(tmp_path):
+    """Step rows are written in batches; an event in between still lands after its steps."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "record.jsonl"
+    with capture(str(path), update_every=0, hist_every=0):
+        for i in range(12):
+            train_steps(model, opt, 1)
+            if i in (2, 7):
+                model_debugger.log(val_loss=float(i))
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    kinds = [(e["t"], e.get("i", e.get("value"))) for e in events if e["t"] in ("step", "metric")]
+    assert kinds == ([("step", i) for i in range(3)] + [("metric", 2.0)]
+                     + [("step", i) for i in range(3, 8)] + [("metric", 7.0)]
+                     + [("step", i) for i in range(8, 12)])
+
+
 def test_one_step_per_backward_without_optimizer():
     """A loop that updates weights by hand: every backward() is one step, counted once."""
     torch.manual_seed(0)
@@ -252,10 +291,14 @@ def test_target_statistics_and_eval_loss():
                         xe, ye = torch.randn(n, 8), torch.randint(0, 4, (n,))
                         eval_losses.append((F.cross_entropy(model(xe), ye).item(), n))
     every = torch.cat(labels)
+    # every batch up to _ALL_BATCHES counts, then every _SAMPLE_EVERY-th; n counts them all
+    sampled = torch.cat([y for k, y in enumerate(labels, 1)
+                         if k <= _ALL_BATCHES or k % _SAMPLE_EVERY == 0])
+    assert len(sampled) < len(every)
     events = [e for e in rec.events if e["t"] == "targets"]
     assert [e["n"] for e in events] == [25 * 8, 40 * 8]
     assert events[-1]["loss"] == "cross_entropy"
-    assert events[-1]["counts"] == torch.bincount(every[every >= 0], minlength=4).tolist()
+    assert events[-1]["counts"] == torch.bincount(sampled[sampled >= 0], minlength=4).tolist()
     assert events[0]["counts"] == torch.bincount(
         every[:200][every[:200] >= 0], minlength=4).tolist()
     (metric,) = [e for e in rec.events if e["t"] == "metric"]
@@ -273,7 +316,8 @@ def test_target_statistics_and_eval_loss():
             F.mse_loss(model(x), y).backward()
             opt.step()
             targets.append(y)
-    every = torch.cat(targets).double()
+    every = torch.cat([y for k, y in enumerate(targets, 1)
+                       if k <= _ALL_BATCHES or k % _SAMPLE_EVERY == 0]).double()
     (event,) = [e for e in rec.events if e["t"] == "targets"]
     assert event["loss"] == "mse_loss" and event["n"] == 37 * 16 and "counts" not in event
     assert event["mean"] == pytest.approx(float(every.mean()), rel=1e-5)
@@ -476,6 +520,26 @@ def test_histograms_only_every_n_steps(hist_every):
     for e in hists:
         assert len(e["counts"]) == 30 and sum(e["counts"]) == sizes[e["param"]]
         assert e["lo"] <= e["hi"]
+
+
+def test_histograms_of_large_gradients_use_a_strided_sample():
+    """A gradient above 65536 values is histogrammed on every k-th value; the event says k."""
+    from model_debugger.capture.torch_instrument import _HIST_SAMPLE
+
+    model = nn.Linear(512, 300)  # a 153600-value weight gradient and a small bias gradient
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with capture(hist_every=1, update_every=0) as rec:
+        opt.zero_grad()
+        model(torch.randn(4, 512)).pow(2).mean().backward()
+        opt.step()
+    hists = {e["param"]: e for e in rec.events if e["t"] == "hist"}
+    weight, bias = hists["weight"], hists["bias"]
+    assert weight["numel"] == 153600 and weight["stride"] == -(-153600 // _HIST_SAMPLE) == 3
+    assert sum(weight["counts"]) == len(range(0, 153600, 3))
+    grad = model.weight.grad.flatten()[::3]
+    assert weight["lo"] == pytest.approx(float(grad.min())) and \
+        weight["hi"] == pytest.approx(float(grad.max()))
+    assert bias["stride"] == 1 and sum(bias["counts"]) == bias["numel"] == 300
 
 
 def test_module_norms_off():

@@ -19,17 +19,27 @@ import time
 import warnings
 import weakref
 
+import numpy as np
 import torch
 
 from .codeloc import assignment, definition_location, user_frame, user_location
 from .keeper import Keeper
-from .recorder import Recorder, _num, rss_bytes
+from .recorder import FLUSH_SECONDS, Recorder, _num, rss_bytes
 from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossStats
 from .torch_util import TimedIterator, floats, hyper, replay_first_nonfinite
 
 GPU_UTIL_EVERY = 10  # steps between GPU utilisation readings (an NVML query each)
-_DOT_NUMEL = 1 << 14  # on CPU a BLAS dot is ~2x faster than the norm kernel on large tensors
 _BACKWARD_MODE_AFTER = 64
+_HIST_SAMPLE = 1 << 16  # larger gradients are histogrammed on an evenly strided sample
+
+
+def _site_due(calls: int) -> bool:
+    """Whether to look up the user's line of a call (the first 4 calls, then every 256th).
+
+    Each lookup walks the stack; right after a training step that walk runs cold in the CPU
+    caches and costs tens of microseconds, so it is not repeated for every call.
+    """
+    return calls < 4 or calls % 256 == 0
 
 
 class TorchInstrument:
@@ -49,7 +59,7 @@ class TorchInstrument:
         self._models: dict[int, tuple] = {}  # id(model) -> (weakref, name)
         self._param_names: dict[int, str] = {}
         self._param_modules: dict[int, str] = {}  # id(param) -> owning module's name
-        self._plans: dict[tuple, tuple] = {}  # param ids -> (dot indices, other indices, modules)
+        self._plans: dict[tuple, tuple] = {}  # param ids -> (host indices, other indices, modules)
         self._root = None
         self._last_input = None
         self._nonfinite_seen = False
@@ -66,12 +76,18 @@ class TorchInstrument:
         self._seen_optimizers: weakref.WeakSet = weakref.WeakSet()
         self._last_loss_call = None
         self._replay = None
+        self._guarded_before_backward = self._guard(self._before_backward)
+        self._step_norms: tuple = (None, None)
+        self._last_opt = None
+        self._rows: list[tuple] = []  # per-step numbers not yet written (see _drain)
+        self._drained = 0.0
 
     # -- attach / detach -------------------------------------------------------------------
     def attach(self) -> None:
         from torch.optim import optimizer as optim_mod
         from torch.utils.data import DataLoader
 
+        self.rec.before_event(self._drain)
         self._patch(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward, True))
         self._patch(torch.autograd, "backward",
                     self._wrap_backward(torch.autograd.backward, False))
@@ -137,6 +153,7 @@ class TorchInstrument:
             for loss in self._pending_losses:
                 self._emit_step(loss, None)
             self._pending_losses = []
+        self._drain()
         self.losses.flush_eval()
         self.losses.emit()
         if self._backwards or self._opt_steps:  # torch imported but not trained: say nothing
@@ -162,7 +179,7 @@ class TorchInstrument:
                 return original(tensor, *args, **kwargs)
             inst._in_backward = True
             try:
-                inst._guard(inst._before_backward)(tensor)
+                inst._guarded_before_backward(tensor)
                 return original(tensor, *args, **kwargs)
             finally:
                 inst._in_backward = False
@@ -176,7 +193,8 @@ class TorchInstrument:
             value = loss.item()
         else:
             value = None
-        self._ref("backward", user_location(sys._getframe()))
+        if _site_due(self._backwards):
+            self._ref("backward", user_location(sys._getframe()))
         if self._active_loader is not None and self._active_loader not in self._train_loaders:
             self._train_loaders.add(self._active_loader)
             ref = self._loader_refs.get(self._active_loader)
@@ -304,40 +322,41 @@ class TorchInstrument:
         return [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
 
     def _pre_step(self, opt, args, kwargs) -> None:
-        self._ref("step", user_location(sys._getframe()))
+        if _site_due(self._opt_steps):
+            self._ref("step", user_location(sys._getframe()))
         params = self._params(opt)
-        if opt not in self._seen_optimizers:  # built before this capture began
-            self._seen_optimizers.add(opt)
+        if opt is not self._last_opt and opt not in self._seen_optimizers:  # built before
+            self._seen_optimizers.add(opt)  # this capture began
             self.keeper.on_optimizer(opt)
             self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
                           location=None)
         if not self._param_names and params:
             self._discover(sys._getframe(), params)
+        self._last_opt = opt
         self._step_norms = self._grad_norms(params)
         if self.cfg.update_every and self.rec.step % self.cfg.update_every == 0 and params:
             self._before = [p.detach().clone() for p in params]
             self._before_params = params
 
-    def _grad_norms(self, params) -> tuple[float | None, dict]:
+    def _grad_norms(self, params) -> tuple[float | None, tuple | None]:
+        """The global gradient norm, and (module names, per-parameter norms) for the record.
+
+        Per-module norms are summed when the step rows are written (:meth:`_drain`), not here:
+        per step only the norms themselves are computed.
+        """
         if not params:
-            return None, {}
-        dot, rest, modules = self._plan(params)
-        norms = _norms([p.grad for p in params], dot, rest)
-        total = math.sqrt(sum(n * n for n in norms))
-        per_module: dict[str, float] = {}
-        if self.cfg.module_norms:
-            acc: dict[str, float] = {}
-            for mod, n in zip(modules, norms):
-                acc[mod] = acc.get(mod, 0.0) + n * n
-            per_module = {k: math.sqrt(v) for k, v in acc.items()}
+            return None, None
+        host, rest, modules = self._plan(params)
+        norms = _norms([p.grad for p in params], host, rest)
+        total = math.sqrt(sum([n * n for n in norms]))
         if not math.isfinite(total) and not self._nonfinite_seen:
             self._nonfinite_seen = True
-            bad = [m for m, v in per_module.items() if not math.isfinite(v)]
+            bad = [m for m, v in _per_module(modules, norms).items() if not math.isfinite(v)]
             self.rec.emit("nonfinite", step=self.rec.step, what="grad", value=str(total),
                           module=bad[-1] if bad else None)
         if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
             self._histograms(params)
-        return total, per_module
+        return total, ((modules, norms) if self.cfg.module_norms else None)
 
     def _plan(self, params) -> tuple[list[int], list[int], list[str]]:
         """How to measure this list of parameters, worked out once per list."""
@@ -346,19 +365,21 @@ class TorchInstrument:
         if plan is None:
             if len(self._plans) > 16:
                 self._plans.clear()
-            dot = [i for i, p in enumerate(params) if p.device.type == "cpu"
-                   and p.dtype in (torch.float32, torch.float64) and p.numel() >= _DOT_NUMEL]
-            big = set(dot)
-            rest = [i for i in range(len(params)) if i not in big]
+            host = [i for i, p in enumerate(params) if p.grad.device.type == "cpu"
+                    and p.grad.layout == torch.strided
+                    and p.grad.dtype in (torch.float32, torch.float64)]
+            rest = sorted(set(range(len(params))) - set(host))
             modules = [self._param_modules.get(id(p)) or f"param{i}" for i, p in enumerate(params)]
-            plan = self._plans[key] = (dot, rest, modules)
+            plan = self._plans[key] = (host, rest, modules)
         return plan
 
     def _histograms(self, params) -> None:
         for p in params[:64]:
-            g = p.grad.detach().float().flatten()
+            g = p.grad.detach().flatten()
             if g.numel() == 0:
                 continue
+            stride = -(-g.numel() // _HIST_SAMPLE)
+            g = (g[::stride] if stride > 1 else g).float()
             lo, hi = torch.aminmax(g)
             lo, hi = float(lo), float(hi)
             if not (math.isfinite(lo) and math.isfinite(hi)):  # rare: copy the finite values
@@ -368,7 +389,8 @@ class TorchInstrument:
                 lo, hi = float(g.min()), float(g.max())
             counts = torch.histc(g, bins=30, min=lo, max=hi if hi > lo else lo + 1e-12)
             self.rec.emit("hist", step=self.rec.step, param=self._param_names.get(id(p), "?"),
-                          lo=lo, hi=hi, counts=[int(c) for c in counts.tolist()])
+                          lo=lo, hi=hi, counts=[int(c) for c in counts.tolist()],
+                          numel=int(p.grad.numel()), stride=stride)
 
     def _post_step(self, opt, args, kwargs) -> None:
         self._mode = "optimizer"
@@ -387,33 +409,52 @@ class TorchInstrument:
         losses = [v for v in self._pending_losses if v is not None]
         self._pending_losses = []
         loss = sum(losses) / len(losses) if losses else None
-        gn, mgn = getattr(self, "_step_norms", (None, {}))
-        self._step_norms = (None, {})
-        self._emit_step(loss, gn, mgn, ratio)
+        gn, parts = self._step_norms
+        self._step_norms = (None, None)
+        self._emit_step(loss, gn, parts, ratio)
 
-    def _emit_step(self, loss, gn, mgn=None, ratio=None) -> None:
+    def _emit_step(self, loss, gn, parts=None, ratio=None) -> None:
+        """Keep one step's numbers as a row; rows become ``step`` events in :meth:`_drain`."""
         now = time.perf_counter()
         dt = now - self._last_step_end if self._last_step_end is not None else None
         self._last_step_end = now
-        step = {"i": self.rec.step, "ep": self.rec.epoch, "loss": _num(loss), "gn": _num(gn),
-                "dt": dt, "dw": self._data_wait, "rss": rss_bytes()}
-        if mgn:
-            step["mgn"] = {k: _num(v) for k, v in mgn.items()}
-        if ratio is not None:
-            step["ur"] = _num(ratio)
         root = self._root() if self._root else None
-        if root is not None:
-            step["tm"] = root.training
+        cuda = None
         if self._cuda:
-            step["cuda"] = torch.cuda.memory_allocated()
-            step["cuda_peak"] = torch.cuda.max_memory_allocated()
-            if self._gpu_util and self.rec.step % GPU_UTIL_EVERY == 0 and step["cuda"]:
-                step["gpu_util"] = self._read_gpu_util()
+            cuda = (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())
+            if self._gpu_util and self.rec.step % GPU_UTIL_EVERY == 0 and cuda[0]:
+                cuda += (self._read_gpu_util(),)  # a third value: utilisation was read
+        self._rows.append((self.rec.step, self.rec.epoch, loss, gn, parts, dt, self._data_wait,
+                           rss_bytes(), ratio, None if root is None else root.training, cuda))
         self._data_wait = 0.0
-        self.rec.emit("step", **step)
         self.rec.step += 1
+        if now - self._drained >= FLUSH_SECONDS:
+            self._drain()
         if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
             self.losses.emit()
+
+    def _drain(self) -> None:
+        """Write the kept step rows as ``step`` events (in one batch: warm in the CPU caches).
+
+        Called every ``FLUSH_SECONDS``, before any other event is written (the record keeps
+        its order) and when the capture ends.
+        """
+        rows, self._rows = self._rows, []
+        self._drained = time.perf_counter()
+        for i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda in rows:
+            step = {"i": i, "ep": ep, "loss": _num(loss), "gn": _num(gn), "dt": dt, "dw": dw,
+                    "rss": rss}
+            if parts:
+                step["mgn"] = {k: _num(v) for k, v in _per_module(*parts).items()}
+            if ratio is not None:
+                step["ur"] = _num(ratio)
+            if training is not None:
+                step["tm"] = training
+            if cuda is not None:
+                step["cuda"], step["cuda_peak"] = cuda[0], cuda[1]
+                if len(cuda) > 2:
+                    step["gpu_util"] = cuda[2]
+            self.rec.emit("step", **step)
 
     def _read_gpu_util(self) -> int | None:
         """Percent of the last NVML sample period the GPU ran a kernel (None: not measurable)."""
@@ -469,26 +510,36 @@ class TorchInstrument:
             self.rec.emit("loss_input", **described)
 
 
-def _norms(grads: list, dot: list[int], rest: list[int]) -> list[float]:
-    """L2 norm of each gradient, read with one device-to-host copy.
+def _per_module(modules: list[str], norms: list[float]) -> dict[str, float]:
+    """Sum per-parameter norms into per-module norms (the root of the sum of squares)."""
+    acc: dict[str, float] = {}
+    for mod, n in zip(modules, norms):
+        acc[mod] = acc.get(mod, 0.0) + n * n
+    return {k: math.sqrt(v) for k, v in acc.items()}
+
+
+def _norms(grads: list, host: list[int], rest: list[int]) -> list[float]:
+    """L2 norm of each gradient.
 
     Parameters
     ----------
     grads : list of Tensor
-    dot, rest : list of int
-        Indices measured with a dot product (large CPU tensors: about twice as fast as the norm
-        kernel there) and with one multi-tensor norm kernel.
+    host, rest : list of int
+        Indices measured on the host with NumPy (dense float32/float64 CPU tensors: a BLAS dot
+        through a NumPy view costs a fraction of a torch kernel launch, and is faster on large
+        tensors too) and with one multi-tensor norm kernel, read with one device-to-host copy.
     """
-    with torch.no_grad():
-        if not dot:
-            return floats(torch._foreach_norm(grads))
-        parts = [torch.dot(g, g) for g in (grads[i].reshape(-1) for i in dot)]  # squared
-        if rest:
-            parts += torch._foreach_norm([grads[i] for i in rest])
-        values = floats(parts)
     norms = [0.0] * len(grads)
-    for k, i in enumerate(dot):
-        norms[i] = math.sqrt(values[k])  # overflows where torch's own norm does (> 1.8e19)
-    for k, i in enumerate(rest, len(dot)):
-        norms[i] = values[k]
+    try:
+        with np.errstate(all="ignore"):  # an overflow is inf, as in torch's own norm (> 1.8e19)
+            for i in host:
+                a = grads[i].numpy().ravel()
+                norms[i] = math.sqrt(a.dot(a))
+    except (RuntimeError, TypeError):  # a gradient that needs grad (create_graph=True), ...
+        host, rest = [], list(range(len(grads)))
+    if rest:
+        with torch.no_grad():
+            values = floats(torch._foreach_norm([grads[i] for i in rest]))
+        for k, i in enumerate(rest):
+            norms[i] = values[k]
     return norms

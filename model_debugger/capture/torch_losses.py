@@ -19,6 +19,8 @@ REG_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 _MAX_CLASSES = 1000
 _TARGET_QUEUE = 32  # targets kept (copied) and reduced together: ~2 tensor ops per step, no sync
 _TARGET_QUEUE_NUMEL = 1 << 16  # larger targets (images, ...) are reduced right away
+_ALL_BATCHES = 32  # targets of the first training batches are all counted, then every 8th
+_SAMPLE_EVERY = 8
 
 
 class LossStats:
@@ -37,11 +39,16 @@ class LossStats:
         self._ref = ref
         # target statistics stay on the target's device until a ``targets`` event is written
         self.targets = {"loss": None, "classes": None, "counts": None, "moments": None, "n": 0,
-                        "queue": []}
+                        "sampled": 0, "queue": []}
         self.eval_losses: list[tuple[torch.Tensor, int]] = []
+        self._calls = 0
 
     def observe(self, name, input, target, out) -> None:
-        """Accumulate target statistics without a device sync (read in :meth:`emit`)."""
+        """Accumulate target statistics without a device sync (read in :meth:`emit`).
+
+        Every training batch counts up to ``_ALL_BATCHES``, then every ``_SAMPLE_EVERY``-th:
+        the label prior and target variance need a sample, not every batch of a long run.
+        """
         if not isinstance(target, torch.Tensor):
             return
         if not torch.is_grad_enabled():
@@ -54,6 +61,10 @@ class LossStats:
             self._ref("loss_fn", user_location(sys._getframe()), name=name)
         if t["loss"] != name:
             return
+        t["n"] += int(target.numel())
+        self._calls += 1
+        if self._calls > _ALL_BATCHES and self._calls % _SAMPLE_EVERY:
+            return
         classes = None
         if name in CLASS_LOSSES and target.dtype in (torch.long, torch.int, torch.int16):
             classes = int(input.shape[1] if input.dim() > 1 else input.shape[0])
@@ -64,7 +75,7 @@ class LossStats:
             t["classes"] = classes
         big = target.numel() > _TARGET_QUEUE_NUMEL
         t["queue"].append(target.detach() if big else target.detach().clone())
-        t["n"] += int(target.numel())
+        t["sampled"] += int(target.numel())
         if big or len(t["queue"]) >= _TARGET_QUEUE:
             self.reduce()
 
@@ -117,8 +128,8 @@ class LossStats:
             data["counts"] = [int(c) for c in t["counts"][1:-1].tolist()]
         elif t["moments"] is not None:
             total, sumsq = t["moments"].tolist()
-            data["mean"] = total / t["n"]
-            data["var"] = max(sumsq / t["n"] - data["mean"] ** 2, 0.0)
+            data["mean"] = total / t["sampled"]
+            data["var"] = max(sumsq / t["sampled"] - data["mean"] ** 2, 0.0)
         else:
             return
         self.rec.emit("targets", **data)
