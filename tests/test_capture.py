@@ -542,6 +542,43 @@ def test_histograms_of_large_gradients_use_a_strided_sample():
     assert bias["stride"] == 1 and sum(bias["counts"]) == bias["numel"] == 300
 
 
+@pytest.mark.parametrize("nvml", [True, False])
+def test_cuda_memory_every_step_and_utilisation_every_tenth(monkeypatch, nvml):
+    """The CUDA fields of the step record, with torch.cuda's readings stood in on this CPU box.
+
+    Utilisation is read every GPU_UTIL_EVERY steps; without NVML it is asked once, recorded as
+    unknown, and never asked again.
+    """
+    from model_debugger.capture.torch_instrument import GPU_UTIL_EVERY
+
+    allocated = iter(range(1000, 10**6, 1000))
+    asked = []
+
+    def utilization():
+        asked.append(1)
+        if not nvml:
+            raise ModuleNotFoundError("pynvml does not seem to be installed")
+        return 7 * len(asked)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: next(allocated))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 123456)
+    monkeypatch.setattr(torch.cuda, "utilization", utilization)
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with capture(update_every=0) as rec:
+        train_steps(model, opt, 2 * GPU_UTIL_EVERY + 1)
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert [s["cuda"] for s in steps] == [1000 * (k + 1) for k in range(len(steps))]
+    assert all(s["cuda_peak"] == 123456 for s in steps)
+    util = {s["i"]: s["gpu_util"] for s in steps if "gpu_util" in s}
+    if nvml:
+        assert util == {0: 7, GPU_UTIL_EVERY: 14, 2 * GPU_UTIL_EVERY: 21}
+    else:
+        assert util == {0: None} and len(asked) == 1
+
+
 def test_module_norms_off():
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
