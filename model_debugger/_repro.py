@@ -68,6 +68,12 @@ def _seed(seed):
             torch.manual_seed(seed)
         except ImportError:
             pass
+    if "keras" in SCRIPT or "tensorflow" in SCRIPT:
+        try:
+            import keras
+            keras.utils.set_random_seed(seed)  # Python, NumPy and the backend (TensorFlow)
+        except ImportError:
+            pass
 
 
 def run_once(seed, out):

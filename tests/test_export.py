@@ -197,6 +197,24 @@ def test_repro_py_reruns_the_reproduction(real, tmp_path):
     assert len(rerun.steps) == 12 and rerun.first("start") is not None
 
 
+def test_repro_py_seeds_keras_and_its_backend(tmp_path):
+    """A Keras script's repro draws the same TensorFlow random numbers on every run."""
+    pytest.importorskip("keras")
+    s = _hand_built(tmp_path / "sessions", stop="artifact")
+    with open(os.path.join(s.directory, "artifact.py"), "w") as fh:
+        fh.write("import keras\nimport tensorflow as tf\n"
+                 "print('draw', float(tf.random.uniform(())), "
+                 "float(keras.random.uniform((), seed=None)))\n")
+    path = write_repro(s, str(tmp_path / "repro.py"))
+    draws = []
+    for k in range(2):
+        proc = subprocess.run([sys.executable, path, "--out", f"runs{k}"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        draws.append([line for line in proc.stdout.splitlines() if line.startswith("draw")])
+    assert draws[0] and draws[0] == draws[1]
+
+
 def test_importing_export_stays_light():
     code = ("import sys, model_debugger, model_debugger.export, model_debugger._plots; "
             "heavy = [m for m in ('torch', 'tensorflow', 'matplotlib', 'nbformat') "
