@@ -375,23 +375,43 @@ class ShiftedLog(nn.Module):
         return torch.log(x + self.offset)
 
 
-def test_first_nonfinite_from_forward_names_step_and_module():
+@pytest.mark.parametrize("before", [3, 40])  # 40: past the capture's start (the short path)
+def test_first_nonfinite_from_forward_names_step_and_module(before):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), ShiftedLog(), nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with capture() as rec:
-        train_steps(model, opt, 3)
+        train_steps(model, opt, before)
         model[2].offset.fill_(-100.0)  # log of a negative number from now on
         train_steps(model, opt, 3)
     events = [e for e in rec.events if e["t"] == "nonfinite"]
     assert len(events) == 1
-    assert events[0]["step"] == 3 and events[0]["what"] == "loss"
-    assert events[0]["module"] == "2"
+    assert events[0]["step"] == before and events[0]["what"] == "loss"
+    assert events[0]["module"] == "2" and events[0]["replay"] == "nonfinite"
     steps = [e for e in rec.events if e["t"] == "step"]
-    assert [isinstance(s["loss"], float) for s in steps] == [True] * 3 + [False] * 3
+    assert [isinstance(s["loss"], float) for s in steps] == [True] * before + [False] * 3
     # the replay that localized it left no hooks and did not touch the buffers
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     assert float(model[2].offset) == -100.0
+
+
+@pytest.mark.parametrize("before", [3, 40])  # 40: past the capture's start (the short path)
+def test_nonfinite_loss_from_a_finite_forward_is_replayed_through_the_loss(before):
+    """An infinite target: the forward is finite, the same loss call repeats the infinity."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with capture(update_every=0) as rec:
+        for i in range(before + 2):
+            x, y = torch.randn(8, 4), torch.randn(8, 1)
+            if i == before:
+                y[0] = float("inf")
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+    (event,) = [e for e in rec.events if e["t"] == "nonfinite"]
+    assert event["step"] == before and event["what"] == "loss"
+    assert event["module"] is None and event["replay"] == "nonfinite"
 
 
 def test_first_nonfinite_from_weights_names_step_and_module():

@@ -59,6 +59,16 @@ class Keeper:
             self.optimizer = {"cls": type(opt), "name": type(opt).__name__,
                               "hyper": dict(opt.defaults)}
 
+    def sampling(self, training: bool, epoch: int) -> bool:
+        """Whether :meth:`on_loss` may still keep something for this split and epoch."""
+        split = "train" if training else "val"
+        if training and self.loss is None:
+            return True
+        first = self._epoch.get(split)
+        batches = self.train_batches if training else self.val_batches
+        return (first is None or epoch == first) and self._samples[split] < MAX_SAMPLES \
+            and len(batches) < MAX_BATCHES
+
     def on_loss(self, name, input, target, extra_args, kwargs, model_input, training,
                 epoch: int = 0) -> dict | None:
         """Keep a sample (model input, target); on the first training call describe the input.

@@ -79,6 +79,7 @@ class TorchInstrument:
         self._guarded_before_backward = self._guard(self._before_backward)
         self._step_norms: tuple = (None, None)
         self._last_opt = None
+        self._steady_loss = None  # the training loss's name once there is nothing left to keep
         self._rows: list[tuple] = []  # per-step numbers not yet written (see _drain)
         self._drained = 0.0
 
@@ -488,8 +489,13 @@ class TorchInstrument:
         def loss_fn(input, target, *args, **kwargs):
             out = original(input, target, *args, **kwargs)
             try:
-                inst.losses.observe(name, input, target, out)
-                inst._keep_loss(name, input, target, args, kwargs)
+                if inst._steady_loss == name and torch.is_grad_enabled():
+                    # nothing left to keep: the replay's loss call, and the targets counted
+                    inst._last_loss_call = (name, target, kwargs, input.shape)
+                    inst.losses.count(name, input, target, out)
+                else:
+                    inst.losses.observe(name, input, target, out)
+                    inst._keep_loss(name, input, target, args, kwargs)
             except Exception:  # noqa: BLE001 - observation must never break training
                 pass
             return out
@@ -504,10 +510,14 @@ class TorchInstrument:
             return
         if torch.is_grad_enabled():
             self._last_loss_call = (name, target, kwargs, input.shape)
+        training = torch.is_grad_enabled()
         described = self.keeper.on_loss(name, input, target, args, kwargs, self._last_input,
-                                        torch.is_grad_enabled(), self.rec.epoch)
+                                        training, self.rec.epoch)
         if described is not None:
             self.rec.emit("loss_input", **described)
+        if training and self.losses.targets["loss"] == name and \
+                not self.losses.counting_all() and not self.keeper.sampling(True, self.rec.epoch):
+            self._steady_loss = name  # the training loss from now on takes the short path
 
 
 def _per_module(modules: list[str], norms: list[float]) -> dict[str, float]:

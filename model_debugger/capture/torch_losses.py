@@ -79,6 +79,19 @@ class LossStats:
         if big or len(t["queue"]) >= _TARGET_QUEUE:
             self.reduce()
 
+    def counting_all(self) -> bool:
+        """Whether every training batch is still counted (see :meth:`observe`)."""
+        return self._calls < _ALL_BATCHES
+
+    def count(self, name, input, target, out) -> None:
+        """The steady state of :meth:`observe`: count the batch, observe every k-th."""
+        self._calls += 1
+        if self._calls % _SAMPLE_EVERY:
+            self.targets["n"] += target.numel()
+        else:
+            self._calls -= 1
+            self.observe(name, input, target, out)
+
     def reduce(self) -> None:
         """Fold the queued targets into class counts or (sum, sum of squares), on their device."""
         t = self.targets
