@@ -211,6 +211,30 @@ def test_grad_norms_when_gradients_need_grad():
     assert not [e for e in rec.events if e["t"] == "internal_error"]
 
 
+def test_an_interrupt_while_rows_are_written_loses_no_step(tmp_path, monkeypatch):
+    """Ctrl-C (or a time limit) in the middle of writing step rows: the rest follow at exit."""
+    from model_debugger.capture import torch_instrument as ti
+
+    original, calls = ti.TorchInstrument._write_row, []
+
+    def write_row(self, *row):
+        calls.append(row[0])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(self, *row)
+
+    monkeypatch.setattr(ti, "FLUSH_SECONDS", 0.0)  # rows are written after every step
+    monkeypatch.setattr(ti.TorchInstrument, "_write_row", write_row)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "record.jsonl"
+    with pytest.raises(KeyboardInterrupt), capture(str(path), update_every=0, hist_every=0):
+        train_steps(model, opt, 5)
+    run = Run.load(str(path))
+    assert [s["i"] for s in run.steps] == [0, 1, 2] and calls == [0, 1, 2, 2]
+    assert run.first("end")["status"] == "interrupted"
+
+
 def test_steps_are_written_in_order_with_other_events(tmp_path):
     """Step rows are written in batches; an event in between still lands after its steps."""
     torch.manual_seed(0)
@@ -297,6 +321,7 @@ def test_target_statistics_and_eval_loss():
     assert len(sampled) < len(every)
     events = [e for e in rec.events if e["t"] == "targets"]
     assert [e["n"] for e in events] == [25 * 8, 40 * 8]
+    assert "sampled" not in events[0] and events[-1]["sampled"] == len(sampled)
     assert events[-1]["loss"] == "cross_entropy"
     assert events[-1]["counts"] == torch.bincount(sampled[sampled >= 0], minlength=4).tolist()
     assert events[0]["counts"] == torch.bincount(

@@ -270,6 +270,18 @@ def test_class_imbalance_from_the_record_without_arrays():
     assert f.evidence["minority_class"] == 2 and f.evidence["minority_share"] == pytest.approx(0.02)
 
 
+def test_class_imbalance_from_sampled_record_counts_says_so():
+    """Counts from a sample of the targets never claim that a class is absent from the data."""
+    run = Run([{"t": "targets", "loss": "cross_entropy", "n": 8000, "sampled": 1000,
+                "counts": [880, 120, 0]}])
+    (f,) = ClassImbalance().run(ctx_for(run=run, category="loss_not_decreasing"))
+    assert "a sample of 1000 of the 8000 training targets" in f.explanation
+    assert "[2] do not occur in that sample" in f.explanation and "never" not in f.explanation
+    whole = Run([{"t": "targets", "loss": "cross_entropy", "n": 1000, "counts": [880, 120, 0]}])
+    (g,) = ClassImbalance().run(ctx_for(run=whole, category="loss_not_decreasing"))
+    assert "[2] never occur" in g.explanation and "a sample of" not in g.explanation
+
+
 def test_class_imbalance_silent_on_balanced_or_regression_targets():
     rng = np.random.default_rng(41)
     assert ClassImbalance().run(ctx_for((np.zeros((600, 1)), rng.integers(0, 3, 600)))) == []

@@ -161,10 +161,11 @@ class Recorder:
         """Write the queued events to the file and flush it."""
         if self._fh is None:
             return
-        queue, self._queue = self._queue, []
-        if queue:
+        if self._queue:  # encoded before the queue is let go: an interrupt here loses nothing
             encode = _ENCODER.encode
-            self._fh.write("".join([encode(e) + "\n" for e in queue]))
+            text = "".join([encode(e) + "\n" for e in self._queue])
+            self._queue = []
+            self._fh.write(text)
         self._fh.flush()
         self._flushed = time.perf_counter()
 

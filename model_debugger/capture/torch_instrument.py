@@ -146,6 +146,7 @@ class TorchInstrument:
             except Exception:  # noqa: BLE001 - one failing undo must not keep others in place
                 pass
         self._last_input = None
+        self._last_opt = None
         self._before = None
 
     def finish(self) -> None:
@@ -380,6 +381,9 @@ class TorchInstrument:
             if g.numel() == 0:
                 continue
             stride = -(-g.numel() // _HIST_SAMPLE)
+            inner = g.numel() // max(1, p.grad.shape[0]) if p.grad.dim() else 1
+            while stride > 1 and math.gcd(stride, inner) > 1:  # not one kernel tap of a conv
+                stride += 1
             g = (g[::stride] if stride > 1 else g).float()
             lo, hi = torch.aminmax(g)
             lo, hi = float(lo), float(hi)
@@ -442,20 +446,30 @@ class TorchInstrument:
         """
         rows, self._rows = self._rows, []
         self._drained = time.perf_counter()
-        for i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda in rows:
-            step = {"i": i, "ep": ep, "loss": _num(loss), "gn": _num(gn), "dt": dt, "dw": dw,
-                    "rss": rss}
-            if parts:
-                step["mgn"] = {k: _num(v) for k, v in _per_module(*parts).items()}
-            if ratio is not None:
-                step["ur"] = _num(ratio)
-            if training is not None:
-                step["tm"] = training
-            if cuda is not None:
-                step["cuda"], step["cuda_peak"] = cuda[0], cuda[1]
-                if len(cuda) > 2:
-                    step["gpu_util"] = cuda[2]
-            self.rec.emit("step", **step)
+        done = 0
+        try:
+            for row in rows:
+                self._write_row(*row)
+                done += 1
+        except BaseException:  # a time limit or Ctrl-C mid-batch: the rest is written later
+            self._rows[:0] = rows[done:]
+            raise
+
+    def _write_row(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda) -> None:
+        """One kept row as a ``step`` event."""
+        step = {"i": i, "ep": ep, "loss": _num(loss), "gn": _num(gn), "dt": dt, "dw": dw,
+                "rss": rss}
+        if parts:
+            step["mgn"] = {k: _num(v) for k, v in _per_module(*parts).items()}
+        if ratio is not None:
+            step["ur"] = _num(ratio)
+        if training is not None:
+            step["tm"] = training
+        if cuda is not None:
+            step["cuda"], step["cuda_peak"] = cuda[0], cuda[1]
+            if len(cuda) > 2:
+                step["gpu_util"] = cuda[2]
+        self.rec.emit("step", **step)
 
     def _read_gpu_util(self) -> int | None:
         """Percent of the last NVML sample period the GPU ran a kernel (None: not measurable)."""
@@ -544,6 +558,8 @@ def _norms(grads: list, host: list[int], rest: list[int]) -> list[float]:
         with np.errstate(all="ignore"):  # an overflow is inf, as in torch's own norm (> 1.8e19)
             for i in host:
                 a = grads[i].numpy().ravel()
+                if a.dtype.itemsize < 4:  # the plan is stale (model.half() mid-run)
+                    raise TypeError(a.dtype)
                 norms[i] = math.sqrt(a.dot(a))
     except (RuntimeError, TypeError):  # a gradient that needs grad (create_graph=True), ...
         host, rest = [], list(range(len(grads)))

@@ -137,6 +137,8 @@ class LossStats:
             return
         self.reduce()
         data = {"loss": t["loss"], "n": t["n"]}
+        if t["sampled"] < t["n"]:
+            data["sampled"] = t["sampled"]  # the statistics below come from this many targets
         if t["counts"] is not None:
             data["counts"] = [int(c) for c in t["counts"][1:-1].tolist()]
         elif t["moments"] is not None:

@@ -82,12 +82,17 @@ class ClassImbalance(Probe):
                 at_majority.append((ctx.signals.get(f"{split}_acc_name") or f"{split} accuracy",
                                     float(acc)))
         missing = sorted(k for k, v in counts.items() if v == 0)
-        text = (f"The classes are imbalanced: class {major} holds {seen[major]} of {n} training "
-                f"targets ({major_share:.1%}), the rarest, class {minor}, {seen[minor]} "
+        total = ctx.run.of("targets")[-1].get("n") if source == "record" else None
+        sampled = bool(source == "record" and ctx.run.of("targets")[-1].get("sampled"))
+        of = f"a sample of {n} of the {total} training targets" if sampled else \
+            f"{n} training targets"
+        text = (f"The classes are imbalanced: class {major} holds {seen[major]} of {of} "
+                f"({major_share:.1%}), the rarest, class {minor}, {seen[minor]} "
                 f"({minor_share:.1%}).")
         if missing:
             more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-            text += f" Classes {missing[:10]}{more} never occur."
+            text += f" Classes {missing[:10]}{more} " + (
+                "do not occur in that sample." if sampled else "never occur.")
         if at_majority:
             said = ", ".join(f"{name} = {acc:.3f}" for name, acc in at_majority)
             text += (f" The accuracy sits at the majority rate ({said}): the model predicts the "
