@@ -76,6 +76,16 @@ def test_crashing_script_is_data_not_a_cli_failure(tmp_path):
     assert rep["error_location"] == {"file": str(script), "line": 3}
 
 
+def test_syntax_error_is_located_in_the_script(tmp_path):
+    script = tmp_path / "typo.py"
+    script.write_text("import torch\nx = (\n")
+    report, stderr = diagnose(script, tmp_path / "s")
+    rep = report["reproduce"]
+    assert rep["status"] == "crashed" and rep["error"].startswith("SyntaxError")
+    assert rep["error_location"] == {"file": str(script), "line": 2}
+    assert "I/O operation on closed file" not in stderr
+
+
 def _cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "model_debugger.cli", *args],
                           capture_output=True, text=True, cwd=cwd, timeout=120)

@@ -106,6 +106,7 @@ class Recorder:
         self._fh = None
         self._queue: list[dict] = []
         self._before_event: list = []
+        self._closed = False  # the block has ended and closed the record file
         self._draining = False
         self._flushed = 0.0
         self._stack = ExitStack()
@@ -128,6 +129,9 @@ class Recorder:
             self._drain()
         if self._fh is None:
             self.events.append(event)
+            if self._closed:  # after the block (a late error location): appended at once
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write(_ENCODER.encode(event) + "\n")
             return event
         if kind in _STREAM_ONLY:
             self._queue.append(event)
@@ -138,6 +142,10 @@ class Recorder:
         self._queue.append(event)
         self.flush()
         return event
+
+    def _file_closed(self) -> None:
+        self._fh = None
+        self._closed = True
 
     def before_event(self, drain) -> None:
         """Call ``drain()`` before any event but ``step``/``hist`` is written.
@@ -197,6 +205,7 @@ class Recorder:
         try:
             if self.path:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                self._stack.callback(self._file_closed)  # runs after the file is closed
                 self._fh = self._stack.enter_context(
                     open(self.path, "a", buffering=1 << 16, encoding="utf-8"))
                 self._stack.callback(self.flush)  # before the file closes (last in, first out)
