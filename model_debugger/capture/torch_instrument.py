@@ -435,6 +435,7 @@ class TorchInstrument:
         self.rec.step += 1
         if now - self._drained >= FLUSH_SECONDS:
             self._drain()
+            self.rec.flush()  # on disk now: a killed run loses at most FLUSH_SECONDS of steps
         if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
             self.losses.emit()
 
