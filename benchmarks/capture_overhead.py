@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model_debugger  # noqa: E402
 from model_debugger.capture.keeper import MAX_BATCHES  # noqa: E402
+from model_debugger.capture.torch_instrument import NORM_ALWAYS  # noqa: E402
 from model_debugger.capture.torch_losses import _ALL_BATCHES  # noqa: E402
 
 
@@ -96,8 +97,9 @@ def train(model, opt, loader, steps: int) -> list[float]:
 
 
 WARM = 2  # steps per round that carry the one-off costs
-# a capture's start: it keeps sample batches for Isolate and counts every target this long
-START = WARM + max(MAX_BATCHES, _ALL_BATCHES)
+# a capture's start: it keeps sample batches for Isolate, counts every target and measures
+# gradient norms at every step (to time them: norm_every) this long
+START = WARM + max(MAX_BATCHES, _ALL_BATCHES, NORM_ALWAYS)
 
 
 def bench(name: str, setup, rounds: int, steps: int, tmp: str) -> dict:

@@ -122,8 +122,9 @@ def grad_norm_figure(run: Run, title: str = "Gradient norms per step"):
     x = _steps(run)
     gn = run.series("gn")
     curves = []
-    if gn.size and np.isfinite(gn).any():
-        ax.plot(x, gn, color="black", lw=1.6, label="global")
+    if gn.size and np.isfinite(gn).any():  # steps without norms (norm_every) are skipped
+        ok = np.isfinite(gn)
+        ax.plot(x[ok], gn[ok], color="black", lw=1.6, label="global")
         curves.append(gn)
     names, norms = run.module_norms()
     if names:
@@ -133,7 +134,8 @@ def grad_norm_figure(run: Run, title: str = "Gradient norms per step"):
                        for j in range(len(names))]
         order = sorted(range(len(names)), key=lambda j: -typical[j])[:MAX_MODULES]
         for j in sorted(order):
-            ax.plot(x, norms[:, j], lw=0.9, label=f"module {names[j] or '(root)'}")
+            ok = np.isfinite(norms[:, j])
+            ax.plot(x[ok], norms[ok, j], lw=0.9, label=f"module {names[j] or '(root)'}")
             curves.append(norms[:, j])
     bad = first_nonfinite(run)
     if bad is not None:

@@ -37,15 +37,28 @@ class CaptureConfig:
     update_every : int
         Measure the update/weight ratio every this many steps (it needs a copy of the weights).
     module_norms : bool
-        Record per-module gradient norms at every step.
+        Record per-module gradient norms with the global one.
     parse_stdout : bool
         Parse printed ``name=value`` lines as metrics.
+    norm_every : int
+        PyTorch: measure gradient norms every this many optimizer steps. 0 (the default) is
+        automatic: every step, unless reading every gradient costs more than 1% of a step (a
+        model that is large against its batch on CPU), then every k-th step, the smallest k
+        that keeps within 1%, at most 16 (a ``norm_every`` event says so). The first 32 steps
+        are always measured. Keras measures every step.
     """
 
     hist_every: int = 100
     update_every: int = 50
     module_norms: bool = True
     parse_stdout: bool = True
+    norm_every: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("hist_every", "update_every", "norm_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
 
 
 def _num(value):

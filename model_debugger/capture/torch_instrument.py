@@ -29,6 +29,11 @@ from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossStats
 from .torch_util import TimedIterator, floats, hyper, replay_first_nonfinite
 
 GPU_UTIL_EVERY = 10  # steps between GPU utilisation readings (an NVML query each)
+# automatic ``norm_every``: reading every gradient may cost this share of a step
+NORM_BUDGET = 0.01
+NORM_ALWAYS = 32  # the first steps always have norms (and time what they cost)
+NORM_RETUNE = 256  # steps between later re-evaluations of norm_every
+NORM_MAX_EVERY = 16
 _BACKWARD_MODE_AFTER = 64
 _HIST_SAMPLE = 1 << 16  # larger gradients are histogrammed on an evenly strided sample
 
@@ -82,6 +87,10 @@ class TorchInstrument:
         self._steady_loss = None  # the training loss's name once there is nothing left to keep
         self._rows: list[tuple] = []  # per-step numbers not yet written (see _drain)
         self._drained = 0.0
+        self._norm_auto = not self.cfg.norm_every
+        self._norm_every = self.cfg.norm_every or 1
+        self._norm_cost = [0.0, 0, 0.0, 0]  # seconds and count of norms, of steps (automatic)
+        self._retune_at = NORM_ALWAYS
 
     # -- attach / detach -------------------------------------------------------------------
     def attach(self) -> None:
@@ -335,7 +344,15 @@ class TorchInstrument:
         if not self._param_names and params:
             self._discover(sys._getframe(), params)
         self._last_opt = opt
-        self._step_norms = self._grad_norms(params)
+        step = self.rec.step
+        if self._norm_every == 1 or step % self._norm_every == 0:
+            t0 = time.perf_counter()
+            self._step_norms = self._grad_norms(params)
+            cost = self._norm_cost
+            cost[0] += time.perf_counter() - t0
+            cost[1] += 1
+        if self.cfg.hist_every and step % self.cfg.hist_every == 0 and params:
+            self._histograms(params)
         if self.cfg.update_every and self.rec.step % self.cfg.update_every == 0 and params:
             self._before = [p.detach().clone() for p in params]
             self._before_params = params
@@ -356,8 +373,6 @@ class TorchInstrument:
             bad = [m for m, v in _per_module(modules, norms).items() if not math.isfinite(v)]
             self.rec.emit("nonfinite", step=self.rec.step, what="grad", value=str(total),
                           module=bad[-1] if bad else None)
-        if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
-            self._histograms(params)
         return total, ((modules, norms) if self.cfg.module_norms else None)
 
     def _plan(self, params) -> tuple[list[int], list[int], list[str]]:
@@ -423,6 +438,10 @@ class TorchInstrument:
         now = time.perf_counter()
         dt = now - self._last_step_end if self._last_step_end is not None else None
         self._last_step_end = now
+        if self._norm_auto and dt is not None:
+            cost = self._norm_cost
+            cost[2] += dt
+            cost[3] += 1
         root = self._root() if self._root else None
         cuda = None
         if self._cuda:
@@ -433,11 +452,30 @@ class TorchInstrument:
                            rss_bytes(), ratio, None if root is None else root.training, cuda))
         self._data_wait = 0.0
         self.rec.step += 1
+        if self._norm_auto and self.rec.step >= self._retune_at:
+            self._retune_norms()
         if now - self._drained >= FLUSH_SECONDS:
             self._drain()
             self.rec.flush()  # on disk now: a killed run loses at most FLUSH_SECONDS of steps
         if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
             self.losses.emit()
+
+    def _retune_norms(self) -> None:
+        """Automatic ``norm_every``: the smallest k that keeps measuring norms within budget.
+
+        Norms measured on one step cost ``cost[0] / cost[1]`` seconds; a step lasts
+        ``cost[2] / cost[3]`` seconds (both since the last evaluation).
+        """
+        self._retune_at = self.rec.step + NORM_RETUNE
+        cost, self._norm_cost = self._norm_cost, [0.0, 0, 0.0, 0]
+        if not cost[1] or cost[2] <= 0:
+            return
+        share = (cost[0] / cost[1]) / (cost[2] / cost[3])
+        every = max(1, min(NORM_MAX_EVERY, math.ceil(share / NORM_BUDGET)))
+        if every != self._norm_every:
+            self._norm_every = every
+            self.rec.emit("norm_every", step=self.rec.step, every=every,
+                          share=round(share, 5), budget=NORM_BUDGET)
 
     def _drain(self) -> None:
         """Write the kept step rows as ``step`` events (in one batch: warm in the CPU caches).

@@ -1,0 +1,125 @@
+"""Gradient norms every k-th optimizer step: fixed (``norm_every=k``) or automatic (a time budget).
+
+Every recorded norm is checked against ``torch.linalg.vector_norm`` over the gradients the
+test's own loop sees just before ``step()``. The automatic choice is driven through its budget
+(``NORM_BUDGET``), so the tests do not depend on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from model_debugger import capture  # noqa: E402
+from model_debugger.capture import CaptureConfig  # noqa: E402
+from model_debugger.capture import torch_instrument as ti  # noqa: E402
+from model_debugger.records import Run  # noqa: E402
+
+
+def reference(model: nn.Module) -> float:
+    return math.sqrt(sum(float(torch.linalg.vector_norm(p.grad.double())) ** 2
+                         for p in model.parameters()))
+
+
+def train(steps: int, nan_from: int | None = None, **config):
+    """A small MLP under ``capture(**config)``: (events, reference norm per step)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(64, 20), torch.randint(0, 3, (64,))
+    refs = []
+    with capture(update_every=0, **config) as rec:
+        for i in range(steps):
+            if i == nan_from:  # from here on the first layer's gradient is NaN, the loss is not
+                model[0].weight.register_hook(lambda g: g * float("nan"))
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            refs.append(reference(model))
+            opt.step()
+    return rec.events, refs
+
+
+def measured(events) -> list[int]:
+    return [e["i"] for e in events if e["t"] == "step" and e.get("gn") is not None]
+
+
+def test_fixed_norm_every_measures_every_kth_step_exactly():
+    events, refs = train(20, norm_every=3)
+    steps = [e for e in events if e["t"] == "step"]
+    assert len(steps) == 20 and measured(events) == list(range(0, 20, 3))
+    for s in steps:
+        if s["i"] % 3:
+            assert s["gn"] is None and "mgn" not in s
+        else:
+            assert s["gn"] == pytest.approx(refs[s["i"]], rel=1e-5)
+            assert set(s["mgn"]) == {"0", "2"}
+    assert not [e for e in events if e["t"] == "norm_every"]  # fixed: nothing to announce
+
+
+def test_histograms_keep_their_own_schedule():
+    events, _ = train(12, norm_every=5, hist_every=4)
+    assert sorted({e["step"] for e in events if e["t"] == "hist"}) == [0, 4, 8]
+    assert measured(events) == [0, 5, 10]
+
+
+def test_automatic_norm_every_over_budget_thins_out_after_the_start(monkeypatch):
+    """Norms that cost more than the budget: every k-th step after the first NORM_ALWAYS."""
+    monkeypatch.setattr(ti, "NORM_BUDGET", 1e-9)  # any measurable cost is over it
+    events, refs = train(ti.NORM_ALWAYS + 40)
+    [event] = [e for e in events if e["t"] == "norm_every"]
+    assert event["step"] == ti.NORM_ALWAYS and event["share"] > 0
+    k = event["every"]
+    assert k == min(ti.NORM_MAX_EVERY, max(1, math.ceil(event["share"] / 1e-9))) == \
+        ti.NORM_MAX_EVERY
+    after = [i for i in range(ti.NORM_ALWAYS, ti.NORM_ALWAYS + 40) if i % k == 0]
+    assert measured(events) == list(range(ti.NORM_ALWAYS)) + after
+    by_step = {e["i"]: e for e in events if e["t"] == "step"}
+    for i in measured(events):
+        assert by_step[i]["gn"] == pytest.approx(refs[i], rel=1e-5)
+
+
+def test_automatic_norm_every_within_budget_measures_every_step(monkeypatch):
+    monkeypatch.setattr(ti, "NORM_BUDGET", 1e9)
+    events, _ = train(ti.NORM_ALWAYS + 20)
+    assert measured(events) == list(range(ti.NORM_ALWAYS + 20))
+    assert not [e for e in events if e["t"] == "norm_every"]
+
+
+def test_a_nan_gradient_on_an_unmeasured_step_is_still_found_with_its_module():
+    """A NaN gradient between measured steps poisons the weights; the next loss names them."""
+    events, _ = train(12, nan_from=5, norm_every=4)
+    bad = [e for e in events if e["t"] == "nonfinite"]
+    assert len(bad) == 1 and bad[0]["module"] == "0"
+    assert 5 <= bad[0]["step"] <= 8
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
+def test_config_rejects_what_is_not_a_step_count(value):
+    with pytest.raises(ValueError, match="norm_every"):
+        CaptureConfig(norm_every=value)
+
+
+def test_gradient_plot_joins_the_measured_steps(tmp_path):
+    from model_debugger import _plots
+
+    path = tmp_path / "r.jsonl"
+    with capture(str(path), update_every=0, norm_every=3):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(10):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))).backward()
+            opt.step()
+    fig = _plots.grad_norm_figure(Run.load(str(path)))
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    xs = lines["global"].get_xdata()
+    assert list(xs) == [0, 3, 6, 9]
+    assert np.isfinite(lines["global"].get_ydata()).all()
+    assert list(lines["module 0"].get_xdata()) == [0, 3, 6, 9]
