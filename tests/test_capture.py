@@ -587,6 +587,34 @@ def test_histograms_of_large_gradients_use_a_strided_sample():
     assert bias["stride"] == 1 and sum(bias["counts"]) == bias["numel"] == 300
 
 
+@pytest.mark.parametrize("make_opt", [lambda ps: torch.optim.SGD(ps, lr=0.1),
+                                      lambda ps: torch.optim.SparseAdam(ps, lr=0.01)],
+                         ids=["sgd", "sparse-adam"])
+def test_sparse_gradients_are_measured(make_opt):
+    """nn.Embedding(sparse=True): norms and histograms of the stored (coalesced) values."""
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(100, 16, sparse=True), nn.Linear(16, 3)
+    opts = [make_opt(emb.parameters()), torch.optim.SGD(head.parameters(), lr=0.1)]
+    x = torch.randint(0, 100, (32, 5))  # repeated rows: an uncoalesced gradient
+    y = torch.randint(0, 3, (32,))
+    refs = []
+    with capture(hist_every=2, update_every=0) as rec:
+        for _ in range(4):
+            for opt in opts:
+                opt.zero_grad()
+            F.cross_entropy(head(emb(x).mean(1)), y).backward()
+            assert emb.weight.grad.is_sparse
+            refs.append(float(torch.linalg.vector_norm(emb.weight.grad.to_dense())))
+            for opt in opts:
+                opt.step()
+    assert not [e for e in rec.events if e["t"] == "internal_error"]
+    emb_steps = [e for e in rec.events if e["t"] == "step"][0::2]  # the embedding's optimizer
+    assert [s["gn"] for s in emb_steps] == pytest.approx(refs, rel=1e-5)
+    hists = [e for e in rec.events if e["t"] == "hist" and e.get("sparse")]
+    rows = len(torch.unique(x))
+    assert hists and all(sum(h["counts"]) == h["numel"] == rows * 16 for h in hists)
+
+
 @pytest.mark.parametrize("nvml", [True, False])
 def test_cuda_memory_every_step_and_utilisation_every_tenth(monkeypatch, nvml):
     """The CUDA fields of the step record, with torch.cuda's readings stood in on this CPU box.

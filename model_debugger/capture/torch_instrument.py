@@ -391,12 +391,19 @@ class TorchInstrument:
         return plan
 
     def _histograms(self, params) -> None:
+        """Histograms of the gradients; a sparse one's histogram is of its stored values.
+
+        The event's ``numel`` counts the values histogrammed before striding (``sparse``: the
+        stored values of a sparse gradient).
+        """
         for p in params[:64]:
-            g = p.grad.detach().flatten()
-            if g.numel() == 0:
+            sparse = p.grad.layout != torch.strided
+            g = _dense_values(p.grad).flatten()
+            numel = g.numel()
+            if numel == 0:
                 continue
-            stride = -(-g.numel() // _HIST_SAMPLE)
-            inner = g.numel() // max(1, p.grad.shape[0]) if p.grad.dim() else 1
+            stride = -(-numel // _HIST_SAMPLE)
+            inner = numel // max(1, p.grad.shape[0]) if p.grad.dim() and not sparse else 1
             while stride > 1 and math.gcd(stride, inner) > 1:  # not one kernel tap of a conv
                 stride += 1
             g = (g[::stride] if stride > 1 else g).float()
@@ -408,9 +415,10 @@ class TorchInstrument:
                     continue
                 lo, hi = float(g.min()), float(g.max())
             counts = torch.histc(g, bins=30, min=lo, max=hi if hi > lo else lo + 1e-12)
+            extra = {"sparse": True} if sparse else {}
             self.rec.emit("hist", step=self.rec.step, param=self._param_names.get(id(p), "?"),
                           lo=lo, hi=hi, counts=[int(c) for c in counts.tolist()],
-                          numel=int(p.grad.numel()), stride=stride)
+                          numel=int(numel), stride=stride, **extra)
 
     def _post_step(self, opt, args, kwargs) -> None:
         self._mode = "optimizer"
@@ -604,7 +612,20 @@ def _norms(grads: list, host: list[int], rest: list[int]) -> list[float]:
         host, rest = [], list(range(len(grads)))
     if rest:
         with torch.no_grad():
-            values = floats(torch._foreach_norm([grads[i] for i in rest]))
+            try:
+                values = floats(torch._foreach_norm([grads[i] for i in rest]))
+            except (RuntimeError, NotImplementedError):  # sparse (nn.Embedding(sparse=True))
+                values = floats([torch.linalg.vector_norm(_dense_values(grads[i]))
+                                 for i in rest])
         for k, i in enumerate(rest):
             norms[i] = values[k]
     return norms
+
+
+def _dense_values(grad):
+    """The stored values of a gradient: a sparse one's non-zeros (summed where repeated)."""
+    if grad.layout == torch.sparse_coo:
+        return grad.detach().coalesce().values()
+    if grad.layout != torch.strided:  # compressed sparse layouts store no duplicates
+        return grad.detach().values()
+    return grad.detach()
