@@ -168,6 +168,30 @@ def test_step_record_matches_reference(tmp_path):
     assert sum(targets["counts"]) == 96
 
 
+def test_each_training_loop_gets_its_own_lines():
+    """A second, short loop on other lines (fine-tuning after pre-training) is referenced too."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(300):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()  # <loop1-backward>
+            opt.step()  # <loop1-step>
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()  # <loop2-backward>
+            opt.step()  # <loop2-step>
+    refs = [(e["kind"], e["line"]) for e in rec.events
+            if e["t"] == "ref" and e["kind"] in ("backward", "step") and same_file(e["file"], HERE)]
+    assert sorted(refs) == sorted([("backward", line_of("loop1-backward")),
+                                   ("step", line_of("loop1-step")),
+                                   ("backward", line_of("loop2-backward")),
+                                   ("step", line_of("loop2-step"))])
+
+
 def test_grad_norms_of_large_and_small_tensors():
     """Large weight matrices (a dot product on CPU) next to small ones (one norm kernel)."""
     torch.manual_seed(0)

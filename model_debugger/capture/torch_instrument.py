@@ -38,13 +38,20 @@ _BACKWARD_MODE_AFTER = 64
 _HIST_SAMPLE = 1 << 16  # larger gradients are histogrammed on an evenly strided sample
 
 
-def _site_due(calls: int) -> bool:
-    """Whether to look up the user's line of a call (the first 4 calls, then every 256th).
+def _call_chain(depth: int) -> tuple:
+    """A cheap key of where a call came from: code and line of three frames from ``depth`` up.
 
-    Each lookup walks the stack; right after a training step that walk runs cold in the CPU
-    caches and costs tens of microseconds, so it is not repeated for every call.
+    Looking up the user's line walks the whole stack and, right after a training step, costs
+    tens of microseconds in cold CPU caches; it is done once per distinct key instead.
     """
-    return calls < 4 or calls % 256 == 0
+    f = sys._getframe(depth + 1)
+    key: tuple = ()
+    for _ in range(3):
+        if f is None:
+            break
+        key += (f.f_code, f.f_lineno)
+        f = f.f_back
+    return key
 
 
 class TorchInstrument:
@@ -69,6 +76,7 @@ class TorchInstrument:
         self._last_input = None
         self._nonfinite_seen = False
         self._refs_seen: set[str] = set()
+        self._chains: set[tuple] = set()  # call chains of backward()/step() already located
         self._train_loaders: set[int] = set()
         self._active_loader = None
         # target statistics stay on the target's device until a ``targets`` event is written
@@ -180,6 +188,14 @@ class TorchInstrument:
             self._refs_seen.add(key)
             self.rec.emit("ref", kind=kind, **loc, **extra)
 
+    def _site(self, kind: str, chain: tuple) -> None:
+        """Reference the user's line of a ``backward()``/``step()`` call from a new call chain."""
+        if (kind, chain) not in self._chains:
+            if len(self._chains) > 1024:  # generated code, say: forget, look up again
+                self._chains.clear()
+            self._chains.add((kind, chain))
+            self._ref(kind, user_location(sys._getframe(2)))
+
     # -- backward --------------------------------------------------------------------------
     def _wrap_backward(self, original, is_method: bool):
         inst = self
@@ -204,8 +220,7 @@ class TorchInstrument:
             value = loss.item()
         else:
             value = None
-        if _site_due(self._backwards):
-            self._ref("backward", user_location(sys._getframe()))
+        self._site("backward", _call_chain(3))  # this, guarded, the wrapper, its caller
         if self._active_loader is not None and self._active_loader not in self._train_loaders:
             self._train_loaders.add(self._active_loader)
             ref = self._loader_refs.get(self._active_loader)
@@ -333,8 +348,7 @@ class TorchInstrument:
         return [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
 
     def _pre_step(self, opt, args, kwargs) -> None:
-        if _site_due(self._opt_steps):
-            self._ref("step", user_location(sys._getframe()))
+        self._site("step", _call_chain(3))  # this, guarded, torch's step wrapper, its caller
         params = self._params(opt)
         if opt is not self._last_opt and opt not in self._seen_optimizers:  # built before
             self._seen_optimizers.add(opt)  # this capture began
