@@ -30,6 +30,8 @@ TRIVIAL_F1 = 0.05
 LOSS_FALLS = 0.10            # "loss falls": at least a 10% decrease
 GPU_IDLE_UTIL = 30.0         # median GPU utilisation below 30% ...
 GPU_IDLE_STEP_MS = 20.0      # ... with steps long enough for the idle time to matter
+UPDATE_RATIO_LOW = 1e-5      # median update/weight ratio: steps too small to move the weights
+UPDATE_RATIO_HIGH = 1e-1     # ... steps that overshoot
 
 
 def _ev(sig: dict, key: str, detail: str) -> Evidence:
@@ -145,13 +147,35 @@ def not_decreasing(sig: dict):
         return "loss_not_decreasing", [
             _ev(sig, "loss_initial", "median of the first steps"),
             _ev(sig, "loss_final", "median of the last steps"),
-            _ev(sig, "loss_relative_drop", f"relative decrease < {PLATEAU_DROP}")]
+            _ev(sig, "loss_relative_drop", f"relative decrease < {PLATEAU_DROP}"),
+            *_update_size(sig)]
     if base is not None and base > 0 and sig["loss_final"] >= BASELINE_MARGIN * base:
         return "loss_not_decreasing", [
             _ev(sig, "loss_final", "median of the last steps"),
             _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / mean "
-                f"(final loss >= {BASELINE_MARGIN} x this)")]
+                f"(final loss >= {BASELINE_MARGIN} x this)"),
+            *_update_size(sig)]
     return None
+
+
+def _update_size(sig: dict) -> list[Evidence]:
+    """How large the optimizer's steps are against the weights, as supporting evidence.
+
+    About 1e-3 per step is the usual rule of thumb; far below it the steps are too small to
+    move the loss (a learning rate too low), far above it they overshoot.
+    """
+    ratio = sig.get("update_ratio_median")
+    if ratio is None:
+        return []
+    if ratio < UPDATE_RATIO_LOW:
+        verdict = f"< {UPDATE_RATIO_LOW:g}: steps too small to move the weights"
+    elif ratio > UPDATE_RATIO_HIGH:
+        verdict = f"> {UPDATE_RATIO_HIGH:g}: steps large enough to overshoot"
+    else:
+        verdict = "in the usual range"
+    return [_ev(sig, "update_ratio_median",
+                f"median |update| / |weights| per step over {sig['update_ratio_points']} "
+                f"readings (about 1e-3 is typical; {verdict})")]
 
 
 def slow_data(sig: dict):

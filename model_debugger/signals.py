@@ -111,6 +111,10 @@ def compute(run: Run) -> dict:
         s["grad_norm_initial"] = head
         s["grad_norm_max"] = float(gn.max())
         s["grad_norm_growth"] = float(gn.max() / max(head, 1e-12))
+    ur = _finite(run.series("ur"))
+    if len(ur) >= 3:  # measured every update_every steps
+        s["update_ratio_median"] = float(np.median(ur))
+        s["update_ratio_points"] = int(len(ur))
     names, norms = run.module_norms()
     if len(names) >= 3 and len(norms) >= 5:
         med = np.nanmedian(np.where(np.isfinite(norms), norms, np.nan), axis=0)

@@ -51,6 +51,7 @@ def steps_events(
     rss: Sequence | None = None,
     cuda: Sequence | None = None,
     gpu_util: Sequence | None = None,
+    ur: Sequence | None = None,
 ) -> list[dict]:
     """``step`` events; every argument is a per-step sequence (or None to leave it out)."""
     if n is None:
@@ -69,6 +70,8 @@ def steps_events(
             step["cuda"] = int(cuda[i])
         if gpu_util is not None and np.isfinite(gpu_util[i]):
             step["gpu_util"] = float(gpu_util[i])  # read every few steps only
+        if ur is not None and np.isfinite(ur[i]):
+            step["ur"] = float(ur[i])  # measured every update_every steps only
         out.append({"t": "step", **step})
     return out
 

@@ -419,6 +419,29 @@ def test_not_decreasing_needs_min_steps():
     assert any("too short" in e.detail for e in cls.evidence)
 
 
+@pytest.mark.parametrize("ratio, verdict", [
+    (0.5 * C.UPDATE_RATIO_LOW, "too small"), (2 * C.UPDATE_RATIO_LOW, "usual range"),
+    (0.5 * C.UPDATE_RATIO_HIGH, "usual range"), (2 * C.UPDATE_RATIO_HIGH, "overshoot")])
+def test_not_decreasing_cites_how_large_the_updates_are(ratio, verdict):
+    """The update/weight ratio (every 50th step) backs a plateau: steps too small, or too large."""
+    n = 200
+    ur = np.full(n, np.nan)
+    ur[::50] = ratio * np.array([0.5, 1.0, 1.0, 3.0])  # a median of ``ratio``
+    run = syn.make_run(syn.steps_events(syn.two_level(n, 1.0, 1.0 - 0.5 * C.PLATEAU_DROP), ur=ur))
+    sig, cls = fires(C.not_decreasing, run, "loss_not_decreasing",
+                     {"loss_relative_drop", "update_ratio_median"})
+    assert sig["update_ratio_median"] == pytest.approx(ratio) and sig["update_ratio_points"] == 4
+    [ev] = [e for e in cls.evidence if e.signal == "update_ratio_median"]
+    assert verdict in ev.detail and "4 readings" in ev.detail
+
+
+def test_not_decreasing_without_update_ratios_cites_none():
+    run = syn.make_run(syn.steps_events(syn.two_level(100, 1.0, 1.0)))
+    sig, cls = fires(C.not_decreasing, run, "loss_not_decreasing", {"loss_relative_drop"})
+    assert "update_ratio_median" not in sig
+    assert "update_ratio_median" not in {e.signal for e in cls.evidence}
+
+
 def _baseline_run(final_over_base: float):
     counts = [50, 50]
     base, _ = constant_predictor({"loss": "cross_entropy", "counts": counts})
