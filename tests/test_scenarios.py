@@ -32,6 +32,10 @@ def test_scenario_category(path, reports):
     assert cls["evidence"], "a classification must cite numbers"
     for ev in cls["evidence"]:
         assert set(ev) == {"signal", "value", "detail"}
+    if "evidence" in expectations(path):  # "expect-evidence: <signal> <words of its detail>"
+        signal, _, words = expectations(path)["evidence"].partition(" ")
+        details = [ev["detail"] for ev in cls["evidence"] if ev["signal"] == signal]
+        assert details and words in details[0], (signal, cls["evidence"])
     rep = report["reproduce"]
     if want == HEALTHY:
         assert rep["status"] == "not_reproduced" and rep["tried"]

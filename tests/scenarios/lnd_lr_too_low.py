@@ -4,6 +4,7 @@ expect-category: loss_not_decreasing
 expect-root-cause: hyperparameter
 expect-check: lr_range
 expect-line: torch.optim.SGD
+expect-evidence: update_ratio_median steps too small
 fault: hyperparameter (lr=1e-5 for plain SGD)
 """
 import torch
