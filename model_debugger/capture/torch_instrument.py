@@ -349,25 +349,30 @@ class TorchInstrument:
 
     def _pre_step(self, opt, args, kwargs) -> None:
         self._site("step", _call_chain(3))  # this, guarded, torch's step wrapper, its caller
-        params = self._params(opt)
         if opt is not self._last_opt and opt not in self._seen_optimizers:  # built before
             self._seen_optimizers.add(opt)  # this capture began
             self.keeper.on_optimizer(opt)
             self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
                           location=None)
+        self._last_opt = opt
+        step, cfg = self.rec.step, self.cfg
+        norms = self._norm_every == 1 or step % self._norm_every == 0
+        hist = cfg.hist_every and step % cfg.hist_every == 0
+        update = cfg.update_every and step % cfg.update_every == 0
+        if not (norms or hist or update or not self._param_names):
+            return  # nothing to measure on this step: the parameters are not even listed
+        params = self._params(opt)
         if not self._param_names and params:
             self._discover(sys._getframe(), params)
-        self._last_opt = opt
-        step = self.rec.step
-        if self._norm_every == 1 or step % self._norm_every == 0:
+        if norms:
             t0 = time.perf_counter()
             self._step_norms = self._grad_norms(params)
             cost = self._norm_cost
             cost[0] += time.perf_counter() - t0
             cost[1] += 1
-        if self.cfg.hist_every and step % self.cfg.hist_every == 0 and params:
+        if hist and params:
             self._histograms(params)
-        if self.cfg.update_every and self.rec.step % self.cfg.update_every == 0 and params:
+        if update and params:
             self._before = [p.detach().clone() for p in params]
             self._before_params = params
 
