@@ -123,3 +123,23 @@ def test_gradient_plot_joins_the_measured_steps(tmp_path):
     assert list(xs) == [0, 3, 6, 9]
     assert np.isfinite(lines["global"].get_ydata()).all()
     assert list(lines["module 0"].get_xdata()) == [0, 3, 6, 9]
+
+
+def test_each_optimizer_keeps_its_own_schedule():
+    """A GAN's two optimizers alternate: with k = 2 both still get norms, every other own step."""
+    torch.manual_seed(0)
+    gen, disc = nn.Linear(4, 8), nn.Linear(8, 1)
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.01)
+    opt_d = torch.optim.SGD(disc.parameters(), lr=0.01)
+    with capture(update_every=2, hist_every=2, norm_every=2) as rec:
+        for _ in range(4):
+            for opt in (opt_d, opt_g):
+                opt_d.zero_grad()
+                opt_g.zero_grad()
+                disc(gen(torch.randn(16, 4))).pow(2).mean().backward()
+                opt.step()
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert [s["gn"] is not None for s in steps] == [True, True, False, False] * 2
+    assert [s.get("ur") is not None for s in steps] == [True, True, False, False] * 2
+    hist_steps = sorted({e["step"] for e in rec.events if e["t"] == "hist"})
+    assert hist_steps == [0, 1, 4, 5]

@@ -30,6 +30,9 @@ _ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=) builds one per 
 class CaptureConfig:
     """Settings of a capture.
 
+    Schedules in steps count each optimizer's own steps (two optimizers that alternate, as in
+    a GAN, are both measured).
+
     Parameters
     ----------
     hist_every : int

@@ -99,6 +99,7 @@ class TorchInstrument:
         self._norm_every = self.cfg.norm_every or 1
         self._norm_cost = [0.0, 0, 0.0, 0]  # seconds and count of norms, of steps (automatic)
         self._retune_at = NORM_ALWAYS
+        self._opt_counts: dict[int, int] = {}  # id(optimizer) -> its steps in this capture
 
     # -- attach / detach -------------------------------------------------------------------
     def attach(self) -> None:
@@ -355,10 +356,13 @@ class TorchInstrument:
             self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
                           location=None)
         self._last_opt = opt
-        step, cfg = self.rec.step, self.cfg
-        norms = self._norm_every == 1 or step % self._norm_every == 0
-        hist = cfg.hist_every and step % cfg.hist_every == 0
-        update = cfg.update_every and step % cfg.update_every == 0
+        # schedules count each optimizer's own steps: a GAN's two optimizers alternate
+        n = self._opt_counts.get(id(opt), 0)
+        self._opt_counts[id(opt)] = n + 1
+        cfg = self.cfg
+        norms = self._norm_every == 1 or n % self._norm_every == 0
+        hist = cfg.hist_every and n % cfg.hist_every == 0
+        update = cfg.update_every and n % cfg.update_every == 0
         if not (norms or hist or update or not self._param_names):
             return  # nothing to measure on this step: the parameters are not even listed
         params = self._params(opt)
