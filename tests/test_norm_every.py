@@ -143,3 +143,28 @@ def test_each_optimizer_keeps_its_own_schedule():
     assert [s.get("ur") is not None for s in steps] == [True, True, False, False] * 2
     hist_steps = sorted({e["step"] for e in rec.events if e["t"] == "hist"})
     assert hist_steps == [0, 1, 4, 5]
+
+
+def test_a_step_whose_optimizer_raised_leaves_no_norms_behind():
+    """Norms measured before a step that then failed are not written on the next, unmeasured one."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = [0]
+
+    def refuse_first(optimizer, args, kwargs):  # runs after the capture's global pre-hook
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("refused")
+
+    opt.register_step_pre_hook(refuse_first)
+    with capture(update_every=0, norm_every=2) as rec:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            try:
+                opt.step()
+            except RuntimeError:
+                pass
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert [s["gn"] is None for s in steps] == [True, False]  # own steps 1 (not due) and 2

@@ -360,6 +360,7 @@ class TorchInstrument:
         n = self._opt_counts.get(id(opt), 0)
         self._opt_counts[id(opt)] = n + 1
         cfg = self.cfg
+        self._step_norms = (None, None)  # none kept from a step whose optimizer raised
         norms = self._norm_every == 1 or n % self._norm_every == 0
         hist = cfg.hist_every and n % cfg.hist_every == 0
         update = cfg.update_every and n % cfg.update_every == 0
