@@ -21,7 +21,7 @@ def capture(path: str | None = None, **config) -> Recorder:
         Where to stream the record as JSON lines; None keeps it in memory (``rec.events``).
     **config
         ``CaptureConfig`` fields: ``hist_every``, ``update_every``, ``module_norms``,
-        ``parse_stdout``.
+        ``parse_stdout``, ``norm_every``.
 
     Returns
     -------

@@ -666,3 +666,39 @@ def test_run_probes_default_selection_follows_categories(stubs):
 
 def test_stub_probes_are_unregistered_afterwards():
     assert not [pid for pid in PROBES if pid.startswith("zz_")]
+
+
+class TanhBlock(nn.Module):
+    """A user-defined layer with its own weight (its forward is numerically safe)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) * 0.3)
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w)
+
+
+def test_gradient_flow_a_nan_gradient_between_measured_steps_is_not_blamed_on_the_forward(
+        tmp_path):
+    """norm_every=4 skips the step whose gradient turns NaN; the next loss finds NaN weights."""
+    torch.manual_seed(0)
+    model = nn.Sequential(TanhBlock(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+    path = tmp_path / "record.jsonl"
+    rec = model_debugger.capture(str(path), norm_every=4)
+    with rec:
+        for i in range(12):
+            if i == 5:
+                model[0].w.register_hook(lambda g: g * float("nan"))
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    run = Run.load(str(path))
+    bad = run.first("nonfinite")
+    assert (bad["what"], bad["step"], bad["module"], bad["in_weights"]) == ("loss", 6, "0", True)
+    ctx = build_context(run, rec.keeper, isolate.user_sources(run, [__file__]), BUDGET)
+    [f] = [f for f in probe(ctx, "gradient_flow") if "in_weights" in f.evidence]
+    assert f.root_cause == "hyperparameter" and f.evidence["in_weights"] is True
+    assert "already non-finite" in f.explanation

@@ -48,7 +48,8 @@ class CaptureConfig:
         automatic: every step, unless reading every gradient costs more than 1% of a step (a
         model that is large against its batch on CPU), then every k-th step, the smallest k
         that keeps within 1%, at most 16 (a ``norm_every`` event says so). The first 32 steps
-        are always measured. Keras measures every step.
+        are always measured, and every step when a gradient is not on the CPU. A step without
+        a measurement has no ``gn``. Keras measures every step.
     """
 
     hist_every: int = 100

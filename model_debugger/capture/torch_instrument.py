@@ -35,6 +35,7 @@ NORM_ALWAYS = 32  # the first steps always have norms (and time what they cost)
 NORM_RETUNE = 256  # steps between later re-evaluations of norm_every
 NORM_MAX_EVERY = 16
 _BACKWARD_MODE_AFTER = 64
+_UNMEASURED = "unmeasured"  # the gradient norm of a step that norm_every skipped
 _HIST_SAMPLE = 1 << 16  # larger gradients are histogrammed on an evenly strided sample
 
 
@@ -89,6 +90,7 @@ class TorchInstrument:
         self._seen_optimizers: weakref.WeakSet = weakref.WeakSet()
         self._last_loss_call = None
         self._replay = None
+        self._in_weights = False
         self._guarded_before_backward = self._guard(self._before_backward)
         self._step_norms: tuple = (None, None)
         self._last_opt = None
@@ -99,6 +101,7 @@ class TorchInstrument:
         self._norm_every = self.cfg.norm_every or 1
         self._norm_cost = [0.0, 0, 0.0, 0]  # seconds and count of norms, of steps (automatic)
         self._retune_at = NORM_ALWAYS
+        self._norms_on_host = True  # every gradient was read on the host (NumPy) last time
         self._opt_counts: dict[int, int] = {}  # id(optimizer) -> its steps in this capture
 
     # -- attach / detach -------------------------------------------------------------------
@@ -232,7 +235,8 @@ class TorchInstrument:
         if value is not None and not math.isfinite(value) and not self._nonfinite_seen:
             self._nonfinite_seen = True
             self.rec.emit("nonfinite", step=self.rec.step, what="loss", value=str(value),
-                          module=self._localize(), replay=self._replay)
+                          module=self._localize(), replay=self._replay,
+                          **({"in_weights": True} if self._in_weights else {}))
         self._backwards += 1
         if self._mode == "backward":
             self._emit_step(value, None)
@@ -299,11 +303,13 @@ class TorchInstrument:
         a hardware suspicion), None when no replay was possible.
         """
         self._replay = None
+        self._in_weights = False
         model = self._root() if self._root else None
         if model is None:
             return None
         for name, p in model.named_parameters():
             if not torch.isfinite(p.detach()).all():
+                self._in_weights = True  # an earlier update (a gradient) put them there
                 return name.rsplit(".", 1)[0] if "." in name else name
         if self._last_input is None:
             return None
@@ -356,11 +362,15 @@ class TorchInstrument:
             self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
                           location=None)
         self._last_opt = opt
-        # schedules count each optimizer's own steps: a GAN's two optimizers alternate
-        n = self._opt_counts.get(id(opt), 0)
-        self._opt_counts[id(opt)] = n + 1
+        # schedules count the steps of each set of parameters: a GAN's two optimizers
+        # alternate, and an optimizer re-created every step still updates the same weights
+        groups = opt.param_groups
+        key = id(groups[0]["params"][0]) if groups and groups[0]["params"] else id(opt)
+        n = self._opt_counts.get(key, 0)
+        self._opt_counts[key] = n + 1
         cfg = self.cfg
-        self._step_norms = (None, None)  # none kept from a step whose optimizer raised
+        self._step_norms = (_UNMEASURED, None)  # none kept from a step whose optimizer raised
+        self._before = None
         norms = self._norm_every == 1 or n % self._norm_every == 0
         hist = cfg.hist_every and n % cfg.hist_every == 0
         update = cfg.update_every and n % cfg.update_every == 0
@@ -390,6 +400,7 @@ class TorchInstrument:
         if not params:
             return None, None
         host, rest, modules = self._plan(params)
+        self._norms_on_host = not rest
         norms = _norms([p.grad for p in params], host, rest)
         total = math.sqrt(sum([n * n for n in norms]))
         if not math.isfinite(total) and not self._nonfinite_seen:
@@ -500,8 +511,8 @@ class TorchInstrument:
         """
         self._retune_at = self.rec.step + NORM_RETUNE
         cost, self._norm_cost = self._norm_cost, [0.0, 0, 0.0, 0]
-        if not cost[1] or cost[2] <= 0:
-            return
+        if not cost[1] or cost[2] <= 0 or not self._norms_on_host:
+            return  # on an accelerator the time is mostly waiting for the backward kernels
         share = (cost[0] / cost[1]) / (cost[2] / cost[3])
         every = max(1, min(NORM_MAX_EVERY, math.ceil(share / NORM_BUDGET)))
         if every != self._norm_every:
@@ -528,8 +539,9 @@ class TorchInstrument:
 
     def _write_row(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda) -> None:
         """One kept row as a ``step`` event."""
-        step = {"i": i, "ep": ep, "loss": _num(loss), "gn": _num(gn), "dt": dt, "dw": dw,
-                "rss": rss}
+        step = {"i": i, "ep": ep, "loss": _num(loss), "dt": dt, "dw": dw, "rss": rss}
+        if gn is not _UNMEASURED:  # left out: not measured (norm_every); None: no gradient
+            step["gn"] = _num(gn)
         if parts:
             step["mgn"] = {k: _num(v) for k, v in _per_module(*parts).items()}
         if ratio is not None:

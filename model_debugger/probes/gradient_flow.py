@@ -61,7 +61,11 @@ class GradientFlow(Probe):
                 "learning rate too high for the scale of inputs and weights.",
                 ctx.ref("optimizer"), strength=0.7, **common)
         custom = _module_location(ctx, module) if module else None
-        if what == "loss" and custom and (step == 0 or (growth is not None and growth < 10)):
+        # weights already non-finite: an earlier update (a gradient the capture did not
+        # measure, see norm_every) put them there, not the forward pass
+        in_weights = bool(bad.get("in_weights"))
+        if what == "loss" and custom and not in_weights and \
+                (step == 0 or (growth is not None and growth < 10)):
             return self.finding(
                 "architecture", True,
                 f"The forward pass produces a non-finite value at step {step} in {where} "
@@ -70,9 +74,11 @@ class GradientFlow(Probe):
                 "exp overflow).",
                 custom, strength=0.85, **common)
         return self.finding(
-            "hyperparameter" if what != "loss" else "architecture", False,
-            f"Non-finite {what} first at step {step} in {where}.", ctx.ref("backward"),
-            strength=0.4, **common)
+            "hyperparameter" if what != "loss" or in_weights else "architecture", False,
+            f"Non-finite {what} first at step {step} in {where}" + (
+                ", whose weights were already non-finite: an earlier update put them there"
+                if in_weights else "") + ".", ctx.ref("backward"),
+            strength=0.4, in_weights=in_weights, **common)
 
 
 def _module_location(ctx: ProbeContext, name: str) -> dict | None:
