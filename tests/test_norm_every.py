@@ -186,3 +186,21 @@ def test_an_optimizer_rebuilt_every_step_keeps_the_schedule():
     assert measured(rec.events) == [0, 5, 10]
     assert [s["i"] for s in steps if "ur" in s] == [0, 5, 10]
     assert sorted({e["step"] for e in rec.events if e["t"] == "hist"}) == [0, 5, 10]
+
+
+@pytest.mark.parametrize("current, share, expected", [
+    (1, 0.025, 3),   # over budget: the smallest k within it
+    (4, 0.025, 4),   # 3 would be within budget, but only just: stays
+    (4, 0.015, 2),   # well within at 2
+    (3, 0.5, ti.NORM_MAX_EVERY),
+    (2, 0.001, 1)])
+def test_retuning_lowers_k_only_with_a_margin(current, share, expected):
+    from model_debugger.capture.recorder import Recorder
+
+    inst = ti.TorchInstrument(Recorder(None))
+    inst._norm_every = current
+    inst._norm_cost = [share * 0.01, 1, 0.01, 1]  # one measured step, one 10 ms step
+    inst._retune_norms()
+    assert inst._norm_every == expected
+    events = [e for e in inst.rec.events if e["t"] == "norm_every"]
+    assert [e["every"] for e in events] == ([expected] if expected != current else [])

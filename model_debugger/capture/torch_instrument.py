@@ -515,6 +515,8 @@ class TorchInstrument:
             return  # on an accelerator the time is mostly waiting for the backward kernels
         share = (cost[0] / cost[1]) / (cost[2] / cost[3])
         every = max(1, min(NORM_MAX_EVERY, math.ceil(share / NORM_BUDGET)))
+        if every < self._norm_every:  # lower k only with a 20% margin: no flip-flop at a bound
+            every = max(every, min(self._norm_every, math.ceil(share / (0.8 * NORM_BUDGET))))
         if every != self._norm_every:
             self._norm_every = every
             self.rec.emit("norm_every", step=self.rec.step, every=every,
