@@ -64,9 +64,9 @@ def _per_epoch_train_loss(run: Run) -> np.ndarray:
     return np.array([np.mean(by_epoch[k]) for k in sorted(by_epoch)], dtype=float)
 
 
-def _fit(y: np.ndarray) -> tuple[float, float]:
-    """Least-squares slope per step and R^2 of a line through ``y``."""
-    x = np.arange(len(y), dtype=float)
+def _fit(y: np.ndarray, x: np.ndarray | None = None) -> tuple[float, float]:
+    """Least-squares slope per step and R^2 of a line through ``y`` (at steps ``x``)."""
+    x = np.arange(len(y), dtype=float) if x is None else np.asarray(x, dtype=float)
     slope, intercept = np.polyfit(x, y, 1)
     resid = y - (slope * x + intercept)
     ss_tot = float(((y - y.mean()) ** 2).sum())
@@ -123,10 +123,11 @@ def compute(run: Run) -> dict:
             s["first_to_last_grad_ratio"] = float(med[0] / med[-1])
 
     rss = run.series("rss")
-    rss = rss[np.isfinite(rss)]
-    if len(rss) >= 20:
-        body = rss[len(rss) // 10:]
-        slope, r2 = _fit(body / 2**20)
+    at = np.flatnonzero(np.isfinite(rss))  # PyTorch reads it on the steps norms are measured
+    if len(at) >= 20:
+        at = at[len(at) // 10:]
+        body = rss[at]
+        slope, r2 = _fit(body / 2**20, at)
         s["rss_start_mb"], s["rss_end_mb"] = float(body[0] / 2**20), float(body[-1] / 2**20)
         s["rss_growth_mb"] = float((body[-1] - body[0]) / 2**20)
         s["rss_slope_mb_per_step"], s["rss_growth_r2"] = slope, r2

@@ -62,8 +62,9 @@ def steps_events(
                       "loss": _num(loss[i]) if loss is not None else None,
                       "gn": _num(gn[i]) if gn is not None else None,
                       "dt": float(dt[i]) if dt is not None else None,
-                      "dw": float(dw[i]) if dw is not None else None,
-                      "rss": int(rss[i]) if rss is not None else None}
+                      "dw": float(dw[i]) if dw is not None else None}
+        if rss is not None and np.isfinite(rss[i]):
+            step["rss"] = int(rss[i])  # NaN: not read (PyTorch reads it when norms are measured)
         if mgn is not None:
             step["mgn"] = {k: _num(v) for k, v in mgn[i].items()}
         if cuda is not None:

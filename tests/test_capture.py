@@ -192,6 +192,70 @@ def test_each_training_loop_gets_its_own_lines():
                                    ("step", line_of("loop2-step"))])
 
 
+
+def test_lines_of_steps_a_library_makes():
+    """GradScaler calls ``optimizer.step()`` two frames below the user: each user line counts."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+
+    def backward():
+        scaler.scale(F.cross_entropy(model(x), y)).backward()  # <helper-backward>
+
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(5):
+            opt.zero_grad()
+            backward()
+            scaler.step(opt)  # <scaler-step-1>
+            scaler.update()
+        for _ in range(3):
+            opt.zero_grad()
+            backward()
+            scaler.step(opt)  # <scaler-step-2>
+            scaler.update()
+    refs = [(e["kind"], e["line"]) for e in rec.events
+            if e["t"] == "ref" and e["kind"] in ("backward", "step") and same_file(e["file"], HERE)]
+    assert sorted(refs) == sorted([("backward", line_of("helper-backward")),
+                                   ("step", line_of("scaler-step-1")),
+                                   ("step", line_of("scaler-step-2"))])
+
+def test_update_ratio_over_host_and_other_weights():
+    """float32 weights are copied by NumPy, bfloat16 ones by torch: one ratio over all of them."""
+    torch.manual_seed(0)
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 16)
+            self.low = nn.Parameter(torch.randn(16, 4).to(torch.bfloat16))
+
+        def forward(self, x):
+            return self.fc(x) @ self.low.float()
+
+    model = Mixed()
+    opt = torch.optim.SGD([{"params": model.fc.parameters(), "lr": 0.5},
+                           {"params": [model.low], "lr": 0.02}])
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    ratios, parts = [], []  # the ratio; the ratios of the float32 and bfloat16 parts alone
+    with capture(update_every=1, hist_every=0) as rec:
+        for _ in range(4):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            params = [model.fc.weight, model.fc.bias, model.low]
+            before = [p.detach().double().clone() for p in params]
+            opt.step()
+            upd = [float(((p.detach().double() - b) ** 2).sum()) for p, b in zip(params, before)]
+            wn = [float((b ** 2).sum()) for b in before]
+            ratios.append(math.sqrt(sum(upd) / sum(wn)))
+            parts.append((math.sqrt(sum(upd[:2]) / sum(wn[:2])), math.sqrt(upd[2] / wn[2])))
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert [s["ur"] for s in steps] == pytest.approx(ratios, rel=1e-2)  # bfloat16 rounding
+    for s, (host, low) in zip(steps, parts):  # either part alone would be far off
+        assert abs(s["ur"] / host - 1) > 0.1 and abs(s["ur"] / low - 1) > 0.1
+
+
 def test_grad_norms_of_large_and_small_tensors():
     """Large weight matrices (a dot product on CPU) next to small ones (one norm kernel)."""
     torch.manual_seed(0)

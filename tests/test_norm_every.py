@@ -63,6 +63,13 @@ def test_fixed_norm_every_measures_every_kth_step_exactly():
     assert not [e for e in events if e["t"] == "norm_every"]  # fixed: nothing to announce
 
 
+def test_process_memory_is_read_on_the_measured_steps():
+    events, _ = train(20, norm_every=4)
+    steps = [e for e in events if e["t"] == "step"]
+    assert [s["i"] for s in steps if "rss" in s] == measured(events) == list(range(0, 20, 4))
+    assert all(isinstance(s["rss"], int) and s["rss"] > 10 * 2**20 for s in steps if "rss" in s)
+
+
 def test_histograms_keep_their_own_schedule():
     events, _ = train(12, norm_every=5, hist_every=4)
     assert sorted({e["step"] for e in events if e["t"] == "hist"}) == [0, 4, 8]

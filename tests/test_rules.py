@@ -215,6 +215,17 @@ def test_memory_growth_quiet_below_threshold():
     assert cls.primary == HEALTHY
 
 
+def test_memory_growth_per_step_when_read_every_kth_step():
+    """RSS read on every 4th step only (norm_every=4): the slope is per step, not per reading."""
+    n, slope = 400, 1.5 * C.RSS_GROWTH_MB / 360
+    rss = (500.0 + slope * np.arange(n)) * syn.MB
+    rss[np.arange(n) % 4 != 0] = np.nan
+    sig, _ = fires(C.memory_growth, syn.make_run(syn.healthy_steps(n, rss=rss)), "memory_issue",
+                   {"rss_growth_mb", "rss_slope_mb_per_step", "rss_growth_r2"})
+    assert sig["rss_slope_mb_per_step"] == pytest.approx(slope, rel=1e-6)
+    assert sig["rss_growth_r2"] == pytest.approx(1.0, abs=1e-6)
+
+
 def test_memory_growth_quiet_when_growth_is_not_steady():
     sig, cls = quiet(C.memory_growth,
                      _rss_run(1.5 * C.RSS_GROWTH_MB, noise_mb=3 * C.RSS_GROWTH_MB))

@@ -49,7 +49,8 @@ class CaptureConfig:
         model that is large against its batch on CPU), then every k-th step, the smallest k
         that keeps within 1%, at most 16 (a ``norm_every`` event says so). The first 32 steps
         are always measured, and every step when a gradient is not on the CPU. A step without
-        a measurement has no ``gn``. Keras measures every step.
+        a measurement has no ``gn`` and no ``rss`` (process memory is read on the same steps).
+        Keras measures every step.
     """
 
     hist_every: int = 100

@@ -22,7 +22,7 @@ import weakref
 import numpy as np
 import torch
 
-from .codeloc import assignment, definition_location, user_frame, user_location
+from .codeloc import assignment, definition_location, is_user_file, user_frame, user_location
 from .keeper import Keeper
 from .recorder import FLUSH_SECONDS, Recorder, _num, rss_bytes
 from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossStats
@@ -39,19 +39,18 @@ _UNMEASURED = "unmeasured"  # the gradient norm of a step that norm_every skippe
 _HIST_SAMPLE = 1 << 16  # larger gradients are histogrammed on an evenly strided sample
 
 
-def _call_chain(depth: int) -> tuple:
-    """A cheap key of where a call came from: code and line of three frames from ``depth`` up.
+def _call_chain(frame) -> tuple:
+    """A cheap key of where a call came from: code and instruction of three frames up from ``frame``.
 
     Looking up the user's line walks the whole stack and, right after a training step, costs
     tens of microseconds in cold CPU caches; it is done once per distinct key instead.
     """
-    f = sys._getframe(depth + 1)
     key: tuple = ()
     for _ in range(3):
-        if f is None:
+        if frame is None:
             break
-        key += (id(f.f_code), f.f_lineno)  # a code object's own hash reads all its bytecode
-        f = f.f_back
+        key += (id(frame.f_code), frame.f_lasti)  # a code object's own hash reads its bytecode
+        frame = frame.f_back
     return key
 
 
@@ -77,7 +76,8 @@ class TorchInstrument:
         self._last_input = None
         self._nonfinite_seen = False
         self._refs_seen: set[str] = set()
-        self._chains: set[tuple] = set()  # call chains of backward()/step() already located
+        self._sites: dict[tuple, bool] = {}  # backward()/step() call sites: called by the user?
+        self._chains: set[tuple] = set()  # call chains of library callers already located
         self._train_loaders: set[int] = set()
         self._active_loader = None
         # target statistics stay on the target's device until a ``targets`` event is written
@@ -102,6 +102,7 @@ class TorchInstrument:
         self._norm_cost = [0.0, 0, 0.0, 0]  # seconds and count of norms, of steps (automatic)
         self._retune_at = NORM_ALWAYS
         self._norms_on_host = True  # every gradient was read on the host (NumPy) last time
+        self._rss_due = True  # read the RSS with this step's row (the steps norms are measured)
         self._opt_counts: dict[int, int] = {}  # id(optimizer) -> its steps in this capture
 
     # -- attach / detach -------------------------------------------------------------------
@@ -192,13 +193,31 @@ class TorchInstrument:
             self._refs_seen.add(key)
             self.rec.emit("ref", kind=kind, **loc, **extra)
 
-    def _site(self, kind: str, chain: tuple) -> None:
-        """Reference the user's line of a ``backward()``/``step()`` call from a new call chain."""
-        if (kind, chain) not in self._chains:
-            if len(self._chains) > 1024:  # generated code, say: forget, look up again
-                self._chains.clear()
-            self._chains.add((kind, chain))
-            self._ref(kind, user_location(sys._getframe(2)))
+    def _site(self, kind: str) -> None:
+        """Reference the user's line of a ``backward()``/``step()`` call, once per call site.
+
+        Called from a hook four frames below that call (this, the hook, its guard, the
+        framework's wrapper). When the calling frame is the user's own code, its code object
+        and instruction identify the call site: one dictionary lookup a step. When a library
+        made the call (GradScaler, a scheduler's wrapper, Accelerate), the user's line is
+        further up and the key is the chain of three frames.
+        """
+        frame = sys._getframe(4)
+        key = (kind, id(frame.f_code), frame.f_lasti)
+        direct = self._sites.get(key)
+        if direct is None:
+            if len(self._sites) > 1024:  # generated code, say: forget, look up again
+                self._sites.clear()
+            direct = self._sites[key] = is_user_file(frame.f_code.co_filename)
+            if direct:
+                self._ref(kind, user_location(frame))
+        if not direct:
+            chain = (kind, _call_chain(frame))
+            if chain not in self._chains:
+                if len(self._chains) > 1024:
+                    self._chains.clear()
+                self._chains.add(chain)
+                self._ref(kind, user_location(frame))
 
     # -- backward --------------------------------------------------------------------------
     def _wrap_backward(self, original, is_method: bool):
@@ -224,7 +243,7 @@ class TorchInstrument:
             value = loss.item()
         else:
             value = None
-        self._site("backward", _call_chain(3))  # this, guarded, the wrapper, its caller
+        self._site("backward")
         if self._active_loader is not None and self._active_loader not in self._train_loaders:
             self._train_loaders.add(self._active_loader)
             ref = self._loader_refs.get(self._active_loader)
@@ -355,7 +374,7 @@ class TorchInstrument:
         return [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
 
     def _pre_step(self, opt, args, kwargs) -> None:
-        self._site("step", _call_chain(3))  # this, guarded, torch's step wrapper, its caller
+        self._site("step")
         if opt is not self._last_opt and opt not in self._seen_optimizers:  # built before
             self._seen_optimizers.add(opt)  # this capture began
             self.keeper.on_optimizer(opt)
@@ -372,6 +391,7 @@ class TorchInstrument:
         self._step_norms = (_UNMEASURED, None)  # none kept from a step whose optimizer raised
         self._before = None
         norms = self._norm_every == 1 or n % self._norm_every == 0
+        self._rss_due = norms  # reading /proc right after a step costs ~40 us in cold caches
         hist = cfg.hist_every and n % cfg.hist_every == 0
         update = cfg.update_every and n % cfg.update_every == 0
         if not (norms or hist or update or not self._param_names):
@@ -388,7 +408,7 @@ class TorchInstrument:
         if hist and params:
             self._histograms(params)
         if update and params:
-            self._before = [p.detach().clone() for p in params]
+            self._before = _copy_weights(params)
             self._before_params = params
 
     def _grad_norms(self, params) -> tuple[float | None, tuple | None]:
@@ -417,9 +437,7 @@ class TorchInstrument:
         if plan is None:
             if len(self._plans) > 16:
                 self._plans.clear()
-            host = [i for i, p in enumerate(params) if p.grad.device.type == "cpu"
-                    and p.grad.layout == torch.strided
-                    and p.grad.dtype in (torch.float32, torch.float64)]
+            host = [i for i, p in enumerate(params) if _on_host(p.grad)]
             rest = sorted(set(range(len(params))) - set(host))
             modules = [self._param_modules.get(id(p)) or f"param{i}" for i, p in enumerate(params)]
             plan = self._plans[key] = (host, rest, modules)
@@ -460,15 +478,8 @@ class TorchInstrument:
         self._opt_steps += 1
         ratio = None
         if self._before is not None:
-            with torch.no_grad():
-                weights = torch._foreach_norm(self._before)
-                torch._foreach_sub_(self._before, [p.detach() for p in self._before_params])
-                norms = floats([*torch._foreach_norm(self._before), *weights])
-            half = len(norms) // 2
-            num = sum(n * n for n in norms[:half])  # the copy now holds -update
-            den = sum(n * n for n in norms[half:])
-            ratio = math.sqrt(num) / math.sqrt(den) if den > 0 else None
-            self._before = None
+            before, self._before = self._before, None
+            ratio = _update_ratio(before, self._before_params)
         losses = [v for v in self._pending_losses if v is not None]
         self._pending_losses = []
         loss = sum(losses) / len(losses) if losses else None
@@ -491,8 +502,10 @@ class TorchInstrument:
             cuda = (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())
             if self._gpu_util and self.rec.step % GPU_UTIL_EVERY == 0 and cuda[0]:
                 cuda += (self._read_gpu_util(),)  # a third value: utilisation was read
+        rss = rss_bytes() if self._rss_due else None
+        self._rss_due = True
         self._rows.append((self.rec.step, self.rec.epoch, loss, gn, parts, dt, self._data_wait,
-                           rss_bytes(), ratio, None if root is None else root.training, cuda))
+                           rss, ratio, None if root is None else root.training, cuda))
         self._data_wait = 0.0
         self.rec.step += 1
         if self._norm_auto and self.rec.step >= self._retune_at:
@@ -541,7 +554,9 @@ class TorchInstrument:
 
     def _write_row(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda) -> None:
         """One kept row as a ``step`` event."""
-        step = {"i": i, "ep": ep, "loss": _num(loss), "dt": dt, "dw": dw, "rss": rss}
+        step = {"i": i, "ep": ep, "loss": _num(loss), "dt": dt, "dw": dw}
+        if rss is not None:
+            step["rss"] = rss
         if gn is not _UNMEASURED:  # left out: not measured (norm_every); None: no gradient
             step["gn"] = _num(gn)
         if parts:
@@ -658,6 +673,47 @@ def _norms(grads: list, host: list[int], rest: list[int]) -> list[float]:
         for k, i in enumerate(rest):
             norms[i] = values[k]
     return norms
+
+
+def _on_host(t) -> bool:
+    """A dense float32/float64 CPU tensor: NumPy reads it through a view, without a kernel."""
+    return t.device.type == "cpu" and t.layout == torch.strided and \
+        t.dtype in (torch.float32, torch.float64)
+
+
+def _copy_weights(params: list) -> list:
+    """Copies of the weights before a step (for the update/weight ratio).
+
+    Host tensors are copied by NumPy (its buffers come from malloc and are reused, where a
+    tensor of a few MB is freshly mapped and page-faulted on every copy); others by torch.
+    """
+    return [p.detach().numpy().copy() if _on_host(p) else p.detach().clone() for p in params]
+
+
+def _update_ratio(before: list, params: list) -> float | None:
+    """||weights after - weights before|| / ||weights before|| over all parameters.
+
+    ``before`` is consumed (it ends up holding minus the update).
+    """
+    num = den = 0.0
+    rest = []
+    with np.errstate(all="ignore"):
+        for b, p in zip(before, params):
+            if isinstance(b, np.ndarray):
+                den += float(np.vdot(b, b))
+                np.subtract(b, p.detach().numpy(), out=b)
+                num += float(np.vdot(b, b))
+            else:
+                rest.append((b, p.detach()))
+    if rest:
+        with torch.no_grad():
+            b, a = [r[0] for r in rest], [r[1] for r in rest]
+            weights = floats(torch._foreach_norm(b))
+            torch._foreach_sub_(b, a)
+            updates = floats(torch._foreach_norm(b))
+        den += sum(w * w for w in weights)
+        num += sum(u * u for u in updates)
+    return math.sqrt(num) / math.sqrt(den) if den > 0 else None
 
 
 def _dense_values(grad):
