@@ -195,17 +195,19 @@ def test_an_optimizer_rebuilt_every_step_keeps_the_schedule():
     assert sorted({e["step"] for e in rec.events if e["t"] == "hist"}) == [0, 5, 10]
 
 
-@pytest.mark.parametrize("current, share, expected", [
-    (1, 0.025, 3),   # over budget: the smallest k within it
-    (4, 0.025, 4),   # 3 would be within budget, but only just: stays
-    (4, 0.015, 2),   # well within at 2
-    (3, 0.5, ti.NORM_MAX_EVERY),
-    (2, 0.001, 1)])
-def test_retuning_lowers_k_only_with_a_margin(current, share, expected):
+@pytest.mark.parametrize("current, budgets, expected", [
+    (1, 2.5, 3),   # over budget: the smallest k within it
+    (4, 2.5, 4),   # 3 would be within budget, but only just: stays
+    (4, 1.5, 2),   # well within at 2
+    (3, 50, ti.NORM_MAX_EVERY),
+    (2, 0.1, 1)])
+def test_retuning_lowers_k_only_with_a_margin(current, budgets, expected):
+    """``budgets``: what measuring the norms on one step costs, in units of the budget."""
     from model_debugger.capture.recorder import Recorder
 
     inst = ti.TorchInstrument(Recorder(None))
     inst._norm_every = current
+    share = budgets * ti.NORM_BUDGET
     inst._norm_cost = [share * 0.01, 1, 0.01, 1]  # one measured step, one 10 ms step
     inst._retune_norms()
     assert inst._norm_every == expected

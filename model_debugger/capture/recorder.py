@@ -45,9 +45,9 @@ class CaptureConfig:
         Parse printed ``name=value`` lines as metrics.
     norm_every : int
         PyTorch: measure gradient norms every this many optimizer steps. 0 (the default) is
-        automatic: every step, unless reading every gradient costs more than 1% of a step (a
+        automatic: every step, unless reading every gradient costs more than 0.5% of a step (a
         model that is large against its batch on CPU), then every k-th step, the smallest k
-        that keeps within 1%, at most 16 (a ``norm_every`` event says so). The first 32 steps
+        that keeps within 0.5%, at most 16 (a ``norm_every`` event says so). The first 32 steps
         are always measured, and every step when a gradient is not on the CPU. A step without
         a measurement has no ``gn`` and no ``rss`` (process memory is read on the same steps).
         Keras measures every step.

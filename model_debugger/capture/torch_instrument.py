@@ -30,7 +30,7 @@ from .torch_util import TimedIterator, floats, hyper, replay_first_nonfinite
 
 GPU_UTIL_EVERY = 10  # steps between GPU utilisation readings (an NVML query each)
 # automatic ``norm_every``: reading every gradient may cost this share of a step
-NORM_BUDGET = 0.01
+NORM_BUDGET = 0.005
 NORM_ALWAYS = 32  # the first steps always have norms (and time what they cost)
 NORM_RETUNE = 256  # steps between later re-evaluations of norm_every
 NORM_MAX_EVERY = 16
