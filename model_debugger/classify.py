@@ -46,6 +46,10 @@ def nonfinite(sig: dict):
     ev = [_ev(sig, "first_nonfinite_step", f"first non-finite {sig['nonfinite_what']}")]
     if where:
         ev.append(_ev(sig, "nonfinite_module", "first module where it appears"))
+    if "last_finite_grad_step" in sig:
+        ev.append(_ev(sig, "last_finite_grad_step", "the weights were already non-finite: an "
+                      "update after this step, the last whose gradients were measured finite, "
+                      "put them there"))
     return "gradient_instability", ev
 
 

@@ -102,6 +102,11 @@ def compute(run: Run) -> dict:
     if bad is not None:
         s["first_nonfinite_step"], s["nonfinite_what"] = bad["step"], bad["what"]
         s["nonfinite_module"] = bad.get("module")
+        if bad.get("in_weights"):  # an update put non-finite values in the weights
+            finite = [st["i"] for st in run.steps if st.get("i", -1) < bad["step"]
+                      and isinstance(st.get("gn"), (int, float)) and math.isfinite(st["gn"])]
+            if finite:  # the bad update came after this step's (norms every k-th step)
+                s["last_finite_grad_step"] = finite[-1]
     elif len(bad_idx):
         s["first_nonfinite_step"], s["nonfinite_what"] = bad_idx[0], "loss"
 

@@ -16,9 +16,10 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from model_debugger import capture  # noqa: E402
+from model_debugger import capture, signals  # noqa: E402
 from model_debugger.capture import CaptureConfig  # noqa: E402
 from model_debugger.capture import torch_instrument as ti  # noqa: E402
+from model_debugger.classify import classify  # noqa: E402
 from model_debugger.records import Run  # noqa: E402
 
 
@@ -106,6 +107,11 @@ def test_a_nan_gradient_on_an_unmeasured_step_is_still_found_with_its_module():
     assert len(bad) == 1 and bad[0]["module"] == "0"
     # step 5 is not measured: its update makes the weights NaN, and step 6's loss finds them
     assert (bad[0]["what"], bad[0]["step"], bad[0]["in_weights"]) == ("loss", 6, True)
+    # the classification says where the bad update came from: after step 4, the last measured
+    cls = classify(signals.compute(Run(events)))
+    assert cls.primary == "gradient_instability"
+    assert {(e.signal, e.value) for e in cls.evidence} >= {
+        ("first_nonfinite_step", 6), ("last_finite_grad_step", 4)}
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "2"])

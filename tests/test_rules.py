@@ -94,6 +94,22 @@ def test_nonfinite_loss_in_steps_fires_without_event(bad):
     assert sig["nonfinite_what"] == "loss"
 
 
+def test_nonfinite_from_weights_cites_the_last_finite_gradients():
+    """Norms every 4th step: a NaN loss from NaN weights points back to the last finite norms."""
+    steps = syn.healthy_steps(20)
+    for st in steps:
+        if st["i"] % 4:
+            del st["gn"]  # not measured (norm_every=4)
+    event = {**syn.nonfinite(14, "loss", "layers.0"), "in_weights": True}
+    sig, cls = fires(C.nonfinite, syn.make_run(steps, event), "gradient_instability",
+                     {"first_nonfinite_step", "nonfinite_module", "last_finite_grad_step"})
+    assert sig["last_finite_grad_step"] == 12
+    # a NaN loss from the forward pass (finite weights) says nothing of earlier updates
+    sig, _ = fires(C.nonfinite, syn.make_run(steps, syn.nonfinite(14, "loss", "layers.0")),
+                   "gradient_instability", {"first_nonfinite_step", "nonfinite_module"})
+    assert "last_finite_grad_step" not in sig
+
+
 def test_nonfinite_quiet_on_finite_run():
     sig, cls = quiet(C.nonfinite, syn.make_run(syn.healthy_steps(30)))
     assert "first_nonfinite_step" not in sig
