@@ -23,6 +23,9 @@ DEFINING: dict[str, tuple[tuple[str, int], ...]] = {
 _TEMPLATES = {
     "missing_zero_grad": "Call optimizer.zero_grad() once per step, before loss.backward(), so "
                          "gradients do not accumulate across steps.",
+    "optimizer_recreated": "Build the optimizer once, before the training loop, and reuse it "
+                           "for every step (its state, Adam's moments or SGD's momentum, "
+                           "must carry over from step to step).",
     "loss_output_mismatch": "Remove the Softmax/LogSoftmax (or sigmoid) before a loss that "
                             "expects raw logits (CrossEntropyLoss, BCEWithLogitsLoss), or switch "
                             "to the loss that matches the output (NLLLoss after LogSoftmax).",

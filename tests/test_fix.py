@@ -250,6 +250,7 @@ def test_resolved_with_a_remaining_problem_goes_back_to_isolate(tmp_path):
                                                                   "Softmax"),
     ("feature_scaling", "Standardise"), ("graph_retention", ".item()"),
     ("dataloader_throughput", "num_workers"), ("class_imbalance", "weight"),
+    ("optimizer_recreated", "once, before the training loop"),
 ])
 def test_suggested_fix_per_finding(check, words):
     f = _f(check, "data", safe_lr=0.0123, lr=1.0, num_workers=0)

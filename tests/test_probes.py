@@ -258,6 +258,32 @@ def train_without_zero_grad():
         optimizer.step()
 
 
+def train_rebuilding_optimizer():
+    torch.manual_seed(8)
+    X = torch.randn(640, 10)
+    y = X @ torch.randn(10, 1)
+    re_net = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 1))
+    for i in range(0, len(X), 32):
+        optimizer = torch.optim.Adam(re_net.parameters(), lr=0.01)  # <rebuilt-optimizer>
+        optimizer.zero_grad()
+        F.mse_loss(re_net(X[i:i + 32]), y[i:i + 32]).backward()
+        optimizer.step()
+
+
+def train_trials_each_with_its_optimizer():
+    """Three short trials (a learning-rate search), one optimizer each: nothing wrong."""
+    torch.manual_seed(8)
+    X = torch.randn(640, 10)
+    y = X @ torch.randn(10, 1)
+    for lr in (0.1, 0.01, 0.001):
+        trial_net = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 1))
+        optimizer = torch.optim.Adam(trial_net.parameters(), lr=lr)
+        for i in range(0, len(X), 32):
+            optimizer.zero_grad()
+            F.mse_loss(trial_net(X[i:i + 32]), y[i:i + 32]).backward()
+            optimizer.step()
+
+
 def train_detached():
     torch.manual_seed(9)
     X = torch.randn(512, 8)
@@ -444,6 +470,25 @@ def test_missing_zero_grad(tmp_path):
     f = confirmed_one(ctx, "missing_zero_grad", "training_loop")
     assert_at(f, "no-zero-grad")
     assert f.evidence["zero_grad_calls"] == 0 and f.evidence["steps"] == 20
+
+
+def test_optimizer_recreated_every_step(tmp_path):
+    ctx = captured(tmp_path, train_rebuilding_optimizer)
+    f = confirmed_one(ctx, "optimizer_recreated", "training_loop")
+    assert_at(f, "rebuilt-optimizer")
+    assert f.evidence["optimizers_built"] == f.evidence["optimizer_steps"] == 20
+    assert f.evidence["steps_per_optimizer"] == 1.0
+    # the record holds a few optimizer events, not one per step
+    assert len(ctx.run.of("optimizer")) == 3
+
+
+def test_optimizer_recreated_quiet_for_one_optimizer_per_trial(tmp_path):
+    ctx = captured(tmp_path, train_trials_each_with_its_optimizer)
+    assert (ctx.run.first("calls")["optimizers_built"], len(ctx.run.steps)) == (3, 60)
+    # this file's other loop, which rebuilds one every step, is at most a lint hypothesis here
+    findings = probe(ctx, "optimizer_recreated")
+    assert not [f for f in findings if f.confirmed]
+    assert all("20 steps each" in f.explanation for f in findings)
 
 
 def test_detached_output(tmp_path):

@@ -403,6 +403,52 @@ for x, y in loader:
 """)
 
 
+# --- optimizer_recreated --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("build", [
+    "opt = torch.optim.Adam(model.parameters(), lr=1e-3)",
+    "opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)",
+    "opt = AdamW(model.parameters())",
+])
+def test_optimizer_recreated_fires_in_the_stepping_loop(build):
+    assert_fires("""
+from torch import optim
+from torch.optim import AdamW
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+criterion = nn.CrossEntropyLoss()
+for epoch in range(3):
+    for x, y in loader:
+        """ + build + """  # <-
+        opt.zero_grad()
+        criterion(model(x), y).backward()
+        opt.step()
+""", "optimizer_recreated", "training_loop")
+
+
+@pytest.mark.parametrize("where", ["before", "per_epoch", "helper"])
+def test_optimizer_recreated_silent_outside_the_stepping_loop(where):
+    build = "opt = torch.optim.Adam(model.parameters(), lr=1e-3)"
+    head = build if where == "before" else ""
+    epoch = build if where == "per_epoch" else ""
+    assert_silent(f"""
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+criterion = nn.CrossEntropyLoss()
+scheduler = torch.optim.lr_scheduler.StepLR
+{head}
+def fit(lr):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return opt
+for epoch in range(3):
+    {epoch}
+    if {where == "helper"}:
+        opt = fit(0.1)
+    for x, y in loader:
+        opt.zero_grad()
+        criterion(model(x), y).backward()
+        opt.step()
+""")
+
+
 # --- eval_mode_not_reset --------------------------------------------------------------------------
 
 def test_eval_inside_training_loop_without_train():

@@ -36,6 +36,7 @@ NORM_RETUNE = 256  # steps between later re-evaluations of norm_every
 NORM_MAX_EVERY = 16
 _BACKWARD_MODE_AFTER = 64
 _UNMEASURED = "unmeasured"  # the gradient norm of a step that norm_every skipped
+_OPTIMIZER_EVENTS = 3  # ``optimizer`` events per line that builds one (a loop may build many)
 _HIST_SAMPLE = 1 << 16  # larger gradients are histogrammed on an evenly strided sample
 
 
@@ -88,6 +89,8 @@ class TorchInstrument:
         self._loader_refs: dict[int, weakref.ref] = {}
         self.keeper = Keeper()
         self._seen_optimizers: weakref.WeakSet = weakref.WeakSet()
+        self._optimizers_built = 0  # constructions seen during the capture
+        self._built_at: dict[tuple, int] = {}  # (file, line) -> optimizers built there
         self._last_loss_call = None
         self._replay = None
         self._in_weights = False
@@ -182,7 +185,8 @@ class TorchInstrument:
         self.losses.emit()
         if self._backwards or self._opt_steps:  # torch imported but not trained: say nothing
             self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
-                          backward=self._backwards, optimizer_steps=self._opt_steps)
+                          backward=self._backwards, optimizer_steps=self._opt_steps,
+                          optimizers_built=self._optimizers_built)
 
     # -- code references -------------------------------------------------------------------
     def _ref(self, kind: str, loc: dict | None, **extra) -> None:
@@ -361,11 +365,15 @@ class TorchInstrument:
 
     def _on_new_optimizer(self, opt) -> None:
         self._seen_optimizers.add(opt)
+        self._optimizers_built += 1
         self.keeper.on_optimizer(opt)
         loc = user_location(sys._getframe())
         self._ref("optimizer", loc, cls=type(opt).__name__)
-        self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
-                      location=loc)
+        where = (loc or {}).get("file"), (loc or {}).get("line")
+        built = self._built_at[where] = self._built_at.get(where, 0) + 1
+        if built <= _OPTIMIZER_EVENTS:  # one built every step: counted in ``calls`` instead
+            self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
+                          location=loc)
         if not self._param_names:
             params = [p for g in opt.param_groups for p in g["params"]]
             self._discover(sys._getframe(), params)

@@ -4,7 +4,8 @@ Pure syntax analysis; torch is never imported. Each hit names a probe id and a r
 (DESIGN.md) and the exact line to look at. Names are followed by a small, order-aware data flow
 inside each scope (the module body, each function body): enough for the scripts and notebook cells
 people write, not a type checker. Rules: ``missing_zero_grad``, ``graph_retention``,
-``eval_without_no_grad``, ``eval_mode_not_reset``, ``detached_output`` (all ``training_loop``)
+``eval_without_no_grad``, ``eval_mode_not_reset``, ``detached_output``,
+``optimizer_recreated`` (all ``training_loop``)
 and ``loss_output_mismatch`` (``architecture``). The vocabulary, AST helpers and file-wide facts
 live in :mod:`._torch_ast`, the per-scope data flow in :mod:`._torch_flow`; the loop-body rules
 and the public API (``LintHit``, ``lint_source``, ``lint_file``) are here.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from ._torch_ast import (
     _LOOPS,
+    _OPTIMS,
     _const_false,
     _dotted,
     _Facts,
@@ -55,13 +57,34 @@ class LintHit:
     message: str
 
 
+def _builds_optimizer(call: ast.Call) -> bool:
+    """``torch.optim.Adam(...)``, ``optim.SGD(...)``, ``AdamW(...)``: a new optimizer."""
+    t, mods = _tail(call) or "", (_dotted(call.func) or "").split(".")[:-1]
+    return t in _OPTIMS or (mods[-1:] == ["optim"] and t[:1].isupper())
+
+
+def _own_level(loop, inner: list) -> list:
+    """The nodes of ``inner`` (all of ``loop``) outside the loops nested in it."""
+    nested = {id(n) for m in inner if isinstance(m, _LOOPS) and m is not loop for n in _nodes(m)}
+    return [n for n in inner if id(n) not in nested]
+
+
 def _loop_rules(tree: ast.Module, facts: _Facts) -> list[tuple]:
-    """``missing_zero_grad`` and ``eval_mode_not_reset``: properties of one loop body."""
+    """``missing_zero_grad``, ``eval_mode_not_reset``, ``optimizer_recreated``: loop bodies."""
     out = []
     for loop in ast.walk(tree):
         if not isinstance(loop, _LOOPS):
             continue
         inner = _nodes(loop)
+        own = _own_level(loop, inner)
+        built = [n for n in own if isinstance(n, ast.Call) and _builds_optimizer(n)]
+        if built and any(_is_backward(n) for n in own):  # in the loop that steps, not an outer one
+            out.append(("optimizer_recreated", "training_loop", _line(built[0]), (
+                f"`{ast.unparse(built[0].func)}(...)` builds a new optimizer on every pass of "
+                "the loop that calls backward(): each one starts with empty state (Adam's "
+                "moment estimates, SGD's momentum buffer), so every update is a first step: "
+                "Adam moves each weight by about the learning rate in the sign of its gradient, "
+                "and momentum never builds up. Build the optimizer once, before the loop.")))
         calls = sorted((n for n in inner if isinstance(n, ast.Call)), key=_pos)
         backs = [c for c in calls if _is_backward(c)]
         if not backs:

@@ -21,6 +21,7 @@ from . import (  # noqa: F401 - registration side effects
     loss_output_mismatch,
     lr_range,
     missing_zero_grad,
+    optimizer_recreated,
     overfit_small_batch,
     seed_variance,
 )
