@@ -65,12 +65,21 @@ def _per_epoch_train_loss(run: Run) -> np.ndarray:
 
 
 def _fit(y: np.ndarray, x: np.ndarray | None = None) -> tuple[float, float]:
-    """Least-squares slope per step and R^2 of a line through ``y`` (at steps ``x``)."""
-    x = np.arange(len(y), dtype=float) if x is None else np.asarray(x, dtype=float)
-    slope, intercept = np.polyfit(x, y, 1)
+    """Least-squares slope per step and R^2 of a line through ``y`` (read at steps ``x``).
+
+    Readings at uneven steps (every step at first, then every k-th) are weighted by the steps
+    each one stands for, as if every step had been read.
+    """
+    if x is None:
+        x = np.arange(len(y), dtype=float)
+    x = np.asarray(x, dtype=float)
+    gaps = np.diff(x)
+    w = np.append(gaps, np.median(gaps)) if len(gaps) else np.ones(1)
+    slope, intercept = np.polyfit(x, y, 1, w=np.sqrt(w))  # weights the squared residuals by w
     resid = y - (slope * x + intercept)
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 0.0
+    mean = float((w * y).sum() / w.sum())
+    ss_tot = float((w * (y - mean) ** 2).sum())
+    r2 = 1.0 - float((w * resid ** 2).sum()) / ss_tot if ss_tot > 0 else 0.0
     return float(slope), r2
 
 
@@ -129,8 +138,8 @@ def compute(run: Run) -> dict:
 
     rss = run.series("rss")
     at = np.flatnonzero(np.isfinite(rss))  # PyTorch reads it on the steps norms are measured
-    if len(at) >= 20:
-        at = at[len(at) // 10:]
+    at = at[at >= len(rss) // 10]  # after the warm-up: the first 10% of the steps
+    if len(rss) >= 20 and len(at) >= 8:
         body = rss[at]
         slope, r2 = _fit(body / 2**20, at)
         s["rss_start_mb"], s["rss_end_mb"] = float(body[0] / 2**20), float(body[-1] / 2**20)

@@ -192,12 +192,15 @@ def test_each_training_loop_gets_its_own_lines():
                                    ("step", line_of("loop2-step"))])
 
 
-
-def test_lines_of_steps_a_library_makes():
-    """GradScaler calls ``optimizer.step()`` two frames below the user: each user line counts."""
+@pytest.mark.parametrize("scheduler", [False, True])
+def test_lines_of_steps_a_library_makes(scheduler):
+    """GradScaler calls ``optimizer.step()`` two frames below the user (four with a scheduler,
+    which wraps ``step``): each user line counts."""
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if scheduler:
+        torch.optim.lr_scheduler.StepLR(opt, step_size=2)
     scaler = torch.amp.GradScaler("cpu")
     x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
 
@@ -220,6 +223,80 @@ def test_lines_of_steps_a_library_makes():
     assert sorted(refs) == sorted([("backward", line_of("helper-backward")),
                                    ("step", line_of("scaler-step-1")),
                                    ("step", line_of("scaler-step-2"))])
+
+
+def test_a_subclass_step_calling_super_is_one_step():
+    """Both ``Sub.step`` and ``SGD.step`` carry torch's step hooks: one step, measured once."""
+
+    class Clipped(torch.optim.SGD):
+        def step(self, closure=None):
+            torch.nn.utils.clip_grad_norm_(self.param_groups[0]["params"], 0.5)
+            return super().step(closure)
+
+    torch.manual_seed(0)
+    model = Net()
+    torch.optim.SGD(model.parameters())  # SGD.step is hooked from now on
+    opt = Clipped(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    losses, norms = [], []
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(4):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            losses.append(loss.item())
+            norms.append(math.sqrt(sum(float(p.grad.norm()) ** 2 for p in model.parameters())))
+            opt.step()
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert [s["loss"] for s in steps] == pytest.approx(losses)
+    assert [s["gn"] for s in steps] == pytest.approx(norms, rel=1e-5)  # before clipping
+    assert [e["optimizer_steps"] for e in rec.events if e["t"] == "calls"] == [4]
+
+
+def test_backward_called_with_keywords():
+    """``torch.autograd.backward(tensors=loss)`` trains, and its loss is recorded."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    losses = []
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            torch.autograd.backward(tensors=loss)
+            losses.append(loss.item())
+            opt.step()
+    steps = [e for e in rec.events if e["t"] == "step"]
+    assert [s["loss"] for s in steps] == pytest.approx(losses)
+    assert all(s["gn"] > 0 for s in steps)
+
+
+def test_weights_replaced_by_the_step_lose_only_the_update_ratio():
+    """An optimizer that swaps a weight for a bfloat16 copy: the step row is still written."""
+
+    class Swapping(torch.optim.SGD):
+        def step(self, closure=None):
+            super().step(closure)
+            p = self.param_groups[0]["params"][0]
+            p.data = p.data.to(torch.bfloat16).float() if p.dtype == torch.bfloat16 \
+                else p.data.to(torch.bfloat16)
+
+    torch.manual_seed(0)
+    model = Net()
+    torch.optim.SGD(model.parameters())  # SGD.step is hooked from now on, as is Swapping.step
+    opt = Swapping(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    with capture(update_every=1, hist_every=0) as rec:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    [step] = [e for e in rec.events if e["t"] == "step"]
+    assert step["loss"] == pytest.approx(loss.item()) and step["gn"] > 0
+    assert "ur" not in step
+    assert not [e for e in rec.events if e["t"] == "internal_error"]
+
 
 def test_update_ratio_over_host_and_other_weights():
     """float32 weights are copied by NumPy, bfloat16 ones by torch: one ratio over all of them."""

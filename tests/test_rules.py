@@ -242,6 +242,36 @@ def test_memory_growth_per_step_when_read_every_kth_step():
     assert sig["rss_growth_r2"] == pytest.approx(1.0, abs=1e-6)
 
 
+def test_memory_growth_from_a_short_run_read_every_16th_step():
+    """capture(norm_every=16) on 200 steps: 13 readings still make a trend."""
+    n = 200
+    rss = (500.0 + 1.5 * C.RSS_GROWTH_MB * np.arange(n) / n) * syn.MB
+    rss[np.arange(n) % 16 != 0] = np.nan
+    sig, _ = fires(C.memory_growth, syn.make_run(syn.healthy_steps(n, rss=rss)), "memory_issue",
+                   {"rss_growth_mb", "rss_slope_mb_per_step", "rss_growth_r2"})
+    assert sig["rss_slope_mb_per_step"] == pytest.approx(1.5 * C.RSS_GROWTH_MB / n, rel=1e-6)
+
+
+def test_memory_growth_judged_alike_read_every_step_or_thinned():
+    """Memory that rises for a while, then stays flat (a cache filling up), is not a leak.
+
+    Read every step, or every step for 32 steps and every 16th after (automatic norm_every):
+    the dense start must not weigh more than the steps it stands for.
+    """
+    n = 480
+    i = np.arange(n)
+    dense = (500.0 + 1.5 * C.RSS_GROWTH_MB * np.minimum(i, 0.4 * n) / (0.4 * n)) * syn.MB
+    thin = np.where((i < 32) | (i % 16 == 0), dense, np.nan)
+    got = {}
+    for name, rss in (("dense", dense), ("thin", thin)):
+        sig, cls = quiet(C.memory_growth, syn.make_run(syn.healthy_steps(n, rss=rss)))
+        assert sig["rss_growth_mb"] >= C.RSS_GROWTH_MB  # it did grow, but not steadily
+        got[name] = sig
+    assert got["thin"]["rss_growth_r2"] == pytest.approx(got["dense"]["rss_growth_r2"], abs=0.05)
+    assert got["thin"]["rss_slope_mb_per_step"] == pytest.approx(
+        got["dense"]["rss_slope_mb_per_step"], rel=0.1)
+
+
 def test_memory_growth_quiet_when_growth_is_not_steady():
     sig, cls = quiet(C.memory_growth,
                      _rss_run(1.5 * C.RSS_GROWTH_MB, noise_mb=3 * C.RSS_GROWTH_MB))

@@ -425,28 +425,46 @@ for epoch in range(3):
 """, "optimizer_recreated", "training_loop")
 
 
-@pytest.mark.parametrize("where", ["before", "per_epoch", "helper"])
-def test_optimizer_recreated_silent_outside_the_stepping_loop(where):
-    build = "opt = torch.optim.Adam(model.parameters(), lr=1e-3)"
-    head = build if where == "before" else ""
-    epoch = build if where == "per_epoch" else ""
-    assert_silent(f"""
-model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-criterion = nn.CrossEntropyLoss()
-scheduler = torch.optim.lr_scheduler.StepLR
-{head}
-def fit(lr):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    return opt
+@pytest.mark.parametrize("body", [
+    # built once, before the loop
+    """opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 for epoch in range(3):
-    {epoch}
-    if {where == "helper"}:
-        opt = fit(0.1)
     for x, y in loader:
         opt.zero_grad()
         criterion(model(x), y).backward()
-        opt.step()
-""")
+        opt.step()""",
+    # once per epoch, outside the loop that steps (a restart per epoch, not per step)
+    """for epoch in range(3):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for x, y in loader:
+        opt.zero_grad()
+        criterion(model(x), y).backward()
+        opt.step()""",
+    # switching optimizer at one step, on a condition
+    """opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for step, (x, y) in enumerate(loader):
+    if step == 1000:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    opt.zero_grad()
+    criterion(model(x), y).backward()
+    opt.step()""",
+    # an adversarial perturbation's own optimizer, new for every batch
+    """opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for x, y in loader:
+    delta = torch.zeros_like(x, requires_grad=True)
+    attack = torch.optim.SGD([delta], lr=0.01)
+    attack.zero_grad()
+    (-criterion(model(x + delta), y)).backward()
+    attack.step()
+    opt.zero_grad()
+    criterion(model(x + delta.detach()), y).backward()
+    opt.step()""",
+])
+def test_optimizer_recreated_silent_unless_built_on_every_step(body):
+    assert_silent("""
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+criterion = nn.CrossEntropyLoss()
+""" + body + "\n")
 
 
 # --- eval_mode_not_reset --------------------------------------------------------------------------

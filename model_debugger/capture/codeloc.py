@@ -17,7 +17,8 @@ from types import FrameType, TracebackType
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _EXAMPLES = os.path.join(_PKG_DIR, "examples") + os.sep  # bundled user scripts
 _STDLIB = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
-_FRAMEWORKS = ("torch", "tensorflow", "keras", "tensorboard", "numpy", "IPython", "ipykernel")
+_FRAMEWORKS = ("torch", "tensorflow", "keras", "tensorboard", "numpy", "IPython", "ipykernel",
+               "accelerate", "lightning", "pytorch_lightning", "transformers")
 _framework_dirs: dict[str, str] = {}
 
 

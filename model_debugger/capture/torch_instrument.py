@@ -41,16 +41,18 @@ _HIST_SAMPLE = 1 << 16  # larger gradients are histogrammed on an evenly strided
 
 
 def _call_chain(frame) -> tuple:
-    """A cheap key of where a call came from: code and instruction of three frames up from ``frame``.
+    """A cheap key of a library's call: code and instruction of each frame up to the user's.
 
-    Looking up the user's line walks the whole stack and, right after a training step, costs
-    tens of microseconds in cold CPU caches; it is done once per distinct key instead.
+    At most 8 frames (GradScaler.step inside a scheduler's wrapper is 4 deep). A code object's
+    own hash reads its bytecode: frames are keyed by its id.
     """
     key: tuple = ()
-    for _ in range(3):
+    for _ in range(8):
         if frame is None:
             break
-        key += (id(frame.f_code), frame.f_lasti)  # a code object's own hash reads its bytecode
+        key += (id(frame.f_code), frame.f_lasti)
+        if is_user_file(frame.f_code.co_filename):  # cached per file name
+            break
         frame = frame.f_back
     return key
 
@@ -90,6 +92,7 @@ class TorchInstrument:
         self.keeper = Keeper()
         self._seen_optimizers: weakref.WeakSet = weakref.WeakSet()
         self._optimizers_built = 0  # constructions seen during the capture
+        self._nest: list | None = None  # [optimizer, backward() count, step() depth]
         self._built_at: dict[tuple, int] = {}  # (file, line) -> optimizers built there
         self._last_loss_call = None
         self._replay = None
@@ -184,9 +187,12 @@ class TorchInstrument:
         self.losses.flush_eval()
         self.losses.emit()
         if self._backwards or self._opt_steps:  # torch imported but not trained: say nothing
+            most = max(self._built_at.items(), key=lambda kv: kv[1], default=(None, 0))
+            built_at = {"file": most[0][0], "line": most[0][1]} if most[1] > 1 and \
+                most[0][0] else None  # the line that built the most optimizers
             self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
                           backward=self._backwards, optimizer_steps=self._opt_steps,
-                          optimizers_built=self._optimizers_built)
+                          optimizers_built=self._optimizers_built, most_built_at=built_at)
 
     # -- code references -------------------------------------------------------------------
     def _ref(self, kind: str, loc: dict | None, **extra) -> None:
@@ -204,7 +210,7 @@ class TorchInstrument:
         framework's wrapper). When the calling frame is the user's own code, its code object
         and instruction identify the call site: one dictionary lookup a step. When a library
         made the call (GradScaler, a scheduler's wrapper, Accelerate), the user's line is
-        further up and the key is the chain of three frames.
+        further up and the key is the chain of frames up to it.
         """
         frame = sys._getframe(4)
         key = (kind, id(frame.f_code), frame.f_lasti)
@@ -227,14 +233,16 @@ class TorchInstrument:
     def _wrap_backward(self, original, is_method: bool):
         inst = self
 
-        def backward(tensor, *args, **kwargs):
+        def backward(*args, **kwargs):
+            # the tensor: self of Tensor.backward, or autograd.backward's ``tensors``
+            tensor = args[0] if args else kwargs.get("tensors")
             # Tensor.backward calls torch.autograd.backward: observe the outer call only.
             if inst._in_backward or not (is_method or isinstance(tensor, torch.Tensor)):
-                return original(tensor, *args, **kwargs)
+                return original(*args, **kwargs)
             inst._in_backward = True
             try:
                 inst._guarded_before_backward(tensor)
-                return original(tensor, *args, **kwargs)
+                return original(*args, **kwargs)
             finally:
                 inst._in_backward = False
 
@@ -382,6 +390,11 @@ class TorchInstrument:
         return [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
 
     def _pre_step(self, opt, args, kwargs) -> None:
+        nest = self._nest
+        if nest is not None and nest[0] is opt and nest[1] == self._backwards:
+            nest[2] += 1  # a subclass's step() calling super().step(): both are hooked
+            return
+        self._nest = [opt, self._backwards, 1]  # a step that raised leaves a stale one: fine
         self._site("step")
         if opt is not self._last_opt and opt not in self._seen_optimizers:  # built before
             self._seen_optimizers.add(opt)  # this capture began
@@ -482,12 +495,20 @@ class TorchInstrument:
                           numel=int(numel), stride=stride, **extra)
 
     def _post_step(self, opt, args, kwargs) -> None:
+        nest = self._nest
+        if nest is not None and nest[0] is opt and nest[2] > 1:
+            nest[2] -= 1  # the inner step() of a subclass: the outer one is the step
+            return
+        self._nest = None
         self._mode = "optimizer"
         self._opt_steps += 1
         ratio = None
         if self._before is not None:
             before, self._before = self._before, None
-            ratio = _update_ratio(before, self._before_params)
+            try:
+                ratio = _update_ratio(before, self._before_params)
+            except (TypeError, ValueError, RuntimeError):  # weights replaced by the step
+                ratio = None
         losses = [v for v in self._pending_losses if v is not None]
         self._pending_losses = []
         loss = sum(losses) / len(losses) if losses else None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ._torch_ast import (
     _LOOPS,
     _OPTIMS,
+    _TRY,
     _const_false,
     _dotted,
     _Facts,
@@ -58,9 +59,28 @@ class LintHit:
 
 
 def _builds_optimizer(call: ast.Call) -> bool:
-    """``torch.optim.Adam(...)``, ``optim.SGD(...)``, ``AdamW(...)``: a new optimizer."""
+    """``torch.optim.Adam(model.parameters())``, ``optim.SGD(params)``: a new optimizer.
+
+    Not over a list written in place (``SGD([delta])``: an adversarial perturbation's own
+    optimizer, new for every batch on purpose).
+    """
     t, mods = _tail(call) or "", (_dotted(call.func) or "").split(".")[:-1]
-    return t in _OPTIMS or (mods[-1:] == ["optim"] and t[:1].isupper())
+    if not (t in _OPTIMS or (mods[-1:] == ["optim"] and t[:1].isupper())):
+        return False
+    params = call.args[0] if call.args else next(
+        (k.value for k in call.keywords if k.arg == "params"), None)
+    return not isinstance(params, (ast.List, ast.Tuple, ast.Set))
+
+
+def _every_pass(loop, inner: list) -> list:
+    """The nodes of ``inner`` (all of ``loop``) that run on every pass of ``loop`` itself.
+
+    Not those in loops nested in it, nor those under an ``if`` or ``try`` (switching optimizer
+    at step 1000 is deliberate).
+    """
+    skip = {id(n) for m in inner if m is not loop and isinstance(m, (*_LOOPS, ast.If, *_TRY))
+            for n in _nodes(m)}
+    return [n for n in inner if id(n) not in skip]
 
 
 def _own_level(loop, inner: list) -> list:
@@ -76,9 +96,9 @@ def _loop_rules(tree: ast.Module, facts: _Facts) -> list[tuple]:
         if not isinstance(loop, _LOOPS):
             continue
         inner = _nodes(loop)
-        own = _own_level(loop, inner)
-        built = [n for n in own if isinstance(n, ast.Call) and _builds_optimizer(n)]
-        if built and any(_is_backward(n) for n in own):  # in the loop that steps, not an outer one
+        built = [n for n in _every_pass(loop, inner)
+                 if isinstance(n, ast.Call) and _builds_optimizer(n)]
+        if built and any(_is_backward(n) for n in _own_level(loop, inner)):  # the stepping loop
             out.append(("optimizer_recreated", "training_loop", _line(built[0]), (
                 f"`{ast.unparse(built[0].func)}(...)` builds a new optimizer on every pass of "
                 "the loop that calls backward(): each one starts with empty state (Adam's "

@@ -19,27 +19,29 @@ class OptimizerRecreated(Probe):
         hits = lint_hits(ctx, "optimizer_recreated")
         calls = ctx.run.first("calls") or {}
         built, steps = calls.get("optimizers_built"), calls.get("optimizer_steps") or 0
-        measured = built is not None and built >= MIN_BUILT and steps > 0
-        if not hits and not measured:
+        counted = built is not None and steps > 0
+        if not hits and not counted:
             return []
-        where = loc(hits[0]) if hits else ctx.ref("optimizer")
-        if measured:
-            each = steps / built
-            if each <= MAX_STEPS_EACH:
-                return [self.finding(
-                    "training_loop", True,
-                    f"{built} optimizers were built for {steps} optimizer steps ({each:.1f} "
-                    "steps each): every one starts with empty state (Adam's moment estimates, "
-                    "SGD's momentum buffer), so every update is a first step. Adam then moves "
-                    "each weight by about the learning rate in the sign of its gradient, whatever "
-                    "its size, and momentum never builds up. Build the optimizer once, before "
-                    "the loop.", where, optimizers_built=built, optimizer_steps=steps,
-                    steps_per_optimizer=round(each, 2), strength=0.9)]
-            if not hits:
-                return []  # restarts every many steps (new trials, warm restarts): deliberate
+        hinted = loc(hits[0]) if hits else None
+        if not counted:
+            return [self.finding("training_loop", False, hits[0].message + " (optimizer "
+                                 "constructions were not counted in this run)", hinted,
+                                 strength=0.4)]
+        each = steps / max(built, 1)
+        if built >= MIN_BUILT and each <= MAX_STEPS_EACH:
             return [self.finding(
-                "training_loop", False, hits[0].message + f" In this run, though, {built} "
-                f"optimizers took {steps} steps ({each:.0f} steps each): not rebuilt every step.",
-                where, optimizers_built=built, optimizer_steps=steps, strength=0.2)]
-        return [self.finding("training_loop", False, hits[0].message + " (optimizer "
-                             "constructions were not counted in this run)", where, strength=0.4)]
+                "training_loop", True,
+                f"{built} optimizers were built for {steps} optimizer steps ({each:.1f} "
+                "steps each): every one starts with empty state (Adam's moment estimates, "
+                "SGD's momentum buffer), so every update is a first step. Adam then moves "
+                "each weight by about the learning rate in the sign of its gradient, whatever "
+                "its size, and momentum never builds up. Build the optimizer once, before "
+                "the loop.", calls.get("most_built_at") or hinted or ctx.ref("optimizer"),
+                optimizers_built=built, optimizer_steps=steps,
+                steps_per_optimizer=round(each, 2), strength=0.9)]
+        if not hits:
+            return []  # one optimizer, or a new one every many steps (trials, restarts)
+        return [self.finding(
+            "training_loop", False, hits[0].message + f" In this run, though, {built} "
+            f"optimizer(s) took {steps} steps ({each:.0f} steps each): not rebuilt every step.",
+            hinted, optimizers_built=built, optimizer_steps=steps, strength=0.2)]
