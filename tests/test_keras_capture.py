@@ -275,3 +275,19 @@ def test_instrument_attaches_when_the_script_imports_keras(first, tmp_path):
     run = Run.load(str(record))
     assert len(run.steps) == 4 and run.refs()["fit"]["line"] == 6
     assert run.of("targets")[-1]["loss"] == "mse_loss"
+
+
+def test_pytorch_training_with_tensorflow_imported_has_one_calls_event():
+    """TensorFlow imported but not trained with: only PyTorch's counts are in the record."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(3):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    calls = [e for e in rec.events if e["t"] == "calls"]
+    assert [(c["optimizer_steps"], c["zero_grad"]) for c in calls] == [(3, 3)]

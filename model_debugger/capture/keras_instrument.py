@@ -151,7 +151,8 @@ class KerasInstrument(FitHooks, LoopHooks):
             self._pending = None
             self._emit_from_vec(vec, layout)
         self._emit_targets()
-        self.rec.emit("calls", optimizer_steps=self._steps, backward=self._steps)
+        if self._steps:  # imported but not trained with (PyTorch did the training): say nothing
+            self.rec.emit("calls", optimizer_steps=self._steps, backward=self._steps)
 
     def _emit_targets(self) -> None:
         data = self.labels.event()
