@@ -72,21 +72,17 @@ def _builds_optimizer(call: ast.Call) -> bool:
     return not isinstance(params, (ast.List, ast.Tuple, ast.Set))
 
 
-def _every_pass(loop, inner: list) -> list:
-    """The nodes of ``inner`` (all of ``loop``) that run on every pass of ``loop`` itself.
-
-    Not those in loops nested in it, nor those under an ``if`` or ``try`` (switching optimizer
-    at step 1000 is deliberate).
-    """
-    skip = {id(n) for m in inner if m is not loop and isinstance(m, (*_LOOPS, ast.If, *_TRY))
-            for n in _nodes(m)}
+def _outside(loop, inner: list, kinds: tuple) -> list:
+    """The nodes of ``inner`` (all of ``loop``) not under a node of ``kinds`` nested in it."""
+    skip = {id(n) for m in inner if m is not loop and isinstance(m, kinds) for n in _nodes(m)}
     return [n for n in inner if id(n) not in skip]
 
 
-def _own_level(loop, inner: list) -> list:
-    """The nodes of ``inner`` (all of ``loop``) outside the loops nested in it."""
-    nested = {id(n) for m in inner if isinstance(m, _LOOPS) and m is not loop for n in _nodes(m)}
-    return [n for n in inner if id(n) not in nested]
+# why an optimizer built on every step hurts (the lint rule and the probe's finding)
+RESTART = ("every one starts with empty state (Adam's moment estimates, SGD's momentum "
+           "buffer), so every update is a first step: Adam moves each weight by about the "
+           "learning rate in the sign of its gradient, and momentum never builds up. Build the "
+           "optimizer once, before the loop.")
 
 
 def _loop_rules(tree: ast.Module, facts: _Facts) -> list[tuple]:
@@ -96,15 +92,14 @@ def _loop_rules(tree: ast.Module, facts: _Facts) -> list[tuple]:
         if not isinstance(loop, _LOOPS):
             continue
         inner = _nodes(loop)
-        built = [n for n in _every_pass(loop, inner)
+        # built on every pass (not in a nested loop, nor under an if/try: switching optimizer
+        # at step 1000 is deliberate) of the loop that calls backward() itself
+        built = [n for n in _outside(loop, inner, (*_LOOPS, ast.If, *_TRY))
                  if isinstance(n, ast.Call) and _builds_optimizer(n)]
-        if built and any(_is_backward(n) for n in _own_level(loop, inner)):  # the stepping loop
-            out.append(("optimizer_recreated", "training_loop", _line(built[0]), (
-                f"`{ast.unparse(built[0].func)}(...)` builds a new optimizer on every pass of "
-                "the loop that calls backward(): each one starts with empty state (Adam's "
-                "moment estimates, SGD's momentum buffer), so every update is a first step: "
-                "Adam moves each weight by about the learning rate in the sign of its gradient, "
-                "and momentum never builds up. Build the optimizer once, before the loop.")))
+        if built and any(_is_backward(n) for n in _outside(loop, inner, _LOOPS)):
+            out.append(("optimizer_recreated", "training_loop", _line(built[0]),
+                        f"`{ast.unparse(built[0].func)}(...)` builds a new optimizer on every "
+                        f"pass of the loop that calls backward(): {RESTART}"))
         calls = sorted((n for n in inner if isinstance(n, ast.Call)), key=_pos)
         backs = [c for c in calls if _is_backward(c)]
         if not backs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..pitfalls.torch_lint import RESTART
 from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
 
@@ -32,11 +33,8 @@ class OptimizerRecreated(Probe):
             return [self.finding(
                 "training_loop", True,
                 f"{built} optimizers were built for {steps} optimizer steps ({each:.1f} "
-                "steps each): every one starts with empty state (Adam's moment estimates, "
-                "SGD's momentum buffer), so every update is a first step. Adam then moves "
-                "each weight by about the learning rate in the sign of its gradient, whatever "
-                "its size, and momentum never builds up. Build the optimizer once, before "
-                "the loop.", calls.get("most_built_at") or hinted or ctx.ref("optimizer"),
+                f"steps each): {RESTART}",
+                calls.get("most_built_at") or hinted or ctx.ref("optimizer"),
                 optimizers_built=built, optimizer_steps=steps,
                 steps_per_optimizer=round(each, 2), strength=0.9)]
         if not hits:
