@@ -1,8 +1,13 @@
 """``label_alignment``: do the labels carry information about the inputs?
 
-A fresh copy of the model is trained on real labels and on shuffled labels; on held-out rows, real
+Fresh copies of the model are trained on real labels and on shuffled labels; on held-out rows, real
 labels must do clearly better. No difference means X and y are not aligned (a sort or merge that
 moved one without the other) or the labels are noise.
+
+One train/held-out split is noisy: with uninformative labels, which rows land where and how far
+each copy overfits move the real/shuffled ratio by a few percent either way. So the verdict uses
+every row once as held-out (3-fold cross-validation) and two shuffles. One fold is tried first:
+labels that clearly help there end the probe early, so a healthy run pays for two fits only.
 """
 
 from __future__ import annotations
@@ -11,10 +16,15 @@ import math
 
 from .base import Probe, ProbeContext, register
 
-ROWS = 768
+ROWS = 1536
 STEPS = 150
+FOLDS = 3
+CHECKS = 10    # held-out loss read 10 times per fit; the best counts (overfitting adds noise)
+SHUFFLES = 2
 MARGIN = 0.97  # real held-out loss must be below 97% of the shuffled one
-FAILED = 1.5   # held-out loss above 1.5x the constant predictor's: training failed, no verdict
+CLEAR = 0.9    # ... and below 90% on the first fold is clear enough to stop there
+UNTRAINED = 1.1  # best held-out loss above 1.1x the constant predictor's: the copies did not
+                 # learn even the label prior (too few steps for this data, or diverged): no verdict
 
 
 def constant_loss(name: str, target) -> float | None:
@@ -44,15 +54,6 @@ class LabelAlignment(Probe):
     needs_live = True
     frameworks = ("torch",)
 
-    def _holdout_loss(self, tr, inputs, target, train_idx, test_idx, seed, steps) -> float:
-        import torch
-
-        model = tr.fresh_model()
-        tr.fit(model, tuple(x[train_idx] for x in inputs), target[train_idx], steps, lr=1e-3,
-               seed=seed, opt_cls=torch.optim.Adam)
-        fit = tr.evaluate(model, tuple(x[train_idx] for x in inputs), target[train_idx])
-        return tr.evaluate(model, tuple(x[test_idx] for x in inputs), target[test_idx]), fit
-
     def run(self, ctx: ProbeContext):
         import torch
 
@@ -61,26 +62,50 @@ class LabelAlignment(Probe):
             return []
         n = min(ROWS, tr.n)
         g = torch.Generator().manual_seed(0)
-        perm = torch.randperm(tr.n, generator=g)[:n]
-        inputs, target = tr.subset(perm)
-        cut = int(0.7 * n)
-        train_idx, test_idx = torch.arange(cut), torch.arange(cut, n)
-        steps = tr.steps_within(STEPS, floor=60, seconds=min(3.0, ctx.time_left() / 8))
-        real, fit = self._holdout_loss(tr, inputs, target, train_idx, test_idx, 0, steps)
-        shuffled_target = target[torch.randperm(n, generator=g)]
-        shuffled, _ = self._holdout_loss(tr, inputs, shuffled_target, train_idx, test_idx, 0,
-                                         steps)
-        if real < MARGIN * shuffled:
+        inputs, target = tr.subset(torch.randperm(tr.n, generator=g)[:n])
+        folds = torch.arange(n).chunk(FOLDS)
+        steps = tr.steps_within(STEPS, floor=60, seconds=min(2.0, ctx.time_left() / 20))
+        targets = [target] + [target[torch.randperm(n, generator=g)] for _ in range(SHUFFLES)]
+
+        def heldout(labels, k: int) -> tuple[float, float]:
+            """(best held-out loss, final training-fit loss) of a copy trained off fold ``k``."""
+            test = folds[k]
+            train = torch.cat([f for j, f in enumerate(folds) if j != k])
+            held = []
+            model = tr.fresh_model()
+            tr.fit(model, tuple(x[train] for x in inputs), labels[train], steps, lr=1e-3,
+                   seed=k, opt_cls=torch.optim.Adam, every=max(steps // CHECKS, 1),
+                   check=lambda m: held.append(
+                       tr.evaluate(m, tuple(x[test] for x in inputs), labels[test])))
+            best = min(held, default=math.inf)
+            return best, tr.evaluate(model, tuple(x[train] for x in inputs), labels[train])
+
+        done = {(i, 0): heldout(targets[i], 0) for i in (0, 1)}
+        if done[0, 0][0] < CLEAR * done[1, 0][0]:
+            return []  # the labels clearly help on the first fold
+        for k in range(FOLDS):
+            for i, labels in enumerate(targets):
+                if (i, k) not in done:
+                    done[i, k] = heldout(labels, k)
+
+        def pooled(i: int, which: int = 0) -> float:
+            return sum(done[i, k][which] * len(f) for k, f in enumerate(folds)) / n
+
+        real, shuffled = pooled(0), [pooled(i) for i in range(1, len(targets))]
+        mean_shuffled = sum(shuffled) / len(shuffled)
+        if real < MARGIN * mean_shuffled:
             return []
-        base = constant_loss(tr.loss_fn.__name__, target[test_idx])
-        if base is None or not real <= FAILED * base:
-            return []  # the copy trained into nonsense (diverged): inconclusive about labels
+        base = constant_loss(tr.loss_fn.__name__, target)
+        if base is None or not real <= UNTRAINED * base:
+            return []  # the copies never reached the prior: inconclusive about the labels
         return [self.finding(
             "data", True,
-            f"Trained on real labels, a fresh copy of the model does no better on held-out rows "
-            f"than with shuffled labels (loss {real:.4g} vs {shuffled:.4g}). The labels carry no "
-            "information about the inputs: X and y are misaligned (a sort, merge or shuffle that "
-            "moved one without the other) or the labels are noise.",
+            f"Trained on real labels, fresh copies of the model do no better on held-out rows "
+            f"than with shuffled labels (loss {real:.4g} vs {mean_shuffled:.4g}, every row held "
+            f"out once over {FOLDS} folds). The labels carry no information about the inputs: "
+            "X and y are misaligned (a sort, merge or shuffle that moved one without the other) "
+            "or the labels are noise.",
             ctx.ref("loss_fn") or ctx.ref("backward"), heldout_loss_real=real,
-            heldout_loss_shuffled=shuffled, train_fit_loss=fit, constant_loss=base, rows=n,
+            heldout_loss_shuffled=mean_shuffled, heldout_loss_each_shuffle=shuffled,
+            train_fit_loss=pooled(0, 1), constant_loss=base, rows=n, folds=FOLDS,
             strength=0.85)]

@@ -81,10 +81,12 @@ class TorchTrainer:
         return tuple(x[idx] for x in self.inputs), self.targets[idx]
 
     def fit(self, model, inputs, target, steps: int, lr: float | None = None, batch_size: int = 64,
-            seed: int = 0, opt_cls=None, stop_below: float | None = None) -> list[float]:
+            seed: int = 0, opt_cls=None, stop_below: float | None = None,
+            check=None, every: int = 10) -> list[float]:
         """Train ``model`` in place for ``steps`` minibatch steps; return the loss per step.
 
-        Stops early when the loss is non-finite or below ``stop_below``.
+        Stops early when the loss is non-finite or below ``stop_below``. ``check(model)``, when
+        given, is called every ``every`` steps and after the last one (to watch held-out rows).
         """
         g = torch.Generator().manual_seed(seed)
         opt = self.optimizer(model, lr, opt_cls)
@@ -101,6 +103,8 @@ class TorchTrainer:
                 break
             loss.backward()
             opt.step()
+            if check is not None and (len(losses) % every == 0 or len(losses) == steps):
+                check(model)
         return losses
 
     def steps_within(self, steps: int, batch_size: int = 64, floor: int = 30,

@@ -1,0 +1,86 @@
+"""``label_alignment`` must give the same verdict whichever rows the capture happened to keep.
+
+With labels that carry no information, the real/shuffled held-out ratio is ~1 by construction;
+what decides the probe is how far from 1 it wanders (a single train/held-out split wandered to
+0.97 and the probe went silent on a misaligned dataset). Weakly informative labels must not be
+called noise, and clearly informative ones must end the probe after the first fold.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from model_debugger.probes.label_alignment import MARGIN, LabelAlignment
+from model_debugger.probes.torch_adapter import TorchTrainer
+
+
+def trainer(seed: int, signal: float, n: int = 1600, batch: int = 50) -> TorchTrainer:
+    """Binary labels from ``signal * (x0 + x1) + noise``; ``signal=0``: labels permuted."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    y = (signal * (x[:, 0] + x[:, 1]) + rng.normal(size=n) > 0).astype(np.int64)
+    if signal == 0:
+        y = rng.permutation(y)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    batches = [((xt[i:i + batch],), yt[i:i + batch]) for i in range(0, n, batch)]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return TorchTrainer(model, state, {"cls": torch.optim.SGD, "hyper": {"lr": 0.1}},
+                        {"name": "cross_entropy"}, batches)
+
+
+def imbalanced_trainer(seed: int, n: int = 3000, batch: int = 100) -> TorchTrainer:
+    """5% positives, weakly shifted inputs, a logit model trained with BCE-with-logits."""
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.rand(n, generator=g) < 0.05).float()
+    x = torch.randn(n, 20, generator=g) + 0.15 * y[:, None]
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 1))
+    batches = [((x[i:i + batch],), y[i:i + batch]) for i in range(0, n, batch)]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return TorchTrainer(model, state, {"cls": torch.optim.SGD, "hyper": {"lr": 0.05}},
+                        {"name": "binary_cross_entropy_with_logits", "input_shape": ()}, batches)
+
+
+def run(tr: TorchTrainer):
+    ctx = types.SimpleNamespace(trainer=tr, time_left=lambda: 300.0, ref=lambda _key: None)
+    return LabelAlignment().run(ctx)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_noise_labels_are_found_with_a_ratio_near_one(seed):
+    found = run(trainer(seed, 0.0))
+    assert len(found) == 1 and found[0].confirmed and found[0].root_cause == "data"
+    ev = found[0].evidence
+    ratio = ev["heldout_loss_real"] / ev["heldout_loss_shuffled"]
+    assert abs(ratio - 1) < 0.25 * (1 - MARGIN), ev  # far from the margin, either way
+    assert ev["folds"] == 3 and len(ev["heldout_loss_each_shuffle"]) == 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_weakly_informative_labels_are_not_called_noise(seed):
+    assert run(trainer(seed, 0.3)) == []
+
+
+def test_clear_labels_stop_after_the_first_fold(monkeypatch):
+    tr = trainer(0, 2.0)
+    fits = []
+    original = TorchTrainer.fit
+    monkeypatch.setattr(TorchTrainer, "fit", lambda self, *a, **k: fits.append(1) or
+                        original(self, *a, **k))
+    assert run(tr) == []
+    assert len(fits) == 2  # real and one shuffle, on one fold
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_no_verdict_when_the_copies_never_learn_the_prior(seed):
+    """95/5 labels: 150 Adam steps at 1e-3 do not even move the bias to the prior, so real and
+    shuffled labels both sit far above the constant predictor. That says nothing about the labels
+    (here they are informative)."""
+    assert run(imbalanced_trainer(seed)) == []
