@@ -679,3 +679,65 @@ QUIET = ["cws_imbalanced_majority", "cws_minority_f1", "gi_log_of_zero", "gi_lr_
 def test_scenarios_whose_fault_is_not_a_code_pitfall_are_quiet(name):
     assert lint_file(str(SCENARIOS / f"{name}.py")) == []
     assert lint_file(str(SCENARIOS / f"{name}.py"), model_names=["model"]) == []
+
+
+# --- which training loop a hit belongs to -----------------------------------------------------
+
+TWO_LOOPS = """
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def pretrain():
+    for x, y in loader:                                  # first loop: lines 6-9
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+
+def evaluate():
+    for x, y in loader:                                  # no backward: not a training loop
+        model.eval()
+
+
+for epoch in range(2):                                   # outer loop: lines 17-22
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    model.eval()
+"""
+
+
+def test_hits_carry_the_span_of_their_outermost_training_loop():
+    hits, _ = _hits(TWO_LOOPS)
+    at = len(HEAD.splitlines()) + 1  # TWO_LOOPS starts with an empty line
+    by_rule = {(h.rule, h.line - at): (h.loop[0] - at, h.loop[1] - at) if h.loop else None
+               for h in hits}
+    # both loops lack zero_grad(); the nested one reports the outer loop's span
+    assert by_rule == {("missing_zero_grad", 8): (6, 9), ("missing_zero_grad", 20): (17, 22),
+                       # eval() in the epoch loop belongs to it
+                       ("eval_mode_not_reset", 22): (17, 22)}
+
+
+@pytest.mark.parametrize("recorded, kept", [
+    ({"train.py": [20, 21]}, {("missing_zero_grad", 20), ("eval_mode_not_reset", 22)}),
+    ({"train.py": [8]}, {("missing_zero_grad", 8)}),
+    # nothing recorded in this file (the loop that ran lives elsewhere), or nothing at all
+    ({"other.py": [3]}, {("missing_zero_grad", 8), ("missing_zero_grad", 20),
+                         ("eval_mode_not_reset", 22)}),
+    ({}, {("missing_zero_grad", 8), ("missing_zero_grad", 20), ("eval_mode_not_reset", 22)}),
+])
+def test_probes_see_only_hits_from_training_loops_that_ran(recorded, kept):
+    from model_debugger.probes import ProbeContext
+    from model_debugger.probes._lint import lint_hits
+    from model_debugger.records import Classification, Run
+
+    at = len(HEAD.splitlines()) + 1
+    refs = [{"t": "ref", "kind": kind, "file": f, "line": line + at}
+            for f, lines in recorded.items() for line in lines for kind in ("backward", "step")]
+    ctx = ProbeContext(run=Run(refs), signals={}, source_files={"train.py": _src(TWO_LOOPS)},
+                       classification=Classification("gradient_instability", ()))
+    got = {(h.rule, h.line - at) for rule in ("missing_zero_grad", "eval_mode_not_reset")
+           for h in lint_hits(ctx, rule)}
+    assert got == kept

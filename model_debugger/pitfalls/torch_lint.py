@@ -49,6 +49,10 @@ class LintHit:
         Where to look (1-based line).
     message : str
         What is wrong and the causal chain, in plain words.
+    loop : tuple of int or None
+        First and last line of the outermost loop around ``line`` that calls backward() (a
+        training loop), or None. A capture that recorded backward() calls elsewhere in the file
+        but none in this span shows that this loop did not run.
     """
 
     rule: str
@@ -56,6 +60,7 @@ class LintHit:
     file: str
     line: int
     message: str
+    loop: tuple[int, int] | None = None
 
 
 def _builds_optimizer(call: ast.Call) -> bool:
@@ -168,10 +173,19 @@ def lint_source(source: str, filename: str, model_names: Sequence[str] = ()) -> 
         raw = _analyse(tree, tuple(model_names))
     except RecursionError:  # pathologically nested expressions: no verdict rather than a crash
         return []
+    spans = _training_loops(tree)
     seen: dict[tuple, LintHit] = {}
     for rule, root, line, message in sorted(raw, key=lambda h: (h[2], h[0])):
-        seen.setdefault((rule, line), LintHit(rule, root, filename, line, message))
+        loop = max((sp for sp in spans if sp[0] <= line <= sp[1]),
+                   key=lambda sp: sp[1] - sp[0], default=None)
+        seen.setdefault((rule, line), LintHit(rule, root, filename, line, message, loop))
     return list(seen.values())
+
+
+def _training_loops(tree: ast.Module) -> list[tuple[int, int]]:
+    """Line spans of the loops whose own body (not a nested function) calls backward()."""
+    return [(loop.lineno, loop.end_lineno) for loop in ast.walk(tree)
+            if isinstance(loop, _LOOPS) and any(_is_backward(n) for n in _nodes(loop))]
 
 
 def _analyse(tree: ast.Module, model_names: tuple) -> list[tuple]:

@@ -1,5 +1,5 @@
 """Shared access to the static lint for probes: the pitfall pack of the framework the code uses,
-run once per context, filtered by rule."""
+run once per context, filtered by rule and to the training loops that ran."""
 
 from __future__ import annotations
 
@@ -23,7 +23,26 @@ def lint_hits(ctx: ProbeContext, rule: str) -> list:
             if pack is not None:
                 hits += pack.lint_source(text, path, names)
         ctx.extras["lint"] = hits
-    return [h for h in ctx.extras["lint"] if h.rule == rule]
+    ran = _ran_at(ctx)
+    return [h for h in ctx.extras["lint"] if h.rule == rule and _ran(h, ran)]
+
+
+def _ran_at(ctx: ProbeContext) -> dict[str, list[int]]:
+    """``{file: [lines]}`` where the capture saw backward()/step() called."""
+    out: dict[str, list[int]] = {}
+    for e in ctx.run.of("ref"):
+        if e.get("kind") in ("backward", "step") and e.get("file"):
+            out.setdefault(e["file"], []).append(e["line"])
+    return out
+
+
+def _ran(hit, ran: dict[str, list[int]]) -> bool:
+    """False for a hit in a training loop that did not run: the capture recorded backward()
+    or step() elsewhere in the same file, never inside this loop (a pre-training loop behind
+    a flag, an old loop kept for reference). Hits outside training loops, or in files where
+    nothing was recorded (the loop lives in another file, a log-only session), are kept."""
+    span, lines = hit.loop, ran.get(hit.file)
+    return span is None or not lines or any(span[0] <= ln <= span[1] for ln in lines)
 
 
 def loc(hit) -> dict:
