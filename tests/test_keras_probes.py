@@ -47,12 +47,14 @@ def problem(n=1024, seed=0):
     return X, (X[:, :3].sum(axis=1) > 0).astype("int64")
 
 
-def captured(keras, lr: float, epochs: int = 3, val: bool = True):
+def captured(keras, lr: float, epochs: int = 3, val: bool = True, misaligned: bool = False):
     import model_debugger
     from model_debugger.isolate import build_context
     from model_debugger.records import Run
 
     X, y = problem()
+    if misaligned:  # the labels re-ordered apart from the rows they belong to
+        y = np.random.default_rng(7).permutation(y)
     Xv, yv = problem(256, seed=1)
     with model_debugger.capture() as rec:
         keras.utils.set_random_seed(0)
@@ -119,3 +121,18 @@ def test_healthy_keras_run_gives_no_confirmed_finding(tk):
     assert not [(f.check, f.explanation) for f in findings if f.confirmed and
                 not f.evidence.get("probe_error")]
     assert not [f for f in findings if f.evidence.get("probe_error")], findings
+
+
+def test_misaligned_labels_are_found_on_the_keras_copy(tk):
+    from model_debugger.probes import run_probes
+
+    _, ctx = captured(tk, 0.05, epochs=2, misaligned=True)
+    assert ctx.classification.primary == "loss_not_decreasing"
+    [f] = run_probes(ctx, ["label_alignment"])
+    assert (f.check, f.root_cause, f.confirmed) == ("label_alignment", "data", True)
+    ev = f.evidence
+    assert 0.97 <= ev["heldout_loss_real"] / ev["heldout_loss_shuffled"] <= 1.03, ev
+    assert ev["heldout_loss_real"] <= 1.1 * ev["constant_loss"]  # the copies did learn the prior
+    assert f.location["file"] == HERE  # the fit call (its first line)
+    assert "model.fit(" in open(HERE, encoding="utf-8").read().splitlines()[
+        f.location["line"] - 1]

@@ -59,7 +59,7 @@ def test_noise_labels_are_found_with_a_ratio_near_one(seed):
     assert len(found) == 1 and found[0].confirmed and found[0].root_cause == "data"
     ev = found[0].evidence
     ratio = ev["heldout_loss_real"] / ev["heldout_loss_shuffled"]
-    assert abs(ratio - 1) < 0.25 * (1 - MARGIN), ev  # far from the margin, either way
+    assert abs(ratio - 1) < 0.5 * (1 - MARGIN), ev  # far from the margin, either way
     assert ev["folds"] == 3 and len(ev["heldout_loss_each_shuffle"]) == 2
 
 

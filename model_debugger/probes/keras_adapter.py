@@ -53,6 +53,13 @@ class KerasTrainer:
         return float(self.hyper.get("lr", 1e-3))
 
     @property
+    def adam(self):
+        """The Adam class, for probes that train with a fixed, well-behaved optimizer."""
+        import keras
+
+        return keras.optimizers.Adam
+
+    @property
     def n(self) -> int:
         return 0 if self.targets is None else int(self.targets.shape[0])
 
@@ -125,8 +132,13 @@ class KerasTrainer:
         return cached[1]
 
     def fit(self, model, inputs, target, steps: int, lr: float | None = None, batch_size: int = 64,
-            seed: int = 0, opt_cls=None, stop_below: float | None = None) -> list[float]:
-        """Train ``model`` in place for ``steps`` minibatch steps; return the loss per step."""
+            seed: int = 0, opt_cls=None, stop_below: float | None = None,
+            check=None, every: int = 10) -> list[float]:
+        """Train ``model`` in place for ``steps`` minibatch steps; return the loss per step.
+
+        Stops early when the loss is non-finite or below ``stop_below``. ``check(model)``, when
+        given, is called every ``every`` steps and after the last one (to watch held-out rows).
+        """
         rng = np.random.default_rng(seed)
         step = self._cached_step(model, lr, opt_cls)
         n = int(target.shape[0])
@@ -137,6 +149,8 @@ class KerasTrainer:
             losses.append(value)
             if not math.isfinite(value) or (stop_below is not None and value < stop_below):
                 break
+            if check is not None and (len(losses) % every == 0 or len(losses) == steps):
+                check(model)
         return losses
 
     def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple[np.ndarray, np.ndarray]:

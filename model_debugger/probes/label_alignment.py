@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .base import Probe, ProbeContext, register
 
 ROWS = 1536
@@ -28,23 +30,16 @@ UNTRAINED = 1.1  # best held-out loss above 1.1x the constant predictor's: the c
 
 
 def constant_loss(name: str, target) -> float | None:
-    """Loss of the best constant prediction on ``target`` for the loss ``name``."""
-    import torch
+    """Loss of the best constant prediction on ``target`` (a tensor or array) for ``name``.
 
-    t = target.detach()
-    if name in ("cross_entropy", "nll_loss") and not t.is_floating_point():
-        p = torch.bincount(t.flatten().clamp(min=0)).double()
-        p = p[p > 0] / p.sum()
-        return float(-(p * p.log()).sum())
-    t = t.double()
-    if name.startswith("binary_cross_entropy"):
-        m = float(t.mean())
-        return 0.0 if m in (0.0, 1.0) else -(m * math.log(m) + (1 - m) * math.log(1 - m))
-    if name == "mse_loss":
-        return float(t.var(unbiased=False))
-    if name in ("l1_loss", "smooth_l1_loss", "huber_loss"):
-        return float((t - t.median()).abs().mean())
-    return None
+    Huber and smooth L1 take the L1 baseline: an upper bound of theirs.
+    """
+    from .constant_baseline import baseline_from_targets
+
+    if name in ("smooth_l1_loss", "huber_loss"):
+        name = "l1_loss"
+    got = baseline_from_targets(np.asarray(target), name)
+    return None if got is None else got[0]
 
 
 @register
@@ -52,29 +47,27 @@ class LabelAlignment(Probe):
     id = "label_alignment"
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "overfitting")
     needs_live = True
-    frameworks = ("torch",)
+    frameworks = ("torch", "keras")
 
     def run(self, ctx: ProbeContext):
-        import torch
-
         tr = ctx.trainer
         if tr is None or tr.n < 64:
             return []
         n = min(ROWS, tr.n)
-        g = torch.Generator().manual_seed(0)
-        inputs, target = tr.subset(torch.randperm(tr.n, generator=g)[:n])
-        folds = torch.arange(n).chunk(FOLDS)
+        rng = np.random.default_rng(0)
+        inputs, target = tr.subset(rng.permutation(tr.n)[:n])
+        folds = np.array_split(np.arange(n), FOLDS)
         steps = tr.steps_within(STEPS, floor=60, seconds=min(2.0, ctx.time_left() / 20))
-        targets = [target] + [target[torch.randperm(n, generator=g)] for _ in range(SHUFFLES)]
+        targets = [target] + [target[rng.permutation(n)] for _ in range(SHUFFLES)]
 
         def heldout(labels, k: int) -> tuple[float, float]:
             """(best held-out loss, final training-fit loss) of a copy trained off fold ``k``."""
             test = folds[k]
-            train = torch.cat([f for j, f in enumerate(folds) if j != k])
+            train = np.concatenate([f for j, f in enumerate(folds) if j != k])
             held = []
             model = tr.fresh_model()
             tr.fit(model, tuple(x[train] for x in inputs), labels[train], steps, lr=1e-3,
-                   seed=k, opt_cls=torch.optim.Adam, every=max(steps // CHECKS, 1),
+                   seed=k, opt_cls=tr.adam, every=max(steps // CHECKS, 1),
                    check=lambda m: held.append(
                        tr.evaluate(m, tuple(x[test] for x in inputs), labels[test])))
             best = min(held, default=math.inf)

@@ -46,6 +46,11 @@ class TorchTrainer:
         return float(self.hyper.get("lr", 1e-3))
 
     @property
+    def adam(self):
+        """The Adam class, for probes that train with a fixed, well-behaved optimizer."""
+        return torch.optim.Adam
+
+    @property
     def n(self) -> int:
         return 0 if self.targets is None else int(self.targets.shape[0])
 
