@@ -21,6 +21,7 @@ GROWTH_WITH_LEARNING = 0.5   # ... counts only while the loss has not fallen by 
 VANISH_RATIO = 1e-3          # first-layer / last-layer median gradient norm
 RSS_GROWTH_MB = 100.0        # memory growth over the run (after warm-up)
 RSS_R2 = 0.8                 # ... that is steady (linear fit)
+RSS_STILL_GROWING = 0.25     # ... and, over several epochs, the last one grows at >= 25% that rate
 DATA_WAIT_FRACTION = 0.5     # data wait share of step time
 DATA_WAIT_MS = 5.0           # ... and at least this much per step
 VAL_RISE = 0.10              # validation loss 10% above its minimum at the end
@@ -84,10 +85,16 @@ def memory_growth(sig: dict):
             _ev(sig, "cuda_growth_r2", f"R^2 of a linear fit (steady growth, >= {RSS_R2})")]
     if sig.get("rss_growth_mb", 0) < RSS_GROWTH_MB or sig.get("rss_growth_r2", 0) < RSS_R2:
         return None
-    return "memory_issue", [
-        _ev(sig, "rss_growth_mb", f"process memory growth after warm-up (>= {RSS_GROWTH_MB:g} MB)"),
-        _ev(sig, "rss_slope_mb_per_step", "MB per step"),
-        _ev(sig, "rss_growth_r2", f"R^2 of a linear fit (steady growth, >= {RSS_R2})")]
+    late = sig.get("rss_last_epoch_mb_per_step")
+    if late is not None and late < RSS_STILL_GROWING * sig["rss_slope_mb_per_step"]:
+        return None  # levelled off after the first epoch(s): a cache filling, not a leak
+    ev = [_ev(sig, "rss_growth_mb", f"process memory growth after warm-up (>= {RSS_GROWTH_MB:g} MB)"),
+          _ev(sig, "rss_slope_mb_per_step", "MB per step"),
+          _ev(sig, "rss_growth_r2", f"R^2 of a linear fit (steady growth, >= {RSS_R2})")]
+    if late is not None:
+        ev.append(_ev(sig, "rss_last_epoch_mb_per_step", "MB per step over the last epoch "
+                      f"(still growing: >= {RSS_STILL_GROWING:g} x the run's rate)"))
+    return "memory_issue", ev
 
 
 def overfitting(sig: dict):

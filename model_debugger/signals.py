@@ -83,6 +83,23 @@ def _fit(y: np.ndarray, x: np.ndarray | None = None) -> tuple[float, float]:
     return float(slope), r2
 
 
+def _last_epoch_rate(y: np.ndarray, at: np.ndarray, ep: np.ndarray) -> float | None:
+    """Growth per step of ``y`` over the last epoch, from the previous epoch's last reading.
+
+    None unless the run has two epochs or more and the last one has at least 4 readings. A
+    cache that fills during the first epoch is flat by then; a leak still grows, whether step
+    by step or in a jump at each epoch boundary (the previous reading carries the jump).
+    """
+    ep = np.nan_to_num(ep[at], nan=0.0)
+    if not len(at) or ep.max() == ep.min():
+        return None
+    last = np.flatnonzero(ep == ep.max())
+    if len(last) < 4:
+        return None
+    start, end = at[last[0] - 1], at[last[-1]]
+    return float((y[end] - y[start]) / (end - start))
+
+
 def compute(run: Run) -> dict:
     """Compute every signal of a run.
 
@@ -145,6 +162,9 @@ def compute(run: Run) -> dict:
         s["rss_start_mb"], s["rss_end_mb"] = float(body[0] / 2**20), float(body[-1] / 2**20)
         s["rss_growth_mb"] = float((body[-1] - body[0]) / 2**20)
         s["rss_slope_mb_per_step"], s["rss_growth_r2"] = slope, r2
+        late = _last_epoch_rate(rss / 2**20, at, run.series("ep"))
+        if late is not None:
+            s["rss_last_epoch_mb_per_step"] = late
     cuda = run.series("cuda")
     cuda = cuda[np.isfinite(cuda)]
     if len(cuda) >= 20 and cuda.max() > 0:

@@ -272,6 +272,48 @@ def test_memory_growth_judged_alike_read_every_step_or_thinned():
         got["dense"]["rss_slope_mb_per_step"], rel=0.1)
 
 
+def _epochs_run(rss_mb: np.ndarray, epoch_len: int, every: int = 1):
+    """A healthy run whose RSS is ``rss_mb``, ``epoch_len`` steps an epoch, read every k-th step."""
+    n = len(rss_mb)
+    i = np.arange(n)
+    rss = np.where(i % every == 0, rss_mb, np.nan) * syn.MB
+    return syn.make_run(syn.healthy_steps(n, rss=rss, ep=i // epoch_len))
+
+
+def test_memory_that_levels_off_after_the_first_epoch_is_not_a_leak():
+    """A cache filling through epoch 0, flat in epoch 1 where a step budget ends the run: the
+    rise covers most of the run (a linear fit says steady), but the last epoch no longer grows."""
+    n, first = 300, 220
+    i = np.arange(n)
+    rss = 500.0 + 2 * C.RSS_GROWTH_MB * np.minimum(i, first) / first
+    for every in (1, 6):
+        sig, cls = quiet(C.memory_growth, _epochs_run(rss, first, every))
+        assert sig["rss_growth_mb"] >= C.RSS_GROWTH_MB and sig["rss_growth_r2"] >= C.RSS_R2
+        assert abs(sig["rss_last_epoch_mb_per_step"]) < 0.4 * C.RSS_STILL_GROWING * \
+            sig["rss_slope_mb_per_step"]
+        assert cls.primary == HEALTHY
+
+
+@pytest.mark.parametrize("shape", ["steady", "staircase"])
+def test_memory_still_growing_in_the_last_epoch_is_a_leak(shape):
+    """A leak grows in every epoch: step by step, or in one jump at each epoch boundary (a
+    history of graphs appended per epoch), which the last epoch's slope must still see."""
+    n, epoch_len = 400, 100
+    i = np.arange(n)
+    grow = 2 * C.RSS_GROWTH_MB
+    rss = 500.0 + (grow * i / n if shape == "steady" else grow / 4 * (i // epoch_len))
+    sig, _ = fires(C.memory_growth, _epochs_run(rss, epoch_len, every=4), "memory_issue",
+                   {"rss_growth_mb", "rss_growth_r2", "rss_last_epoch_mb_per_step"})
+    assert sig["rss_last_epoch_mb_per_step"] >= C.RSS_STILL_GROWING * \
+        sig["rss_slope_mb_per_step"]
+
+
+def test_memory_growth_in_one_epoch_has_no_last_epoch_rate():
+    sig, _ = fires(C.memory_growth, _rss_run(1.2 * C.RSS_GROWTH_MB), "memory_issue",
+                   {"rss_growth_mb"})
+    assert "rss_last_epoch_mb_per_step" not in sig
+
+
 def test_memory_growth_quiet_when_growth_is_not_steady():
     sig, cls = quiet(C.memory_growth,
                      _rss_run(1.5 * C.RSS_GROWTH_MB, noise_mb=3 * C.RSS_GROWTH_MB))
