@@ -86,17 +86,19 @@ def _fit(y: np.ndarray, x: np.ndarray | None = None) -> tuple[float, float]:
 def _last_epoch_rate(y: np.ndarray, at: np.ndarray, ep: np.ndarray) -> float | None:
     """Growth per step of ``y`` over the last epoch, from the previous epoch's last reading.
 
-    None unless the run has two epochs or more and the last one has at least 4 readings. A
-    cache that fills during the first epoch is flat by then; a leak still grows, whether step
-    by step or in a jump at each epoch boundary (the previous reading carries the jump).
+    The last epoch is the final run of readings with the last reading's epoch number (epoch
+    numbers may restart, e.g. one count per trial). None unless an earlier reading exists and
+    the last epoch has at least 4 readings. A cache that fills during the first epoch is flat
+    by then; a leak still grows, whether step by step or in a jump at each epoch boundary (the
+    previous reading carries the jump).
     """
     ep = np.nan_to_num(ep[at], nan=0.0)
-    if not len(at) or ep.max() == ep.min():
+    if not len(at):
         return None
-    last = np.flatnonzero(ep == ep.max())
-    if len(last) < 4:
+    other = np.flatnonzero(ep != ep[-1])
+    if not len(other) or len(at) - 1 - other[-1] < 4:
         return None
-    start, end = at[last[0] - 1], at[last[-1]]
+    start, end = at[other[-1]], at[-1]
     return float((y[end] - y[start]) / (end - start))
 
 

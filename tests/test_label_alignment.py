@@ -83,4 +83,28 @@ def test_no_verdict_when_the_copies_never_learn_the_prior(seed):
     """95/5 labels: 150 Adam steps at 1e-3 do not even move the bias to the prior, so real and
     shuffled labels both sit far above the constant predictor. That says nothing about the labels
     (here they are informative)."""
-    assert run(imbalanced_trainer(seed)) == []
+    fits = []
+    original = TorchTrainer.fit
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TorchTrainer, "fit", lambda self, *a, **k: fits.append(1) or
+                   original(self, *a, **k))
+        assert run(imbalanced_trainer(seed)) == []
+    assert len(fits) == 2  # seen on the first fold: the other folds are not trained
+
+
+def test_no_verdict_and_no_error_when_the_copies_diverge():
+    tr = trainer(0, 0.0)
+    tr.inputs[0][::7] = float("nan")  # NaN rows: every loss is NaN
+    assert run(tr) == []
+
+
+def test_constant_loss_for_token_targets_bf16_and_huber():
+    from model_debugger.probes.label_alignment import constant_loss
+
+    tokens = torch.tensor([[0, 1, -100], [1, 1, -100]])  # padded positions are ignored
+    p = np.array([1 / 4, 3 / 4])
+    assert constant_loss("cross_entropy", tokens) == pytest.approx(float(-(p * np.log(p)).sum()))
+    assert constant_loss("cross_entropy", torch.full((2, 3), -100)) is None
+    y = torch.tensor([0.0, 1.0, 2.0, 5.0])
+    assert constant_loss("mse_loss", y.bfloat16()) == pytest.approx(float(y.var(unbiased=False)))
+    assert constant_loss("huber_loss", y) == constant_loss("l1_loss", y) == pytest.approx(1.5)

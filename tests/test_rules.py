@@ -308,6 +308,18 @@ def test_memory_still_growing_in_the_last_epoch_is_a_leak(shape):
         sig["rss_slope_mb_per_step"]
 
 
+def test_memory_last_epoch_is_the_final_run_of_epoch_numbers():
+    """Epoch numbers that restart (one count per trial: 0 1 2, then 0 1): the last epoch is the
+    final block, not the block with the highest number."""
+    n = 300
+    i = np.arange(n)
+    rss = (500.0 + 2 * C.RSS_GROWTH_MB * np.minimum(i, 225) / 225) * syn.MB  # flat at the end
+    ep = np.where(i < 150, i // 50, (i - 150) // 75)
+    sig, _ = quiet(C.memory_growth, syn.make_run(syn.healthy_steps(n, rss=rss, ep=ep)))
+    assert sig["rss_growth_r2"] >= C.RSS_R2
+    assert sig["rss_last_epoch_mb_per_step"] < 0.1 * sig["rss_slope_mb_per_step"]
+
+
 def test_memory_growth_in_one_epoch_has_no_last_epoch_rate():
     sig, _ = fires(C.memory_growth, _rss_run(1.2 * C.RSS_GROWTH_MB), "memory_issue",
                    {"rss_growth_mb"})

@@ -13,6 +13,7 @@ labels that clearly help there end the probe early, so a healthy run pays for tw
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -29,16 +30,27 @@ UNTRAINED = 1.1  # best held-out loss above 1.1x the constant predictor's: the c
                  # learn even the label prior (too few steps for this data, or diverged): no verdict
 
 
-def constant_loss(name: str, target) -> float | None:
+def constant_loss(name: str, target, ignore_index: int = -100) -> float | None:
     """Loss of the best constant prediction on ``target`` (a tensor or array) for ``name``.
 
-    Huber and smooth L1 take the L1 baseline: an upper bound of theirs.
+    Class targets with more than one dimension (tokens, pixels) count every position, except
+    ``ignore_index``. Huber and smooth L1 take the L1 baseline: an upper bound of theirs.
     """
     from .constant_baseline import baseline_from_targets
 
+    if hasattr(target, "detach"):  # a torch tensor (bfloat16 has no NumPy dtype)
+        target = target.detach().cpu()
+        target = (target.double() if target.is_floating_point() else target).numpy()
+    y = np.asarray(target)
+    if name in ("cross_entropy", "nll_loss") and y.ndim >= 2 and \
+            np.issubdtype(y.dtype, np.integer):
+        y = y.reshape(-1)
+        y = y[y != ignore_index]
+        if not len(y):
+            return None
     if name in ("smooth_l1_loss", "huber_loss"):
         name = "l1_loss"
-    got = baseline_from_targets(np.asarray(target), name)
+    got = baseline_from_targets(y, name)
     return None if got is None else got[0]
 
 
@@ -70,12 +82,20 @@ class LabelAlignment(Probe):
                    seed=k, opt_cls=tr.adam, every=max(steps // CHECKS, 1),
                    check=lambda m: held.append(
                        tr.evaluate(m, tuple(x[test] for x in inputs), labels[test])))
-            best = min(held, default=math.inf)
+            best = min((h for h in held if math.isfinite(h)), default=math.inf)
             return best, tr.evaluate(model, tuple(x[train] for x in inputs), labels[train])
 
+        started = time.monotonic()
         done = {(i, 0): heldout(targets[i], 0) for i in (0, 1)}
-        if done[0, 0][0] < CLEAR * done[1, 0][0]:
-            return []  # the labels clearly help on the first fold
+        first = (done[0, 0][0], done[1, 0][0])
+        if not all(map(math.isfinite, first)) or first[0] < CLEAR * first[1]:
+            return []  # a copy diverged, or the labels clearly help on the first fold
+        base = constant_loss(tr.loss_fn.__name__, target,
+                             getattr(tr, "loss_kwargs", {}).get("ignore_index", -100))
+        if base is None or min(first) > UNTRAINED * base:
+            return []  # no baseline, or the copies never reach the prior: no verdict
+        if ctx.time_left() < 4 * (time.monotonic() - started):
+            return []  # the other 7 fits do not fit in the probe budget
         for k in range(FOLDS):
             for i, labels in enumerate(targets):
                 if (i, k) not in done:
@@ -86,10 +106,9 @@ class LabelAlignment(Probe):
 
         real, shuffled = pooled(0), [pooled(i) for i in range(1, len(targets))]
         mean_shuffled = sum(shuffled) / len(shuffled)
-        if real < MARGIN * mean_shuffled:
-            return []
-        base = constant_loss(tr.loss_fn.__name__, target)
-        if base is None or not real <= UNTRAINED * base:
+        if not math.isfinite(real + mean_shuffled) or real < MARGIN * mean_shuffled:
+            return []  # a copy diverged on a later fold, or the labels help
+        if not real <= UNTRAINED * base:
             return []  # the copies never reached the prior: inconclusive about the labels
         return [self.finding(
             "data", True,
