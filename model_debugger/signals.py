@@ -88,15 +88,15 @@ def _last_epoch_rate(y: np.ndarray, at: np.ndarray, ep: np.ndarray) -> float | N
 
     The last epoch is the final run of readings with the last reading's epoch number (epoch
     numbers may restart, e.g. one count per trial). None unless an earlier reading exists and
-    the last epoch has at least 4 readings. A cache that fills during the first epoch is flat
-    by then; a leak still grows, whether step by step or in a jump at each epoch boundary (the
-    previous reading carries the jump).
+    the last epoch has at least 2 readings (RSS may be read on every 16th step only). A cache
+    that fills during the first epoch is flat by then; a leak still grows, whether step by
+    step or in a jump at each epoch boundary (the previous reading carries the jump).
     """
     ep = np.nan_to_num(ep[at], nan=0.0)
     if not len(at):
         return None
     other = np.flatnonzero(ep != ep[-1])
-    if not len(other) or len(at) - 1 - other[-1] < 4:
+    if not len(other) or len(at) - 1 - other[-1] < 2:
         return None
     start, end = at[other[-1]], at[-1]
     return float((y[end] - y[start]) / (end - start))
