@@ -8,6 +8,7 @@ called noise, and clearly informative ones must end the probe after the first fo
 
 from __future__ import annotations
 
+import math
 import types
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from model_debugger.probes import label_alignment
 from model_debugger.probes.label_alignment import MARGIN, LabelAlignment
 from model_debugger.probes.torch_adapter import TorchTrainer
 
@@ -90,6 +92,13 @@ def test_no_verdict_when_the_copies_never_learn_the_prior(seed):
                    original(self, *a, **k))
         assert run(imbalanced_trainer(seed)) == []
     assert len(fits) == 2  # seen on the first fold: the other folds are not trained
+    # ... and it is the prior check that stopped it: without it the probe goes on
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(label_alignment, "UNTRAINED", math.inf)
+        mp.setattr(TorchTrainer, "fit", lambda self, *a, **k: fits.append(1) or
+                   original(self, *a, **k))
+        run(imbalanced_trainer(seed))
+    assert len(fits) > 4
 
 
 def test_no_verdict_and_no_error_when_the_copies_diverge():
