@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 from collections import Counter
 
 from .classify import classify
 from .isolate import build_context, isolate, read_findings, user_sources
 from .logs import load_log
 from .records import HEALTHY, Run
+from .redact import read_source, write_private
 from .runner import run_script
 from .session import DebugSession
 from .signals import compute
@@ -90,7 +90,7 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
     args = list(args or [])
     script = os.path.abspath(script)
     session = DebugSession.create(root, title=os.path.basename(script))
-    shutil.copyfile(script, os.path.join(session.directory, "artifact.py"))
+    write_private(os.path.join(session.directory, "artifact.py"), read_source(script))
     session.append("artifact", type="script", script=script, args=args, seed=seed,
                    max_seconds=max_seconds, cwd=os.getcwd())
     results, tried, per_run = [], [], []

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import shlex
 import time
 
@@ -24,83 +23,11 @@ from . import _plots
 from ._repro import write_repro
 from .logs import load_log
 from .records import Run
+from .redact import REDACTED, redact, redact_args
 from .session import PHASES, REPORT_SCHEMA, DebugSession
 
 __all__ = ["REDACTED", "build_notebook", "export", "export_notebook", "redact", "redact_args",
            "write_repro"]
-REDACTED = "[REDACTED]"
-SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASS|CREDENTIAL|AUTH|API", re.I)
-_TOKENS = [
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-    re.compile(r"\bhf_[A-Za-z0-9]{16,}"),
-    re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}"),
-    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}"),
-    re.compile(r"\bglpat-[A-Za-z0-9_-]{16,}"),
-    re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),
-    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
-    re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
-]
-_BEARER = re.compile(r"\b(Bearer|Basic|Token)(\s+)[A-Za-z0-9._~+/=-]{8,}", re.I)
-_URL_CRED = re.compile(r"(://[^/\s:@]+:)[^/\s@]+@")
-_KEYVAL = re.compile(
-    r"(?i)(?<![a-z0-9])([a-z0-9_.-]*?(?:password|passwd|pwd|secret|token|api[_-]?key|apikey"
-    r"|access[_-]?key|private[_-]?key|auth|credentials?)[\"']?\s*[=:]\s*)"
-    r"(?:([\"'])(.*?)\2|([^\s\"',;&()\[\]{}\\]+))")
-_CODE_VALUES = {"None", "True", "False", "null", "true", "false"}
-
-
-def _secret_env_values() -> list[str]:
-    values = set()
-    for name, value in os.environ.items():
-        value = value.strip()
-        if (not SECRET_NAME.search(name) or len(value) < 6 or value.isdigit()
-                or value.lower() in ("true", "false", "yes", "no") or os.path.exists(value)):
-            continue  # flags, numbers and paths (XAUTHORITY, SSH_AUTH_SOCK) are not secrets
-        values.add(value)
-    return sorted(values, key=len, reverse=True)
-
-
-def _keyval(m: re.Match) -> str:
-    if m.group(2):  # quoted literal: keep the quotes
-        return f"{m.group(1)}{m.group(2)}{REDACTED}{m.group(2)}"
-    value = m.group(4)
-    after = m.string[m.end():m.end() + 1]
-    dotted = "." in value and all(p.isidentifier() for p in value.split("."))
-    if after in ("(", "[") or dotted or value in _CODE_VALUES or value == REDACTED:
-        return m.group(0)  # code reading the secret (os.environ[...], args.token), not a secret
-    return f"{m.group(1)}{REDACTED}"
-
-
-def redact(text: str) -> str:
-    """Replace secrets in ``text`` with ``[REDACTED]``.
-
-    Redacted: the values of environment variables whose names look secret (TOKEN, SECRET, KEY,
-    PASSWORD, PASS, CREDENTIAL, AUTH, API; values shorter than 6 characters, numbers, booleans
-    and existing paths are kept), token patterns (``hf_``, ``sk-``, ``ghp_``/``github_pat_``,
-    ``glpat-``, ``xox?-``, ``AKIA``/``ASIA``, JWTs, private key blocks), ``Bearer ...``,
-    passwords in URLs and ``password=...``/``token: ...``-style assignments of literal values.
-    Idempotent.
-    """
-    if not text:
-        return text
-    for value in _secret_env_values():
-        text = text.replace(value, REDACTED)
-    for pattern in _TOKENS:
-        text = pattern.sub(REDACTED, text)
-    text = _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
-    text = _URL_CRED.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
-    return _KEYVAL.sub(_keyval, text)
-
-
-def redact_args(args: list[str]) -> list[str]:
-    """Redact command-line arguments, including the value after a ``--token``-like flag."""
-    out = []
-    for i, arg in enumerate(args):
-        prev = args[i - 1] if i else ""
-        secret_flag = prev.startswith("-") and "=" not in prev and SECRET_NAME.search(prev)
-        out.append(REDACTED if secret_flag and not arg.startswith("-") else redact(arg))
-    return out
-
 
 # -- small formatting helpers -----------------------------------------------------------------
 def _num(v) -> str:

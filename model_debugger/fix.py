@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 
 from ._change import Hunk, framework_of, hunks_of, touches, unrelated_groups
+from .redact import redact_code
 from .session import DebugSession, GateError
 from .suggest import expected_effect, suggest
 
@@ -75,6 +76,8 @@ def plan_fix(session: DebugSession, fixed_source: str, *, original: str | None =
     finding = session.queue[0]
     if original is None:
         original = _read(_artifact_copy(session))
+    # the session keeps its code redacted: compare like with like, or a secret reads as a change
+    original, fixed_source = redact_code(original), redact_code(fixed_source)
     diff = "".join(difflib.unified_diff(original.splitlines(True), fixed_source.splitlines(True),
                                         "reproduced", "fixed"))
     hunks = hunks_of(original, fixed_source)

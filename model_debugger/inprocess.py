@@ -16,6 +16,7 @@ import sys
 import traceback
 
 from .records import Run
+from .redact import redact_code, write_private
 from .session import DebugSession
 
 MAX_COPY_BYTES = 1 << 30  # arrays/tensors copied for restore, in total
@@ -158,8 +159,7 @@ def run_code(code: str, namespace: dict, record: str, seed: int | None = None,
     if seed is not None:
         seed_everything(seed)
     filename = filename or os.path.join(os.path.dirname(record), "cell.py")
-    with open(filename, "w", encoding="utf-8") as fh:
-        fh.write(code)
+    write_private(filename, code)  # what tracebacks show; the code itself runs from memory
     error = None
     rec = capture(record, hist_every=hist_every)
     try:
@@ -235,10 +235,9 @@ class KernelArtifact:
         self.snapshot = Snapshot(self.namespace)
         self.made = set()
         self.code = code
-        with open(os.path.join(s.directory, "artifact.py"), "w", encoding="utf-8") as fh:
-            fh.write((prelude.rstrip() + "\n\n" if prelude.strip() else "") + code)
-        with open(os.path.join(s.directory, "cell.py"), "w", encoding="utf-8") as fh:
-            fh.write(code)
+        write_private(os.path.join(s.directory, "artifact.py"),
+                      (prelude.rstrip() + "\n\n" if prelude.strip() else "") + code)
+        write_private(os.path.join(s.directory, "cell.py"), code)
         s.append("artifact", type="cell", code=code, prelude=prelude, seed=seed, args=[],
                  copy="cell.py", restores=self.snapshot.described)
         results, tried, per_run, first_error = [], [], [], None
@@ -293,7 +292,7 @@ class KernelArtifact:
         """After a kept fix, Isolate probes the fixed code: run it once from the snapshot."""
         with open(self.session.artifact_copy, encoding="utf-8") as fh:
             current = fh.read()
-        if current == self.code or self.snapshot is None:
+        if current in (self.code, redact_code(self.code or "")) or self.snapshot is None:
             return
         n = sum(1 for e in self.session.events if e["kind"] == "isolate") + 1
         folder = os.path.join(self.session.directory, "isolate", str(n))

@@ -14,12 +14,43 @@ import tempfile
 import time
 
 from .records import Classification, Finding
+from .redact import redact, redact_code, redact_value, remember_environment
 
 SCHEMA = "model_debugger.session/1"
 REPORT_SCHEMA = "model_debugger.report/1"
 PHASES = ("reproduce", "classify", "isolate", "fix", "verify")
 VERDICTS = ("resolved", "partially_resolved", "not_resolved")
 SESSION_FILE = "session.json"
+
+
+def _ignore_all(root: str) -> None:
+    """Write ``root/.gitignore`` (``*``) unless one exists; never follows a symlink."""
+    try:
+        fd = os.open(os.path.join(root, ".gitignore"),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:  # there is one already (the user's), or the root is read-only
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write("*\n")
+
+
+def _private_tree(directory: str) -> None:
+    """Folders 0700 and files 0600 under ``directory`` (symlinks are neither followed nor changed)."""
+    import stat
+
+    for path, dirs, files in os.walk(directory):
+        for name, mode in [(d, 0o700) for d in dirs] + [(f, 0o600) for f in files]:
+            full = os.path.join(path, name)
+            try:
+                st = os.lstat(full)
+                if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) != mode:
+                    os.chmod(full, mode)
+            except OSError:
+                continue
+    try:
+        os.chmod(directory, 0o700)
+    except OSError:
+        pass
 
 
 class SessionError(Exception):
@@ -48,12 +79,25 @@ class DebugSession:
     # -- persistence -----------------------------------------------------------------------
     @classmethod
     def create(cls, root: str = ".model_debugger", title: str = "") -> DebugSession:
-        """Create and save a new, empty session under ``root``."""
+        """Create and save a new, empty session under ``root``.
+
+        The session folder is private (0700, whatever the umask); a ``root`` this call creates,
+        or one named ``.model_debugger``, gets a ``.gitignore`` of ``*`` so that sessions are
+        never committed. The secret-looking environment values of this process are remembered
+        for redaction (:func:`model_debugger.redact.remember_environment`).
+        """
+        remember_environment()
         sid = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-        directory = os.path.abspath(os.path.join(root, sid))
-        os.makedirs(directory, exist_ok=False)
+        root = os.path.abspath(root)
+        made_root = not os.path.isdir(root)
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        if made_root or os.path.basename(root) == ".model_debugger":
+            _ignore_all(root)
+        directory = os.path.join(root, sid)
+        os.mkdir(directory, 0o700)
+        os.chmod(directory, 0o700)
         session = cls(directory, {"schema": SCHEMA, "id": sid, "created": time.time(),
-                                  "title": title, "events": []})
+                                  "title": redact(title), "events": []})
         session.save()
         return session
 
@@ -117,14 +161,21 @@ class DebugSession:
         return [dict(e) for e in self._data["events"]]
 
     def append(self, kind: str, /, **data) -> dict:
-        """Append an event and save; a failed save leaves the session as it was."""
-        event = {"seq": len(self._data["events"]), "time": time.time(), "kind": kind, **data}
+        """Append an event and save; a failed save leaves the session as it was.
+
+        Every string in the payload is redacted first (:func:`model_debugger.redact.redact_value`),
+        and the folder's files are made private (0600, folders 0700): whatever a phase or the
+        child process wrote, the session folder holds no secret and nothing others can read.
+        """
+        event = {"seq": len(self._data["events"]), "time": time.time(), "kind": kind,
+                 **redact_value(data)}
         self._data["events"].append(event)
         try:
             self.save()
         except BaseException:
             self._data["events"].pop()
             raise
+        _private_tree(self.directory)
         return event
 
     def _last(self, kind: str) -> dict | None:
@@ -315,7 +366,7 @@ class DebugSession:
             with open(fix["fixed"], encoding="utf-8") as fh:
                 source = fh.read()
         with open(os.path.join(self.directory, fix["copy"]), "w", encoding="utf-8") as fh:
-            fh.write(source or "")
+            fh.write(redact_code(source or ""))
         self.append("fix", fix={**fix, "approved": True})
 
     def record_verification(self, verification: dict) -> None:

@@ -170,7 +170,8 @@ def test_secrets_in_captured_error_and_environment_are_redacted(real, tmp_path, 
     monkeypatch.setenv(FAKE_ENV_NAME, FAKE_ENV_VALUE)
     raw = json.dumps(real.report()) + open(os.path.join(real.directory, "runs", "0",
                                                          "record.jsonl")).read()
-    assert FAKE_HF in raw and FAKE_ENV_VALUE in raw  # the session itself holds the secrets
+    assert FAKE_HF not in raw and FAKE_ENV_VALUE not in raw  # redacted when recorded
+    assert REDACTED in raw
     out = export(real, str(tmp_path / "nb.ipynb"))
     for path in out.values():
         with open(path, encoding="utf-8") as fh:

@@ -16,6 +16,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
+from ..redact import redact, redact_args, remember_environment
 from .codeloc import traceback_location
 from .imports import when_imported
 from .metrics import StdoutTee, parse_metric_line, patch_summary_writer
@@ -227,7 +228,10 @@ class Recorder:
                 self._fh = self._stack.enter_context(
                     open(self.path, "a", buffering=1 << 16, encoding="utf-8"))
                 self._stack.callback(self.flush)  # before the file closes (last in, first out)
-            self.emit("start", time=time.time(), pid=os.getpid(), argv=list(sys.argv),
+            remember_environment()  # redacted in what this run writes, even once unset
+            if self._fh is not None:
+                os.fchmod(self._fh.fileno(), 0o600)  # private whatever the umask
+            self.emit("start", time=time.time(), pid=os.getpid(), argv=redact_args(sys.argv),
                       config=asdict(self.config), rss=rss_bytes())
             if self.config.parse_stdout:
                 self._tee = StdoutTee(sys.stdout, self._on_line)
@@ -306,9 +310,9 @@ class Recorder:
             kind = "exception"
         tb = tb if tb is not None else exc.__traceback__
         self.error = {
-            "kind": kind, "type": type(exc).__name__, "message": str(exc)[:2000],
+            "kind": kind, "type": type(exc).__name__, "message": redact(str(exc))[:2000],
             "location": traceback_location(tb), "step": self.step,
-            "traceback": "".join(traceback.format_exception(type(exc), exc, tb))[-6000:],
+            "traceback": redact("".join(traceback.format_exception(type(exc), exc, tb)))[-6000:],
         }
         self.emit("error", **self.error)
 
