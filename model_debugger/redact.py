@@ -27,13 +27,14 @@ Code that only reads a secret is kept: ``args.token``, ``os.environ["TOKEN"]``,
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import re
 import tokenize
 
 __all__ = ["REDACTED", "is_secret_name", "read_source", "redact", "redact_args", "redact_code",
-           "redact_value", "remember_environment", "write_private"]
+           "redact_value", "remember_environment", "remember_script", "write_private"]
 
 REDACTED = "[REDACTED]"
 
@@ -280,10 +281,22 @@ _STRING_PREFIX = re.compile(r"^([A-Za-z]*)(\"\"\"|'''|\"|')")
 
 
 def _literal(token: str) -> str:
-    """A string literal token with its content replaced, prefix and quotes kept."""
+    """A string literal token with its content replaced, prefix and quotes kept.
+
+    The value is remembered: a message that quotes it later (``f"... {db_pass}"``) is redacted
+    too.
+    """
     m = _STRING_PREFIX.match(token)
     if not m or "f" in m.group(1).lower():
         return redact(token)
+    try:
+        value = ast.literal_eval(token)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    for v in (value, token[m.end():len(token) - len(m.group(2))]):
+        specific = isinstance(v, str) and (len(v) >= 12 or any(not c.isalpha() for c in v))
+        if specific and _worth_remembering(v):  # not a word such as "password" or "none"
+            _remembered.add(v.strip())
     return f"{m.group(1)}{m.group(2)}{REDACTED}{m.group(2)}"
 
 
@@ -371,6 +384,21 @@ def redact_code(source: str) -> str:
             sig = (sig + [tok])[-4:]
     out.append(source[last:])
     return "".join(out)
+
+
+def remember_script(path: str) -> None:
+    """Remember the literals a script assigns to secret names (``db_pass = "..."``).
+
+    The recorder calls this with ``sys.argv[0]`` when a run starts, so that an exception or a
+    printed line quoting such a value is redacted in the record. Anything that is not a readable
+    Python file under 4 MB is ignored.
+    """
+    try:
+        if not path.endswith(".py") or os.path.getsize(path) > 4 << 20:
+            return
+        redact_code(read_source(path))
+    except (OSError, ValueError):
+        return
 
 
 # -- recorded payloads ------------------------------------------------------------------------

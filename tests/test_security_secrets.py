@@ -86,7 +86,7 @@ SCRIPT = textwrap.dedent(f'''
     raise RuntimeError(
         f"upload to s3 refused: AWS {{AWS_ACCESS_KEY_ID}} {{aws_secret_access_key}}, the "
         f"password is {FREE_PASSWORD}, token {{token}}, key {{api_key}}, jwt {{SESSION_JWT}}, "
-        f"db_pass={{db_pass}}, dsn {{DSN}}\\n{{PRIVATE_KEY}}")
+        f"db_pass={{db_pass}}, login {{db_pass}} failed, dsn {{DSN}}\\n{{PRIVATE_KEY}}")
 ''')
 
 
@@ -352,6 +352,12 @@ def test_environment_names(monkeypatch):
     assert redact("python311") == "python311"
 
 
+def test_literals_assigned_to_secret_names_are_redacted_where_they_show_later():
+    redact_code('db_pass = "lit-remembered-3371"\nname = "password"\npassword = "password"\n')
+    assert redact("connect failed: lit-remembered-3371") == f"connect failed: {REDACTED}"
+    assert redact("enter a password") == "enter a password"  # words are not remembered
+
+
 def test_redact_code_keeps_the_script_runnable():
     src = textwrap.dedent(f'''
         import os
@@ -384,3 +390,53 @@ def test_redact_value_keeps_numbers_and_structure():
     out = redact_value(value)
     assert out["steps"] == [1, 2.5, None, True]
     assert out["msg"] == f"password: {REDACTED}" and out["args"] == ["--api-key", REDACTED]
+
+
+def test_notebook_cell_copies_are_redacted_but_the_cell_ran_as_written(tmp_path, monkeypatch):
+    """``%%reproduce`` in a real InteractiveShell: the session's copies hold no secret."""
+    pytest.importorskip("torch")
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    import model_debugger
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ENV_NAME, ENV_TOKEN)
+    cell = textwrap.dedent(f'''
+        import os
+        import torch
+        from torch import nn
+        db_pass = "{DB_PASS}"
+        token = os.environ["{ENV_NAME}"]
+        torch.manual_seed(0)
+        X, Y = torch.randn(32, 4), torch.randn(32, 1)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(5):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(X), Y)
+            loss.backward()
+            opt.step()
+        raise RuntimeError(f"the password is {FREE_PASSWORD}; token {{token}}; {{db_pass}}")
+    ''')
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "model_debugger")
+    try:
+        with capture_output():
+            ip.run_cell_magic("reproduce", "--seed 0", cell)
+        assert ip.user_ns["db_pass"] == DB_PASS  # the cell itself ran unredacted
+        session = model_debugger.current_session().session
+        monkeypatch.delenv(ENV_NAME)
+        files = _files(tmp_path / ".model_debugger")
+        assert any(f.endswith(os.path.join("runs", "0", "cell.py")) for f in files)
+        for path in files:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                assert _found(fh.read()) == [], path
+        assert "RuntimeError" in (session.reproduce["error"] or "")
+        assert (tmp_path / ".model_debugger" / ".gitignore").read_text().strip() == "*"
+        for path in files:
+            assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600, path
+    finally:
+        ip.run_line_magic("unload_ext", "model_debugger")
+        for name in ("db_pass", "token", "X", "Y", "model", "opt", "loss"):
+            ip.user_ns.pop(name, None)

@@ -16,7 +16,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
-from ..redact import redact, redact_args, remember_environment
+from ..redact import redact, redact_args, remember_environment, remember_script
 from .codeloc import traceback_location
 from .imports import when_imported
 from .metrics import StdoutTee, parse_metric_line, patch_summary_writer
@@ -229,6 +229,7 @@ class Recorder:
                     open(self.path, "a", buffering=1 << 16, encoding="utf-8"))
                 self._stack.callback(self.flush)  # before the file closes (last in, first out)
             remember_environment()  # redacted in what this run writes, even once unset
+            remember_script(sys.argv[0] if sys.argv else "")  # db_pass = "..." in the script
             if self._fh is not None:
                 os.fchmod(self._fh.fileno(), 0o600)  # private whatever the umask
             self.emit("start", time=time.time(), pid=os.getpid(), argv=redact_args(sys.argv),
