@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                 signal.setitimer(signal.ITIMER_REAL, 0)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         code = 130
+        if not isinstance(exc, TimeLimit):  # Ctrl-C: the user stopped it, no probes after
+            ns.isolate = 0
     except BaseException as exc:  # noqa: BLE001 - the record holds the error; report it, fail
         import traceback
 

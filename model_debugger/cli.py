@@ -72,25 +72,45 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_human(report: dict, out) -> None:
-    rep, cls = report["reproduce"], report["classification"]
+    rep, cls = report["reproduce"] or {}, report["classification"]
     w = out.write
-    w(f"Reproduce: {rep['summary']} - {rep['steps']} steps, {rep['epochs']} epochs, "
-      f"{rep['seconds']:.1f} s\n")
+    if rep:
+        w(f"Reproduce: {rep['summary']} - {rep['steps']} steps, {rep['epochs']} epochs, "
+          f"{rep['seconds']:.1f} s\n")
+    else:
+        w("Reproduce: not recorded\n")
     if rep.get("error"):
         loc = rep.get("error_location")
         where = f" at {loc['file']}:{loc['line']}" if loc else ""
         w(f"  error: {rep['error']}{where}\n")
+    crash = rep.get("crash")
+    if crash:
+        after = crash.get("after_step")
+        w(f"  crashed: {crash.get('how')}; "
+          f"{'after step ' + str(after) if after is not None else 'before any step'}\n")
+    if rep.get("status") == "interrupted":
+        w("  interrupted (Ctrl-C): the record is partial\n")
+    if rep.get("reason"):
+        w(f"  not observed: {rep['reason']}\n")
+    if rep.get("bad_lines"):
+        w(f"  record: {rep['bad_lines']} unreadable lines skipped (the rest was kept)\n")
     for line in rep.get("tried", []):
         w(f"  tried {line}\n")
-    sec = f" (secondary: {', '.join(cls['secondary'])})" if cls["secondary"] else ""
-    w(f"Classify: {cls['primary']}{sec}\n")
-    for ev in cls["evidence"]:
-        w(f"  {ev['signal']} = {ev['value']}  - {ev['detail']}\n")
+    if cls is None:
+        why = (report.get("gates") or {}).get("classify") or "no classification recorded"
+        w(f"Classify: not classified ({why})\n")
+    else:
+        sec = f" (secondary: {', '.join(cls['secondary'])})" if cls["secondary"] else ""
+        w(f"Classify: {cls['primary']}{sec}\n")
+        for ev in cls["evidence"]:
+            w(f"  {ev['signal']} = {ev['value']}  - {ev['detail']}\n")
     for kind, loc in (rep.get("code") or {}).items():
         w(f"  code: {kind} at {loc['file']}:{loc['line']}\n")
     findings = report.get("findings") or []
     if findings:
         w("Isolate:\n")
+    elif cls is None and (report.get("gates") or {}).get("isolate"):
+        w(f"Isolate: {report['gates']['isolate']}\n")
     for f in findings:
         where = f" at {f['location']['file']}:{f['location']['line']}" if f["location"] else ""
         mark = "CONFIRMED" if f["confirmed"] else "hypothesis"
@@ -162,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, SessionError, OSError) as exc:
         print(f"model-debugger: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C: the child was stopped; one line, no traceback
+        where = getattr(getattr(exc, "session", None), "directory", None)
+        print("model-debugger: interrupted" + (
+            f"; the partial session is saved: {where} (model-debugger report {where})"
+            if where else ""), file=sys.stderr)
+        return 130
     if ns.json:
         sys.stdout.write(json.dumps(report, default=str) + "\n")
     else:
@@ -171,13 +197,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verify(ns) -> dict | None:
     """Plan, approve and verify; None when the plan is refused or not approved (nothing saved)."""
-    from .fix import FixRefused, plan_fix
-    from .session import DebugSession, GateError
-    from .verify import seeds_for, verify_script
+    from .session import DebugSession
 
     if ns.seeds < 1:
         raise ValueError("--seeds must be at least 1")
     session = DebugSession.load(ns.session)
+    with session.lock("verify"):  # a second verify is refused; state reloaded once held
+        return _verify_locked(ns, session)
+
+
+def _verify_locked(ns, session) -> dict | None:
+    from .fix import FixRefused, plan_fix
+    from .session import GateError
+    from .verify import seeds_for, verify_script
+
     if not os.path.isfile(ns.fixed):
         raise ValueError(f"no such file: {ns.fixed}")
     with open(ns.fixed, encoding="utf-8") as fh:

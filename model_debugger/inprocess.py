@@ -228,7 +228,7 @@ class KernelArtifact:
             The Reproduce verdict and the exception of the first run (None when it finished).
         """
         from .classify import classify
-        from .diagnose import _result_of, _verdict
+        from .diagnose import _classified, _label, _result_of, _verdict
         from .signals import compute
 
         s = self.session
@@ -261,13 +261,13 @@ class KernelArtifact:
                        else 1, timed_out=False, complete=run.ended)
             results.append(res)
             per_run.append((cls, sig))
-            tried.append(f"run {i + 1}: seed={run_seed}, {len(run.steps)} steps -> {cls.primary}")
+            tried.append(f"run {i + 1}: seed={run_seed}, {len(run.steps)} steps -> {_label(res)}")
         verdict = _verdict(results, tried)
         s.record_reproduce(verdict)
-        problem = verdict["problem"] or "healthy"
-        cls, sig = next((p for p, r in zip(per_run, results) if r["category"] == problem),
-                        per_run[0])
-        s.record_classification(cls, sig)
+        index = _classified(results, verdict["problem"])
+        if index is not None:  # the same rule as the CLI: no training step, no classification
+            cls, sig = per_run[index]
+            s.record_classification(cls, sig)
         return verdict, first_error
 
     def isolate(self, ids: list[str] | None = None, budget: float = 30.0):

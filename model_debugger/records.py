@@ -18,10 +18,13 @@ ROOT_CAUSES = ("hyperparameter", "data", "architecture", "training_loop", "hardw
 
 
 def as_float(value) -> float:
-    """Decode a JSON number that may be stored as ``"nan"``/``"inf"``; None becomes NaN."""
+    """Decode a JSON number that may be stored as ``"nan"``/``"inf"``; None or junk becomes NaN."""
     if value is None:
         return math.nan
-    return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):  # a record is untrusted input
+        return math.nan
 
 
 def _tokens(name: str) -> set[str]:
@@ -59,24 +62,43 @@ class Run:
     ----------
     events : list of dict
         The raw events in order (``start``, ``step``, ``metric``, ``nonfinite``, ``ref``, ...).
+    bad_lines : int
+        Lines of the record that could not be read (not JSON, not an event) and were skipped;
+        every other line is kept.
+    truncated : bool
+        The last line was cut short (the process was killed while writing it); not counted
+        in ``bad_lines``.
     """
 
     events: list[dict] = field(default_factory=list)
+    bad_lines: int = 0
+    truncated: bool = False
 
     @classmethod
     def load(cls, path: str) -> Run:
-        """Read a record; a truncated last line (a killed process) is ignored."""
-        events = []
+        """Read a record; unreadable lines are skipped and counted, never the rest.
+
+        A last line without its newline that does not parse is a write cut short by a killed
+        process (``truncated``); any other line that is not a JSON object counts in
+        ``bad_lines``.
+        """
+        events, bad, truncated = [], 0, False
         with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                line = line.strip()
+            for raw in fh:
+                line = raw.strip()
                 if not line:
                     continue
                 try:
-                    events.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break
-        return cls(events)
+                    event = json.loads(line)
+                except (json.JSONDecodeError, RecursionError):
+                    event = None
+                if isinstance(event, dict):
+                    events.append(event)
+                elif raw.endswith("\n"):
+                    bad += 1
+                else:
+                    truncated = True
+        return cls(events, bad, truncated)
 
     def of(self, kind: str) -> list[dict]:
         """All events of one kind."""

@@ -9,14 +9,49 @@ import sys
 import time
 from dataclasses import dataclass
 
+STOP_SECONDS = 3.0  # after Ctrl-C, how long the child may take to close its record
+
 
 @dataclass(frozen=True)
 class ChildResult:
-    """How the child process ended."""
+    """How the child process ended.
+
+    ``returncode`` is negative (``-signal``) when a signal ended it; ``interrupted`` is True
+    when this process was interrupted (Ctrl-C) and stopped the child.
+    """
 
     returncode: int
     seconds: float
     timed_out: bool
+    interrupted: bool = False
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a child ran: the child was stopped; ``result`` says how it ended."""
+
+    def __init__(self, result: ChildResult) -> None:
+        super().__init__("interrupted")
+        self.result = result
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ask the child to close its record (SIGINT), then kill it after ``STOP_SECONDS``.
+
+    A Ctrl-C at a terminal reaches the child too (one process group): it gets a moment to
+    close its record before it is asked again.
+    """
+    try:
+        try:
+            proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=STOP_SECONDS)
+    except BaseException:  # noqa: BLE001 - it did not stop in time, or Ctrl-C again
+        pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 def run_script(script: str, args: list[str], record: str, seed: int | None = None,
@@ -57,6 +92,8 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
     if syspath:
         cmd += ["--syspath", syspath]
     cmd += [script, *args]
+    if os.path.lexists(record):  # each run writes a fresh record: no stale one is read as this
+        os.unlink(record)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     out = stdout or sys.stderr
@@ -80,6 +117,10 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    except KeyboardInterrupt:
+        _stop(proc)
+        raise RunInterrupted(ChildResult(proc.returncode, time.perf_counter() - t0, timed_out,
+                                         interrupted=True)) from None
     except BaseException:
         proc.kill()
         proc.wait()

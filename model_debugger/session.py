@@ -61,6 +61,14 @@ class GateError(SessionError):
     """An action refused by a phase gate; the session is unchanged."""
 
 
+class SessionLocked(SessionError):
+    """Another live process holds the session's lock (a phase is writing to it)."""
+
+
+LOCK_FILE = ".lock"
+_held: dict[str, list] = {}  # session folder -> [fd, depth]: re-entrant within this process
+
+
 class DebugSession:
     """One investigation: Reproduce -> Classify -> Isolate -> Fix -> Verify.
 
@@ -181,6 +189,34 @@ class DebugSession:
     def _last(self, kind: str) -> dict | None:
         return next((e for e in reversed(self._data["events"]) if e["kind"] == kind), None)
 
+    # -- locking -------------------------------------------------------------------------
+    def lock(self, phase: str) -> _SessionLock:
+        """Hold the session's lock while ``phase`` writes to it: ``with session.lock("verify"):``.
+
+        The lock is ``.lock`` in the session folder, holding the pid and the phase, under an
+        exclusive ``flock``: the kernel releases it when its process dies, so the lock of a dead
+        (killed) process is taken over, whatever the file still says. Re-entrant within one
+        process. On entry the session is reloaded from disk, so the phase sees what an earlier
+        holder wrote.
+
+        Raises
+        ------
+        SessionLocked
+            When another live process holds it; one line naming the holder's pid and phase.
+        """
+        return _SessionLock(self, phase)
+
+    def _reload(self) -> None:
+        """Read the saved events again (another process may have appended since this loaded)."""
+        try:
+            with open(os.path.join(self.directory, SESSION_FILE), encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            return
+        if isinstance(data, dict) and data.get("id") == self.id and \
+                isinstance(data.get("events"), list):
+            self._data = data
+
     def run_dir(self, n: int) -> str:
         """The folder of the n-th captured run (created)."""
         path = os.path.join(self.directory, "runs", str(n))
@@ -277,8 +313,8 @@ class DebugSession:
     @property
     def phase(self) -> str:
         """The current phase: the first one not yet done (``done`` when nothing is left)."""
-        if self.reproduce is None:
-            return "reproduce"
+        if self.reproduce is None or self._unobserved():
+            return "reproduce"  # nothing was observed (or Ctrl-C came first): reproduce again
         if self.classification is None:
             return "classify"
         st = self._state()
@@ -304,14 +340,29 @@ class DebugSession:
             fix_gate = "needs a confirmed finding from Isolate"
         else:
             fix_gate = None
+        unobserved = self._unobserved()
         return {
             "reproduce": None,
-            "classify": None if self.reproduce is not None else "needs a reproduce record",
-            "isolate": ("needs a classification" if self.classification is None else
+            "classify": (f"nothing to classify: {unobserved}" if unobserved else
+                         None if self.reproduce is not None else "needs a reproduce record"),
+            "isolate": (f"nothing to isolate: {unobserved}" if unobserved else
+                        "needs a classification" if self.classification is None else
                         "a fix is awaiting Verify" if st["pending"] is not None else None),
             "fix": fix_gate,
             "verify": None if st["pending"] is not None else "needs an approved fix",
         }
+
+    def _unobserved(self) -> str | None:
+        """Why nothing can be classified: the reproduction observed no training step (or was
+        interrupted before one); None when there is a classification or no reproduction yet."""
+        rep = self.reproduce
+        if rep is None or self.classification is not None:
+            return None
+        if rep.get("status") == "not_observed":
+            return rep.get("reason") or "no training step was observed"
+        if rep.get("status") == "interrupted" and not rep.get("steps"):
+            return "Reproduce was interrupted before the first training step"
+        return None
 
     def _require(self, phase: str) -> None:
         reason = self.gates()[phase]
@@ -403,3 +454,53 @@ class DebugSession:
             "escalations": [f.to_json() for f in self.escalations],
             "gates": self.gates(),
         }
+
+
+class _SessionLock:
+    """The context manager of :meth:`DebugSession.lock`."""
+
+    def __init__(self, session: DebugSession, phase: str) -> None:
+        self.session = session
+        self.phase = phase
+        self.key = os.path.realpath(session.directory)
+
+    def __enter__(self) -> DebugSession:
+        held = _held.get(self.key)
+        if held is not None:
+            held[1] += 1
+            return self.session
+        import fcntl
+
+        path = os.path.join(self.key, LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+            os.close(fd)
+            pid = holder[0] if holder else "unknown"
+            what = f" ({holder[1]} running)" if len(holder) > 1 else ""
+            raise SessionLocked(f"session {self.session.id} is locked by pid {pid}{what}; wait "
+                                "for it to finish or stop it") from None
+        try:  # ours: a stale file from a dead process is simply overwritten
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {self.phase}\n".encode(), 0)
+        except OSError:
+            pass
+        _held[self.key] = [fd, 1]
+        self.session._reload()
+        return self.session
+
+    def __exit__(self, *exc) -> bool:
+        held = _held.get(self.key)
+        if held is None:
+            return False
+        held[1] -= 1
+        if held[1] == 0:
+            del _held[self.key]
+            try:
+                os.ftruncate(held[0], 0)  # never unlinked: another process may hold it open
+            except OSError:
+                pass
+            os.close(held[0])  # releases the flock
+        return False

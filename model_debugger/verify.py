@@ -36,16 +36,27 @@ LOG_SIGNALS = ("grad_norm_growth", "first_to_last_grad_ratio")
 
 
 def measure(run: Run) -> dict:
-    """Signals, classification and the derived Verify signals of one run."""
+    """Signals, classification and the derived Verify signals of one run.
+
+    A run that recorded no training step, or whose process died without closing its record,
+    counts as crashed (never as a healthy run).
+    """
+    from .diagnose import _result_of
+
     sig = compute(run)
     steps = max(sig.get("steps", 0), 1)
     sig["finite_fraction"] = (min(sig["first_nonfinite_step"], steps) / steps
                               if "first_nonfinite_step" in sig else 1.0)
     sig["completed"] = 0.0 if sig.get("error_kind") == "oom" else 1.0
     cls = classify(sig)
-    crashed = sig.get("error_kind") == "exception"
+    res = _result_of(run, cls.primary)
+    crashed = res["status"] == "not_observed" or (
+        res["status"] == "crashed" and sig.get("error_kind") != "oom")
+    error = sig.get("error") or res["error"] or res.get("reason")
+    if res["status"] == "not_observed":
+        error = f"no training step observed: {res['reason']}"
     return {"signals": sig, "categories": [cls.primary, *cls.secondary], "crashed": crashed,
-            "error": sig.get("error")}
+            "error": error}
 
 
 def _value(sig: dict, name: str) -> float:
@@ -150,6 +161,12 @@ def verify(session: DebugSession, runner: Callable[[str, int], Run], seeds: list
     dict
         The verification, as recorded in the session.
     """
+    with session.lock("verify"):
+        return _verify_locked(session, runner, seeds, known)
+
+
+def _verify_locked(session: DebugSession, runner: Callable[[str, int], Run], seeds: list[int],
+                   known: dict[int, Run] | None) -> dict:
     fix = session.pending_fix
     if fix is None:
         raise GateError(f"verify refused: {session.gates()['verify']} "
@@ -172,6 +189,12 @@ def verify(session: DebugSession, runner: Callable[[str, int], Run], seeds: list
 def verify_script(session: DebugSession, seeds: list[int] | None = None,
                   max_seconds: float | None = None, stdout=None) -> dict:
     """Verify a pending fix of a script artifact: child runs of the old and the fixed code."""
+    with session.lock("verify"):
+        return _verify_script(session, seeds, max_seconds, stdout)
+
+
+def _verify_script(session: DebugSession, seeds: list[int] | None, max_seconds: float | None,
+                   stdout) -> dict:
     from .runner import run_script
 
     fix = session.pending_fix

@@ -63,7 +63,9 @@ def test_script_arguments_after_double_dash(tmp_path):
                       "assert sys.argv[1:] == ['--epochs', '3', 'x y'], sys.argv\n")
     report, stderr = diagnose(script, tmp_path / "s", "--", "--epochs", "3", "x y")
     assert report["reproduce"]["error"] is None, stderr
-    assert report["reproduce"]["status"] == "not_reproduced"
+    # no training step ran: not observed (never healthy), and nothing is classified
+    assert report["reproduce"]["status"] == "not_observed"
+    assert report["classification"] is None
 
 
 def test_crashing_script_is_data_not_a_cli_failure(tmp_path):
@@ -71,7 +73,8 @@ def test_crashing_script_is_data_not_a_cli_failure(tmp_path):
     script.write_text("import torch\nx = torch.ones(3)\nraise ValueError('shapes do not match')\n")
     report, _ = diagnose(script, tmp_path / "s")
     rep = report["reproduce"]
-    assert rep["status"] == "crashed"
+    # it crashed before any training step: not observed, the error and the reason kept
+    assert rep["status"] == "not_observed" and "crashed during set-up" in rep["reason"]
     assert rep["error"] == "ValueError: shapes do not match"
     assert rep["error_location"] == {"file": str(script), "line": 3}
 

@@ -1,9 +1,11 @@
 """The Recorder: one context manager that owns every hook and writes the run record.
 
-The record is a stream of JSON lines (``record.jsonl``). Events other than per-step ones are flushed
-at once and per-step events at least every ``FLUSH_SECONDS``, so a script that is killed mid-run
-still leaves everything up to its last fraction of a second on disk (and an exception or a
-SIGTERM, which close the record, loses nothing).
+The record is a stream of JSON lines (``record.jsonl``), written fresh by each run (opened with
+``"w"``). Events other than per-step ones are flushed at once and per-step events at least every
+``FLUSH_SECONDS``: by the training thread when steps come, and by a daemon flusher thread when
+they stop coming (a hang in a C call, a ``time.sleep``, a long data load), so a script that is
+killed mid-run (SIGKILL) still leaves everything up to its last fraction of a second on disk (and
+an exception or a SIGTERM, which close the record, loses nothing).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -123,7 +126,10 @@ class Recorder:
         self.epoch = 0
         self.error: dict | None = None
         self._fh = None
-        self._queue: list[dict] = []
+        self._queue: list[dict] = []  # appended without the lock; taken with slice + del
+        self._lock = threading.RLock()  # held while draining/writing (training thread, flusher)
+        self._flusher: threading.Thread | None = None
+        self._stop_flush = threading.Event()
         self._before_event: list = []
         self._closed = False  # the block has ended and closed the record file
         self._draining = False
@@ -144,22 +150,23 @@ class Recorder:
         rows (:meth:`before_event`) write them before any other event.
         """
         event = {"t": kind, **data}
-        if kind != "step":
-            self._drain()
-        if self._fh is None:
-            self.events.append(event)
-            if self._closed:  # after the block (a late error location): appended at once
-                with open(self.path, "a", encoding="utf-8") as fh:
-                    fh.write(_ENCODER.encode(event) + "\n")
-            return event
-        if kind in _STREAM_ONLY:
+        if kind in _STREAM_ONLY and self._fh is not None:  # the hot path: no lock
             self._queue.append(event)
             if time.perf_counter() - self._flushed >= FLUSH_SECONDS:
                 self.flush()
             return event
-        self.events.append(event)
-        self._queue.append(event)
-        self.flush()
+        with self._lock:
+            if kind != "step":
+                self._drain()
+            if self._fh is None:
+                self.events.append(event)
+                if self._closed:  # after the block (a late error location): appended at once
+                    with open(self.path, "a", encoding="utf-8") as fh:  # this run's own file
+                        fh.write(_ENCODER.encode(event) + "\n")
+                return event
+            self.events.append(event)
+            self._queue.append(event)
+            self.flush()
         return event
 
     def _file_closed(self) -> None:
@@ -175,26 +182,69 @@ class Recorder:
         self._before_event.append(drain)
 
     def _drain(self) -> None:
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            for drain in self._before_event:
-                drain()
-        finally:
-            self._draining = False
+        with self._lock:
+            if self._draining:
+                return
+            self._draining = True
+            try:
+                for drain in self._before_event:
+                    drain()
+            finally:
+                self._draining = False
 
     def flush(self) -> None:
-        """Write the queued events to the file and flush it."""
-        if self._fh is None:
-            return
-        if self._queue:  # encoded before the queue is let go: an interrupt here loses nothing
-            encode = _ENCODER.encode
-            text = "".join([encode(e) + "\n" for e in self._queue])
-            self._queue = []
-            self._fh.write(text)
-        self._fh.flush()
-        self._flushed = time.perf_counter()
+        """Write the queued events to the file and flush it (thread-safe).
+
+        The training thread appends to the queue without the lock; the queue is taken with a
+        slice and a ``del`` of the same length (each atomic), so an event appended meanwhile
+        stays queued for the next flush.
+        """
+        with self._lock:
+            fh = self._fh
+            if fh is None:
+                return
+            queue = self._queue
+            n = len(queue)
+            if n:  # encoded before the queue is let go: an interrupt here loses nothing
+                encode = _ENCODER.encode
+                text = "".join([encode(e) + "\n" for e in queue[:n]])
+                del queue[:n]
+                fh.write(text)
+            fh.flush()
+            self._flushed = time.perf_counter()
+
+    def _start_flusher(self) -> None:
+        """Start the daemon thread that writes queued steps when the training thread stalls."""
+        self._stop_flush.clear()
+        thread = threading.Thread(target=self._flush_loop, name="model_debugger-flusher",
+                                  daemon=True)
+        thread.start()
+        self._flusher = thread
+
+    def _stop_flusher(self) -> None:
+        thread, self._flusher = self._flusher, None
+        if thread is not None:
+            self._stop_flush.set()
+            thread.join()
+
+    def _flush_loop(self) -> None:
+        """Every half ``FLUSH_SECONDS``: drain and flush when nothing was written for that long.
+
+        While steps come, the training thread flushes them itself and this thread only looks
+        at the clock; when they stop (a hang, a sleep, a data load), the kept steps reach the
+        disk within ``1.5 * FLUSH_SECONDS``.
+        """
+        while not self._stop_flush.wait(FLUSH_SECONDS / 2):
+            if time.perf_counter() - self._flushed < FLUSH_SECONDS:
+                continue
+            try:
+                with self._lock:
+                    if self._fh is None:
+                        return
+                    self._drain()
+                    self.flush()
+            except Exception:  # noqa: BLE001 - a full disk: the training thread reports it
+                self._flushed = time.perf_counter()
 
     def metric(self, name: str, value, source: str, step: int | None = None,
                epoch: int | None = None) -> None:
@@ -225,13 +275,15 @@ class Recorder:
             if self.path:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 self._stack.callback(self._file_closed)  # runs after the file is closed
-                self._fh = self._stack.enter_context(
-                    open(self.path, "a", buffering=1 << 16, encoding="utf-8"))
+                self._fh = self._stack.enter_context(  # a fresh record: never appended to
+                    open(self.path, "w", buffering=1 << 16, encoding="utf-8"))
                 self._stack.callback(self.flush)  # before the file closes (last in, first out)
             remember_environment()  # redacted in what this run writes, even once unset
             remember_script(sys.argv[0] if sys.argv else "")  # db_pass = "..." in the script
             if self._fh is not None:
                 os.fchmod(self._fh.fileno(), 0o600)  # private whatever the umask
+                self._start_flusher()
+                self._stack.callback(self._stop_flusher)  # stopped before the last flush
             self.emit("start", time=time.time(), pid=os.getpid(), argv=redact_args(sys.argv),
                       config=asdict(self.config), rss=rss_bytes())
             if self.config.parse_stdout:
@@ -248,6 +300,8 @@ class Recorder:
             self._stack.callback(_active.remove, self)
         except BaseException:
             self._stack.close()
+            self._stack.callback(when_imported(  # training in processes the capture misses
+                "multiprocessing.process", lambda m: self._stack.callback(_watch_processes(m))))
             raise
         return self
 
@@ -339,3 +393,65 @@ def log(**metrics) -> None:
         if hasattr(value, "item"):
             value = value.item()
         rec.metric(name, value, "log", step=step)
+_processes = {"users": 0, "original": None}  # one patch shared by nested recorders
+
+
+def _watch_processes(module):
+    """Record a ``process`` event for each ``multiprocessing`` process started under capture.
+
+    Training in such a process (``torch.multiprocessing.spawn``, a ``Process`` per rank) is not
+    captured; the event lets Reproduce say so when no training step was observed. The patch is
+    shared by nested recorders and restored when the last one ends (any exit order); the events
+    go to the innermost active recorder. Returns the undo callable.
+    """
+    cls = module.BaseProcess
+    if _processes["users"] == 0:
+        original = cls.start
+
+        def start(proc):
+            original(proc)
+            rec = active_recorder()
+            if rec is None:
+                return
+            target = getattr(proc, "_target", None)
+            name = (f"{getattr(target, '__module__', '?')}."
+                    f"{getattr(target, '__qualname__', '?')}" if target is not None
+                    else type(proc).__qualname__)
+            try:
+                rec.emit("process", target=name, kind=type(proc).__name__, pid=proc.pid)
+            except Exception:  # noqa: BLE001 - recording must never break the user's start()
+                pass
+
+        _processes["original"] = original
+        cls.start = start
+    _processes["users"] += 1
+    done = []
+
+    def undo() -> None:
+        if done:
+            return
+        done.append(True)
+        _processes["users"] -= 1
+        if _processes["users"] == 0 and _processes["original"] is not None:
+            cls.start = _processes["original"]
+            _processes["original"] = None
+
+    return undo
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child (a DataLoader worker, ``os.fork``) no recorder writes the parent's file.
+
+    The child gets a copy of each active recorder, its file handle and, maybe, a lock held by
+    the flusher thread, which does not exist in the child: the copies keep events in memory.
+    """
+    for rec in _active:
+        rec._lock = threading.RLock()
+        rec._flusher = None
+        rec._fh = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+

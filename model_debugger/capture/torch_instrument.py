@@ -570,16 +570,20 @@ class TorchInstrument:
         Called every ``FLUSH_SECONDS``, before any other event is written (the record keeps
         its order) and when the capture ends.
         """
-        rows, self._rows = self._rows, []
-        self._drained = time.perf_counter()
-        done = 0
-        try:
-            for row in rows:
-                self._write_row(*row)
-                done += 1
-        except BaseException:  # a time limit or Ctrl-C mid-batch: the rest is written later
-            self._rows[:0] = rows[done:]
-            raise
+        with self.rec._lock:  # the flusher thread drains too; the training thread appends
+            kept = self._rows
+            n = len(kept)
+            rows = kept[:n]  # slice and del of n rows: a row appended meanwhile stays kept
+            del kept[:n]
+            self._drained = time.perf_counter()
+            done = 0
+            try:
+                for row in rows:
+                    self._write_row(*row)
+                    done += 1
+            except BaseException:  # a time limit or Ctrl-C mid-batch: the rest is written later
+                kept[:0] = rows[done:]
+                raise
 
     def _write_row(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda) -> None:
         """One kept row as a ``step`` event."""

@@ -68,6 +68,8 @@ def reproduce(verdict: dict, error: BaseException | None = None) -> View:
         lines.append(f"the run ended with {verdict['error']} (partial record kept)")
     elif error is not None:
         lines.append(f"the run ended with {type(error).__name__}: {error} (partial record kept)")
+    if verdict.get("reason"):  # not_observed: why no training step was seen
+        lines.append(f"not observed: {verdict['reason']}")
     for t in verdict.get("tried", []) or []:
         lines.append(f"  tried: {t}")
     text = "\n".join(lines)
