@@ -154,11 +154,12 @@ def main(argv: list[str] | None = None) -> int:
 
             report = isolate_session(DebugSession.load(ns.session), ns.probe_seconds).report()
         elif ns.command == "export":
-            from .export import export
+            from .export import export_files
 
-            paths = export(DebugSession.load(ns.session), ns.output)
+            paths = export_files(DebugSession.load(ns.session), ns.output, overwrite=True)
             print(json.dumps(paths) if ns.json else
-                  f"Notebook: {paths['notebook']}\nRepro script: {paths['repro']}")
+                  f"Notebook: {paths['notebook']}\nRepro script: {paths['repro']}"
+                  + "".join(f"\nReplaced: {p}" for p in paths["replaced"]))
             return 0
         elif ns.command == "verify":
             report = _verify(ns)

@@ -93,20 +93,25 @@ def _forget(comm) -> None:
 
 
 def _export(args: dict) -> dict:
-    from .export import export
+    """Export the kernel's session. ``args.path``: a notebook path inside the kernel's folder
+    (the notebook's); default the session folder. ``args.overwrite``: replace existing files
+    (otherwise an existing target is an error)."""
+    from .export import export_files
     from .notebook import current_session
 
     ns = current_session()
     if not ns.has_session:
         raise ValueError("no session to export yet: run a %%reproduce cell first")
     path = args.get("path") or None
-    if path is not None:
-        path = os.path.abspath(path)
-    written = export(ns.session, path)
+    if path is not None and not isinstance(path, str):
+        raise ValueError("args.path must be a string")
     cwd = os.getcwd()
+    written = export_files(ns.session, path, root=cwd if path is not None else None,
+                           overwrite=args.get("overwrite") is True)
     return {"notebook": written["notebook"], "repro": written["repro"],
-            "relative": {k: os.path.relpath(v, cwd).replace(os.sep, "/")
-                         for k, v in written.items() if v}}
+            "replaced": written["replaced"],
+            "relative": {k: os.path.relpath(written[k], cwd).replace(os.sep, "/")
+                         for k in ("notebook", "repro")}}
 
 
 COMMANDS = {"snapshot": lambda args: snapshot(), "export": _export}

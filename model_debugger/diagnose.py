@@ -302,7 +302,10 @@ def diagnose_log(path: str, error: str | None = None,
     """Classify from a minimal reproducer (a loss/metrics log plus optional error text)."""
     run = load_log(path, error)
     session = DebugSession.create(root, title=os.path.basename(path))
-    session.append("artifact", type="log", path=os.path.abspath(path), error=error)
+    from ._repro import copy_log
+
+    session.append("artifact", type="log", path=os.path.abspath(path), error=error,
+                   copy=copy_log(path, session.directory))
     sig = compute(run)
     cls = classify(sig)
     res = _result_of(run, cls.primary)

@@ -12,24 +12,68 @@ notebook; only ``metadata.model_debugger.exported`` changes. Everything written 
 from __future__ import annotations
 
 import base64
+import errno
 import json
+import math
 import os
-import shlex
+import re
 import time
 
 import numpy as np
 
 from . import _plots
-from ._repro import write_repro
+from ._repro import repro_source, write_repro
 from .logs import load_log
 from .records import Run
 from .redact import REDACTED, redact, redact_args
+from .safe_write import (
+    TargetExists,
+    UnsafePath,
+    check_component,
+    inside,
+    read_inside,
+    regular_inside,
+    write_inside,
+)
 from .session import PHASES, REPORT_SCHEMA, DebugSession
 
-__all__ = ["REDACTED", "build_notebook", "export", "export_notebook", "redact", "redact_args",
-           "write_repro"]
+__all__ = ["REDACTED", "TargetExists", "UnsafePath", "build_notebook", "export", "export_files",
+           "export_notebook", "redact", "redact_args", "write_repro"]
 
 # -- small formatting helpers -----------------------------------------------------------------
+# Every recorded string that reaches markdown goes through _t (free text) or _c (a code span):
+# HTML is escaped, markdown that could make links, images, math, headings or code is
+# neutralised, and code spans use a fence longer than any backtick run in their text.
+_MD_ACTIVE = re.compile(r"([\\`*\[\]#$!~])")
+_REDACTED_ESC = re.escape("\\[REDACTED\\]")
+
+
+def _t(v) -> str:
+    """A recorded value as inert markdown text (one line)."""
+    text = redact(_num(v)).replace("\r", " ").replace("\n", " ")
+    text = _MD_ACTIVE.sub(r"\\\1", text)
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    # keep our own marker readable where it cannot start a link
+    return re.sub(_REDACTED_ESC + r"(?![(\[:])", REDACTED, text)
+
+
+def _c(v) -> str:
+    """A recorded value as one inline code span its text cannot break out of."""
+    text = redact(_num(v)).replace("\r", " ").replace("\n", " ")
+    longest = max((len(r) for r in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _fenced(text: str, lang: str = "") -> str:
+    """A fenced code block whose fence is longer than any backtick run inside."""
+    text = redact(text or "")
+    longest = max((len(r) for r in re.findall(r"`{3,}|~{3,}", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text}\n{fence}"
+
+
 def _num(v) -> str:
     if v is None:
         return "—"
@@ -41,7 +85,9 @@ def _num(v) -> str:
 
 
 def _cell(v) -> str:
-    return _num(v).replace("|", "\\|").replace("\n", " ")
+    if isinstance(v, (int, float)) or v is None:
+        return _num(v)
+    return _t(v).replace("|", "\\|")
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -50,12 +96,43 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def _loc(loc: dict | None) -> str:
-    return f"{loc['file']}:{loc['line']}" if loc and loc.get("file") else "—"
+class _Paths:
+    """Recorded paths as shown in an export: relative to the session's folder of origin.
+
+    The base is the ``cwd`` the artifact recorded, else the folder holding the session store
+    (``<base>/.model_debugger/<id>``). Paths inside it become relative; others under the home
+    folder start with ``~``.
+    """
+
+    def __init__(self, session: DebugSession, art: dict) -> None:
+        cwd = art.get("cwd")
+        self.base = os.path.abspath(cwd if isinstance(cwd, str) and cwd else
+                                    os.path.dirname(os.path.dirname(session.directory)))
+        self.home = os.path.expanduser("~")
+
+    def __call__(self, path) -> str:
+        if not isinstance(path, str) or not path:
+            return _num(path)
+        if not os.path.isabs(path):
+            return path
+        full = os.path.normpath(path)
+        if full == self.base or full.startswith(self.base.rstrip(os.sep) + os.sep):
+            return os.path.relpath(full, self.base)
+        if self.home not in ("", "/") and full.startswith(self.home.rstrip(os.sep) + os.sep):
+            return "~" + full[len(self.home.rstrip(os.sep)):]
+        return full
+
+
+def _loc(loc: dict | None, rel=None) -> str:
+    if not isinstance(loc, dict) or not loc.get("file"):
+        return "—"
+    return f"{rel(loc['file']) if rel else loc['file']}:{loc.get('line')}"
 
 
 def _cmd(*parts) -> str:
-    return "!" + " ".join(shlex.quote(str(p)) for p in parts)
+    """A Python cell calling the CLI with a list of literal arguments: nothing is expanded."""
+    args = ", ".join(repr(redact(str(p))) for p in parts)
+    return f"import model_debugger.cli\nmodel_debugger.cli.main([{args}])"
 
 
 class _Notebook:
@@ -94,12 +171,37 @@ def _png(fig) -> str:
     return base64.b64encode(_plots.figure_png(fig)).decode("ascii")
 
 
-def _load(path: str) -> Run | None:
-    return Run.load(path) if os.path.exists(path) else None
+def _load(session: DebugSession, *parts: str) -> Run | None:
+    """A record inside the session folder (never through a symlink), or None."""
+    path = os.path.join(session.directory, *parts)
+    return Run.load(path) if regular_inside(session.directory, path) else None
 
 
 def _artifact(session: DebugSession) -> dict:
-    return next((e for e in session.events if e["kind"] == "artifact"), {})
+    art = next((e for e in session.events if e["kind"] == "artifact"), {})
+    return art if isinstance(art, dict) else {}
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _log_run(session: DebugSession, art: dict) -> Run:
+    """The log session's copy (inside the session folder) read again; never ``art['path']``."""
+    copy = art.get("copy")
+    if not isinstance(copy, str):
+        raise ValueError("the session keeps no copy of the log")
+    check_component(copy, "log copy")
+    data = read_inside(session.directory, copy)
+    if data is None:
+        raise ValueError(f"the session's copy {copy!r} is missing or not a regular file")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="md-export-log-") as folder:
+        path = os.path.join(folder, copy)
+        with open(path, "wb") as fh:
+            fh.write(data)
+        return load_log(path, art.get("error") if isinstance(art.get("error"), str) else None)
 
 
 # -- sections -----------------------------------------------------------------------------------
@@ -116,54 +218,62 @@ def _run_row(i: int, seed, run: Run | None, category: str) -> list:
             float(np.nanmax(gn)) if np.isfinite(gn).any() else None, first_bad, category]
 
 
-def _reproduce(nb: _Notebook, session: DebugSession, art: dict) -> None:
+def _reproduce(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> None:
     rep = session.reproduce
     nb.md("## 1. Reproduce")
+    seed = _int(art.get("seed"))
     if art.get("type") == "log":
-        cmd = _cmd("model-debugger", "diagnose", art.get("path", "LOG"),
-                   *(["--error", art["error"]] if art.get("error") else []))
-        what = (f"Nothing could be run: a **minimal reproducer** — the log `{art.get('path')}`"
-                + (f" and the error text `{art['error']}`" if art.get("error") else "") + ".")
+        error = art.get("error") if isinstance(art.get("error"), str) else None
+        cmd = _cmd("diagnose", rel(art.get("path")) if art.get("path") else "LOG",
+                   *(["--error", error] if error else []))
+        what = (f"Nothing could be run: a **minimal reproducer** — the log {_c(rel(art.get('path')))}"
+                + (f" and the error text {_c(error)}" if error else "") + ".")
     else:
-        args = redact_args(list(art.get("args") or []))
-        runs = (rep or {}).get("runs", {}).get("total", 1)
-        cmd = _cmd("model-debugger", "diagnose", art.get("script", "SCRIPT"), "--runs", runs,
-                   *(["--seed", art["seed"]] if art.get("seed") is not None else []),
-                   *(["--max-seconds", art["max_seconds"]] if art.get("max_seconds") else []),
+        args = redact_args([str(a) for a in art.get("args") or []])
+        runs = _int((rep or {}).get("runs", {}).get("total")) or 1
+        seconds = art.get("max_seconds") if isinstance(art.get("max_seconds"), (int, float)) \
+            else None
+        cmd = _cmd("diagnose", rel(art.get("script")) if art.get("script") else "SCRIPT",
+                   "--runs", runs, *(["--seed", seed] if seed is not None else []),
+                   *(["--max-seconds", seconds] if seconds else []),
                    *(["--", *args] if args else []))
-        limit = f"{_num(art['max_seconds'])} s" if art.get("max_seconds") else "none"
-        what = (f"The script `{art.get('script')}` ran under instrumentation in a child process "
-                f"(arguments {args or 'none'}, seed {_num(art.get('seed'))}, time limit {limit})."
+        limit = f"{_num(seconds)} s" if seconds else "none"
+        shown = ", ".join(_c(a) for a in args) or "none"
+        what = (f"The script {_c(rel(art.get('script')))} ran under instrumentation in a child "
+                f"process (arguments {shown}, seed {_num(seed)}, time limit {limit})."
                 f" The session's copy of the code is "
-                f"`{os.path.join(session.directory, 'artifact.py')}`; `python repro.py` re-runs it.")
+                f"{_c(rel(os.path.join(session.directory, 'artifact.py')))}; "
+                f"`python repro.py` re-runs it.")
     if rep is None:
         nb.md(what, "**Not reached**: no reproduce record yet.")
         return
-    nb.md(what, f"**Verdict: {rep.get('status')}** ({rep.get('summary')}); problem: "
-                f"`{rep.get('problem') or 'none'}`.")
+    nb.md(what, f"**Verdict: {_t(rep.get('status'))}** ({_t(rep.get('summary'))}); problem: "
+                f"{_c(rep.get('problem') or 'none')}.")
     lines = [f"reproduce: {rep.get('summary')} ({rep.get('problem') or 'no problem'})",
              f"steps: {rep.get('steps')}, epochs: {rep.get('epochs')}, "
              f"seconds: {_num(rep.get('seconds'))}",
              f"error: {rep.get('error') or 'none'}"
-             + (f" at {_loc(rep.get('error_location'))}" if rep.get("error_location") else "")]
-    lines += [f"code: {k} at {_loc(v)}" for k, v in (rep.get("code") or {}).items()]
+             + (f" at {_loc(rep.get('error_location'), rel)}" if rep.get("error_location")
+                else "")]
+    code = rep.get("code") if isinstance(rep.get("code"), dict) else {}
+    lines += [f"code: {k} at {_loc(v, rel)}" for k, v in code.items()]
     lines += [f"tried: {t}" for t in rep.get("tried", [])]
     figures, runs, rows = [], [], []
-    total = rep.get("runs", {}).get("total", 0)
+    total = _int(rep.get("runs", {}).get("total")) or 0
     cats = rep.get("runs", {}).get("categories", [])
     if art.get("type") == "log":
         run = None
         try:
-            run = load_log(art["path"], art.get("error"))
+            run = _log_run(session, art)
         except (ValueError, OSError, KeyError) as exc:
             lines.append(f"(the log cannot be read again for plots: {exc})")
         runs = [run] if run is not None else []
         rows = [_run_row(0, None, run, cats[0] if cats else "—")]
     else:
-        for i in range(total):
-            run = _load(os.path.join(session.directory, "runs", str(i), "record.jsonl"))
-            seed = None if art.get("seed") is None else art["seed"] + i
-            rows.append(_run_row(i, seed, run, cats[i] if i < len(cats) else "—"))
+        for i in range(min(total, 1000)):
+            run = _load(session, "runs", str(i), "record.jsonl")
+            rows.append(_run_row(i, None if seed is None else seed + i, run,
+                                 cats[i] if i < len(cats) else "—"))
             if run is not None:
                 runs.append(run)
     if runs:
@@ -175,57 +285,64 @@ def _reproduce(nb: _Notebook, session: DebugSession, art: dict) -> None:
     nb.code(cmd, "\n".join(lines) + "\n", figures)
     nb.md("Per run:", _table(["run", "seed", "steps", "first loss", "final finite loss",
                                "min loss", "max grad norm", "first non-finite", "category"], rows))
-    errors = [r.error for r in runs if r is not None and r.error and r.error.get("traceback")]
+    errors = [r.error for r in runs if r is not None and isinstance(r.error, dict)
+              and isinstance(r.error.get("traceback"), str)]
     if errors:
         tb = "\n".join(errors[0]["traceback"].splitlines()[-30:])
-        nb.md("The run's error (last lines of the traceback):", f"```\n{tb}\n```")
+        nb.md("The run's error (last lines of the traceback):", _fenced(tb))
 
 
-def _classify(nb: _Notebook, session: DebugSession, art: dict) -> None:
+def _classify(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> None:
     nb.md("## 2. Classify")
     cls = session.classification
     if cls is None:
-        nb.md(f"**Not reached**: {session.gates()['classify'] or 'no classification yet'}.")
+        nb.md(f"**Not reached**: {_t(session.gates()['classify'] or 'no classification yet')}.")
         return
     ev = [[e.signal, e.value, e.detail] for e in cls.evidence]
-    nb.md(f"Primary category: **`{cls.primary}`**"
+    nb.md(f"Primary category: **{_c(cls.primary)}**"
           + (f"; secondary (handled after the primary is verified): "
-             f"{', '.join(f'`{c}`' for c in cls.secondary)}" if cls.secondary else "") + ".",
+             f"{', '.join(_c(c) for c in cls.secondary)}" if cls.secondary else "") + ".",
           "The numbers behind it:", _table(["signal", "value", "detail"], ev) if ev else "")
     if art.get("type") == "log":
+        copy = art.get("copy") if isinstance(art.get("copy"), str) else "log.csv"
         src = (f"from model_debugger.logs import load_log\n"
-               f"run = load_log({art.get('path')!r}, {art.get('error')!r})\n")
+               f"run = load_log({rel(os.path.join(session.directory, copy))!r}, "
+               f"{art.get('error')!r})\n")
     else:
-        record = os.path.join(session.directory, (session.reproduce or {}).get(
-            "record", os.path.join("runs", "0", "record.jsonl")))
-        src = f"from model_debugger.records import Run\nrun = Run.load({record!r})\n"
+        record = (session.reproduce or {}).get("record")
+        if not isinstance(record, str):
+            record = os.path.join("runs", "0", "record.jsonl")
+        src = (f"from model_debugger.records import Run\n"
+               f"run = Run.load({rel(os.path.join(session.directory, record))!r})\n")
     src += ("from model_debugger.classify import classify\nfrom model_debugger.signals import "
             "compute\ncls = classify(compute(run))\ncls.primary, cls.secondary")
     nb.code(src, "".join(f"{e.signal} = {_num(e.value)}  # {e.detail}\n" for e in cls.evidence),
             result=repr((cls.primary, tuple(cls.secondary))))
 
 
-def _finding_rows(findings: list[dict]) -> list[list]:
-    return [[i + 1, f["check"], f["root_cause"], f["confirmed"], _loc(f.get("location")),
+def _finding_rows(findings: list[dict], rel: _Paths) -> list[list]:
+    return [[i + 1, f["check"], f["root_cause"], f["confirmed"], _loc(f.get("location"), rel),
              f.get("explanation", "")] for i, f in enumerate(findings)]
 
 
-def _isolate(nb: _Notebook, session: DebugSession) -> None:
+def _isolate(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
     nb.md("## 3. Isolate")
     events = [e for e in session.events if e["kind"] == "isolate"]
     if not events:
-        nb.md(f"**Not reached**: {session.gates()['isolate'] or 'no probes have run yet'}.")
+        nb.md(f"**Not reached**: {_t(session.gates()['isolate'] or 'no probes have run yet')}.")
         return
     for n, e in enumerate(events, 1):
         findings = e.get("findings", [])
         head = f"### Isolate, round {n}" if len(events) > 1 else ""
         confirmed = [f for f in findings if f["confirmed"]]
-        verdict = (f"Root cause: **`{confirmed[0]['check']}`** ({confirmed[0]['root_cause']}) at "
-                   f"`{_loc(confirmed[0].get('location'))}`." if confirmed else
+        verdict = (f"Root cause: **{_c(confirmed[0]['check'])}** "
+                   f"({_t(confirmed[0]['root_cause'])}) at "
+                   f"{_c(_loc(confirmed[0].get('location'), rel))}." if confirmed else
                    "**No confirmed finding**: a hypothesis is not a root cause, so the Fix gate "
                    "stays closed.")
         table = _table(["#", "check", "root cause", "confirmed", "file:line", "explanation"],
-                       _finding_rows(findings)) if findings else "No probe reported a finding."
+                       _finding_rows(findings, rel)) if findings else \
+            "No probe reported a finding."
         nb.md(head, f"{len(findings)} findings ({len(confirmed)} confirmed). {verdict}", table)
         timing = e.get("probe_seconds") or {}
         out = "".join(f"{f['check']}: {json.dumps(f.get('evidence', {}), default=str)}\n"
@@ -237,7 +354,7 @@ def _isolate(nb: _Notebook, session: DebugSession) -> None:
             out += f"seed noise: {json.dumps(e['noise'], default=str)}\n"
         nb.code(f"# Isolate round {n}: the measured evidence behind each finding\n"
                 f"from model_debugger.session import DebugSession\n"
-                f"events = DebugSession.load({session.directory!r}).events\n"
+                f"events = DebugSession.load({rel(session.directory)!r}).events\n"
                 f"[e for e in events if e['kind'] == 'isolate'][{n - 1}]['findings']", out)
 
 
@@ -247,53 +364,57 @@ def _finding_for(session: DebugSession, check: str, upto: int) -> dict | None:
                  for f in e.get("findings", []) if f["check"] == check), None)
 
 
-def _fix(nb: _Notebook, session: DebugSession) -> None:
+def _fix(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
     nb.md("## 4. Fix")
     events = [e for e in session.events if e["kind"] == "fix"]
     if not events:
-        nb.md(f"**Not reached**: {session.gates()['fix'] or 'no fix has been planned yet'}.")
+        nb.md(f"**Not reached**: {_t(session.gates()['fix'] or 'no fix has been planned yet')}.")
         return
     for n, e in enumerate(events, 1):
         fix = e["fix"]
         f = _finding_for(session, fix.get("finding"), e["seq"]) or {}
-        overrides = fix.get("overrides") or []
-        nb.md(f"### Fix {n}: `{fix.get('finding')}`",
-              f"**Finding addressed**: `{fix.get('finding')}` — root cause "
-              f"**{fix.get('root_cause')}** at `{_loc(fix.get('location') or f.get('location'))}`"
-              f" (confirmed: {_num(f.get('confirmed'))}).\n\n{f.get('explanation', '')}",
-              f"**Suggestion**: {fix.get('suggestion') or '—'}",
-              f"**Expected effect**: {fix.get('expected') or '—'}",
-              f"**Touches**: {', '.join(fix.get('touches') or []) or '—'}; "
+        overrides = [str(o) for o in fix.get("overrides") or []]
+        touches = ", ".join(str(t) for t in fix.get("touches") or [])
+        nb.md(f"### Fix {n}: {_c(fix.get('finding'))}",
+              f"**Finding addressed**: {_c(fix.get('finding'))} — root cause "
+              f"**{_t(fix.get('root_cause'))}** at "
+              f"{_c(_loc(fix.get('location') or f.get('location'), rel))}"
+              f" (confirmed: {_num(f.get('confirmed'))}).\n\n{_t(f.get('explanation', ''))}",
+              f"**Suggestion**: {_t(fix.get('suggestion') or '—')}",
+              f"**Expected effect**: {_t(fix.get('expected') or '—')}",
+              f"**Touches**: {_t(touches or '—')}; "
               f"{len(fix.get('hunks') or [])} hunk(s); approved: {_num(fix.get('approved'))}.",
-              "**Boundary overrides**: " + ("; ".join(overrides) if overrides else
+              "**Boundary overrides**: " + ("; ".join(_t(o) for o in overrides) if overrides else
                                             "none (every boundary held)."),
-              f"The change (the session's copy of the fixed code is `{fix.get('copy')}`):",
-              f"```diff\n{(fix.get('diff') or '').rstrip()}\n```")
+              f"The change (the session's copy of the fixed code is {_c(fix.get('copy'))}):",
+              _fenced(str(fix.get("diff") or "").rstrip(), "diff"))
         ver = next((x["verification"] for x in session.events[e["seq"]:]
                     if x["kind"] == "verify"), None)
         flags = ["--seeds", len(ver.get("seeds") or [])] if ver and ver.get("seeds") else []
         flags += ["--allow-architecture"] * any("architecture" in o for o in overrides)
         flags += ["--data-consent"] * any("preprocessing" in o for o in overrides)
-        nb.code(_cmd("model-debugger", "verify", session.directory, "--fixed",
-                     fix.get("fixed") or fix.get("copy") or "fixed.py", "--yes", *flags),
+        fixed = fix.get("fixed") or fix.get("copy") or "fixed.py"
+        nb.code(_cmd("verify", rel(session.directory), "--fixed", rel(str(fixed)), "--yes",
+                     *flags),
                 f"fix plan for {fix.get('finding')} ({fix.get('root_cause')}) at "
-                f"{_loc(fix.get('location'))}: approved\n"
-                f"touches: {', '.join(fix.get('touches') or []) or '-'}\n"
+                f"{_loc(fix.get('location'), rel)}: approved\n"
+                f"touches: {touches or '-'}\n"
                 f"overrides: {'; '.join(overrides) or 'none'}\n")
 
 
 def _verify_runs(session: DebugSession, n: int, v: dict) -> tuple[dict, dict]:
-    folder = os.path.join(session.directory, "verify", str(n))
     art = _artifact(session)
+    start = _int(art.get("seed"))
     before, after = {}, {}
     for seed in v.get("seeds") or []:
-        run = _load(os.path.join(folder, f"before-{seed}.jsonl"))
-        if run is None and art.get("seed") is not None and n == 1:  # reused reproduce runs
-            run = _load(os.path.join(session.directory, "runs", str(seed - art["seed"]),
-                                     "record.jsonl"))
+        if _int(seed) is None:
+            continue  # record file names are built from integer seeds only
+        run = _load(session, "verify", str(n), f"before-{seed}.jsonl")
+        if run is None and start is not None and n == 1 and seed >= start:  # reused runs
+            run = _load(session, "runs", str(seed - start), "record.jsonl")
         if run is not None:
             before[seed] = run
-        run = _load(os.path.join(folder, f"after-{seed}.jsonl"))
+        run = _load(session, "verify", str(n), f"after-{seed}.jsonl")
         if run is not None:
             after[seed] = run
     return before, after
@@ -305,11 +426,11 @@ def _side_row(name: str, side: dict, seeds: list) -> list:
     return [name, *vals[:len(seeds)], side.get("mean"), side.get("std"), side.get("present")]
 
 
-def _verify(nb: _Notebook, session: DebugSession) -> None:
+def _verify(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
     nb.md("## 5. Verify")
     events = [e for e in session.events if e["kind"] == "verify"]
     if not events:
-        nb.md(f"**Not reached**: {session.gates()['verify'] or 'not verified yet'}.")
+        nb.md(f"**Not reached**: {_t(session.gates()['verify'] or 'not verified yet')}.")
         return
     for n, e in enumerate(events, 1):
         v = e["verification"]
@@ -317,17 +438,18 @@ def _verify(nb: _Notebook, session: DebugSession) -> None:
         b, a = v.get("before") or {}, v.get("after") or {}
 
         scale = " (log10)" if v.get("scale") == "log10" else ""
-        table = _table(["", *[f"seed {s}" for s in seeds], "mean", "std", "problem present"],
+        table = _table(["", *[f"seed {_t(s)}" for s in seeds], "mean", "std",
+                        "problem present"],
                        [_side_row("before", b, seeds), _side_row("after", a, seeds)])
-        remaining = v.get("remaining") or []
-        nb.md(f"### Verify {n}: `{v.get('finding')}`",
-              f"Signal that defined `{v.get('category')}`: **`{v.get('metric')}`**{scale}, "
-              f"{v.get('direction')} is better; compared across {len(seeds)} seed(s).", table,
+        remaining = [str(r) for r in v.get("remaining") or []]
+        nb.md(f"### Verify {n}: {_c(v.get('finding'))}",
+              f"Signal that defined {_c(v.get('category'))}: **{_c(v.get('metric'))}**{scale}, "
+              f"{_t(v.get('direction'))} is better; compared across {len(seeds)} seed(s).", table,
               _table(["noise band", "improvement", "verdict", "remaining symptom",
                       "other categories after"],
                      [[v.get("noise_band"), v.get("improvement"), v.get("verdict"),
                        v.get("remaining_symptom") or "none", ", ".join(remaining) or "none"]]),
-              f"**Verdict: {v.get('verdict')}**."
+              f"**Verdict: {_t(v.get('verdict'))}**."
               + (" Back to Isolate with the remaining symptom."
                  if v.get("verdict") == "partially_resolved" else ""))
         before, after = _verify_runs(session, n, v)
@@ -341,8 +463,8 @@ def _verify(nb: _Notebook, session: DebugSession) -> None:
         out += (f"noise band {_num(v.get('noise_band'))}, improvement "
                 f"{_num(v.get('improvement'))}\nverdict: {v.get('verdict')}\n"
                 f"remaining symptom: {v.get('remaining_symptom') or 'none'}\n")
-        nb.code(f"# verification {n}: records under {os.path.join(session.directory, 'verify', str(n))}",
-                out, figures)
+        folder = rel(os.path.join(session.directory, "verify", str(n)))
+        nb.code(f"# verification {n}: the records are in this folder\n{folder!r}", out, figures)
 
 
 # -- public API ---------------------------------------------------------------------------------
@@ -351,75 +473,165 @@ def _session(session: DebugSession | str) -> DebugSession:
 
 
 def build_notebook(session: DebugSession | str):
-    """The session as an ``nbformat`` v4 notebook node (not written; see :func:`export_notebook`)."""
+    """The session as an ``nbformat`` v4 notebook node (not written; see :func:`export_notebook`).
+
+    Every recorded string is data: escaped in markdown, ``repr``'d in code, never expanded;
+    recorded paths are shown relative to the folder the session ran in.
+    """
     import nbformat
 
     session = _session(session)
     art = _artifact(session)
+    rel = _Paths(session, art)
     nb = _Notebook()
     data = getattr(session, "_data", {})
     created = data.get("created")
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(created)) if created else "—"
+    stamp = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(created))
+             if isinstance(created, (int, float)) and math.isfinite(created) else "—")
     rep = session.report()
     gates = session.gates()
     kinds = {e["kind"] for e in session.events}
     status = [[p.capitalize(), "done" if p in kinds else ("open" if gates[p] is None
                                                                   else f"blocked: {gates[p]}")]
               for p in PHASES]
-    nb.md(f"# model_debugger session `{session.id}`",
-          f"{data.get('title') or art.get('script') or art.get('path') or ''} — created {stamp}. "
-          f"Current phase: **{rep['phase']}**; fix allowed: {_num(rep['fix_allowed'])}; "
-          f"queue: {', '.join(rep.get('queue') or []) or 'empty'}.",
+    title = data.get("title") or rel(art.get("script") or art.get("path") or "")
+    nb.md(f"# model_debugger session {_c(session.id)}",
+          f"{_t(title or '')} — created {stamp}. "
+          f"Current phase: **{_t(rep['phase'])}**; fix allowed: {_num(rep['fix_allowed'])}; "
+          f"queue: {_t(', '.join(str(q) for q in rep.get('queue') or []) or 'empty')}.",
           "Reproduce → Classify → Isolate → Fix → Verify. Re-run the reproduction with "
-          "`python repro.py` (written next to this notebook by `model-debugger export`).",
+          "`python repro.py` (written next to this notebook by `model-debugger export`). "
+          "Paths are relative to the folder the session ran in.",
           _table(["phase", "status"], status))
-    _reproduce(nb, session, art)
-    _classify(nb, session, art)
-    _isolate(nb, session)
-    _fix(nb, session)
-    _verify(nb, session)
+    _reproduce(nb, session, art, rel)
+    _classify(nb, session, art, rel)
+    _isolate(nb, session, rel)
+    _fix(nb, session, rel)
+    _verify(nb, session, rel)
     notebook = nb.v4.new_notebook(cells=nb.cells, metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
         "language_info": {"name": "python"},
         "model_debugger": {"session": session.id, "schema": REPORT_SCHEMA,
-                           "phase": rep["phase"], "session_dir": session.directory},
+                           "phase": rep["phase"], "session_dir": rel(session.directory)},
     })
     nbformat.validate(notebook)
     return notebook
 
 
-def export_notebook(session: DebugSession | str, path: str | None = None) -> str:
-    """Write the session as a validated nbformat v4 notebook.
+def _notebook_text(session: DebugSession) -> str:
+    import nbformat
+
+    notebook = build_notebook(session)
+    notebook.metadata["model_debugger"]["exported"] = time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                    time.gmtime())
+    return nbformat.writes(notebook, version=4)
+
+
+def _default_name(session: DebugSession) -> str:
+    return check_component(session.id, "session id") + ".ipynb"
+
+
+def _targets(session: DebugSession, path: str | None, root: str | None) -> tuple[str, str, str]:
+    """``(root, notebook, repro)``: absolute targets and the folder they must stay inside."""
+    if path is None:  # the session's own folder
+        folder = session.directory
+        notebook = os.path.join(folder, _default_name(session))
+        return folder, notebook, os.path.join(folder, "repro.py")
+    if root is None:  # an explicit path: the folder it names is the one the user chose
+        notebook = os.path.abspath(os.path.expanduser(path))
+        root = os.path.dirname(notebook)
+        os.makedirs(root, exist_ok=True)
+    else:
+        root = os.path.realpath(os.path.expanduser(root))
+        notebook = inside(root, path)
+    if not notebook.endswith(".ipynb"):
+        raise UnsafePath(f"{path!r}: the export path must end with .ipynb")
+    return root, notebook, os.path.join(os.path.dirname(notebook), "repro.py")
+
+
+def export_files(session: DebugSession | str, path: str | None = None, *,
+                 root: str | None = None, overwrite: bool = False) -> dict:
+    """Write the notebook and ``repro.py`` beside it through the safe writer.
 
     Parameters
     ----------
     session : DebugSession or str
         A session or its folder.
     path : str, optional
-        Where to write (default ``<session dir>/<session id>.ipynb``).
+        The notebook (``.ipynb``), absolute or relative to ``root``. Default: the session's own
+        folder (``<session dir>/<id>.ipynb``), where earlier exports are replaced.
+    root : str, optional
+        The folder the targets must stay inside (the server root, the notebook's folder).
+        Default: the folder ``path`` names.
+    overwrite : bool
+        Replace existing files outside the session folder (default: refuse).
+
+    Returns
+    -------
+    dict
+        ``{"notebook": path, "repro": path, "replaced": [paths that existed before]}``.
+
+    Raises
+    ------
+    UnsafePath
+        A target outside ``root``, through a symlink, or a bad session id.
+    TargetExists
+        A target exists and ``overwrite`` is false (nothing was written).
+    OSError
+        Writing failed (e.g. a full disk); previous files are intact.
+    """
+    session = _session(session)
+    own = path is None
+    root, notebook, repro = _targets(session, path, root)
+    text = _notebook_text(session)
+    source = repro_source(session)
+    compile(source, repro, "exec")
+    mode = 0o600 if own else 0o666
+    if not (own or overwrite):  # refuse before writing anything
+        for target in (notebook, repro):
+            if os.path.lexists(target):
+                raise TargetExists(errno.EEXIST, "exists (ask to overwrite it)", target)
+    replaced = []
+    for target, content in ((notebook, text), (repro, source)):
+        if write_inside(root, os.path.relpath(target, root), content,
+                        overwrite=own or overwrite, mode=mode):
+            replaced.append(target)
+    return {"notebook": notebook, "repro": repro, "replaced": replaced}
+
+
+def export_notebook(session: DebugSession | str, path: str | None = None) -> str:
+    """Write the session as a validated nbformat v4 notebook (atomically; see :func:`export`).
+
+    Parameters
+    ----------
+    session : DebugSession or str
+        A session or its folder.
+    path : str, optional
+        Where to write (default ``<session dir>/<session id>.ipynb``); an existing file there is
+        replaced, a symlink is refused.
 
     Returns
     -------
     str
         The path written.
     """
-    import nbformat
-
     session = _session(session)
-    notebook = build_notebook(session)
-    notebook.metadata["model_debugger"]["exported"] = time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                    time.gmtime())
-    path = path or os.path.join(session.directory, f"{session.id}.ipynb")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    nbformat.write(notebook, path, version=4)
-    return path
+    root, notebook, _ = _targets(session, path, None)
+    write_inside(root, os.path.relpath(notebook, root), _notebook_text(session), overwrite=True,
+                 mode=0o600 if path is None else 0o666)
+    return notebook
 
 
 def export(session: DebugSession | str, path: str | None = None,
            repro: str | None = None) -> dict:
-    """Write the notebook and ``repro.py`` (default: beside it); ``{"notebook", "repro"}``."""
+    """Write the notebook and ``repro.py`` (default: beside it); ``{"notebook", "repro"}``.
+
+    The library call replaces existing files (never through a symlink); the front ends use
+    :func:`export_files`, which refuses or reports replacements.
+    """
     session = _session(session)
+    if repro is None:
+        out = export_files(session, path, overwrite=True)
+        return {"notebook": out["notebook"], "repro": out["repro"]}
     notebook = export_notebook(session, path)
-    repro = write_repro(session, repro or os.path.join(
-        os.path.dirname(os.path.abspath(notebook)), "repro.py"))
-    return {"notebook": notebook, "repro": repro}
+    return {"notebook": notebook, "repro": write_repro(session, repro)}

@@ -178,12 +178,20 @@ class DebuggerMagics(Magics):
         """Export the session as a record notebook."""
         args = parse_argstring(self.md_export, line)
         ns, views = _session(), _views()
+        if not ns.has_session:
+            display(views.message("export failed: no session to export yet: run a %%reproduce "
+                                  "cell first", "error"))
+            return
         try:
-            path = ns.export(args.path)
-        except (RuntimeError, OSError, GateError) as exc:
+            from .export import export_files
+
+            out = export_files(ns.session, args.path, overwrite=True)
+        except (RuntimeError, ValueError, OSError, GateError) as exc:
             display(views.message(f"export failed: {exc}", "error"))
             return
-        display(views.message(f"exported the session record to {path}"))
+        replaced = "".join(f"; replaced {p}" for p in out["replaced"])
+        display(views.message(f"exported the session record to {out['notebook']} "
+                              f"(repro script {out['repro']}{replaced})"))
 
 
 def load(shell) -> None:

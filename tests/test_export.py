@@ -129,8 +129,9 @@ def test_real_session_exports_a_valid_notebook_with_its_numbers(real, tmp_path):
     rep = real.report()
     run = Run.load(os.path.join(real.directory, "runs", "0", "record.jsonl"))
     # the command that was run, with its seed and arguments
-    assert f"!model-debugger diagnose {rep['reproduce']['code']['backward']['file']} --runs 1 " \
-           "--seed 0 -- --steps 12" in text
+    script = rep['reproduce']['code']['backward']['file']
+    assert f"model_debugger.cli.main(['diagnose', {script!r}, '--runs', '1', '--seed', '0', " \
+           "'--', '--steps', '12'])" in text
     assert rep["reproduce"]["summary"] in text
     assert f"steps: {rep['reproduce']['steps']}," in text
     assert f"| 1 | 0 | {len(run.steps)} | {run.series('loss')[0]:.6g} |" in text
@@ -317,13 +318,15 @@ def test_fix_and_verify_sections_show_the_plan_and_the_before_after_table(tmp_pa
     text = _texts(nb)
     fix = text.split("## 4. Fix")[1].split("## 5. Verify")[0]
     assert "**Finding addressed**: `lr_range` — root cause **hyperparameter** at " \
-           f"`{tmp_path / 'train.py'}:42`" in fix
+           f"`{tmp_path.name}/train.py:42`" in fix  # relative to the session's folder
     assert "The learning rate 3 diverges; a safe rate is 0.051." in fix
     assert "**Suggestion**: Set the learning rate to about 0.051 (now 3.0)." in fix
     assert "```diff\n" + DIFF.rstrip() + "\n```" in fix
     assert "**Boundary overrides**: architecture change allowed for a hyperparameter cause " \
            "(explicit override)" in fix
-    assert f"!model-debugger verify {s.directory} --fixed {tmp_path / 'fixed.py'} --yes" in fix
+    base = os.path.dirname(str(tmp_path))
+    assert f"model_debugger.cli.main(['verify', {os.path.relpath(s.directory, base)!r}, " \
+           f"'--fixed', {tmp_path.name + '/fixed.py'!r}, '--yes'" in fix
     verify = text.split("## 5. Verify")[1]
     assert "| before | 0.25 | 0.375 | 0.3125 | 0.0884 | 2/2 |" in verify
     assert "| after | 1 | 0.8125 | 0.90625 | 0.1326 | 1/2 |" in verify
@@ -373,7 +376,7 @@ def test_log_session_exports_and_its_repro_reclassifies(tmp_path):
     nb = nbformat.read(out["notebook"], as_version=4)
     nbformat.validate(nb)
     text = _texts(nb)
-    assert f"!model-debugger diagnose {log} --error" in text
+    assert "model_debugger.cli.main(['diagnose', 'train_log.csv', '--error', " in text
     assert "minimal reproducer" in text
     assert FAKE_HF not in text and f"Bearer {REDACTED}" in text
     assert f"Primary category: **`{s.classification.primary}`**" in text
@@ -486,7 +489,7 @@ def test_real_fix_and_verify_export(real, tmp_path, monkeypatch):
     text = _texts(nb)
     assert "-opt = torch.optim.SGD(model.parameters(), lr=3.0)\n" \
            "+opt = torch.optim.SGD(model.parameters(), lr=0.05)" in text
-    assert f"--fixed {fixed} --yes --seeds 1" in text
+    assert f"'--fixed', {str(fixed)!r}, '--yes', '--seeds', '1'" in text
     assert f"**Verdict: {v['verdict']}**" in text
     b, a = v["before"], v["after"]
     assert f"| before | {_fmt(b['values'][0])} | {_fmt(b['mean'])} |" in text
@@ -520,4 +523,4 @@ def test_two_fix_verify_cycles_are_numbered(tmp_path):
         assert head in text
     assert "`train.py:9` (confirmed: yes)" in text
     assert "| before | 0.5 | 0.5 | — | 1/1 |" in text
-    assert "--fixed fixed2.py --yes --seeds 1" in text
+    assert "'--fixed', 'fixed2.py', '--yes', '--seeds', '1'" in text

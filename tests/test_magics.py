@@ -172,17 +172,21 @@ def test_classify_before_reproduce_says_why(shell):
     assert "needs a reproduce record" in out
 
 
-def test_md_export_calls_export(shell, monkeypatch, tmp_path):
-    import sys
-    import types
+def test_md_export_writes_and_says_what_it_replaced(shell, tmp_path):
+    from model_debugger.session import DebugSession
 
-    calls = []
-    fake = types.ModuleType("model_debugger.export")
-    fake.export_notebook = lambda session, path: calls.append((session, path)) or path
-    monkeypatch.setitem(sys.modules, "model_debugger.export", fake)
-    out = magic(shell, "md_export", str(tmp_path / "record.ipynb"))
+    out = magic(shell, "md_export", "record.ipynb")
+    assert "no session to export yet" in out and not (tmp_path / "record.ipynb").exists()
+    model_debugger.current_session()._session = DebugSession.create(
+        str(tmp_path / ".model_debugger"))
+    (tmp_path / "repro.py").write_text("# the user's own file\n")
+    out = magic(shell, "md_export", "record.ipynb")
     assert "exported the session record to" in out
-    assert calls and calls[0][0] is model_debugger.current_session().session
+    assert f"replaced {tmp_path / 'repro.py'}" in out  # never a silent overwrite
+    assert "the user's own file" not in (tmp_path / "repro.py").read_text()
+    import nbformat
+
+    nbformat.validate(nbformat.read(str(tmp_path / "record.ipynb"), as_version=4))
 
 
 def test_unload_ext_removes_every_magic():

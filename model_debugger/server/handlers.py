@@ -4,8 +4,11 @@
   (``.model_debugger/<id>/session.json`` in the root and up to two folder levels below it).
 - ``GET  /model-debugger/sessions/<path>``: one session's report; ``<path>`` is the session
   folder relative to the root (as listed).
-- ``POST /model-debugger/export``: ``{"session": <path>, "path": <notebook path, optional>}``
-  writes the record notebook and ``repro.py`` (:func:`model_debugger.export.export`).
+- ``POST /model-debugger/export``: ``{"session": <path>, "path": <notebook path, optional>,
+  "overwrite": false}`` writes the record notebook and ``repro.py`` beside it through the safe
+  writer (:func:`model_debugger.export.export_files`): default inside the session folder; an
+  existing file elsewhere is 409 unless ``"overwrite": true``; a symlink at any component, or a
+  session id that is not one safe path component, is refused.
 
 Every path is relative to the server root; anything resolving outside it is refused (403). Errors
 are JSON (``{"message": ...}``). The domain code knows nothing of Tornado; these handlers only
@@ -164,23 +167,39 @@ class ExportHandler(_Base):
         if not isinstance(body, dict):
             raise tornado.web.HTTPError(400, "the body must be a JSON object")
         session = _load(root, body.get("session"))
-        target = None
-        if body.get("path"):
-            target = resolve(root, body["path"])
-            if not target.endswith(".ipynb"):
-                raise tornado.web.HTTPError(400, "the export path must end with .ipynb")
+        target, overwrite = body.get("path") or None, body.get("overwrite", False)
+        if target is not None and not isinstance(target, str):
+            raise tornado.web.HTTPError(400, "the export path must be a string")
+        if not isinstance(overwrite, bool):
+            raise tornado.web.HTTPError(400, "overwrite must be true or false")
+        if target is not None and not target.endswith(".ipynb"):
+            raise tornado.web.HTTPError(400, "the export path must end with .ipynb")
+        if target is not None and (os.path.isabs(target) or "\x00" in target):
+            raise tornado.web.HTTPError(403, f"{target!r}: only paths inside the server root")
 
         def run() -> dict:
-            from ..export import export
+            from ..export import export_files
 
-            return export(session, target)
+            return export_files(session, target, root=root, overwrite=overwrite)
+
+        from ..safe_write import TargetExists, UnsafePath, check_component
 
         try:
+            check_component(session.id, "session id")
+        except UnsafePath as exc:
+            raise tornado.web.HTTPError(422, f"refused: {exc}") from None
+        try:
             written = await asyncio.get_running_loop().run_in_executor(None, run)
+        except TargetExists as exc:
+            raise tornado.web.HTTPError(409, f"{_rel(root, exc.filename)} exists; send "
+                                             "\"overwrite\": true to replace it") from None
+        except UnsafePath as exc:
+            raise tornado.web.HTTPError(403, f"export refused: {exc}") from None
         except (OSError, ValueError, RuntimeError) as exc:
             raise tornado.web.HTTPError(500, f"export failed: {exc}") from None
-        self.finish(json.dumps({key: _rel(root, value) if value else value
-                                for key, value in written.items()}))
+        self.finish(json.dumps({"notebook": _rel(root, written["notebook"]),
+                                "repro": _rel(root, written["repro"]),
+                                "replaced": [_rel(root, p) for p in written["replaced"]]}))
 
 
 def setup_handlers(web_app) -> None:
