@@ -29,6 +29,8 @@ from model_debugger.redact import (
 )
 from model_debugger.session import DebugSession
 
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
 # -- the planted secrets (fake, but in the real formats) ----------------------------------------
 AWS_ID = "AKIAQ7RZ3XKD5WPLMN2B"
 AWS_SECRET = "Zx9/Kq2Lm8Np4Rt6Vw1Yb3Cd5Ef7Gh0Jk2Mn4Pq6"
@@ -440,3 +442,24 @@ def test_notebook_cell_copies_are_redacted_but_the_cell_ran_as_written(tmp_path,
         ip.run_line_magic("unload_ext", "model_debugger")
         for name in ("db_pass", "token", "X", "Y", "model", "opt", "loss"):
             ip.user_ns.pop(name, None)
+
+
+@pytest.fixture
+def jp_server_config():
+    return {"ServerApp": {"jpserver_extensions": {"model_debugger.server": True}}}
+
+
+async def test_rest_get_of_the_diagnosed_session_holds_no_secret(diagnosed, jp_fetch,
+                                                                  jp_root_dir, monkeypatch):
+    """``GET /model-debugger/sessions/...`` on a token server, the real session copied in."""
+    import shutil
+
+    monkeypatch.delenv(ENV_NAME, raising=False)
+    sid = os.path.basename(diagnosed["session"])
+    shutil.copytree(diagnosed["session"], jp_root_dir / ".model_debugger" / sid)
+    listing = await jp_fetch("model-debugger", "sessions")
+    one = await jp_fetch("model-debugger", "sessions", ".model_debugger", sid)
+    for response in (listing, one):
+        body = response.body.decode("utf-8")
+        assert _found(body) == [], body[:2000]
+    assert "upload to s3 refused" in json.loads(one.body)["report"]["reproduce"]["error"]
