@@ -12,6 +12,8 @@ import runpy
 import signal
 import sys
 
+from ._validate import arg, check_budget, check_seconds, check_seed
+
 
 class TimeLimit(KeyboardInterrupt):
     """The script was stopped at its time limit (a planned stop, not a crash)."""
@@ -41,9 +43,9 @@ def _seed_everything(seed: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="model_debugger._child")
     parser.add_argument("--record", required=True)
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--max-seconds", type=float)
-    parser.add_argument("--isolate", type=float, default=0.0,
+    parser.add_argument("--seed", type=arg(check_seed, "--seed"))
+    parser.add_argument("--max-seconds", type=arg(check_seconds, "--max-seconds"))
+    parser.add_argument("--isolate", type=arg(check_budget, "--isolate"), default=0.0,
                         help="after the script, run Isolate probes for up to this many seconds")
     parser.add_argument("--syspath", help="import path of the script (default: its folder)")
     parser.add_argument("script")
@@ -63,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     rec = capture(ns.record)
     if ns.max_seconds:
         signal.signal(signal.SIGALRM, _interrupt)
-        signal.setitimer(signal.ITIMER_REAL, ns.max_seconds)
     try:
         with rec:
             try:
+                if ns.max_seconds:  # the limit counts the script, not our set-up
+                    signal.setitimer(signal.ITIMER_REAL, ns.max_seconds)
                 runpy.run_path(script, run_name="__main__")
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)

@@ -14,14 +14,30 @@ import json
 import os
 import sys
 
+from ._validate import (
+    arg,
+    check_budget,
+    check_count,
+    check_path,
+    check_script,
+    check_seconds,
+    check_seed,
+)
 from .session import SessionError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (and exits 2, as argparse does)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="model-debugger",
         description="Evidence-first diagnosis of ML training problems.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     d = sub.add_parser(
         "diagnose", help="reproduce a training script (or read a log) and classify the problem",
         description="Run SCRIPT under instrumentation and classify what went wrong. SCRIPT may "
@@ -29,13 +45,17 @@ def _parser() -> argparse.ArgumentParser:
                     "nothing can be run.")
     d.add_argument("script", help="training script, or a log file for a minimal reproducer")
     d.add_argument("--json", action="store_true", help="print one JSON report on stdout")
-    d.add_argument("--runs", type=int, default=1, help="run the artifact N times (default 1)")
-    d.add_argument("--seed", type=int, help="seed Python/NumPy/torch; run i uses SEED+i")
-    d.add_argument("--max-seconds", type=float, help="stop each run after T seconds")
+    d.add_argument("--runs", type=arg(check_count, "--runs"), default=1,
+                   help="run the artifact N times, 1..100 (default 1)")
+    d.add_argument("--seed", type=arg(check_seed, "--seed"),
+                   help="seed Python/NumPy/torch, 0 <= SEED < 2**32; run i uses SEED+i")
+    d.add_argument("--max-seconds", type=arg(check_seconds, "--max-seconds"),
+                   help="stop each run after T seconds of the script (T > 0)")
     d.add_argument("--error", help="error text that came with a log (minimal reproducer)")
-    d.add_argument("--probe-seconds", type=float, default=30.0,
+    d.add_argument("--probe-seconds", type=arg(check_budget, "--probe-seconds"), default=30.0,
                    help="time budget for Isolate probes (default 30; 0 skips Isolate)")
-    d.add_argument("--root", default=".model_debugger", help="where sessions are saved")
+    d.add_argument("--root", default=".model_debugger", type=arg(check_path, "--root"),
+                   help="where sessions are saved")
     v = sub.add_parser(
         "verify", help="plan one fix for a session's confirmed finding, approve it, and verify it",
         description="Show the fix (FIXED against the reproduced script), ask for approval, then "
@@ -45,8 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--fixed", required=True, help="the training script with one change")
     v.add_argument("--yes", action="store_true", help="approve the plan without asking")
     v.add_argument("--json", action="store_true", help="print one JSON report on stdout")
-    v.add_argument("--seeds", type=int, default=3, help="seeds to compare over (default 3)")
-    v.add_argument("--max-seconds", type=float, help="stop each run after T seconds")
+    v.add_argument("--seeds", type=arg(check_count, "--seeds"), default=3,
+                   help="seeds to compare over, 1..100 (default 3)")
+    v.add_argument("--max-seconds", type=arg(check_seconds, "--max-seconds"),
+                   help="stop each run after T seconds of the script (T > 0)")
     v.add_argument("--allow-architecture", action="store_true",
                    help="allow an architecture change for a hyperparameter/data cause (recorded)")
     v.add_argument("--data-consent", action="store_true",
@@ -57,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                     "kept fix) once under capture and probe it; the findings replace the old.")
     i.add_argument("session", help="session folder")
     i.add_argument("--json", action="store_true", help="print one JSON report on stdout")
-    i.add_argument("--probe-seconds", type=float, default=30.0,
+    i.add_argument("--probe-seconds", type=arg(check_budget, "--probe-seconds"), default=30.0,
                    help="time budget for the probes (default 30)")
     e = sub.add_parser("export", help="write the session as a record notebook plus repro.py",
                        description="Write an nbformat v4 notebook recording every phase and a "
@@ -212,10 +234,7 @@ def _verify_locked(ns, session) -> dict | None:
     from .session import GateError
     from .verify import seeds_for, verify_script
 
-    if not os.path.isfile(ns.fixed):
-        raise ValueError(f"no such file: {ns.fixed}")
-    with open(ns.fixed, encoding="utf-8") as fh:
-        fixed = fh.read()
+    fixed = check_script(ns.fixed)  # missing, binary, not UTF-8, empty or a syntax error
     talk = sys.stderr if ns.json else sys.stdout
     art = next((e for e in session.events if e["kind"] == "artifact"), {})
     if art.get("type") != "script":

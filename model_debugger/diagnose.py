@@ -6,6 +6,7 @@ import os
 import signal
 from collections import Counter
 
+from ._validate import check_run_args
 from .classify import classify
 from .isolate import build_context, isolate, read_findings, user_sources
 from .logs import load_log
@@ -202,6 +203,8 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
     DebugSession
         With Reproduce, Classify and (unless skipped) Isolate recorded.
     """
+    runs, seed, max_seconds, probe_seconds = check_run_args(script, runs, seed, max_seconds,
+                                                            probe_seconds)
     args = list(args or [])
     script = os.path.abspath(script)
     session = DebugSession.create(root, title=os.path.basename(script))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 
 from ._change import Hunk, framework_of, hunks_of, touches, unrelated_groups
+from ._validate import syntax_error
 from .redact import redact_code
 from .session import DebugSession, GateError
 from .suggest import expected_effect, suggest
@@ -68,11 +69,17 @@ def plan_fix(session: DebugSession, fixed_source: str, *, original: str | None =
     GateError
         When the Fix gate is closed.
     FixRefused
-        When the change breaks a boundary or is not a single change.
+        When the change breaks a boundary or is not a single change, or the fixed code is
+        empty or does not compile (``"the fixed code: syntax error at line N: ..."``).
     """
     gate = session.gates()["fix"]
     if gate:
         raise GateError(f"fix refused: {gate} (current phase: {session.phase})")
+    if not isinstance(fixed_source, str) or not fixed_source.strip():
+        raise FixRefused(["the fixed code is empty"])
+    problem = syntax_error(fixed_source, "the fixed code")
+    if problem:  # what a change touches is only read from code that compiles
+        raise FixRefused([problem])
     finding = session.queue[0]
     if original is None:
         original = _read(_artifact_copy(session))

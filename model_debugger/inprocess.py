@@ -15,6 +15,7 @@ import random
 import sys
 import traceback
 
+from ._validate import check_budget, check_count, check_probe_ids, check_seed, check_seeds
 from .records import Run
 from .redact import redact_code, write_private
 from .session import DebugSession
@@ -231,6 +232,8 @@ class KernelArtifact:
         from .diagnose import _classified, _label, _result_of, _verdict
         from .signals import compute
 
+        runs = check_count(runs, "runs")
+        seed = check_seed(seed, "seed", runs)
         s = self.session
         self.snapshot = Snapshot(self.namespace)
         self.made = set()
@@ -274,6 +277,7 @@ class KernelArtifact:
         """Run probes on the live objects of the first reproduction run; record the findings."""
         from .isolate import build_context, isolate
 
+        budget, ids = check_budget(budget, "budget"), check_probe_ids(ids, "ids")
         if self.last_run is None:
             raise ValueError("nothing reproduced in this kernel yet: run %%reproduce first")
         self.session._require("isolate")
@@ -312,6 +316,7 @@ class KernelArtifact:
         """Rerun the current code and the approved fix from the snapshot, over ``seeds``."""
         from .verify import verify
 
+        seeds = check_seeds(seeds)
         fix = self.session.pending_fix
         if fix is None or self.snapshot is None:
             from .session import GateError

@@ -15,11 +15,13 @@
 
 from __future__ import annotations
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
 from ._deps import earlier_cells
+from ._validate import arg, check_budget, check_count, check_probe_ids, check_seed
 from .session import GateError
 
 
@@ -49,12 +51,16 @@ class DebuggerMagics(Magics):
     """The model_debugger magics (one instance per shell)."""
 
     @magic_arguments()
-    @argument("--runs", type=int, default=1, help="how many times to run the cell")
-    @argument("--seed", type=int, default=None, help="seed of run i is SEED + i")
+    @argument("--runs", type=arg(check_count, "--runs"), default=1,
+              help="how many times to run the cell (1..100)")
+    @argument("--seed", type=arg(check_seed, "--seed"), default=None,
+              help="seed of run i is SEED + i (0 <= SEED < 2**32)")
     @cell_magic
     def reproduce(self, line: str, cell: str) -> None:
         """Run the cell under capture; record Reproduce and Classify."""
         args = parse_argstring(self.reproduce, line)
+        _usage(check_seed, args.seed, "--seed", args.runs)
+        _usage(_compiles, cell)
         ns, views = _session(), _views()
         history = earlier_cells(self.shell.user_ns.get("In", []), cell)
         display(ns.curves)
@@ -67,21 +73,25 @@ class DebuggerMagics(Magics):
         display(ns.gradients)
         display(ns.tracker)
 
+    @magic_arguments()
     @line_magic
     def classify(self, line: str = "") -> None:
         """Show the classification Reproduce recorded (nothing is re-classified)."""
+        parse_argstring(self.classify, line)
         display(_views().classification(_session().report()))
 
     @magic_arguments()
     @argument("--probe", nargs="+", action="extend", default=None, metavar="ID",
               help="probe ids to run (default: those for the categories)")
-    @argument("--budget", type=float, default=30.0, help="seconds for all probes")
+    @argument("--budget", type=arg(check_budget, "--budget"), default=30.0,
+              help="seconds for all probes (finite, >= 0)")
     @line_magic
     def isolate(self, line: str = "") -> None:
         """Run probes on the live objects of the reproduction; show the findings."""
         from .widgets import Progress
 
         args = parse_argstring(self.isolate, line)
+        args.probe = _usage(check_probe_ids, args.probe)
         ns, views = _session(), _views()
         progress = Progress("Isolate")
         display(progress)
@@ -92,11 +102,13 @@ class DebuggerMagics(Magics):
             return
         display(views.findings(found, ns.session.directory))
 
+    @magic_arguments()
     @cell_magic
     def evidence(self, line: str, cell: str) -> None:
         """Run the cell; attach its outputs and numbers to the current hypothesis."""
         from IPython.utils.capture import capture_output
 
+        parse_argstring(self.evidence, line)
         ns, views = _session(), _views()
         with capture_output() as captured:
             result = self.shell.run_cell(cell, store_history=False)
@@ -145,7 +157,8 @@ class DebuggerMagics(Magics):
             display(W.VBox([tracker.fix_button, tracker.message]))
 
     @magic_arguments()
-    @argument("--seeds", type=int, default=3, help="how many seeds to compare over")
+    @argument("--seeds", type=arg(check_count, "--seeds"), default=3,
+              help="how many seeds to compare over (1..100)")
     @line_magic
     def verify(self, line: str = "") -> None:
         """Rerun before and after the approved fix across seeds; show the verdict."""
@@ -163,9 +176,11 @@ class DebuggerMagics(Magics):
         display(views.verification(verification))
         display(ns.tracker)
 
+    @magic_arguments()
     @line_magic
     def md_status(self, line: str = "") -> None:
         """The session at a glance, with the phase tracker and the findings table."""
+        parse_argstring(self.md_status, line)
         ns, views = _session(), _views()
         display(views.status(ns.report()))
         display(ns.tracker)
@@ -192,6 +207,24 @@ class DebuggerMagics(Magics):
         replaced = "".join(f"; replaced {p}" for p in out["replaced"])
         display(views.message(f"exported the session record to {out['notebook']} "
                               f"(repro script {out['repro']}{replaced})"))
+
+
+def _usage(check, *args):
+    """Run a ``_validate`` check; its ValueError becomes the magic's one-line UsageError."""
+    try:
+        return check(*args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _compiles(cell: str) -> None:
+    from ._validate import syntax_error
+
+    problem = syntax_error(cell, "the cell")
+    if problem:
+        raise ValueError(problem)
+    if not cell.strip():
+        raise ValueError("the cell is empty: put the training code under %%reproduce")
 
 
 def load(shell) -> None:

@@ -108,7 +108,7 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
     # the child stops the script itself at max_seconds; this is the backstop
     limit = None if max_seconds is None else max_seconds + isolate_seconds + 10
     try:
-        proc.wait(timeout=limit)
+        _wait_child(proc, record, limit)
     except subprocess.TimeoutExpired:
         timed_out = True
         proc.send_signal(signal.SIGTERM)
@@ -126,3 +126,32 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
         proc.wait()
         raise
     return ChildResult(proc.returncode, time.perf_counter() - t0, timed_out)
+
+
+SETUP_SECONDS = 120.0  # the most the child's own set-up may take before the script starts
+
+
+def _wait_child(proc: subprocess.Popen, record: str, limit: float | None) -> None:
+    """Wait for the child; ``limit`` counts from when its script starts (the record appears).
+
+    The child's start-up (the interpreter, our imports) may take a while on a busy machine and
+    is not the script's time; up to ``SETUP_SECONDS`` of it is allowed before ``limit`` starts.
+    Raises ``subprocess.TimeoutExpired`` past the limit.
+    """
+    if limit is None:
+        proc.wait()
+        return
+    started = time.time()
+    deadline = time.monotonic() + SETUP_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            if os.stat(record).st_mtime >= started - 1:  # this run's record, not an old one
+                break
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=0.05)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait(timeout=limit)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ._validate import check_count, check_seconds, check_seed, check_seeds
 from .classify import classify
 from .records import HEALTHY, Run
 from .session import DebugSession, GateError
@@ -137,8 +138,9 @@ def seeds_for(session: DebugSession, count: int = DEFAULT_SEEDS) -> list[int]:
     """Seeds for Verify: the reproduction's seeds first (their runs are reused)."""
     art = next((e for e in session.events if e["kind"] == "artifact"), {})
     base = art.get("seed")
-    base = 0 if base is None else int(base)
-    return [base + i for i in range(max(1, count))]
+    count = check_count(count, "seeds")
+    base = check_seed(0 if base is None else base, "the session's seed", count)
+    return [base + i for i in range(count)]
 
 
 def verify(session: DebugSession, runner: Callable[[str, int], Run], seeds: list[int],
@@ -197,6 +199,7 @@ def _verify_script(session: DebugSession, seeds: list[int] | None, max_seconds: 
                    stdout) -> dict:
     from .runner import run_script
 
+    seeds, max_seconds = seeds and check_seeds(seeds), check_seconds(max_seconds, "max_seconds")
     fix = session.pending_fix
     if fix is None:
         raise GateError(f"verify refused: {session.gates()['verify']} "

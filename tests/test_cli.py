@@ -80,12 +80,25 @@ def test_crashing_script_is_data_not_a_cli_failure(tmp_path):
 
 
 def test_syntax_error_is_located_in_the_script(tmp_path):
+    """A script that does not compile is refused before any run (no session, no verdict)."""
     script = tmp_path / "typo.py"
     script.write_text("import torch\nx = (\n")
+    proc = _cli("diagnose", str(script), "--json", "--root", str(tmp_path / "s"))
+    assert proc.returncode == 2 and not proc.stdout
+    assert proc.stderr.strip() == ("model-debugger: error: typo.py: syntax error at line 2: "
+                                   "'(' was never closed")
+    assert not (tmp_path / "s").exists()
+
+
+def test_syntax_error_in_an_imported_module_is_located(tmp_path):
+    (tmp_path / "helper.py").write_text("def f(:\n    pass\n")
+    script = tmp_path / "train.py"
+    script.write_text("import helper\n")
     report, stderr = diagnose(script, tmp_path / "s")
     rep = report["reproduce"]
-    assert rep["status"] == "crashed" and rep["error"].startswith("SyntaxError")
-    assert rep["error_location"] == {"file": str(script), "line": 2}
+    assert rep["status"] in ("crashed", "not_observed"), rep  # never a healthy verdict
+    assert rep["error"].startswith("SyntaxError")
+    assert rep["error_location"]["file"] in (str(script), str(tmp_path / "helper.py"))
     assert "I/O operation on closed file" not in stderr
 
 
