@@ -202,6 +202,9 @@ def copy_log(path: str, folder: str) -> str | None:
         return None
     with open(path, "rb") as fh:
         data = fh.read(MAX_COPY_BYTES + 1)
+    from .redact import redact_log
+
+    data = redact_log(data, ext)  # the session folder keeps no secret (issue #14, slice B)
     name = "log" + ext
     write_inside(folder, name, data, overwrite=True, mode=0o600)
     return name

@@ -34,7 +34,8 @@ import re
 import tokenize
 
 __all__ = ["REDACTED", "is_secret_name", "read_source", "redact", "redact_args", "redact_code",
-           "redact_value", "remember_environment", "remember_script", "write_private"]
+           "redact_log", "redact_value", "remember_environment", "remember_script",
+           "write_private"]
 
 REDACTED = "[REDACTED]"
 
@@ -156,9 +157,9 @@ _AUTH_HEADER = re.compile(
     r"(?i)(\bauthorization[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token|digest)(\s+))?"
     r"([^\s\"',;]+)")
 _URL_CRED = re.compile(r"(://[^/\s:@\"']+:)[^/\s@\"']+@")
-_KEYVAL = re.compile(
+_KEYVAL = re.compile(  # the value in a lookahead: a key that is no secret consumes nothing more
     r"(?<![\w.])([A-Za-z_][\w.-]*)([\"']?\s*[=:]\s*)"
-    r"(?:([\"'])(.*?)\3|([^\s\"',;&()\[\]{}<>\\]+))")
+    r"(?=([\"'])(.*?)\3|([^\s\"',;&()\[\]{}<>\\]+))")
 _FREE_TEXT = re.compile(
     r"(?i)\b(password|passwd|passphrase|pwd|secret|token|api[ _-]?key|access[ _-]?key)"
     r"(\s+(?:is|was|of|for\s+\S+\s+is)\s+)([\"']?)([^\s\"']+)\3")
@@ -180,24 +181,41 @@ def _aws_secrets(text: str) -> str:
     return _B64_40.sub(one, text)
 
 
-def _keyval(m: re.Match) -> str:
+def _keyval(m: re.Match) -> tuple[int, str] | None:
+    """``(end, replacement)`` for a secret key's value, or None to keep the text."""
     name, sep = m.group(1), m.group(2)
     if not is_secret_name(name.rsplit(".", 1)[-1] if "." in name else name):
-        return m.group(0)
+        return None
     if m.group(3):  # quoted literal: keep the quotes
         inner = m.group(4)
         if not inner or inner == REDACTED:
-            return m.group(0)
-        return f"{name}{sep}{m.group(3)}{REDACTED}{m.group(3)}"
+            return None
+        end = m.end() + len(inner) + 2
+        return end, f"{name}{sep}{m.group(3)}{REDACTED}{m.group(3)}"
     value = m.group(5)
-    after = m.string[m.end():m.end() + 1]
+    end = m.end() + len(value)
+    after = m.string[end:end + 1]
     dotted = "." in value and all(p.isidentifier() for p in value.split("."))
     same = value.lower().replace("-", "_") in (name.lower().replace("-", "_"),
                                                  *_words(name))
     scheme = value.lower() in ("bearer", "basic", "token", "digest")  # Authorization: Bearer x
     if after in ("(", "[") or dotted or value in _CODE_VALUES or same or scheme:
-        return m.group(0)  # code reading the secret (os.environ[...], args.token), not a secret
-    return f"{name}{sep}{REDACTED}"
+        return None  # code reading the secret (os.environ[...], args.token), not a secret
+    return end, f"{name}{sep}{REDACTED}"
+
+
+def _keyvals(text: str) -> str:
+    out, last = [], 0
+    for m in _KEYVAL.finditer(text):
+        if m.start() < last:
+            continue
+        found = _keyval(m)
+        if found is not None:
+            out.append(text[last:m.start()])
+            out.append(found[1])
+            last = found[0]
+    out.append(text[last:])
+    return "".join(out)
 
 
 def _free_text(m: re.Match) -> str:
@@ -239,7 +257,7 @@ def redact(text: str) -> str:
     text = _AUTH_HEADER.sub(lambda m: m.group(0) if m.group(4) == REDACTED else
                             f"{m.group(1)}{m.group(2) or ''}{m.group(3) or ''}{REDACTED}", text)
     text = _URL_CRED.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
-    text = _KEYVAL.sub(_keyval, text)
+    text = _keyvals(text)
     return _FREE_TEXT.sub(_free_text, text)
 
 
@@ -409,13 +427,17 @@ def redact_value(value, key: str | None = None):
     """Redact every string inside ``value`` (dicts, lists, tuples; numbers are kept).
 
     A list or tuple of strings is redacted as command-line arguments (:func:`redact_args`);
-    the values of ``code``/``prelude``/``source`` keys as Python source (:func:`redact_code`).
-    Dict keys are kept.
+    the values of ``code``/``prelude``/``source`` keys as Python source (:func:`redact_code`);
+    a string under a key that names a secret (``{"db_pass": "..."}``) entirely. Dict keys are
+    kept.
     """
     if isinstance(value, str):
         return redact_code(value) if key in _CODE_KEYS else redact(value)
     if isinstance(value, dict):
-        return {k: redact_value(v, k if isinstance(k, str) else None) for k, v in value.items()}
+        return {k: REDACTED if isinstance(k, str) and isinstance(v, str) and v
+                and k not in _CODE_KEYS and is_secret_name(k)
+                else redact_value(v, k if isinstance(k, str) else None)
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         if value and all(isinstance(v, str) for v in value):
             return redact_args(list(value))
@@ -454,3 +476,50 @@ def read_source(path: str) -> str:
     """The text of a script, undecodable bytes kept as surrogates (for :func:`write_private`)."""
     with open(path, encoding="utf-8", errors="surrogateescape") as fh:
         return fh.read()
+
+
+def redact_log(data: bytes, ext: str) -> bytes:
+    """A loss/metrics log (CSV, JSON lines, JSON) with its secrets redacted, still a log.
+
+    JSON is parsed and redacted value by value (:func:`redact_value`), CSV cell by cell (a
+    column whose header names a secret entirely), so the numbers parse as before; what does not
+    parse is redacted as text.
+    """
+    import csv
+    import json
+
+    text = data.decode("utf-8", "surrogateescape")
+    ext = ext.lower()
+    if ext == ".json":
+        try:
+            return json.dumps(redact_value(json.loads(text)), ensure_ascii=False).encode(
+                "utf-8", "surrogateescape")
+        except (ValueError, RecursionError):
+            return redact(text).encode("utf-8", "surrogateescape")
+    if ext in (".jsonl", ".ndjson"):
+        lines = []
+        for line in text.splitlines(keepends=True):
+            try:
+                row = json.loads(line) if line.strip() else None
+            except (ValueError, RecursionError):
+                row = None
+            if row is None:
+                lines.append(redact(line))
+            else:
+                end = "\n" if line.endswith("\n") else ""
+                lines.append(json.dumps(redact_value(row), ensure_ascii=False) + end)
+        return "".join(lines).encode("utf-8", "surrogateescape")
+    if ext == ".csv":
+        try:
+            rows = list(csv.reader(io.StringIO(text, newline="")))
+        except csv.Error:
+            return redact(text).encode("utf-8", "surrogateescape")
+        secret = [is_secret_name(h) for h in rows[0]] if rows else []
+        out = io.StringIO(newline="")
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([redact(c) for c in rows[0]] if rows else [])
+        for row in rows[1:]:
+            writer.writerow([REDACTED if i < len(secret) and secret[i] and c else redact(c)
+                             for i, c in enumerate(row)])
+        return (out.getvalue() if rows else "").encode("utf-8", "surrogateescape")
+    return redact(text).encode("utf-8", "surrogateescape")

@@ -251,6 +251,8 @@ def test_fix_copy_and_plan_are_redacted_and_a_secret_is_not_a_change(tmp_path):
 @pytest.mark.parametrize("secret, text", [
     (AWS_SECRET, f"aws_secret_access_key = {AWS_SECRET}"),
     (AWS_SECRET, f'AWS_SECRET_ACCESS_KEY="{AWS_SECRET}"'),
+    (AWS_SECRET, f"RuntimeError: aws_secret_access_key={AWS_SECRET}"),  # a key after a key
+    (DB_PASS, f"note: db_password={DB_PASS}, key: token: {DB_PASS}"),
     (AWS_SECRET, f"s3 upload with AWS creds {AWS_ID} {AWS_SECRET}"),
     (AWS_ID, f"aws_access_key_id={AWS_ID}"),
     (FREE_PASSWORD, f"password: {FREE_PASSWORD}"),
@@ -463,3 +465,33 @@ async def test_rest_get_of_the_diagnosed_session_holds_no_secret(diagnosed, jp_f
         body = response.body.decode("utf-8")
         assert _found(body) == [], body[:2000]
     assert "upload to s3 refused" in json.loads(one.body)["report"]["reproduce"]["error"]
+
+
+def test_log_session_keeps_no_secret_of_the_log_or_the_error(tmp_path):
+    """A minimal reproducer: a JSON-lines log and a CSV log holding secrets, plus ``--error``."""
+    jsonl = tmp_path / "train_log.jsonl"
+    jsonl.write_text("".join(
+        json.dumps({"step": i, "loss": 1.0 / (i + 1), "db_pass": DB_PASS,
+                    "note": f"the password is {FREE_PASSWORD}", "url": f"https://u:{URL_PW}@h"})
+        + "\n" for i in range(30)))
+    csv_log = tmp_path / "train_log.csv"
+    csv_log.write_text("step,loss,api_key,msg\n" + "".join(
+        f"{i},{1.0 / (i + 1)},{ARG_KEY},Authorization: Bearer {BEARER}\n" for i in range(30)))
+    root = tmp_path / "sessions"
+    for log in (jsonl, csv_log):
+        proc = _cli("diagnose", str(log), "--json", "--root", str(root),
+                    "--error", f"RuntimeError: aws_secret_access_key={AWS_SECRET} {JWT}")
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["reproduce"]["steps"] == 30  # the numbers still parse from the copy
+        assert _found(proc.stdout) == []
+        out = tmp_path / f"export-{log.suffix[1:]}"
+        exported = _cli("export", report["session_dir"], "-o", str(out / "nb.ipynb"))
+        assert exported.returncode == 0, exported.stderr
+        shown = _cli("report", report["session_dir"], "--json")
+        assert _found(shown.stdout) == []
+    files = _files(root) + _files(tmp_path / "export-jsonl") + _files(tmp_path / "export-csv")
+    assert any(os.path.basename(f).startswith("log.") for f in files)
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            assert _found(fh.read()) == [], path
