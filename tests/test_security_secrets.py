@@ -495,3 +495,16 @@ def test_log_session_keeps_no_secret_of_the_log_or_the_error(tmp_path):
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as fh:
             assert _found(fh.read()) == [], path
+
+
+def test_printed_secret_numbers_are_not_recorded_as_metrics(tmp_path):
+    from model_debugger import capture
+
+    record = tmp_path / "record.jsonl"
+    with capture(str(record)):
+        print("db_password: 73519246 api_token=88412093 val_loss=0.5")
+    text = record.read_text()
+    assert "73519246" not in text and "88412093" not in text
+    metrics = [json.loads(line) for line in text.splitlines() if '"t": "metric"' in line]
+    assert [m["name"] for m in metrics] == ["val_loss"]
+    assert stat.S_IMODE(os.stat(record).st_mode) == 0o600

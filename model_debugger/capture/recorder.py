@@ -19,7 +19,13 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
-from ..redact import redact, redact_args, remember_environment, remember_script
+from ..redact import (
+    is_secret_name,
+    redact,
+    redact_args,
+    remember_environment,
+    remember_script,
+)
 from .codeloc import traceback_location
 from .imports import when_imported
 from .metrics import StdoutTee, parse_metric_line, patch_summary_writer
@@ -266,7 +272,8 @@ class Recorder:
     def _on_line(self, line: str) -> None:
         epoch, found = parse_metric_line(line)
         for name, value in found.items():
-            self.metric(name, value, "stdout", epoch=epoch)
+            if not is_secret_name(name):  # "pin_password: 1234" printed is no metric to keep
+                self.metric(name, value, "stdout", epoch=epoch)
 
     # -- lifetime --------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
