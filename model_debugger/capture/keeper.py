@@ -1,10 +1,16 @@
 """Live objects kept for Isolate: the model, its initial weights, sample batches, the loader.
 
 Only references and one copy of the initial weights are kept; sample batches are bounded.
-The TorchInstrument feeds the keeper; probes read it after the captured code has finished.
+The copy of a large model's weights (above ``MODEL_DEBUGGER_SPILL_MB``, see :mod:`.spill`) is
+written to a temporary file, one tensor at a time, and read back when a probe asks for
+``initial_state``. The TorchInstrument feeds the keeper; probes read it after the captured code
+has finished; :meth:`Keeper.release` lets everything go (the Recorder keeps its keeper until
+then, or until it is dropped itself).
 """
 
 from __future__ import annotations
+
+from .spill import Spill, threshold_bytes
 
 MAX_BATCHES = 32
 MAX_SAMPLES = 4096
@@ -17,7 +23,8 @@ class Keeper:
     ----------
     model : torch.nn.Module or None
     initial_state : dict or None
-        Parameter and buffer copies taken when the model was first seen (before any step).
+        Parameter and buffer copies taken when the model was first seen (before any step):
+        in RAM, or read back from the spill file on each access (fresh tensors each time).
     namespace : dict or None
         The globals of the user code that holds the model (for retained-tensor checks).
     optimizer : dict or None
@@ -31,7 +38,10 @@ class Keeper:
 
     def __init__(self) -> None:
         self.model = None
-        self.initial_state = None
+        self._initial_state = None
+        self._spill: Spill | None = None
+        self._spilled: dict | None = None  # name -> (index, dtype, shape) in the spill file
+        self._order: list = []  # state_dict order of the spilled state
         self.namespace = None
         self.optimizer = None
         self.loss = None
@@ -50,9 +60,78 @@ class Keeper:
             return
         self.model = model
         self.namespace = namespace
+        state = model.state_dict()
+        size = sum(v.numel() * v.element_size() for v in state.values()
+                   if isinstance(v, torch.Tensor))
         with torch.no_grad():  # on the CPU: a copy on the GPU would change what is measured
-            self.initial_state = {k: v.detach().to("cpu", copy=True)
-                                  for k, v in model.state_dict().items()}
+            if size > threshold_bytes():
+                self._spill_state(state)
+            else:
+                self._initial_state = {k: v.detach().to("cpu", copy=True)
+                                       for k, v in state.items()}
+
+    def _spill_state(self, state: dict) -> None:
+        """Write each tensor's bytes to the spill file (one host copy at a time at most)."""
+        import torch
+
+        spill, spilled, kept = Spill(), {}, {}
+        try:
+            for k, v in state.items():
+                t = v.detach()
+                if not isinstance(t, torch.Tensor) or t.layout != torch.strided or \
+                        t.is_quantized or t.dtype.is_complex:
+                    kept[k] = t.to("cpu", copy=True) if isinstance(t, torch.Tensor) else t
+                    continue
+                host = t.to("cpu").contiguous()  # no copy for a contiguous CPU tensor
+                index = spill.add(host.reshape(-1).view(torch.uint8).numpy())
+                spilled[k] = (index, t.dtype, tuple(t.shape))
+            spill.close()
+        except BaseException:
+            spill.remove()
+            raise
+        self._spill, self._spilled, self._order = spill, spilled, list(state)
+        self._initial_state = kept  # the few tensors a file cannot hold
+
+    @property
+    def initial_state(self) -> dict | None:
+        """The initial parameters and buffers (read back from disk when spilled)."""
+        if self._spill is None:
+            return self._initial_state
+        import torch
+
+        kept = self._initial_state or {}
+        out = {}
+        for k in self._order:
+            if k in kept:
+                out[k] = kept[k]
+                continue
+            index, dtype, shape = self._spilled[k]
+            raw = torch.from_numpy(self._spill.get(index))
+            out[k] = raw.view(dtype).reshape(shape) if raw.numel() else \
+                torch.empty(shape, dtype=dtype)
+        return out
+
+    @initial_state.setter
+    def initial_state(self, value) -> None:
+        self._drop_spill()
+        self._initial_state = value
+
+    @property
+    def spill_path(self) -> str | None:
+        """The file holding the initial weights, or None when they are in RAM."""
+        return self._spill.path if self._spill is not None else None
+
+    def _drop_spill(self) -> None:
+        if self._spill is not None:
+            self._spill.remove()
+        self._spill = self._spilled = None
+
+    def release(self) -> None:
+        """Let go of the model, the batches, the loader and the initial weights (file too)."""
+        self._drop_spill()
+        self._initial_state = None
+        self.model = self.namespace = self.train_loader = None
+        self.train_batches, self.val_batches = [], []
 
     def on_optimizer(self, opt) -> None:
         if self.optimizer is None:

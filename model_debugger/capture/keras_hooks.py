@@ -27,10 +27,13 @@ class FitHooks:
 
     # -- fit -------------------------------------------------------------------------------
     def _wrap_fit(self, original):
-        inst = self
+        link = self._link
         sig = inspect.signature(original)
 
         def fit(model, *args, **kwargs):
+            inst = link()
+            if inst is None:
+                return original(model, *args, **kwargs)
             try:
                 bound = sig.bind(model, *args, **kwargs)
             except TypeError:
@@ -89,18 +92,23 @@ class FitHooks:
         self._epoch_base = self.rec.epoch + (1 if self._steps else 0)
 
     def _callback(self):
-        inst = self
+        link = self._link
         base = self._keras.callbacks.Callback
+
+        def call(name, *args):
+            inst = link()
+            if inst is not None:
+                inst._guard(getattr(inst, name))(*args)
 
         class ModelDebuggerCallback(base):
             def on_epoch_begin(self, epoch, logs=None):
-                inst._guard(inst._on_epoch_begin)(epoch)
+                call("_on_epoch_begin", epoch)
 
             def on_train_batch_end(self, batch, logs=None):
-                inst._guard(inst._on_batch_end)(logs)
+                call("_on_batch_end", logs)
 
             def on_epoch_end(self, epoch, logs=None):
-                inst._guard(inst._on_epoch_end)(epoch, logs)
+                call("_on_epoch_end", epoch, logs)
 
         return ModelDebuggerCallback()
 
@@ -129,12 +137,14 @@ class FitHooks:
         self._emit_from_vec(vec, layout)
 
     def _wrap_make_train(self, original):
-        inst = self
+        link = self._link
 
         def make_train_function(model, force=False):
             out = original(model, force)
+            inst = link()
             fn = getattr(model, "train_function", None)
-            if inst._fit_depth and fn is not None and not getattr(fn, "_md_timed", False):
+            if inst is not None and inst._fit_depth and fn is not None and \
+                    not getattr(fn, "_md_timed", False):
                 model.train_function = inst._timed(model, fn)
                 inst._touched.append(weakref.ref(model))
             return out
@@ -144,11 +154,13 @@ class FitHooks:
 
     def _timed(self, model, fn):
         """The train function, fed one batch taken by a timed ``next()`` (the data wait)."""
-        inst = self
+        link = self._link
         out_of_range = self._tf.errors.OutOfRangeError
 
         def train_function(iterator):
-            if getattr(model, "steps_per_execution", 1) != 1 or isinstance(iterator, list):
+            inst = link()
+            if inst is None or getattr(model, "steps_per_execution", 1) != 1 or \
+                    isinstance(iterator, list):
                 return fn(iterator)
             t0 = time.perf_counter()
             try:
@@ -176,10 +188,12 @@ class LoopHooks:
     it with the targets while a gradient tape records (training) or not (validation)."""
 
     def _wrap_model_call(self, original):
-        inst = self
+        link = self._link
 
         def __call__(model, *args, **kwargs):
-            if args and not inst._fit_depth and inst._tf.executing_eagerly():
+            inst = link()
+            if inst is not None and args and not inst._fit_depth and \
+                    inst._tf.executing_eagerly():
                 inst._call = args[0]
             return original(model, *args, **kwargs)
 
@@ -187,11 +201,12 @@ class LoopHooks:
         return __call__
 
     def _wrap_loss_call(self, original):
-        inst = self
+        link = self._link
 
         def __call__(loss, y_true, y_pred, *args, **kwargs):
             out = original(loss, y_true, y_pred, *args, **kwargs)
-            if not inst._fit_depth and inst._tf.executing_eagerly():
+            inst = link()
+            if inst is not None and not inst._fit_depth and inst._tf.executing_eagerly():
                 inst._guard(inst._on_loss_call)(loss, y_true, y_pred)
             return out
 

@@ -27,10 +27,13 @@ import weakref
 
 import numpy as np
 
+from . import patches
 from .codeloc import assignment, definition_location, user_frame
 from .keras_hooks import FitHooks, LoopHooks
 from .keras_keeper import KerasKeeper, LabelStats, describe_loss
 from .keras_util import in_xla, initializing, layer_of, user_location
+from .norms import MGN_MAX
+from .norms import window as norms_window
 from .recorder import Recorder, _num, rss_bytes
 
 _HYPER = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "rho", "weight_decay",
@@ -45,6 +48,7 @@ class KerasInstrument(FitHooks, LoopHooks):
         self.cfg = rec.config
         self.keeper = KerasKeeper()
         self.labels = LabelStats()
+        self._link = patches.Link(self)  # what the patched functions reach this through
         self._undo: list = []
         self._tf = None
         self._keras = None
@@ -72,6 +76,7 @@ class KerasInstrument(FitHooks, LoopHooks):
         self._steps = 0
         self._gpu = None
         self._internal_seen = False
+        self._mgn_at = 0  # where the next step's window of layer norms starts (norms.py)
 
     # -- attach / detach -------------------------------------------------------------------
     def attach(self, name: str) -> None:
@@ -88,8 +93,8 @@ class KerasInstrument(FitHooks, LoopHooks):
         from tensorflow.python.eager import backprop
 
         self._tf = tf
-        tape = backprop.GradientTape
-        self._patch(tape, "gradient", self._nograph(self._wrap_gradient(tape.gradient)))
+        self._patch(backprop.GradientTape, "gradient",
+                    lambda nxt: self._nograph(self._wrap_gradient(nxt)))
 
     def _attach_keras(self) -> None:
         import keras
@@ -98,22 +103,21 @@ class KerasInstrument(FitHooks, LoopHooks):
         from keras.src.trainers.trainer import Trainer
 
         self._keras = keras
-        self._patch(Trainer, "compile", self._wrap_compile(Trainer.compile))
-        self._patch(TensorFlowTrainer, "fit", self._wrap_fit(TensorFlowTrainer.fit))
-        self._patch(TensorFlowTrainer, "make_train_function",
-                    self._wrap_make_train(TensorFlowTrainer.make_train_function))
-        self._patch(BaseOptimizer, "__init__", self._wrap_opt_init(BaseOptimizer.__init__))
-        self._patch(BaseOptimizer, "apply", self._nograph(self._wrap_apply(BaseOptimizer.apply)))
-        self._patch(keras.Model, "__call__", self._wrap_model_call(keras.Model.__call__))
-        self._patch(keras.losses.Loss, "__call__", self._wrap_loss_call(keras.losses.Loss.__call__))
+        self._patch(Trainer, "compile", self._wrap_compile)
+        self._patch(TensorFlowTrainer, "fit", self._wrap_fit)
+        self._patch(TensorFlowTrainer, "make_train_function", self._wrap_make_train)
+        self._patch(BaseOptimizer, "__init__", self._wrap_opt_init)
+        self._patch(BaseOptimizer, "apply", lambda nxt: self._nograph(self._wrap_apply(nxt)))
+        self._patch(keras.Model, "__call__", self._wrap_model_call)
+        self._patch(keras.losses.Loss, "__call__", self._wrap_loss_call)
 
     def _nograph(self, fn):
         return self._tf.autograph.experimental.do_not_convert(fn)
 
-    def _patch(self, owner, name, new) -> None:
-        old = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
-        setattr(owner, name, new)
-        self._undo.append(lambda: setattr(owner, name, old))
+    def _patch(self, owner, name, factory) -> None:
+        """Stack ``factory(next)`` over ``owner.name``: an inherited attribute is deleted again
+        when the capture ends, so the class dict is as before (see :mod:`.patches`)."""
+        self._undo.append(patches.install(owner, name, factory))
 
     def _guard(self, fn):
         """Run an observation so that a failure in it never breaks the user's training."""
@@ -130,7 +134,12 @@ class KerasInstrument(FitHooks, LoopHooks):
         return guarded
 
     def detach(self) -> None:
-        """Remove every patch; models trained under capture retrace without the probes."""
+        """Remove every patch; models trained under capture retrace without the probes.
+
+        Wrappers kept elsewhere (a traced step, a callback list) only call through from now
+        on; what Isolate needs stays in :attr:`keeper`.
+        """
+        self._link.cut()
         while self._undo:
             undo = self._undo.pop()
             try:
@@ -142,7 +151,10 @@ class KerasInstrument(FitHooks, LoopHooks):
             if model is not None and getattr(model.train_function, "_md_timed", False):
                 model.train_function = None
         self._touched = []
-        self._last_x = self._fitting = None
+        self._last_x = self._fitting = self._call = self._target = self._root = None
+        self._pending = None
+        self._models.clear()
+        self._stashes.clear()
 
     def finish(self) -> None:
         """Flush what is pending when the capture ends."""
@@ -169,11 +181,13 @@ class KerasInstrument(FitHooks, LoopHooks):
 
     # -- compile / optimizer ---------------------------------------------------------------
     def _wrap_compile(self, original):
-        inst = self
+        link = self._link
 
         def compile(model, *args, **kwargs):
             out = original(model, *args, **kwargs)
-            inst._guard(inst._after_compile)(model)
+            inst = link()
+            if inst is not None:
+                inst._guard(inst._after_compile)(model)
             return out
 
         compile.__wrapped__ = original
@@ -191,11 +205,12 @@ class KerasInstrument(FitHooks, LoopHooks):
             self._on_optimizer(opt, loc)
 
     def _wrap_opt_init(self, original):
-        inst = self
+        link = self._link
 
         def __init__(opt, *args, **kwargs):
             original(opt, *args, **kwargs)
-            if id(opt) not in inst._opt_locs:
+            inst = link()
+            if inst is not None and id(opt) not in inst._opt_locs:
                 loc = user_location(sys._getframe())
                 if loc is not None:
                     inst._opt_locs[id(opt)] = loc
@@ -281,10 +296,12 @@ class KerasInstrument(FitHooks, LoopHooks):
 
     # -- gradients -------------------------------------------------------------------------
     def _wrap_gradient(self, original):
-        inst = self
+        link = self._link
 
         def gradient(tape, target, sources, *args, **kwargs):
-            inst._guard(inst._on_gradient)(target)
+            inst = link()
+            if inst is not None:
+                inst._guard(inst._on_gradient)(target)
             return original(tape, target, sources, *args, **kwargs)
 
         gradient.__wrapped__ = original
@@ -299,10 +316,11 @@ class KerasInstrument(FitHooks, LoopHooks):
                 self._ref("backward", user_location(sys._getframe()))
 
     def _wrap_apply(self, original):
-        inst = self
+        link = self._link
 
         def apply(opt, grads, trainable_variables=None):
-            if inst._in_apply:
+            inst = link()
+            if inst is None or inst._in_apply:
                 return original(opt, grads, trainable_variables)
             grads = list(grads)
             if trainable_variables is not None:
@@ -361,10 +379,12 @@ class KerasInstrument(FitHooks, LoopHooks):
             self._current = self._stash_of[id(self._fitting)] = key
             return None
         if not in_xla():
-            emit = self._guard(self._emit_from_vec)
+            link = self._link  # the py_function outlives the capture in TensorFlow's registry
 
             def step(v):
-                emit(v.numpy(), layout)
+                inst = link()
+                if inst is not None:
+                    inst._guard(inst._emit_from_vec)(v.numpy(), layout)
 
             tf.py_function(step, [vec], [])
         return None
@@ -401,6 +421,10 @@ class KerasInstrument(FitHooks, LoopHooks):
             per_layer = np.sqrt(sq)
             total = float(np.sqrt(sq.sum()))
         mgn = dict(zip(names, per_layer.tolist())) if self.cfg.module_norms else {}
+        if len(mgn) > MGN_MAX:  # a window of the layers per step (see norms.py)
+            if not self._mgn_at:
+                self.rec.emit("module_norms", modules=len(mgn), per_step=MGN_MAX)
+            mgn, self._mgn_at = norms_window(mgn, self._mgn_at), self._mgn_at + MGN_MAX
         if not self._nonfinite_seen:
             if loss is not None and not math.isfinite(loss):
                 self._nonfinite_seen = True

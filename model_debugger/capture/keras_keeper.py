@@ -13,6 +13,8 @@ import re
 
 import numpy as np
 
+from .spill import Spill, threshold_bytes
+
 MAX_BATCHES = 32
 MAX_SAMPLES = 4096
 _MAX_CLASSES = 1000
@@ -143,7 +145,8 @@ class KerasKeeper:
     """Live objects of a captured Keras run, for Isolate.
 
     Attributes mirror :class:`~model_debugger.capture.keeper.Keeper`: ``model``,
-    ``initial_state`` (a list of weight arrays), ``optimizer`` (``{"cls", "name", "hyper",
+    ``initial_state`` (a list of weight arrays; above ``MODEL_DEBUGGER_SPILL_MB`` read back from
+    a temporary file on each access, see :mod:`.spill`), ``optimizer`` (``{"cls", "name", "hyper",
     "config"}``), ``loss`` (:func:`describe_loss`), ``train_batches`` / ``val_batches`` as
     ``((x,), y)`` NumPy pairs, ``train_loader`` (what ``fit`` iterated, for the throughput probe).
     """
@@ -152,7 +155,9 @@ class KerasKeeper:
 
     def __init__(self) -> None:
         self.model = None
-        self.initial_state: list | None = None
+        self._initial_state: list | None = None
+        self._spill: Spill | None = None
+        self._spilled: list = []  # (index, dtype, shape) per weight in the spill file
         self.namespace: dict | None = None
         self.optimizer: dict | None = None
         self.loss: dict | None = None
@@ -171,9 +176,57 @@ class KerasKeeper:
         self.model = model
         self.namespace = namespace
         try:
-            self.initial_state = [np.array(w, copy=True) for w in model.get_weights()]
+            weights = list(model.weights)  # get_weights() order; one host copy at a time
+            size = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in weights)
+            if size > threshold_bytes():
+                self._spill_weights(weights)
+            else:
+                self._initial_state = [np.array(w.numpy(), copy=True) for w in weights]
         except Exception:  # noqa: BLE001 - an unbuilt model: weights are taken later
-            self.initial_state = None
+            self._initial_state = None
+
+    def _spill_weights(self, weights) -> None:
+        spill, spilled = Spill(), []
+        try:
+            for w in weights:
+                arr = np.asarray(w.numpy())
+                spilled.append((spill.add(arr), arr.dtype, arr.shape))
+                del arr
+            spill.close()
+        except BaseException:
+            spill.remove()
+            raise
+        self._spill, self._spilled = spill, spilled
+
+    @property
+    def initial_state(self) -> list | None:
+        """The weights from before the first step (read back from disk when spilled)."""
+        if self._spill is None:
+            return self._initial_state
+        return [self._spill.get(i).view(dtype).reshape(shape) if int(np.prod(shape)) else
+                np.empty(shape, dtype=dtype) for i, dtype, shape in self._spilled]
+
+    @initial_state.setter
+    def initial_state(self, value) -> None:
+        self._drop_spill()
+        self._initial_state = value
+
+    @property
+    def spill_path(self) -> str | None:
+        """The file holding the initial weights, or None when they are in RAM."""
+        return self._spill.path if self._spill is not None else None
+
+    def _drop_spill(self) -> None:
+        if self._spill is not None:
+            self._spill.remove()
+        self._spill, self._spilled = None, []
+
+    def release(self) -> None:
+        """Let go of the model, the batches, the data and the initial weights (file too)."""
+        self._drop_spill()
+        self._initial_state = None
+        self.model = self.namespace = self.train_loader = self.validation = None
+        self.train_batches, self.val_batches = [], []
 
     def on_optimizer(self, opt, hyper: dict) -> None:
         if self.optimizer is None:

@@ -48,15 +48,28 @@ def parse_metric_line(line: str) -> tuple[int | None, dict[str, float]]:
 
 
 class StdoutTee:
-    """A text stream that forwards writes and parses complete lines for metrics."""
+    """A text stream that forwards writes and parses complete lines for metrics.
+
+    Installed as ``sys.stdout`` through :func:`~.patches.install` (:meth:`over` re-points it
+    when another capture's tee comes or goes). After :meth:`finish` it only forwards: a module
+    that did ``from sys import stdout`` during the capture keeps a harmless stream, not the
+    Recorder.
+    """
 
     def __init__(self, inner, on_line: Callable[[str], None]) -> None:
         self._inner = inner
         self._on_line = on_line
         self._buf = ""
 
+    def over(self, inner) -> StdoutTee:
+        """Forward to ``inner`` from now on; return this tee (a :mod:`.patches` factory)."""
+        self._inner = inner
+        return self
+
     def write(self, text: str) -> int:
         n = self._inner.write(text)
+        if self._on_line is None:  # finished: forward only
+            return n if n is not None else len(text)
         self._buf += text
         if "\n" in self._buf:
             *lines, self._buf = self._buf.split("\n")
@@ -69,10 +82,12 @@ class StdoutTee:
         self._inner.flush()
 
     def finish(self) -> None:
-        """Parse a last line that had no newline."""
-        if self._buf:
-            self._on_line(self._buf)
-            self._buf = ""
+        """Parse a last line that had no newline; forward only from now on."""
+        on_line, self._on_line = self._on_line, None
+        if self._buf and on_line is not None:
+            self._buf, buf = "", self._buf
+            on_line(buf)
+        self._buf = ""
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -80,27 +95,38 @@ class StdoutTee:
 
 def patch_summary_writer(module, emit: Callable[[str, float, int | None], None]) -> Callable:
     """Wrap ``SummaryWriter.add_scalar(s)`` in ``module``; return the function that undoes it."""
+    from .patches import Link, install
+
     cls = module.SummaryWriter
-    orig_scalar, orig_scalars = cls.add_scalar, cls.add_scalars
+    link = Link(emit)
 
-    def add_scalar(self, tag, scalar_value, global_step=None, *args, **kwargs):
-        try:
-            emit(str(tag), float(scalar_value), global_step)
-        except (TypeError, ValueError, RuntimeError):
-            pass
-        return orig_scalar(self, tag, scalar_value, global_step, *args, **kwargs)
-
-    def add_scalars(self, main_tag, tag_scalar_dict, global_step=None, *args, **kwargs):
-        for sub, value in dict(tag_scalar_dict).items():
+    def wrap_scalar(orig_scalar):
+        def add_scalar(self, tag, scalar_value, global_step=None, *args, **kwargs):
+            fn = link()
             try:
-                emit(f"{main_tag}/{sub}", float(value), global_step)
+                if fn is not None:
+                    fn(str(tag), float(scalar_value), global_step)
             except (TypeError, ValueError, RuntimeError):
                 pass
-        return orig_scalars(self, main_tag, tag_scalar_dict, global_step, *args, **kwargs)
+            return orig_scalar(self, tag, scalar_value, global_step, *args, **kwargs)
+        return add_scalar
 
-    cls.add_scalar, cls.add_scalars = add_scalar, add_scalars
+    def wrap_scalars(orig_scalars):
+        def add_scalars(self, main_tag, tag_scalar_dict, global_step=None, *args, **kwargs):
+            fn = link()
+            for sub, value in dict(tag_scalar_dict).items() if fn is not None else ():
+                try:
+                    fn(f"{main_tag}/{sub}", float(value), global_step)
+                except (TypeError, ValueError, RuntimeError):
+                    pass
+            return orig_scalars(self, main_tag, tag_scalar_dict, global_step, *args, **kwargs)
+        return add_scalars
+
+    removers = [install(cls, "add_scalar", wrap_scalar), install(cls, "add_scalars", wrap_scalars)]
 
     def undo() -> None:
-        cls.add_scalar, cls.add_scalars = orig_scalar, orig_scalars
+        link.cut()
+        for remove in removers:
+            remove()
 
     return undo

@@ -26,6 +26,7 @@ from ..redact import (
     remember_environment,
     remember_script,
 )
+from . import patches
 from .codeloc import traceback_location
 from .imports import when_imported
 from .metrics import StdoutTee, parse_metric_line, patch_summary_writer
@@ -143,6 +144,8 @@ class Recorder:
         self._stack = ExitStack()
         self._instruments: list = []
         self._tee: StdoutTee | None = None
+        self._untee = None  # removes the tee from sys.stdout (see :mod:`.patches`)
+        self._keepers: list | None = None  # set when the block ends
         self._t0 = 0.0
 
     # -- writing ---------------------------------------------------------------------------
@@ -295,8 +298,8 @@ class Recorder:
                       config=asdict(self.config), rss=rss_bytes())
             if self.config.parse_stdout:
                 self._tee = StdoutTee(sys.stdout, self._on_line)
-                sys.stdout = self._tee
-                self._stack.callback(self._restore_stdout)
+                self._stack.callback(self._restore_stdout)  # stacks: any exit order (patches)
+                self._untee = patches.install(sys, "stdout", self._tee.over)
             self._stack.callback(when_imported("torch", self._attach_torch))
             for name in ("tensorflow", "keras"):
                 self._stack.callback(when_imported(name, self._attach_keras))
@@ -314,10 +317,29 @@ class Recorder:
 
     @property
     def keeper(self):
-        """Live objects kept for Isolate (the model, initial weights, batches), or None."""
-        keepers = [k for k in (getattr(i, "keeper", None) for i in self._instruments)
-                   if k is not None]
+        """Live objects kept for Isolate (the model, initial weights, batches), or None.
+
+        After the block the Recorder holds only these (the instruments and every hook are
+        gone): a Recorder kept after its block keeps the model alive through ``rec.keeper``
+        until :meth:`release` or until the Recorder itself is dropped.
+        """
+        keepers = self._keepers if self._keepers is not None else \
+            [k for k in (getattr(i, "keeper", None) for i in self._instruments) if k is not None]
         return next((k for k in keepers if k.model is not None), keepers[0] if keepers else None)
+
+    def release(self) -> None:
+        """Let go of the live objects kept for Isolate (model, batches, spilled weights)."""
+        for keeper in self._keepers or []:
+            keeper.release()
+        self._keepers = []
+
+    def _let_go(self) -> None:
+        """After the block: keep the keepers, drop the instruments and their drains."""
+        if self._keepers is None:
+            self._keepers = [k for k in (getattr(i, "keeper", None) for i in self._instruments)
+                             if k is not None]
+        self._instruments = []
+        self._before_event = []
 
     def _attach_torch(self, _module) -> None:
         from .torch_instrument import TorchInstrument
@@ -342,10 +364,11 @@ class Recorder:
 
     def _restore_stdout(self) -> None:
         if self._tee is not None:
-            self._tee.finish()
-            if sys.stdout is self._tee:
-                sys.stdout = self._tee._inner
+            self._tee.finish()  # a stream kept elsewhere forwards only, holding no Recorder
+            untee, self._untee = self._untee, None
             self._tee = None
+            if untee is not None:
+                untee()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
@@ -357,7 +380,10 @@ class Recorder:
             self.emit("end", status=status, steps=self.step,
                       seconds=round(time.perf_counter() - self._t0, 4))
         finally:
-            self._stack.close()
+            try:
+                self._stack.close()
+            finally:
+                self._let_go()
         return False
 
     def record_error(self, exc: BaseException, tb=None) -> None:

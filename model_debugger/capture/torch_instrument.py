@@ -22,8 +22,11 @@ import weakref
 import numpy as np
 import torch
 
+from . import patches
 from .codeloc import assignment, definition_location, is_user_file, user_frame, user_location
 from .keeper import Keeper
+from .norms import MGN_MAX
+from .norms import window as norms_window
 from .recorder import FLUSH_SECONDS, Recorder, _num, rss_bytes
 from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossStats
 from .torch_util import TimedIterator, floats, hyper, replay_first_nonfinite
@@ -37,6 +40,8 @@ NORM_MAX_EVERY = 16
 _BACKWARD_MODE_AFTER = 64
 _UNMEASURED = "unmeasured"  # the gradient norm of a step that norm_every skipped
 _OPTIMIZER_EVENTS = 3  # ``optimizer`` events per line that builds one (a loop may build many)
+UR_FULL_BYTES = 64 << 20  # weights above this are sampled for the update/weight ratio
+UR_STRIDE = 17
 _HIST_SAMPLE = 1 << 16  # larger gradients are histogrammed on an evenly strided sample
 
 
@@ -63,6 +68,7 @@ class TorchInstrument:
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
         self.cfg = rec.config
+        self._link = patches.Link(self)  # what the patched functions reach this through
         self._undo: list = []
         self._pending_losses: list[float] = []
         self._backwards = 0
@@ -110,6 +116,8 @@ class TorchInstrument:
         self._norms_on_host = True  # every gradient was read on the host (NumPy) last time
         self._rss_due = True  # read the RSS with this step's row (the steps norms are measured)
         self._opt_counts: dict[int, int] = {}  # id(optimizer) -> its steps in this capture
+        self._ur_stride = 1  # every UR_STRIDE-th weight is compared for a large model
+        self._mgn_at = 0  # where the next step's window of module norms starts (norms.py)
 
     # -- attach / detach -------------------------------------------------------------------
     def attach(self) -> None:
@@ -117,21 +125,20 @@ class TorchInstrument:
         from torch.utils.data import DataLoader
 
         self.rec.before_event(self._drain)
-        self._patch(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward, True))
-        self._patch(torch.autograd, "backward",
-                    self._wrap_backward(torch.autograd.backward, False))
+        self._patch(torch.Tensor, "backward", lambda nxt: self._wrap_backward(nxt, True))
+        self._patch(torch.autograd, "backward", lambda nxt: self._wrap_backward(nxt, False))
         self._undo.append(optim_mod.register_optimizer_step_pre_hook(
             self._guard(self._pre_step)).remove)
         self._undo.append(optim_mod.register_optimizer_step_post_hook(
             self._guard(self._post_step)).remove)
-        self._patch(optim_mod.Optimizer, "__init__", self._wrap_opt_init(optim_mod.Optimizer.__init__))
-        self._patch(DataLoader, "__iter__", self._wrap_loader_iter(DataLoader.__iter__))
+        self._patch(optim_mod.Optimizer, "__init__", self._wrap_opt_init)
+        self._patch(DataLoader, "__iter__", self._wrap_loader_iter)
         for owner in (optim_mod.Optimizer, torch.nn.Module):
-            self._patch(owner, "zero_grad", self._wrap_zero_grad(owner.zero_grad))
+            self._patch(owner, "zero_grad", self._wrap_zero_grad)
         functional = torch.nn.functional
         for name in CLASS_LOSSES + BINARY_LOSSES + REG_LOSSES:
             if hasattr(functional, name):
-                self._patch(functional, name, self._wrap_loss(getattr(functional, name), name))
+                self._patch(functional, name, lambda nxt, name=name: self._wrap_loss(nxt, name))
 
     def _guard(self, fn):
         """Run an observation so that a failure in it never breaks the user's training.
@@ -151,22 +158,28 @@ class TorchInstrument:
         return guarded
 
     def _wrap_zero_grad(self, original):
-        keeper = self.keeper
+        link = self._link
 
         def zero_grad(obj, *args, **kwargs):
-            keeper.zero_grad_calls += 1
+            inst = link()
+            if inst is not None:
+                inst.keeper.zero_grad_calls += 1
             return original(obj, *args, **kwargs)
 
         zero_grad.__wrapped__ = original
         return zero_grad
 
-    def _patch(self, owner, name, new) -> None:
-        old = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
-        setattr(owner, name, new)
-        self._undo.append(lambda: setattr(owner, name, old))
+    def _patch(self, owner, name, factory) -> None:
+        """Stack ``factory(next)`` over ``owner.name`` (see :mod:`.patches`)."""
+        self._undo.append(patches.install(owner, name, factory))
 
     def detach(self) -> None:
-        """Remove every hook and patch (idempotent)."""
+        """Remove every hook and patch (idempotent), and let go of the user's objects.
+
+        Wrappers that something else kept (torch._dynamo snapshots ``Tensor`` methods) only
+        call through from now on; what Isolate needs stays in :attr:`keeper`.
+        """
+        self._link.cut()
         while self._undo:
             undo = self._undo.pop()
             try:
@@ -176,6 +189,12 @@ class TorchInstrument:
         self._last_input = None
         self._last_opt = None
         self._before = None
+        self._before_params = None
+        self._last_loss_call = None
+        self._step_norms = (None, None)
+        self._plans.clear()
+        self._models.clear()
+        self._root = None
 
     def finish(self) -> None:
         """Flush what is pending when the capture ends (losses without a step, eval losses)."""
@@ -231,13 +250,15 @@ class TorchInstrument:
 
     # -- backward --------------------------------------------------------------------------
     def _wrap_backward(self, original, is_method: bool):
-        inst = self
+        link = self._link
 
         def backward(*args, **kwargs):
+            inst = link()
             # the tensor: self of Tensor.backward, or autograd.backward's ``tensors``
             tensor = args[0] if args else kwargs.get("tensors")
             # Tensor.backward calls torch.autograd.backward: observe the outer call only.
-            if inst._in_backward or not (is_method or isinstance(tensor, torch.Tensor)):
+            if inst is None or inst._in_backward or \
+                    not (is_method or isinstance(tensor, torch.Tensor)):
                 return original(*args, **kwargs)
             inst._in_backward = True
             try:
@@ -348,8 +369,7 @@ class TorchInstrument:
         if found is None and isinstance(out, torch.Tensor) and self._last_loss_call is not None:
             # the same batch through the same weights and loss: does the non-finite value repeat?
             name, target, kwargs, shape = self._last_loss_call
-            fn = getattr(torch.nn.functional, name)
-            fn = getattr(fn, "__wrapped__", fn)
+            fn = patches.original(torch.nn.functional, name)
             try:
                 with torch.no_grad():
                     value = fn(out.reshape(shape), target, **kwargs)
@@ -362,13 +382,15 @@ class TorchInstrument:
 
     # -- optimizer -------------------------------------------------------------------------
     def _wrap_opt_init(self, original):
-        inst = self
+        link = self._link
 
         def __init__(opt, *args, **kwargs):
             original(opt, *args, **kwargs)
-            if opt not in inst._seen_optimizers:
+            inst = link()
+            if inst is not None and opt not in inst._seen_optimizers:
                 inst._guard(inst._on_new_optimizer)(opt)
 
+        __init__.__wrapped__ = original
         return __init__
 
     def _on_new_optimizer(self, opt) -> None:
@@ -429,7 +451,8 @@ class TorchInstrument:
         if hist and params:
             self._histograms(params)
         if update and params:
-            self._before = _copy_weights(params)
+            self._ur_stride = _ratio_stride(params)
+            self._before = _copy_weights(params, self._ur_stride)
             self._before_params = params
 
     def _grad_norms(self, params) -> tuple[float | None, tuple | None]:
@@ -506,7 +529,7 @@ class TorchInstrument:
         if self._before is not None:
             before, self._before = self._before, None
             try:
-                ratio = _update_ratio(before, self._before_params)
+                ratio = _update_ratio(before, self._before_params, self._ur_stride)
             except (TypeError, ValueError, RuntimeError):  # weights replaced by the step
                 ratio = None
         losses = [v for v in self._pending_losses if v is not None]
@@ -593,7 +616,7 @@ class TorchInstrument:
         if gn is not _UNMEASURED:  # left out: not measured (norm_every); None: no gradient
             step["gn"] = _num(gn)
         if parts:
-            step["mgn"] = {k: _num(v) for k, v in _per_module(*parts).items()}
+            step["mgn"] = {k: _num(v) for k, v in self._window(_per_module(*parts)).items()}
         if ratio is not None:
             step["ur"] = _num(ratio)
         if training is not None:
@@ -603,6 +626,15 @@ class TorchInstrument:
             if len(cuda) > 2:
                 step["gpu_util"] = cuda[2]
         self.rec.emit("step", **step)
+
+    def _window(self, per_module: dict) -> dict:
+        """This step's modules in ``mgn`` (bounded, see :mod:`.norms`)."""
+        out = norms_window(per_module, self._mgn_at)
+        if out is not per_module:
+            if not self._mgn_at:
+                self.rec.emit("module_norms", modules=len(per_module), per_step=MGN_MAX)
+            self._mgn_at += MGN_MAX
+        return out
 
     def _read_gpu_util(self) -> int | None:
         """Percent of the last NVML sample period the GPU ran a kernel (None: not measurable)."""
@@ -614,13 +646,17 @@ class TorchInstrument:
 
     # -- data loading ----------------------------------------------------------------------
     def _wrap_loader_iter(self, original):
-        inst = self
+        link = self._link
 
         def __iter__(loader):
             it = original(loader)
+            inst = link()
+            if inst is None:
+                return it
             inst._guard(inst._on_loader_iter)(loader)
-            return TimedIterator(it, inst, id(loader))
+            return TimedIterator(it, link, id(loader))
 
+        __iter__.__wrapped__ = original
         return __iter__
 
     def _on_loader_iter(self, loader) -> None:
@@ -631,10 +667,13 @@ class TorchInstrument:
 
     # -- losses ----------------------------------------------------------------------------
     def _wrap_loss(self, original, name: str):
-        inst = self
+        link = self._link
 
         def loss_fn(input, target, *args, **kwargs):
             out = original(input, target, *args, **kwargs)
+            inst = link()
+            if inst is None:
+                return out
             try:
                 if inst._steady_loss == name and torch.is_grad_enabled():
                     # nothing left to keep: the replay's loss call, and the targets counted
@@ -714,19 +753,38 @@ def _on_host(t) -> bool:
         t.dtype in (torch.float32, torch.float64)
 
 
-def _copy_weights(params: list) -> list:
+def _ratio_stride(params: list) -> int:
+    """1 (every weight), or :data:`UR_STRIDE` when copying them all would cost over
+    :data:`UR_FULL_BYTES` of RAM: the ratio is then measured on every 17th weight of each
+    tensor (a prime stride: not one column of each row), a copy of 6% of the weights."""
+    size = sum(p.numel() * p.element_size() for p in params)
+    return UR_STRIDE if size > UR_FULL_BYTES else 1
+
+
+def _sample(p, stride: int, host: bool):
+    """The weights of ``p`` compared for the ratio: all, or every ``stride``-th (a view)."""
+    if host:
+        a = p.detach().numpy()
+        return a.ravel()[::stride] if stride > 1 else a
+    t = p.detach()
+    return t.reshape(-1)[::stride] if stride > 1 else t
+
+
+def _copy_weights(params: list, stride: int = 1) -> list:
     """Copies of the weights before a step (for the update/weight ratio).
 
     Host tensors are copied by NumPy (its buffers come from malloc and are reused, where a
     tensor of a few MB is freshly mapped and page-faulted on every copy); others by torch.
+    With ``stride`` > 1 only every ``stride``-th weight is copied.
     """
-    return [p.detach().numpy().copy() if _on_host(p) else p.detach().clone() for p in params]
+    return [_sample(p, stride, True).copy() if _on_host(p) else _sample(p, stride, False).clone()
+            for p in params]
 
 
-def _update_ratio(before: list, params: list) -> float | None:
+def _update_ratio(before: list, params: list, stride: int = 1) -> float | None:
     """||weights after - weights before|| / ||weights before|| over all parameters.
 
-    ``before`` is consumed (it ends up holding minus the update).
+    ``before`` is consumed (it ends up holding minus the update); ``stride`` as it was copied.
     """
     num = den = 0.0
     rest = []
@@ -734,10 +792,10 @@ def _update_ratio(before: list, params: list) -> float | None:
         for b, p in zip(before, params):
             if isinstance(b, np.ndarray):
                 den += float(np.vdot(b, b))
-                np.subtract(b, p.detach().numpy(), out=b)
+                np.subtract(b, _sample(p, stride, True), out=b)
                 num += float(np.vdot(b, b))
             else:
-                rest.append((b, p.detach()))
+                rest.append((b, _sample(p, stride, False)))
     if rest:
         with torch.no_grad():
             b, a = [r[0] for r in rest], [r[1] for r in rest]

@@ -10,9 +10,9 @@ import torch
 class TimedIterator:
     """Wraps a DataLoader iterator: time spent waiting in ``__next__`` is data wait."""
 
-    def __init__(self, inner, inst, loader_id: int) -> None:
+    def __init__(self, inner, link, loader_id: int) -> None:
         self._inner = inner
-        self._inst = inst
+        self._link = link  # the instrument's :class:`~.patches.Link` (cut after the capture)
         self._loader_id = loader_id
 
     def __iter__(self):
@@ -23,10 +23,11 @@ class TimedIterator:
         try:
             return next(self._inner)
         finally:
-            inst = self._inst
-            inst._active_loader = self._loader_id
-            if self._loader_id in inst._train_loaders or not inst._train_loaders:
-                inst._data_wait += time.perf_counter() - t0
+            inst = self._link()
+            if inst is not None:
+                inst._active_loader = self._loader_id
+                if self._loader_id in inst._train_loaders or not inst._train_loaders:
+                    inst._data_wait += time.perf_counter() - t0
 
     def __len__(self):
         return len(self._inner)

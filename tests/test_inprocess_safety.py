@@ -1,0 +1,232 @@
+"""In-process safety of ``capture()``: recorders stack, nothing stays patched, memory is bounded.
+
+Real PyTorch training on the CPU (and a real Keras ``fit``): two recorders exited in either
+order restore every patched attribute (``is`` the original) and ``sys.stdout``; a Keras capture
+leaves the class dicts as they were; the model is collected once the Recorder goes, even when
+something kept a patched function or ``sys.stdout`` from inside the block; the initial-weight
+copy spills to disk above ``MODEL_DEBUGGER_SPILL_MB`` and Isolate still restarts from it; a model
+with 5000 parameter tensors records a few KB per step and still names the layer of a NaN.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import model_debugger
+from model_debugger import isolate
+from model_debugger.capture import patches
+from model_debugger.isolate import build_context
+from model_debugger.probes import run_probes
+from model_debugger.records import Run
+
+
+def _patched_attributes():
+    """Every attribute the torch instrument patches, with its current value."""
+    from torch.optim import optimizer as optim_mod
+
+    owners = [(torch.Tensor, "backward"), (torch.autograd, "backward"),
+              (optim_mod.Optimizer, "__init__"), (DataLoader, "__iter__"),
+              (optim_mod.Optimizer, "zero_grad"), (nn.Module, "zero_grad")]
+    owners += [(F, n) for n in ("cross_entropy", "mse_loss", "nll_loss", "l1_loss",
+                                "binary_cross_entropy", "binary_cross_entropy_with_logits")]
+    return {(o, n): o.__dict__[n] for o, n in owners if n in o.__dict__}
+
+
+def _train(steps: int = 4, say: bool = True):
+    torch.manual_seed(0)
+    X, y = torch.randn(32, 4), torch.randn(32, 1)
+    net = nn.Linear(4, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for i, (xb, yb) in enumerate(DataLoader(TensorDataset(X, y), batch_size=8)):
+        if i >= steps:
+            break
+        opt.zero_grad()
+        loss = F.mse_loss(net(xb), yb)
+        loss.backward()
+        opt.step()
+        if say:
+            print(f"step {i}: probe_metric={loss.item():.4f}")
+    return net
+
+
+@pytest.mark.parametrize("outer_first", [True, False])
+def test_recorders_exited_out_of_order_restore_everything(outer_first):
+    before = _patched_attributes()
+    stdout, meta_path = sys.stdout, list(sys.meta_path)
+    outer, inner = model_debugger.capture(), model_debugger.capture()
+    outer.__enter__()
+    inner.__enter__()
+    _train()
+    first, second = (outer, inner) if outer_first else (inner, outer)
+    first.__exit__(None, None, None)
+    # the one left still records, and is still patched in
+    steps_left = second.step
+    _train(steps=2)
+    assert second.step == steps_left + 2
+    second.__exit__(None, None, None)
+
+    after = _patched_attributes()
+    assert after.keys() == before.keys()
+    assert all(after[k] is before[k] for k in before), \
+        [f"{o.__name__}.{n}" for (o, n) in before if after[(o, n)] is not before[(o, n)]]
+    assert sys.stdout is stdout
+    assert sys.meta_path == meta_path
+    assert patches.patched() == []
+    for rec in (outer, inner):
+        metrics = [e for e in rec.events if e["t"] == "metric" and e["name"] == "probe_metric"]
+        assert metrics, "printed metrics reached both recorders"
+    assert [e for e in inner.events if e["t"] == "model"]
+
+
+def test_a_stream_or_function_kept_from_inside_the_block_holds_nothing():
+    """Like torch._dynamo (which snapshots Tensor methods) or ``from sys import stdout``."""
+    kept = {}
+    with model_debugger.capture() as rec:
+        net = _train()
+        kept["backward"] = torch.Tensor.backward
+        kept["stdout"] = sys.stdout
+    ref = weakref.ref(net)
+    del net
+    gc.collect()
+    assert ref() is not None  # the Recorder kept after its block keeps it for Isolate
+    assert rec.keeper is not None and rec.keeper.model is ref()
+    rec.release()
+    gc.collect()
+    assert ref() is None, "the model outlived the capture"
+    # what was kept still works: a pass-through, not a recorder
+    x = torch.ones(2, requires_grad=True)
+    kept["backward"](x.sum())
+    assert x.grad.tolist() == [1.0, 1.0]
+    kept["stdout"].write("")
+
+
+def _captured_in_a_function(kept: list):
+    with model_debugger.capture() as rec:
+        net = _train()
+        kept.append(torch.Tensor.backward)
+        kept.append(sys.stdout)
+    return weakref.ref(net), rec
+
+
+def test_model_collected_when_the_recorder_goes():
+    # (Python 3.11: a frame whose locals the capture read keeps a snapshot of them until the
+    # function returns, so the block runs in a function of its own here)
+    kept: list = []
+    ref, rec = _captured_in_a_function(kept)
+    assert ref() is not None
+    del rec
+    gc.collect()
+    assert ref() is None, "the model outlived the Recorder"
+
+
+def test_initial_weights_spill_to_disk_and_probes_restart_from_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODEL_DEBUGGER_SPILL_MB", "0.001")  # ~1 KB: this small model spills
+    torch.manual_seed(2)
+    X = torch.randn(256, 8)
+    y = (X[:, 0] > 0).long()
+    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    nn.init.constant_(net[0].bias, -50.0)  # dead at initialisation
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    path = str(tmp_path / "record.jsonl")
+    with model_debugger.capture(path) as rec:
+        opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+        for _ in range(3):
+            for i in range(0, 256, 32):
+                opt.zero_grad()
+                F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()
+                opt.step()
+    keeper = rec.keeper
+    spill = keeper.spill_path
+    assert spill and os.path.exists(spill)
+    assert os.path.getsize(spill) >= sum(v.numel() * 4 for v in start.values())
+    assert not keeper._initial_state  # nothing of the copy in RAM
+    assert not torch.equal(net[2].bias, start["2.bias"])  # training moved the weights
+    loaded = keeper.initial_state
+    assert list(loaded) == list(start)
+    assert all(torch.equal(loaded[k], start[k]) for k in start)
+
+    run = Run.load(path)
+    ctx = build_context(run, keeper, isolate.user_sources(run, [__file__]), 300.0)
+    fresh = ctx.trainer.fresh_model()
+    assert all(torch.equal(fresh.state_dict()[k], start[k]) for k in start)
+    findings = run_probes(ctx, ["dead_units"])
+    dead = [f for f in findings if f.check == "dead_units" and f.confirmed]
+    assert dead, findings
+    assert dead[0].evidence["at_init"]["1"] == 1.0  # the ReLU, measured on the spilled weights
+    rec.release()
+    assert not os.path.exists(spill)
+
+
+class ManyTensors(nn.Module):
+    """2500 two-by-two linear layers: 5000 parameter tensors."""
+
+    def __init__(self, n: int = 2500):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(n))
+
+    def forward(self, x):
+        return torch.stack([layer(x) for layer in self.layers]).sum(0)
+
+
+def test_thousands_of_tensors_record_a_few_kb_per_step_and_still_locate_a_nan(tmp_path):
+    torch.manual_seed(0)
+    many = ManyTensors()
+    assert len(list(many.parameters())) == 5000
+    opt = torch.optim.SGD(many.parameters(), lr=1e-3)
+    poisoned = many.layers[1777].weight
+    path = tmp_path / "record.jsonl"
+    steps = 50
+    with model_debugger.capture(str(path), norm_every=1):
+        for i in range(steps):
+            x, y = torch.randn(8, 2), torch.randn(8, 2)
+            loss = F.mse_loss(many(x), y)
+            opt.zero_grad()
+            if i == steps - 1:
+                poisoned.register_hook(lambda g: g * float("nan"))
+            loss.backward()
+            opt.step()
+    lines = path.read_text().splitlines()
+    step_bytes = [len(line) + 1 for line in lines if json.loads(line)["t"] == "step"]
+    assert len(step_bytes) >= steps - 1
+    assert max(step_bytes) <= 10_000, max(step_bytes)
+    run = Run.load(str(path))
+    bad = run.first("nonfinite")
+    assert bad is not None and bad["what"] == "grad" and bad["module"] == "layers.1777"
+    assert all(isinstance(s.get("gn"), float) for s in run.steps[:steps - 2])
+    names, norms = run.module_norms()
+    assert len(names) == 2500 and names[0] == "layers.0" and names[-1] == "layers.2499"
+    assert (~torch.isnan(torch.tensor(norms))).sum(0).min() >= 1  # every module measured
+
+
+def test_keras_capture_leaves_the_classes_as_they_were():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    keras = pytest.importorskip("keras")
+    import numpy as np
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from keras.src.layers.layer import Layer
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    from keras.src.trainers.trainer import Trainer
+    from tensorflow.python.eager import backprop
+
+    classes = [keras.Model, TensorFlowTrainer, Trainer, Layer, BaseOptimizer,
+               keras.losses.Loss, backprop.GradientTape]
+    before = [dict(vars(c)) for c in classes]
+    with model_debugger.capture():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(np.zeros((16, 4)), np.zeros((16, 1)), epochs=1, batch_size=8, verbose=0)
+    for cls, was in zip(classes, before):
+        now = dict(vars(cls))
+        assert now.keys() == was.keys(), (cls.__name__, now.keys() ^ was.keys())
+        changed = [k for k in was if now[k] is not was[k]]
+        assert not changed, (cls.__name__, changed)
