@@ -12,7 +12,6 @@ notebook; only ``metadata.model_debugger.exported`` changes. Everything written 
 from __future__ import annotations
 
 import base64
-import errno
 import json
 import math
 import os
@@ -30,6 +29,7 @@ from .safe_write import (
     TargetExists,
     UnsafePath,
     check_component,
+    check_target,
     inside,
     read_inside,
     regular_inside,
@@ -587,10 +587,8 @@ def export_files(session: DebugSession | str, path: str | None = None, *,
     source = repro_source(session)
     compile(source, repro, "exec")
     mode = 0o600 if own else 0o666
-    if not (own or overwrite):  # refuse before writing anything
-        for target in (notebook, repro):
-            if os.path.lexists(target):
-                raise TargetExists(errno.EEXIST, "exists (ask to overwrite it)", target)
+    for target in (notebook, repro):  # refuse before writing anything
+        check_target(root, os.path.relpath(target, root), overwrite=own or overwrite)
     replaced = []
     for target, content in ((notebook, text), (repro, source)):
         if write_inside(root, os.path.relpath(target, root), content,

@@ -23,8 +23,8 @@ import re
 import secrets
 import stat
 
-__all__ = ["TargetExists", "UnsafePath", "check_component", "inside", "read_inside",
-           "regular_inside", "write_inside"]
+__all__ = ["TargetExists", "UnsafePath", "check_component", "check_target", "inside",
+           "read_inside", "regular_inside", "write_inside"]
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -230,6 +230,31 @@ def read_inside(root: str, path: str, limit: int | None = None) -> bytes | None:
             os.close(src)
     finally:
         os.close(fd)
+
+
+def check_target(root: str, path: str, overwrite: bool = False) -> bool:
+    """Check a target as :func:`write_inside` would, writing nothing; True when it exists.
+
+    Raises
+    ------
+    UnsafePath
+        Outside ``root``, a symlink at any component, or a non-regular file.
+    TargetExists
+        It exists and ``overwrite`` is false.
+    """
+    base, folders, name = _parts(root, path)
+    try:
+        fd = _open_folders(base, folders, create=False)
+    except FileNotFoundError:
+        return False
+    try:
+        where = os.path.join(base, *folders, name)
+        existed = _existing(fd, name, where)
+    finally:
+        os.close(fd)
+    if existed and not overwrite:
+        raise TargetExists(errno.EEXIST, "exists (ask to overwrite it)", where)
+    return existed
 
 
 def regular_inside(root: str, path: str) -> bool:

@@ -131,14 +131,19 @@ async def test_rest_symlinked_repro_in_the_session_folder_is_not_followed(jp_fet
     assert outside.read_text() == "alias ls=ls\n"
 
 
-async def test_rest_symlinked_parent_folder_is_not_followed(jp_fetch, jp_root_dir):
+@pytest.mark.parametrize("existing", [False, True])
+async def test_rest_symlinked_parent_folder_is_not_followed(jp_fetch, jp_root_dir, existing):
     s = _crafted(jp_root_dir / ".model_debugger")
     (jp_root_dir / "elsewhere").mkdir()
+    if existing:  # a file behind the link: still 403 (not 409, which would confirm it)
+        (jp_root_dir / "elsewhere" / "repro.py").write_text("keep\n")
     os.symlink(jp_root_dir / "elsewhere", jp_root_dir / "alias")
     code, data = await _post(jp_fetch, {"session": f".model_debugger/{s.id}",
                                         "path": "alias/record.ipynb"})
     assert code == 403, data
-    assert os.listdir(jp_root_dir / "elsewhere") == []
+    assert os.listdir(jp_root_dir / "elsewhere") == (["repro.py"] if existing else [])
+    if existing:
+        assert (jp_root_dir / "elsewhere" / "repro.py").read_text() == "keep\n"
 
 
 async def test_rest_existing_files_are_409_unless_overwrite(jp_fetch, jp_root_dir):
