@@ -106,8 +106,17 @@ def _worth_remembering(value: str) -> bool:
                 or os.path.exists(value))  # paths (XAUTHORITY, a credentials file)
 
 
+_env_checked: dict[tuple[str, str], bool] = {}
+
+
 def _env_secret(name: str, value: str) -> bool:
-    return is_secret_name(name, environment=True) and _worth_remembering(value)
+    """Whether an environment variable holds a secret (cached: redact runs for every string)."""
+    known = _env_checked.get((name, value))
+    if known is None:
+        known = is_secret_name(name, environment=True) and _worth_remembering(value)
+        if len(_env_checked) < 4096:
+            _env_checked[(name, value)] = known
+    return known
 
 
 def remember_environment(environ=None) -> int:
@@ -245,9 +254,10 @@ def redact(text: str) -> str:
     for value in _secret_values():
         if value in text:
             text = text.replace(value, REDACTED)
-    text = _PRIVATE_KEY.sub(REDACTED, text)
-    text = _PRIVATE_KEY_CUT.sub(REDACTED, text)
-    text = _PRIVATE_KEY_TAIL.sub(REDACTED, text)
+    if "PRIVATE KEY" in text:  # the block patterns backtrack: only where a block can be
+        text = _PRIVATE_KEY.sub(REDACTED, text)
+        text = _PRIVATE_KEY_CUT.sub(REDACTED, text)
+        text = _PRIVATE_KEY_TAIL.sub(REDACTED, text)
     for pattern in _TOKENS:
         text = pattern.sub(REDACTED, text)
     text = _aws_secrets(text)

@@ -398,9 +398,9 @@ class Recorder:
             kind = "exception"
         tb = tb if tb is not None else exc.__traceback__
         self.error = {
-            "kind": kind, "type": type(exc).__name__, "message": redact(str(exc))[:2000],
+            "kind": kind, "type": type(exc).__name__, "message": redact(str(exc)[:20000])[:2000],
             "location": traceback_location(tb), "step": self.step,
-            "traceback": redact("".join(traceback.format_exception(type(exc), exc, tb)))[-6000:],
+            "traceback": redact("".join(traceback.format_exception(type(exc), exc, tb))[-20000:])[-6000:],
         }
         self.emit("error", **self.error)
 
