@@ -208,8 +208,9 @@ def test_thousands_of_tensors_record_a_few_kb_per_step_and_still_locate_a_nan(tm
     assert (~torch.isnan(torch.tensor(norms))).sum(0).min() >= 1  # every module measured
 
 
-def test_keras_capture_leaves_the_classes_as_they_were():
+def test_keras_capture_leaves_the_classes_as_they_were(monkeypatch):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setenv("MODEL_DEBUGGER_SPILL_MB", "0")  # the Keras copy spills too
     keras = pytest.importorskip("keras")
     import numpy as np
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
@@ -221,10 +222,19 @@ def test_keras_capture_leaves_the_classes_as_they_were():
     classes = [keras.Model, TensorFlowTrainer, Trainer, Layer, BaseOptimizer,
                keras.losses.Loss, backprop.GradientTape]
     before = [dict(vars(c)) for c in classes]
-    with model_debugger.capture():
+    with model_debugger.capture() as rec:
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        start = [w.copy() for w in model.get_weights()]
         model.compile(optimizer="sgd", loss="mse")
-        model.fit(np.zeros((16, 4)), np.zeros((16, 1)), epochs=1, batch_size=8, verbose=0)
+        model.fit(np.ones((16, 4)), np.ones((16, 1)), epochs=1, batch_size=8, verbose=0)
+    spill = rec.keeper.spill_path
+    assert spill and os.path.exists(spill)
+    assert not np.array_equal(model.get_weights()[0], start[0])
+    assert all(np.array_equal(a, b) for a, b in zip(rec.keeper.initial_state, start))
+    fresh = rec.keeper.make_trainer()
+    assert fresh.initial_state is not None
+    rec.release()
+    assert not os.path.exists(spill)
     for cls, was in zip(classes, before):
         now = dict(vars(cls))
         assert now.keys() == was.keys(), (cls.__name__, now.keys() ^ was.keys())
