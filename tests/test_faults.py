@@ -126,31 +126,6 @@ def test_a_hang_then_sigkill_loses_no_step_written_half_a_second_before(tmp_path
     assert lost == [], f"{len(lost)} steps lost: {lost[:5]}..."
 
 
-def test_sigkill_while_training_loses_only_the_last_half_second(tmp_path):
-    script = _script(tmp_path, """
-        i = 0
-        while True:
-            step(i)
-            if i == 300:
-                side.write("busy\\n")
-            i += 1
-            time.sleep(0.002)
-    """)
-    record, side = tmp_path / "record.jsonl", tmp_path / "side.txt"
-    proc = _child(script, record, str(side))
-    _wait_for(side, "busy", proc)
-    time.sleep(1.0)
-    killed = time.time()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    wrote = _side_steps(side)
-    recorded = {s["i"] for s in Run.load(str(record)).steps}
-    lost = sorted(set(wrote) - recorded)
-    assert recorded <= set(wrote) and len(recorded) > 300
-    assert all(wrote[i] >= killed - 0.5 for i in lost), \
-        f"a step written {killed - wrote[lost[0]]:.2f} s before the kill was lost"
-
-
 # -- 2. SIGKILL and os._exit in the script: crashed, how, after which step ----------------
 
 @pytest.mark.parametrize("how, expect, code", [
@@ -408,3 +383,29 @@ def test_a_garbage_line_is_skipped_counted_and_reported(tmp_path):
     record.write_text(record.read_text() + '{"t": "step", "i": 30, "lo')
     cut = Run.load(str(record))
     assert cut.truncated and cut.bad_lines == 3 and len(cut.steps) == 30
+
+
+# -- 8. the magics follow the same rule ----------------------------------------------------
+
+def test_the_magics_report_a_cell_without_training_as_not_observed(tmp_path, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    monkeypatch.chdir(tmp_path)
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "model_debugger")
+    try:
+        with capture_output() as cap:
+            ip.run_cell_magic("reproduce", "", "w = 0.0\nfor i in range(20):\n"
+                              "    loss = (w - 1.0) ** 2\n    w -= 0.1 * 2 * (w - 1.0)\n")
+            ip.run_line_magic("isolate", "")
+        shown = cap.stdout + "\n".join(o.data.get("text/plain", "") for o in cap.outputs)
+        assert "not_observed" in shown and "no training step seen" in shown, shown
+        assert "healthy" not in shown
+        assert "nothing to isolate" in shown + cap.stderr, shown + cap.stderr
+        (folder,) = [p for p in (tmp_path / ".model_debugger").iterdir() if p.is_dir()]
+        report = DebugSession.load(str(folder)).report()
+        assert report["reproduce"]["status"] == "not_observed"
+        assert report["classification"] is None and not report["fix_allowed"]
+    finally:
+        ip.run_line_magic("unload_ext", "model_debugger")
