@@ -288,12 +288,12 @@ class Recorder:
                 self._fh = self._stack.enter_context(  # a fresh record: never appended to
                     open(self.path, "w", buffering=1 << 16, encoding="utf-8"))
                 self._stack.callback(self.flush)  # before the file closes (last in, first out)
+                self._start_flusher()
+                self._stack.callback(self._stop_flusher)  # stopped before the last flush
             remember_environment()  # redacted in what this run writes, even once unset
             remember_script(sys.argv[0] if sys.argv else "")  # db_pass = "..." in the script
             if self._fh is not None:
                 os.fchmod(self._fh.fileno(), 0o600)  # private whatever the umask
-                self._start_flusher()
-                self._stack.callback(self._stop_flusher)  # stopped before the last flush
             self.emit("start", time=time.time(), pid=os.getpid(), argv=redact_args(sys.argv),
                       config=asdict(self.config), rss=rss_bytes())
             if self.config.parse_stdout:
@@ -306,12 +306,12 @@ class Recorder:
             self._stack.callback(when_imported(
                 "torch.utils.tensorboard.writer",
                 lambda m: self._stack.callback(patch_summary_writer(m, self._tb_scalar))))
+            self._stack.callback(when_imported(  # training in processes the capture misses
+                "multiprocessing.process", lambda m: self._stack.callback(_watch_processes(m))))
             _active.append(self)
             self._stack.callback(_active.remove, self)
         except BaseException:
             self._stack.close()
-            self._stack.callback(when_imported(  # training in processes the capture misses
-                "multiprocessing.process", lambda m: self._stack.callback(_watch_processes(m))))
             raise
         return self
 
@@ -405,27 +405,6 @@ class Recorder:
         self.emit("error", **self.error)
 
 
-def active_recorder() -> Recorder | None:
-    """The innermost active Recorder, or None."""
-    return _active[-1] if _active else None
-
-
-def log(**metrics) -> None:
-    """Record metrics explicitly: ``model_debugger.log(val_loss=0.52, val_acc=0.81)``.
-
-    A no-op outside ``capture()``; ``epoch=N`` and ``step=N`` set the context of the values.
-    """
-    rec = active_recorder()
-    if rec is None:
-        return
-    epoch = metrics.pop("epoch", None)
-    step = metrics.pop("step", None)
-    if epoch is not None:
-        rec.set_epoch(int(epoch), "log")
-    for name, value in metrics.items():
-        if hasattr(value, "item"):
-            value = value.item()
-        rec.metric(name, value, "log", step=step)
 _processes = {"users": 0, "original": None}  # one patch shared by nested recorders
 
 
@@ -488,3 +467,24 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def active_recorder() -> Recorder | None:
+    """The innermost active Recorder, or None."""
+    return _active[-1] if _active else None
+
+
+def log(**metrics) -> None:
+    """Record metrics explicitly: ``model_debugger.log(val_loss=0.52, val_acc=0.81)``.
+
+    A no-op outside ``capture()``; ``epoch=N`` and ``step=N`` set the context of the values.
+    """
+    rec = active_recorder()
+    if rec is None:
+        return
+    epoch = metrics.pop("epoch", None)
+    step = metrics.pop("step", None)
+    if epoch is not None:
+        rec.set_epoch(int(epoch), "log")
+    for name, value in metrics.items():
+        if hasattr(value, "item"):
+            value = value.item()
+        rec.metric(name, value, "log", step=step)
