@@ -157,7 +157,7 @@ def load_log(path: str, error: str | None = None) -> Run:
     if "tfevents" in name or os.path.isdir(path):
         return _rows_to_run(_tensorboard_rows(path), error, path)
     try:
-        with open(path, encoding="utf-8", newline="" if name.endswith(".csv") else None) as fh:
+        with open(path, encoding="utf-8-sig", newline="" if name.endswith(".csv") else None) as fh:
             rows = _read_rows(fh, name, path)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None

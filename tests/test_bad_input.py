@@ -421,3 +421,20 @@ def test_the_time_limit_counts_the_script_not_the_set_up(tmp_path, monkeypatch):
     assert not result.timed_out, "the backstop killed the child during its set-up"
     assert result.returncode == 0
     assert Run.load(record).ended
+
+
+@pytest.mark.parametrize("name,text", [
+    ("bom.csv", "step,loss\n10,1.0\n20,0.5\n30,0.25\n"),
+    ("bom.jsonl", '{"step": 10, "loss": 1.0}\n{"step": 20, "loss": 0.5}\n'
+                  '{"step": 30, "loss": 0.25}\n'),
+    ("bom.json", '[{"step": 10, "loss": 1.0}, {"step": 20, "loss": 0.5}, '
+                 '{"step": 30, "loss": 0.25}]'),
+])
+def test_a_log_written_with_a_bom_keeps_its_step_column(tmp_path, name, text):
+    """Excel and PowerShell write UTF-8 with a BOM: the header is still ``step``, not ``\\ufeffstep``."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8-sig")
+    run = load_log(str(path))
+    assert [s["i"] for s in run.steps] == [10, 20, 30]
+    assert [s["loss"] for s in run.steps] == [1.0, 0.5, 0.25]
+    assert not any("\ufeff" in str(e) for e in run.events)
