@@ -12,17 +12,21 @@ What is redacted (each replaced by :data:`REDACTED`):
   ``*_PASSWORD``, ``*_API_KEY``, ``DB_PASS``...), remembered from the moment a run or a
   session starts (:func:`remember_environment`), so an export after the variable is unset
   still redacts;
-- known token formats (Hugging Face, OpenAI/Anthropic, GitHub, GitLab, Slack, AWS access key
-  ids, JWTs), AWS secret access keys (40 characters of base64 near ``aws``/an access key id),
+- known token formats (Hugging Face, OpenAI/Anthropic, GitHub, GitLab, Slack, Stripe, Google
+  API keys, AWS access key ids, JWTs), AWS secret access keys (40 characters of base64 near ``aws``/an access key id),
   private-key blocks (whole or truncated);
-- ``Bearer``/``Basic`` credentials and ``Authorization:`` headers, passwords in URLs
-  (``scheme://user:password@host``);
+- ``Bearer``/``Basic`` credentials, ``Authorization:`` and ``Cookie:`` headers, passwords in
+  URLs (``scheme://user:password@host``, an empty user, an ``@`` inside the password);
 - key/value forms whose key names a secret (``password=...``, ``db_pass = "..."``,
-  ``"apiKey": "..."``, ``--api-key VALUE``) and free text such as ``password is hunter2``.
+  ``"apiKey": "..."``, ``--api-key VALUE``) and free text such as ``password is hunter2``,
+  ``the password is: hunter2!``, ``password hunter2!`` (a bare value with a digit or symbol).
 
 Code that only reads a secret is kept: ``args.token``, ``os.environ["TOKEN"]``,
 ``getpass.getpass()``, and names that are not secrets (``tokenizer``, ``max_tokens``,
-``num_keys``, ``keyboard``).
+``num_keys``, ``keyboard``, tokenizer special tokens such as ``pad_token``/``eos_token``). No
+value is a secret that is a format template (``"token: %s"``, ``{}``, ``{pw!r}``) or a
+vocabulary token (``<|endoftext|>``, ``</s>``, ``[PAD]``): such values are never redacted nor
+remembered.
 """
 
 from __future__ import annotations
@@ -49,9 +53,14 @@ _KEY_QUALIFIERS = frozenset({
     "api", "access", "secret", "private", "signing", "encryption", "master", "license",
     "client", "account", "auth", "subscription", "service", "storage", "app", "session"})
 _NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
+# tokenizer special tokens (``pad_token = "[PAD]"``, ``eos_token="</s>"``): vocabulary, no secret
+_SPECIAL_TOKEN_WORDS = frozenset({
+    "pad", "bos", "eos", "unk", "sep", "cls", "mask", "special", "start", "end", "sos", "eot",
+    "eod", "begin", "stop"})
 _PATH_WORDS = frozenset({"sock", "socket", "file", "path", "dir", "home"})
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|PASS|PWD|CREDENTIAL|AUTH", re.I)
+SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|PASS|PWD|PW|CREDENTIAL|AUTH|COOKIE",
+                         re.I)
 """A quick pre-filter: names that :func:`is_secret_name` may accept contain one of these."""
 
 
@@ -89,6 +98,8 @@ def is_secret_name(name: str, environment: bool = False) -> bool:
         return any(w in _SECRET_WORDS or w == "key" or w.endswith(_SECRET_SUFFIXES)
                    for w in words)
     last = words[-1]
+    if last == "token" and len(words) > 1 and words[-2] in _SPECIAL_TOKEN_WORDS:
+        return False
     if last in _SECRET_WORDS or (last.endswith(_SECRET_SUFFIXES) and last != "secrets"):
         return True
     return last == "key" and len(words) > 1 and words[-2] in _KEY_QUALIFIERS
@@ -101,7 +112,7 @@ _remembered: set[str] = set()
 def _worth_remembering(value: str) -> bool:
     """A value long and specific enough to be replaced wherever it appears."""
     value = value.strip()
-    return not (len(value) < 6 or value.isdigit() or REDACTED in value
+    return not (len(value) < 6 or value.isdigit() or REDACTED in value or _not_a_value(value)
                 or value.lower() in ("true", "false", "yes", "no", "none", "null")
                 or os.path.exists(value))  # paths (XAUTHORITY, a credentials file)
 
@@ -158,6 +169,8 @@ _TOKENS = [
     re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),
     re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+    re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"),  # Stripe secret/restricted keys
+    re.compile(r"\bAIza[0-9A-Za-z_-]{35}"),  # Google API keys
 ]
 _AWS_NEAR = re.compile(r"(?i)aws|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|" + re.escape(REDACTED))
 _B64_40 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{40}(?![A-Za-z0-9+/=])")
@@ -165,13 +178,51 @@ _BEARER = re.compile(r"(?i)\b(bearer|basic)(\s+)([A-Za-z0-9._~+/=-]{8,})")
 _AUTH_HEADER = re.compile(
     r"(?i)(\bauthorization[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token|digest)(\s+))?"
     r"([^\s\"',;]+)")
-_URL_CRED = re.compile(r"(://[^/\s:@\"']+:)[^/\s@\"']+@")
+# user may be empty (redis://:pw@host); the password runs to the last @ before the path
+_URL_CRED = re.compile(r"(://[^/\s:@\"']*:)([^/\s\"']+)@")
+_COOKIE = re.compile(r"(?i)(\b(?:set-)?cookie[\"']?\s*[:=]\s*[\"']?)([^\r\n\"']*=[^\r\n\"']*)")
 _KEYVAL = re.compile(  # the value in a lookahead: a key that is no secret consumes nothing more
     r"(?<![\w.])([A-Za-z_][\w.-]*)([\"']?\s*[=:]\s*)"
     r"(?=([\"'])(.*?)\3|([^\s\"',;&()\[\]{}<>\\]+))")
 _FREE_TEXT = re.compile(
     r"(?i)\b(password|passwd|passphrase|pwd|secret|token|api[ _-]?key|access[ _-]?key)"
-    r"(\s+(?:is|was|of|for\s+\S+\s+is)\s+)([\"']?)([^\s\"']+)\3")
+    r"((?:\s+(?:is|was|of|for\s+\S+\s+is))?[ \t]*:?[ \t]+)([\"']?)([^\s\"']+)\3")
+# a format placeholder (%s, %(name)s, %-10d, {}, {name!r}): a template the value goes into
+_PERCENT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[diouxXeEfFgGcrsa]")
+# markup-like vocabulary tokens: <|endoftext|>, </s>, <mask>, [PAD], [CLS]
+_MARKUP = re.compile(r"(?:<[^<>\s]{1,40}>|\[[^\[\]\s]{1,40}\])+")
+# words a secret-named setting holds that are no secret: auth="none", auth_type: "bearer"
+_NOT_SECRET_WORDS = frozenset({
+    "none", "null", "nil", "true", "false", "yes", "no", "on", "off", "auto", "default",
+    "basic", "bearer", "digest", "token", "oauth", "oauth2", "jwt", "ntlm", "kerberos",
+    "negotiate", "anonymous", "disabled", "enabled", "required", "optional", "env",
+    "environment", "header", "headers", "query", "cookie", "cookies"})
+
+
+def _templated(value: str) -> bool:
+    """Whether ``value`` holds a format placeholder (``%s``, ``{}``, ``{name}``)."""
+    return "{" in value or "}" in value or bool(_PERCENT.search(value))
+
+
+def _not_a_value(value: str) -> bool:
+    """A template or a vocabulary token (``%s``, ``{}``, ``<|endoftext|>``, ``[PAD]``)."""
+    return _templated(value) or bool(_MARKUP.fullmatch(value.strip()))
+
+
+def _secret_literal(name: str, value) -> bool:
+    """Whether a literal assigned to the secret name ``name`` holds a secret value.
+
+    Not a template (``"token: %s"``), a vocabulary token (``"<|endoftext|>"``), a message or
+    prompt (``"Enter the password:"``), a setting word (``auth = "none"``) or the name itself.
+    """
+    if not isinstance(value, str) or not value.strip() or REDACTED in value:
+        return False
+    v = value.strip()
+    if _not_a_value(v) or v.lower() in _NOT_SECRET_WORDS or v.lower() == name.lower():
+        return False
+    return not (any(c.isspace() for c in v) and v.endswith((":", "?", "...")))
+
+
 _CODE_VALUES = frozenset({"None", "True", "False", "null", "true", "false", "none", "nil",
                           REDACTED})
 
@@ -197,7 +248,7 @@ def _keyval(m: re.Match) -> tuple[int, str] | None:
         return None
     if m.group(3):  # quoted literal: keep the quotes
         inner = m.group(4)
-        if not inner or inner == REDACTED:
+        if not inner or inner == REDACTED or _not_a_value(inner):
             return None
         end = m.end() + len(inner) + 2
         return end, f"{name}{sep}{m.group(3)}{REDACTED}{m.group(3)}"
@@ -208,7 +259,8 @@ def _keyval(m: re.Match) -> tuple[int, str] | None:
     same = value.lower().replace("-", "_") in (name.lower().replace("-", "_"),
                                                  *_words(name))
     scheme = value.lower() in ("bearer", "basic", "token", "digest")  # Authorization: Bearer x
-    if after in ("(", "[") or dotted or value in _CODE_VALUES or same or scheme:
+    if (after in ("(", "[") or dotted or value in _CODE_VALUES or same or scheme
+            or _not_a_value(value)):
         return None  # code reading the secret (os.environ[...], args.token), not a secret
     return end, f"{name}{sep}{REDACTED}"
 
@@ -230,7 +282,7 @@ def _keyvals(text: str) -> str:
 def _free_text(m: re.Match) -> str:
     value = m.group(4).rstrip(".,;:!?)")
     looks_secret = len(value) >= 6 and any(not c.isalpha() for c in value)
-    if not looks_secret or value == REDACTED:
+    if not looks_secret or value == REDACTED or _not_a_value(value):
         return m.group(0)
     rest = m.group(4)[len(value):]
     return f"{m.group(1)}{m.group(2)}{m.group(3)}{REDACTED}{m.group(3)}{rest}"
@@ -264,9 +316,16 @@ def redact(text: str) -> str:
     text = _BEARER.sub(lambda m: (f"{m.group(1)}{m.group(2)}{REDACTED}"
                                   if re.search(r"[\d._~+/=-]", m.group(3)) else m.group(0)),
                        text)
-    text = _AUTH_HEADER.sub(lambda m: m.group(0) if m.group(4) == REDACTED else
+    text = _AUTH_HEADER.sub(lambda m: m.group(0) if m.group(4) == REDACTED
+                            or m.group(4).lower() in ("bearer", "basic", "token", "digest")
+                            or _not_a_value(m.group(4)) else
                             f"{m.group(1)}{m.group(2) or ''}{m.group(3) or ''}{REDACTED}", text)
-    text = _URL_CRED.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
+    text = _URL_CRED.sub(lambda m: m.group(0) if _templated(m.group(2)) else
+                         f"{m.group(1)}{REDACTED}@", text)
+    if "ookie" in text or "OOKIE" in text:
+        text = _COOKIE.sub(lambda m: m.group(0) if _templated(m.group(2))
+                           or m.group(2).strip() == REDACTED else
+                           f"{m.group(1)}{REDACTED}", text)
     text = _keyvals(text)
     return _FREE_TEXT.sub(_free_text, text)
 
@@ -328,30 +387,51 @@ def _literal(token: str) -> str:
     return f"{m.group(1)}{m.group(2)}{REDACTED}{m.group(2)}"
 
 
-def _assigned_to_secret(sig: list[tokenize.TokenInfo]) -> bool:
-    """The tokens before a string: ``secret_name =``/``:``, ``"secret_name":``, ``["x"] =``."""
+def _secret_target(sig: list[tokenize.TokenInfo]) -> str | None:
+    """The secret name a string is assigned to or passed as, from the tokens before it.
+
+    ``secret_name =``/``:``, ``"secret_name":``, ``["secret_name"] =``; None otherwise.
+    """
     if len(sig) < 2 or sig[-1].string not in ("=", ":"):
-        return False
-    target = sig[-2]
+        return None
+    target, name = sig[-2], None
     if target.type == tokenize.NAME:
-        return is_secret_name(target.string)
-    if target.type == tokenize.STRING:
+        name = target.string
+    elif target.type == tokenize.STRING:
         m = _STRING_PREFIX.match(target.string)
-        inner = target.string[m.end():-len(m.group(2))] if m else ""
-        return is_secret_name(inner)
-    if target.string == "]" and len(sig) >= 4 and sig[-3].type == tokenize.STRING:
+        name = target.string[m.end():-len(m.group(2))] if m else ""
+    elif target.string == "]" and len(sig) >= 4 and sig[-3].type == tokenize.STRING:
         m = _STRING_PREFIX.match(sig[-3].string)
-        inner = sig[-3].string[m.end():-len(m.group(2))] if m else ""
-        return is_secret_name(inner)
-    return False
+        name = sig[-3].string[m.end():-len(m.group(2))] if m else ""
+    return name if name and is_secret_name(name) else None
+
+
+def _literal_value(token: str) -> str:
+    """The value of a string literal token (its raw content where it does not evaluate)."""
+    m = _STRING_PREFIX.match(token)
+    if not m:
+        return token
+    if "f" not in m.group(1).lower():
+        try:
+            value = ast.literal_eval(token)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            value = None
+        if isinstance(value, str):
+            return value
+    return token[m.end():len(token) - len(m.group(2))]
 
 
 def redact_code(source: str) -> str:
     """Redact Python source so that it still runs: only string literals and comments change.
 
-    A literal assigned to a secret name (``db_pass = "..."``, ``connect(password="...")``,
-    ``{"api_key": "..."}``, ``cfg["token"] = "..."``) becomes ``"[REDACTED]"``; every other
-    literal and comment goes through :func:`redact`. Code that reads a secret
+    A literal assigned to or passed as a secret name (``db_pass = "..."``,
+    ``connect(password="...")``, ``{"api_key": "..."}``, ``cfg["token"] = "..."``) becomes
+    ``"[REDACTED]"`` when it holds a secret value: not a template (``"%s"``, ``"{}"``), a
+    vocabulary token (``"<|endoftext|>"``, ``"[PAD]"``), a prompt (``"Enter the password:"``)
+    or a setting word (``auth = "none"``); every other literal and comment goes through
+    :func:`redact`, which only replaces secret values (a token format, a URL password), never a
+    template's placeholder. So a script without a secret is copied unchanged and runs exactly
+    as the original (``"token: %s" % token`` is kept). Code that reads a secret
     (``token = os.environ["TOKEN"]``, ``token = tok``) is left alone. Source that does not
     tokenize is redacted as text.
 
@@ -401,7 +481,8 @@ def redact_code(source: str) -> str:
         if tok.type in (tokenize.STRING, tokenize.COMMENT):
             begin, end = offset(tok.start), offset(tok.end)
             text = source[begin:end]
-            if tok.type == tokenize.STRING and _assigned_to_secret(sig):
+            target = _secret_target(sig) if tok.type == tokenize.STRING else None
+            if target and _secret_literal(target, _literal_value(text)):
                 new = _literal(text)
             else:
                 new = redact(text)
@@ -472,13 +553,18 @@ def write_private(path: str, text: str, code: bool = True) -> str:
     str
         ``path``.
     """
+    from .safe_write import write_inside
+
     if os.path.islink(path):
-        os.unlink(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
-        fh.write(redact_code(text) if code else redact(text))
+        os.unlink(path)  # replaced, never followed (write_inside refuses a symlink)
+    folder, name = os.path.split(os.path.abspath(path))
+    data = (redact_code(text) if code else redact(text)).encode("utf-8", "surrogateescape")
+    write_inside(folder, name, data, overwrite=True, mode=0o600)  # atomic: temp + rename
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+    finally:
+        os.close(fd)
     return path
 
 
@@ -498,7 +584,7 @@ def redact_log(data: bytes, ext: str) -> bytes:
     import csv
     import json
 
-    text = data.decode("utf-8", "surrogateescape")
+    text = data.decode("utf-8-sig", "surrogateescape")  # a BOM is no part of the header
     ext = ext.lower()
     if ext == ".json":
         try:

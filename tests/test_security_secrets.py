@@ -277,6 +277,19 @@ def test_fix_copy_and_plan_are_redacted_and_a_secret_is_not_a_change(tmp_path):
     (URL_PW, f"https://alice:{URL_PW}@host.example.com/repo.git"),
     ("hf_" + "A1b2C3d4E5f6G7h8J9k0", "login with hf_A1b2C3d4E5f6G7h8J9k0 failed"),
     ("ghp_" + "x" * 36, "git clone https://ghp_" + "x" * 36 + "@github.com/a/b"),
+    # review item 5: forms that used to get through
+    ("hunter2secret", "redis://:hunter2secret@cache.example.com:6379/0"),  # empty user
+    ("ssw0rd", "postgres://user:p@ssw0rd@db.example.com/train"),  # @ inside the password
+    ("hunter2!", "my password hunter2!"),
+    ("hunter2!", "password hunter2!"),
+    ("hunter2!", "the password is: hunter2!"),
+    ("abc123", "pw=abc123"),
+    ("abc123def456", "Cookie: session=abc123def456"),
+    ("abc123def456", "Cookie: theme=dark; session=abc123def456"),
+    ("sid9f8e7d6c", "Set-Cookie: sid=sid9f8e7d6c; Path=/; HttpOnly"),
+    ("sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc", "stripe key sk_live_4eC39HqLyjWDarjtT1zdp7dc"),
+    ("rk_live_" + "4eC39HqLyjWDarjtT1zdp7dc", "rk_live_4eC39HqLyjWDarjtT1zdp7dc"),
+    ("AIza" + "SyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY", "maps AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY"),
 ])
 def test_redact_each_form(secret, text):
     out = redact(text)
@@ -327,6 +340,12 @@ FALSE_POSITIVES = [
     "commit 0123456789abcdef0123456789abcdef01234567",
     "https://example.com/path?page=2",
     "passes = 3; bypass=1; compass: north",
+    # templates and vocabulary tokens (review item 2): no secret in them
+    "token: %s", "pwd=%s", "pass: %d", "password: %(pw)-10s", "token={}", "password is {pw!r}",
+    "Authorization: Bearer {}", "Authorization: Bearer %s", "postgres://{user}:{pw}@db/x",
+    "Cookie: %s", "pad_token=[PAD] bos_token: <|endoftext|> eos_token='</s>'",
+    "the token is <|endoftext|>", "token <mask>", "cookie = resp.cookies",
+    "Token indices sequence length is longer than the maximum (1024 > 512)",
 ]
 
 
@@ -341,6 +360,8 @@ def test_redact_keeps_what_is_not_a_secret(text):
     ("pwd", True), ("HFTOKEN", True), ("tokenizer", False), ("max_tokens", False),
     ("num_keys", False), ("keyboard", False), ("key", False), ("token_count", False),
     ("passes", False), ("bypass", False),
+    ("pw", True), ("Cookie", True), ("pad_token", False), ("eos_token", False),
+    ("maskToken", False), ("decoder_start_token", False), ("session_token", True),
 ])
 def test_secret_names(name, secret):
     assert is_secret_name(name) is secret
@@ -508,3 +529,117 @@ def test_printed_secret_numbers_are_not_recorded_as_metrics(tmp_path):
     metrics = [json.loads(line) for line in text.splitlines() if '"t": "metric"' in line]
     assert [m["name"] for m in metrics] == ["val_loss"]
     assert stat.S_IMODE(os.stat(record).st_mode) == 0o600
+
+
+# -- redact_code never changes what a script without a secret does (review item 2) ----------
+NLP_SCRIPT = textwrap.dedent('''
+    """A tiny character-level language model with a tokenizer's special tokens."""
+    import sys
+
+    import torch
+    from torch import nn
+
+    pad_token = "[PAD]"
+    unk_token = "[UNK]"
+    cls_token, sep_token = "[CLS]", "[SEP]"
+    bos_token="<|endoftext|>"
+    special = {"mask_token": "<mask>", "eos_token": "</s>", "additional_special_tokens": ["<s>"]}
+    config = dict(bos_token="<|endoftext|>", eos_token="</s>", auth="none", password_env="DB_PW")
+    auth = "none"
+    token = "<|endoftext|>"
+    password = "Enter the password:"
+    vocab = [pad_token, unk_token, cls_token, sep_token, bos_token, special["mask_token"],
+             special["eos_token"]] + list("abcdefgh ")
+    ids = {t: i for i, t in enumerate(vocab)}
+    steps = int(sys.argv[sys.argv.index("--steps") + 1])
+    print("token: %s" % token)
+    print("pwd=%s" % config["password_env"], "pass: %d" % steps)
+    print("token={} auth={}".format(bos_token, auth), f"password is {password!r}")
+    print("Authorization: Bearer %s" % "<anonymous>", "postgres://{}:{}@db/x".format("u", "p"))
+    print(f"vocab {len(vocab)}: pad={ids[pad_token]} mask={ids['<mask>']} eos={ids['</s>']}")
+    text = "<|endoftext|>abc defg habc" * 4
+    seq = [ids[bos_token]] + [ids.get(c, ids[unk_token]) for c in text[13:]] + [ids["</s>"]]
+    x = torch.tensor(seq[:-1]).unsqueeze(0)
+    y = torch.tensor(seq[1:]).unsqueeze(0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(len(vocab), 8), nn.Linear(8, len(vocab)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x).view(-1, len(vocab)), y.view(-1),
+                                           ignore_index=ids[pad_token])
+        loss.backward()
+        opt.step()
+        print(f"step {step}: train_loss={loss.item():.6f} token={token} pad={pad_token}")
+''')
+SK_KEY = "sk-proj-Qm7Zt2Lw9Xc4Vb8Nn1Rr5Tt0Yy3Uu6Ii"
+
+
+def _run_script(path, cwd):
+    proc = subprocess.run([sys.executable, str(path), "--steps", "4"], capture_output=True,
+                          text=True, cwd=str(cwd), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("secret", [False, True], ids=["no-secret", "hard-coded-api-key"])
+def test_the_redacted_copy_runs_exactly_like_the_original(tmp_path, secret):
+    """Isolate and Verify re-run the session's copy: it must behave as the script the user ran.
+
+    Format strings with secret words (``"token: %s" % token``), tokenizer special tokens
+    (``pad_token = "[PAD]"``, ``bos_token="<|endoftext|>"``), ``auth = "none"`` are no secret:
+    the copy keeps them, prints the same lines and the same losses. A hard-coded API key is
+    still redacted in every file the session writes.
+    """
+    pytest.importorskip("torch")
+    source = NLP_SCRIPT + (f'api_key = "{SK_KEY}"\nheaders = {{"x-api-key": api_key}}\n'
+                           if secret else "")
+    script = tmp_path / "train_lm.py"
+    script.write_text(source)
+    root = tmp_path / ".model_debugger"
+    proc = _cli("diagnose", str(script), "--json", "--runs", "1", "--seed", "0",
+                "--max-seconds", "60", "--probe-seconds", "2", "--root", str(root),
+                "--", "--steps", "4", cwd=str(tmp_path))
+    assert proc.returncode in (0, 1), proc.stderr
+    session = json.loads(proc.stdout)["session_dir"]
+    copy = os.path.join(session, "artifact.py")
+    copied = open(copy, encoding="utf-8").read()
+    if secret:
+        assert copied == source.replace(SK_KEY, REDACTED)  # the key only, nothing else
+        leaks = [f for f in _files(root) if SK_KEY in open(f, errors="replace").read()]
+        assert leaks == [] and SK_KEY not in proc.stdout
+    else:
+        assert copied == source  # nothing in it is a secret: the copy is the script
+    original = _run_script(script, tmp_path)
+    assert "step 3: train_loss=" in original and "token: <|endoftext|>" in original
+    assert _run_script(copy, tmp_path) == original  # same lines, same loss values
+    # no special token was remembered as a secret: the loss lines are recorded as printed
+    redact_code(source)  # what the recorder does with the script when a run starts
+    lines = [line for line in original.splitlines() if line.startswith(("step ", "token: "))]
+    assert len(lines) == 5 and [redact(line) for line in lines] == lines
+
+
+def test_redact_code_keeps_templates_special_tokens_and_setting_words():
+    src = textwrap.dedent('''
+        user, word = "alice", "w0rd"
+        a = "token: %s" % user
+        b = "pwd=%s" % word
+        c = "pass: %d" % 3
+        password = "%s-%s" % (user, word)
+        secret = "{}:{}".format(user, word)
+        pad_token = "[PAD]"
+        d = dict(bos_token="<|endoftext|>", eos_token="</s>", auth="none")
+        e = {"mask_token": "<mask>", "token": "<|im_start|>", "auth": "Bearer"}
+        auth = "none"
+        client_secret = "cs-9d8c7b6a5f4e3d2c1b"
+    ''')
+    out = redact_code(src)
+    assert out == src.replace("cs-9d8c7b6a5f4e3d2c1b", REDACTED)
+    ns: dict = {}
+    exec(compile(out, "<redacted>", "exec"), ns)  # noqa: S102 - our own test source
+    assert ns["a"] == "token: alice" and ns["b"] == "pwd=w0rd" and ns["c"] == "pass: 3"
+    assert ns["password"] == "alice-w0rd" and ns["secret"] == "alice:w0rd"
+    # none of the kept values is remembered: they stay in every later output
+    assert redact("generated <|endoftext|> </s> <mask> [PAD] auth none") == (
+        "generated <|endoftext|> </s> <mask> [PAD] auth none")
+    assert redact("login cs-9d8c7b6a5f4e3d2c1b") == f"login {REDACTED}"  # the real one is
