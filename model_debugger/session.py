@@ -15,6 +15,7 @@ import time
 
 from .records import Classification, Finding
 from .redact import redact, redact_code, redact_value, remember_environment
+from .safe_write import write_inside
 
 SCHEMA = "model_debugger.session/1"
 REPORT_SCHEMA = "model_debugger.report/1"
@@ -66,6 +67,7 @@ class SessionLocked(SessionError):
 
 
 LOCK_FILE = ".lock"
+APPEND_WAIT = 5.0  # seconds an event waits for another process's lock before SessionLocked
 _held: dict[str, list] = {}  # session folder -> [fd, depth]: re-entrant within this process
 
 
@@ -171,18 +173,27 @@ class DebugSession:
     def append(self, kind: str, /, **data) -> dict:
         """Append an event and save; a failed save leaves the session as it was.
 
+        The event is appended under the session's lock (:meth:`lock`, re-entrant: a phase that
+        holds it just re-enters), to the events saved on disk (read again first), so two
+        writers (a CLI verify and a kernel's ``%%fix``) never overwrite each other's events.
+        Another process's lock is waited for up to ``APPEND_WAIT`` seconds, then
+        :class:`SessionLocked` is raised and the session is unchanged.
+
         Every string in the payload is redacted first (:func:`model_debugger.redact.redact_value`),
         and the folder's files are made private (0600, folders 0700): whatever a phase or the
         child process wrote, the session folder holds no secret and nothing others can read.
         """
-        event = {"seq": len(self._data["events"]), "time": time.time(), "kind": kind,
-                 **redact_value(data)}
-        self._data["events"].append(event)
-        try:
-            self.save()
-        except BaseException:
-            self._data["events"].pop()
-            raise
+        payload = redact_value(data)
+        with _SessionLock(self, kind, wait=APPEND_WAIT):
+            self._reload()
+            event = {"seq": len(self._data["events"]), "time": time.time(), "kind": kind,
+                     **payload}
+            self._data["events"].append(event)
+            try:
+                self.save()
+            except BaseException:
+                self._data["events"].pop()
+                raise
         _private_tree(self.directory)
         return event
 
@@ -247,7 +258,7 @@ class DebugSession:
             kind = e["kind"]
             if kind == "artifact":
                 st["artifact"] = e.get("script")
-                st["copy"] = os.path.join(self.directory, e.get("copy", "artifact.py"))
+                st["copy"] = os.path.join(self.directory, e.get("copy") or "artifact.py")
             elif kind == "classify":
                 st["problem"] = e["classification"]["primary"]
             elif kind == "isolate":
@@ -397,6 +408,11 @@ class DebugSession:
             Without a confirmed finding, without approval, or for a finding that is not the
             current one in the queue; the session is unchanged.
         """
+        with _SessionLock(self, "fix", wait=APPEND_WAIT):  # gates and copy number: as saved
+            self._reload()
+            self._record_fix(fix, approved)
+
+    def _record_fix(self, fix: dict, approved: bool) -> None:
         self._require("fix")
         if not approved:
             raise GateError("fix refused: the plan was not approved (approve it explicitly, "
@@ -412,12 +428,12 @@ class DebugSession:
         source = fix.pop("source", None)
         n = sum(1 for e in self._data["events"] if e["kind"] == "fix")
         fix["copy"] = os.path.join("fixes", f"{n + 1}.py")
-        os.makedirs(os.path.join(self.directory, "fixes"), exist_ok=True)
         if source is None and fix.get("fixed"):
-            with open(fix["fixed"], encoding="utf-8") as fh:
+            with open(fix["fixed"], encoding="utf-8", errors="surrogateescape") as fh:
                 source = fh.read()
-        with open(os.path.join(self.directory, fix["copy"]), "w", encoding="utf-8") as fh:
-            fh.write(redact_code(source or ""))
+        write_inside(self.directory, fix["copy"],  # atomic, 0600, no symlink followed
+                     redact_code(source or "").encode("utf-8", "surrogateescape"),
+                     overwrite=True, mode=0o600)
         self.append("fix", fix={**fix, "approved": True})
 
     def record_verification(self, verification: dict) -> None:
@@ -459,9 +475,10 @@ class DebugSession:
 class _SessionLock:
     """The context manager of :meth:`DebugSession.lock`."""
 
-    def __init__(self, session: DebugSession, phase: str) -> None:
+    def __init__(self, session: DebugSession, phase: str, wait: float = 0.0) -> None:
         self.session = session
         self.phase = phase
+        self.wait = wait  # seconds to wait for another process's lock (0: refuse at once)
         self.key = os.path.realpath(session.directory)
 
     def __enter__(self) -> DebugSession:
@@ -473,9 +490,15 @@ class _SessionLock:
 
         path = os.path.join(self.key, LOCK_FILE)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
             os.close(fd)
             pid = holder[0] if holder else "unknown"

@@ -295,7 +295,7 @@ def test_cli_diagnose_log_json(tmp_path, options_first):
     assert report["classification"]["primary"] == "gradient_instability"
     assert report["phase"] == "isolate"
     assert report["fix_allowed"] is False
-    saved = os.listdir(root)
+    saved = [n for n in os.listdir(root) if not n.startswith(".")]  # .gitignore beside it
     assert len(saved) == 1
     assert DebugSession.load(str(root / saved[0])).classification.primary == \
         "gradient_instability"
