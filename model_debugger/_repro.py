@@ -3,8 +3,9 @@
 For a script session the generated file embeds the session's copy of the script
 (``<session>/artifact.py``), runs it in-process under :func:`model_debugger.capture` with the
 same seeds and arguments (one record per run), and prints each run's classification. For a log
-session it embeds the log (text formats) and classifies it again. Everything embedded passes
-through :func:`model_debugger.export.redact` first.
+session it embeds the log (text formats) and classifies it again. Everything embedded is
+redacted first: the script as code (:func:`model_debugger.redact.redact_code`, so it still runs),
+the rest as text (:func:`model_debugger.export.redact`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ ARGS = {args!r}
 MAX_SECONDS = {max_seconds!r}
 SCRIPT_NAME = {name!r}
 SCRIPT_DIR = {home!r}  # local imports of the script resolve from here when it exists
+SCRIPT_ENCODING = {encoding!r}  # the script's own coding declaration (PEP 263)
 SCRIPT = {code}
 
 
@@ -85,7 +87,7 @@ def run_once(seed, out):
     from model_debugger.signals import compute
 
     script = os.path.join(out, SCRIPT_NAME)
-    with open(script, "w", encoding="utf-8") as fh:
+    with open(script, "w", encoding=SCRIPT_ENCODING, errors="surrogateescape") as fh:
         fh.write(SCRIPT)
     record = os.path.join(out, f"record-{{seed}}.jsonl")
     argv, path = sys.argv, list(sys.path)
@@ -210,19 +212,53 @@ def copy_log(path: str, folder: str) -> str | None:
     return name
 
 
-def _read_copy(session: DebugSession, name) -> str | None:
-    """A file of the session folder as text (no symlink, not outside, at most MAX_LOG_BYTES)."""
+def _read_bytes(session: DebugSession, name, limit: int | None = MAX_LOG_BYTES) -> bytes | None:
+    """A file of the session folder (no symlink, not outside, at most ``limit`` bytes)."""
     from .safe_write import UnsafePath, check_component, read_inside
 
     try:
         check_component(name, "file name")
     except UnsafePath:
         return None
-    data = read_inside(session.directory, name, limit=MAX_LOG_BYTES)
+    return read_inside(session.directory, name, limit=limit)
+
+
+def _read_copy(session: DebugSession, name) -> str | None:
+    """A text file of the session folder (UTF-8), or None."""
+    data = _read_bytes(session, name)
     try:
         return None if data is None else data.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def _read_script(session: DebugSession) -> tuple[str, str]:
+    """``(text, encoding)`` of the session's ``artifact.py``, decoded as Python would read it.
+
+    The copy keeps the script's bytes (and so its ``# coding:`` line): it is decoded per that
+    declaration (or UTF-8 with a BOM), the way :func:`tokenize.open` does. Bytes that still do
+    not decode are kept as surrogates and written back unchanged. ``("", "utf-8")`` when the
+    copy is missing.
+
+    Raises
+    ------
+    ValueError
+        The copy names an encoding Python does not know: the export is refused rather than
+        writing a ``repro.py`` that runs nothing.
+    """
+    import io
+    import tokenize
+
+    data = _read_bytes(session, "artifact.py", limit=None)
+    if data is None:
+        return "", "utf-8"
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:
+        raise ValueError(f"the session's copy of the script cannot be decoded: {exc}") from None
+    if encoding == "utf-8-sig":
+        data, encoding = data[3:] if data.startswith(b"\xef\xbb\xbf") else data, "utf-8"
+    return data.decode(encoding, errors="surrogateescape"), encoding
 
 
 def _file_name(name: str, default: str) -> str:
@@ -243,6 +279,7 @@ def repro_source(session: DebugSession) -> str:
     session ran in.
     """
     from .export import _artifact, _int, _Paths, redact, redact_args
+    from .redact import redact_code
 
     art = _artifact(session)
     rel = _Paths(session, art)
@@ -258,11 +295,11 @@ def repro_source(session: DebugSession) -> str:
         error = art.get("error") if isinstance(art.get("error"), str) else None
         body = _LOG.format(name=_file_name(copy, "log.csv"), shown=redact(os.path.basename(path)),
                            path=redact(rel(path)),
-                           error=redact(error) if error else None,
+                           error=rel.text(redact(error)) if error else None,
                            code=_literal(redact(text) if text is not None else None))
     else:
         script = art.get("script") if isinstance(art.get("script"), str) else "artifact.py"
-        code = _read_copy(session, "artifact.py")
+        code, encoding = _read_script(session)
         runs = rep.get("runs") if isinstance(rep.get("runs"), dict) else {}
         total = min(1000, max(1, _int(runs.get("total")) or 1))
         seed = _int(art.get("seed"))
@@ -276,7 +313,10 @@ def repro_source(session: DebugSession) -> str:
         body = _SCRIPT.format(seeds=seeds, args=args, max_seconds=limit,
                               name=_file_name(redact(os.path.basename(script)), "artifact.py"),
                               home=redact(rel(os.path.dirname(script))),
-                              code=_literal(redact(code or "")))
+                              encoding=encoding,
+                              # already redacted as code when it was recorded; again as code
+                              # (never as text: ``token = tok`` must stay runnable)
+                              code=_literal(redact_code(code)))
     return _HEADER.format(sid=session.id, what=redact(what), expected=expected) + "\n" + body
 
 

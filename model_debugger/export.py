@@ -12,6 +12,7 @@ notebook; only ``metadata.model_debugger.exported`` changes. Everything written 
 from __future__ import annotations
 
 import base64
+import contextvars
 import json
 import math
 import os
@@ -32,7 +33,6 @@ from .safe_write import (
     check_target,
     inside,
     read_inside,
-    regular_inside,
     write_inside,
 )
 from .session import PHASES, REPORT_SCHEMA, DebugSession
@@ -41,34 +41,51 @@ __all__ = ["REDACTED", "TargetExists", "UnsafePath", "build_notebook", "export",
            "export_notebook", "redact", "redact_args", "write_repro"]
 
 # -- small formatting helpers -----------------------------------------------------------------
-# Every recorded string that reaches markdown goes through _t (free text) or _c (a code span):
-# HTML is escaped, markdown that could make links, images, math, headings or code is
-# neutralised, and code spans use a fence longer than any backtick run in their text.
+# Every recorded string that reaches markdown goes through _t (free text) or _c (code), each
+# value redacted once, on its own: HTML is escaped, markdown that could make links, images,
+# math, headings or code is neutralised. No pass runs over the markdown once it is built (a
+# second redaction would read the markup as text and could eat a closing backtick).
+# Absolute paths in any recorded text (tracebacks, error messages) are shown as _Paths shows a
+# location: relative to the session's folder of origin, else under ``~``.
 _MD_ACTIVE = re.compile(r"([\\`*\[\]#$!~])")
 _REDACTED_ESC = re.escape("\\[REDACTED\\]")
+_PATHS: contextvars.ContextVar = contextvars.ContextVar("model_debugger_export_paths",
+                                                        default=None)
 
 
-def _t(v) -> str:
-    """A recorded value as inert markdown text (one line)."""
-    text = redact(_num(v)).replace("\r", " ").replace("\n", " ")
+def _clean(v) -> str:
+    """A recorded value as text: redacted, absolute home/session paths shortened."""
+    text = redact(_num(v))
+    paths = _PATHS.get()
+    return paths.text(text) if paths is not None else text
+
+
+def _escaped(v) -> str:
+    text = _clean(v).replace("\r", " ").replace("\n", " ")
     text = _MD_ACTIVE.sub(r"\\\1", text)
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     # keep our own marker readable where it cannot start a link
     return re.sub(_REDACTED_ESC + r"(?![(\[:])", REDACTED, text)
 
 
+def _t(v) -> str:
+    """A recorded value as inert markdown text (one line)."""
+    return _escaped(v)
+
+
 def _c(v) -> str:
-    """A recorded value as one inline code span its text cannot break out of."""
-    text = redact(_num(v)).replace("\r", " ").replace("\n", " ")
-    longest = max((len(r) for r in re.findall(r"`+", text)), default=0)
-    fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
+    """A recorded value as inline code: ``<code>`` around escaped text, nothing to break out of.
+
+    Not a backtick span: its content is HTML-escaped and its markdown neutralised like
+    :func:`_t`, so no backtick, ``<`` or ``&`` in the value can end it or start markup.
+    """
+    text = _escaped(v)
+    return f"<code>{text if text.strip() else '&nbsp;'}</code>"
 
 
 def _fenced(text: str, lang: str = "") -> str:
     """A fenced code block whose fence is longer than any backtick run inside."""
-    text = redact(text or "")
+    text = _clean(text or "")
     longest = max((len(r) for r in re.findall(r"`{3,}|~{3,}", text)), default=0)
     fence = "`" * max(3, longest + 1)
     return f"{fence}{lang}\n{text}\n{fence}"
@@ -110,6 +127,21 @@ class _Paths:
                                     os.path.dirname(os.path.dirname(session.directory)))
         self.home = os.path.expanduser("~")
 
+    def text(self, text: str) -> str:
+        """``text`` with every absolute path under the base or the home folder shortened."""
+        if not isinstance(text, str) or not text:
+            return text
+        for prefix, short in ((self.base, ""), (self.home, "~" + os.sep)):
+            prefix = prefix.rstrip(os.sep)
+            if len(prefix) < 2:  # no base or home folder worth shortening ("/")
+                continue
+            # a path starting there (not the tail of a longer path): paths below it, then the
+            # folder itself (not followed by more name characters)
+            start = r"(?<![\w./~-])" + re.escape(prefix)
+            text = re.sub(start + re.escape(os.sep), lambda m, s=short: s, text)
+            text = re.sub(start + r"(?![\w.-])", lambda m, s=short: s.rstrip(os.sep) or ".", text)
+        return text
+
     def __call__(self, path) -> str:
         if not isinstance(path, str) or not path:
             return _num(path)
@@ -131,7 +163,7 @@ def _loc(loc: dict | None, rel=None) -> str:
 
 def _cmd(*parts) -> str:
     """A Python cell calling the CLI with a list of literal arguments: nothing is expanded."""
-    args = ", ".join(repr(redact(str(p))) for p in parts)
+    args = ", ".join(repr(_clean(str(p))) for p in parts)
     return f"import model_debugger.cli\nmodel_debugger.cli.main([{args}])"
 
 
@@ -149,21 +181,25 @@ class _Notebook:
         return f"md-{len(self.cells) + 1}"
 
     def md(self, *parts: str) -> None:
+        """Markdown built only from :func:`_t`/:func:`_c`/:func:`_fenced`/:func:`_table` values
+        (each redacted on its own) and our own fixed text: added as is."""
         text = "\n\n".join(p for p in parts if p)
-        self.cells.append(self.v4.new_markdown_cell(redact(text), id=self._id()))
+        self.cells.append(self.v4.new_markdown_cell(text, id=self._id()))
 
     def code(self, source: str, text: str = "", figures=(), result: str | None = None) -> None:
+        """``source`` is built from :func:`_cmd` and ``repr`` of :func:`_clean` values (added as
+        is: a pass over the Python would change what it does); outputs are plain text."""
         self.count += 1
         outputs = []
         if text:
-            outputs.append(self.v4.new_output("stream", name="stdout", text=redact(text)))
+            outputs.append(self.v4.new_output("stream", name="stdout", text=_clean(text)))
         for fig, caption in figures:
             outputs.append(self.v4.new_output("display_data", data={
-                "image/png": _png(fig), "text/plain": redact(f"<Figure: {caption}>")}))
+                "image/png": _png(fig), "text/plain": _clean(f"<Figure: {caption}>")}))
         if result is not None:
-            outputs.append(self.v4.new_output("execute_result", data={"text/plain": redact(result)},
+            outputs.append(self.v4.new_output("execute_result", data={"text/plain": _clean(result)},
                                               execution_count=self.count))
-        self.cells.append(self.v4.new_code_cell(redact(source), id=f"code-{len(self.cells) + 1}",
+        self.cells.append(self.v4.new_code_cell(source, id=f"code-{len(self.cells) + 1}",
                                                 execution_count=self.count, outputs=outputs))
 
 
@@ -172,9 +208,13 @@ def _png(fig) -> str:
 
 
 def _load(session: DebugSession, *parts: str) -> Run | None:
-    """A record inside the session folder (never through a symlink), or None."""
-    path = os.path.join(session.directory, *parts)
-    return Run.load(path) if regular_inside(session.directory, path) else None
+    """A record inside the session folder (never through a symlink), or None.
+
+    The file is opened once, without following links (:func:`read_inside`), and parsed from
+    those bytes: no second open that a swapped-in symlink could redirect.
+    """
+    data = read_inside(session.directory, os.path.join(*parts))
+    return None if data is None else Run.parse(data)
 
 
 def _artifact(session: DebugSession) -> dict:
@@ -306,14 +346,14 @@ def _classify(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> N
     if art.get("type") == "log":
         copy = art.get("copy") if isinstance(art.get("copy"), str) else "log.csv"
         src = (f"from model_debugger.logs import load_log\n"
-               f"run = load_log({rel(os.path.join(session.directory, copy))!r}, "
-               f"{art.get('error')!r})\n")
+               f"run = load_log({_clean(rel(os.path.join(session.directory, copy)))!r}, "
+               f"{_clean(art.get('error')) if isinstance(art.get('error'), str) else None!r})\n")
     else:
         record = (session.reproduce or {}).get("record")
         if not isinstance(record, str):
             record = os.path.join("runs", "0", "record.jsonl")
         src = (f"from model_debugger.records import Run\n"
-               f"run = Run.load({rel(os.path.join(session.directory, record))!r})\n")
+               f"run = Run.load({_clean(rel(os.path.join(session.directory, record)))!r})\n")
     src += ("from model_debugger.classify import classify\nfrom model_debugger.signals import "
             "compute\ncls = classify(compute(run))\ncls.primary, cls.secondary")
     nb.code(src, "".join(f"{e.signal} = {_num(e.value)}  # {e.detail}\n" for e in cls.evidence),
@@ -354,7 +394,7 @@ def _isolate(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
             out += f"seed noise: {json.dumps(e['noise'], default=str)}\n"
         nb.code(f"# Isolate round {n}: the measured evidence behind each finding\n"
                 f"from model_debugger.session import DebugSession\n"
-                f"events = DebugSession.load({rel(session.directory)!r}).events\n"
+                f"events = DebugSession.load({_clean(rel(session.directory))!r}).events\n"
                 f"[e for e in events if e['kind'] == 'isolate'][{n - 1}]['findings']", out)
 
 
@@ -379,11 +419,11 @@ def _fix(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
               f"**Finding addressed**: {_c(fix.get('finding'))} — root cause "
               f"**{_t(fix.get('root_cause'))}** at "
               f"{_c(_loc(fix.get('location') or f.get('location'), rel))}"
-              f" (confirmed: {_num(f.get('confirmed'))}).\n\n{_t(f.get('explanation', ''))}",
+              f" (confirmed: {_t(f.get('confirmed'))}).\n\n{_t(f.get('explanation', ''))}",
               f"**Suggestion**: {_t(fix.get('suggestion') or '—')}",
               f"**Expected effect**: {_t(fix.get('expected') or '—')}",
               f"**Touches**: {_t(touches or '—')}; "
-              f"{len(fix.get('hunks') or [])} hunk(s); approved: {_num(fix.get('approved'))}.",
+              f"{len(fix.get('hunks') or [])} hunk(s); approved: {_t(fix.get('approved'))}.",
               "**Boundary overrides**: " + ("; ".join(_t(o) for o in overrides) if overrides else
                                             "none (every boundary held)."),
               f"The change (the session's copy of the fixed code is {_c(fix.get('copy'))}):",
@@ -463,7 +503,7 @@ def _verify(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
         out += (f"noise band {_num(v.get('noise_band'))}, improvement "
                 f"{_num(v.get('improvement'))}\nverdict: {v.get('verdict')}\n"
                 f"remaining symptom: {v.get('remaining_symptom') or 'none'}\n")
-        folder = rel(os.path.join(session.directory, "verify", str(n)))
+        folder = _clean(rel(os.path.join(session.directory, "verify", str(n))))
         nb.code(f"# verification {n}: the records are in this folder\n{folder!r}", out, figures)
 
 
@@ -483,6 +523,14 @@ def build_notebook(session: DebugSession | str):
     session = _session(session)
     art = _artifact(session)
     rel = _Paths(session, art)
+    token = _PATHS.set(rel)
+    try:
+        return _build(session, art, rel, nbformat)
+    finally:
+        _PATHS.reset(token)
+
+
+def _build(session: DebugSession, art: dict, rel: _Paths, nbformat):
     nb = _Notebook()
     data = getattr(session, "_data", {})
     created = data.get("created")
@@ -497,7 +545,7 @@ def build_notebook(session: DebugSession | str):
     title = data.get("title") or rel(art.get("script") or art.get("path") or "")
     nb.md(f"# model_debugger session {_c(session.id)}",
           f"{_t(title or '')} — created {stamp}. "
-          f"Current phase: **{_t(rep['phase'])}**; fix allowed: {_num(rep['fix_allowed'])}; "
+          f"Current phase: **{_t(rep['phase'])}**; fix allowed: {_t(rep['fix_allowed'])}; "
           f"queue: {_t(', '.join(str(q) for q in rep.get('queue') or []) or 'empty')}.",
           "Reproduce → Classify → Isolate → Fix → Verify. Re-run the reproduction with "
           "`python repro.py` (written next to this notebook by `model-debugger export`). "

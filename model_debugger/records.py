@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -82,22 +83,34 @@ class Run:
         process (``truncated``); any other line that is not a JSON object counts in
         ``bad_lines``.
         """
-        events, bad, truncated = [], 0, False
         with open(path, encoding="utf-8", errors="replace") as fh:
-            for raw in fh:
-                line = raw.strip()
-                if not line:
-                    continue
-                try:
-                    event = json.loads(line)
-                except (json.JSONDecodeError, RecursionError):
-                    event = None
-                if isinstance(event, dict):
-                    events.append(event)
-                elif raw.endswith("\n"):
-                    bad += 1
-                else:
-                    truncated = True
+            return cls._parse(fh)
+
+    @classmethod
+    def parse(cls, data: str | bytes) -> Run:
+        """A record from its text or bytes (read once, e.g. through ``safe_write.read_inside``),
+        line by line exactly as :meth:`load` reads the file."""
+        if isinstance(data, bytes):
+            data = data.decode("utf-8", errors="replace")
+        return cls._parse(io.StringIO(data, newline=None))
+
+    @classmethod
+    def _parse(cls, lines) -> Run:
+        events, bad, truncated = [], 0, False
+        for raw in lines:
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                event = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                event = None
+            if isinstance(event, dict):
+                events.append(event)
+            elif raw.endswith("\n"):
+                bad += 1
+            else:
+                truncated = True
         return cls(events, bad, truncated)
 
     def of(self, kind: str) -> list[dict]:

@@ -136,7 +136,7 @@ def test_real_session_exports_a_valid_notebook_with_its_numbers(real, tmp_path):
     assert f"steps: {rep['reproduce']['steps']}," in text
     assert f"| 1 | 0 | {len(run.steps)} | {run.series('loss')[0]:.6g} |" in text
     cls = rep["classification"]
-    assert f"Primary category: **`{cls['primary']}`**" in text
+    assert f"Primary category: **<code>{cls['primary']}</code>**" in text
     for ev in cls["evidence"]:
         value = ev["value"]
         shown = f"{value:.6g}" if isinstance(value, float) else str(value)
@@ -317,8 +317,8 @@ def test_fix_and_verify_sections_show_the_plan_and_the_before_after_table(tmp_pa
     nbformat.validate(nb)
     text = _texts(nb)
     fix = text.split("## 4. Fix")[1].split("## 5. Verify")[0]
-    assert "**Finding addressed**: `lr_range` — root cause **hyperparameter** at " \
-           f"`{tmp_path.name}/train.py:42`" in fix  # relative to the session's folder
+    assert "**Finding addressed**: <code>lr_range</code> — root cause **hyperparameter** at " \
+           f"<code>{tmp_path.name}/train.py:42</code>" in fix  # relative to the session's folder
     assert "The learning rate 3 diverges; a safe rate is 0.051." in fix
     assert "**Suggestion**: Set the learning rate to about 0.051 (now 3.0)." in fix
     assert "```diff\n" + DIFF.rstrip() + "\n```" in fix
@@ -379,7 +379,7 @@ def test_log_session_exports_and_its_repro_reclassifies(tmp_path):
     assert "model_debugger.cli.main(['diagnose', 'train_log.csv', '--error', " in text
     assert "minimal reproducer" in text
     assert FAKE_HF not in text and f"Bearer {REDACTED}" in text
-    assert f"Primary category: **`{s.classification.primary}`**" in text
+    assert f"Primary category: **<code>{s.classification.primary}</code>**" in text
     assert len(_pngs(nb)) == 1  # the loss curve; a log has no gradient norms
     _valid_png(_pngs(nb)[0])
     assert FAKE_HF not in open(out["repro"]).read()
@@ -518,9 +518,10 @@ def test_two_fix_verify_cycles_are_numbered(tmp_path):
         "improvement": 0.5, "remaining_symptom": None, "remaining": [], "seeds": [7],
         "finding": "missing_zero_grad"})
     text = _texts(build_notebook(s))
-    for head in ("### Isolate, round 2", "### Fix 1: `lr_range`", "### Fix 2: `missing_zero_grad`",
-                 "### Verify 1: `lr_range`", "### Verify 2: `missing_zero_grad`"):
+    for head in ("### Isolate, round 2", "### Fix 1: <code>lr_range</code>",
+                 "### Fix 2: <code>missing_zero_grad</code>", "### Verify 1: <code>lr_range</code>",
+                 "### Verify 2: <code>missing_zero_grad</code>"):
         assert head in text
-    assert "`train.py:9` (confirmed: yes)" in text
+    assert "<code>train.py:9</code> (confirmed: yes)" in text
     assert "| before | 0.5 | 0.5 | — | 1/1 |" in text
     assert "'--fixed', 'fixed2.py', '--yes', '--seeds', '1'" in text

@@ -556,3 +556,143 @@ def test_safe_writer_refuses_every_symlinked_component(tmp_path):
     assert safe_write.write_inside(str(root), "a/b/c/new.txt", "two", overwrite=True) is True
     assert (root / "a" / "b" / "c" / "new.txt").read_text() == "two"
 
+
+
+# -- review of issue #14: one redaction per value, paths in free text, reads that follow nothing --
+def test_a_secret_looking_argument_cannot_eat_a_closing_backtick(tmp_path, monkeypatch):
+    """``token:`` then HTML: a second redaction over the built markdown used to read ``token:``
+    as a key and the closing backtick as its value, leaving a live ``<img onerror>``; over the
+    code cell it turned ``'token:', '...'`` into code that no longer compiles."""
+    import model_debugger.cli
+    from model_debugger.redact import redact_args
+
+    args = ["token:", XSS_NAME, "pwd=", "`", "password:", "<b onmouseover=alert(2)>x</b>"]
+    s = _crafted(tmp_path / "sessions", script=str(tmp_path / "train.py"), args=args)
+    nb = build_notebook(DebugSession.load(s.directory))
+    html = _html(nb)
+    assert _live(html) == []
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            compile(cell.source, "<cell>", "exec")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    calls = []
+    monkeypatch.setattr(model_debugger.cli, "main", lambda argv: calls.append(list(argv)) or 0)
+    result = InteractiveShell.instance().run_cell(_command_cells(nb)[0], store_history=False)
+    assert result.error_in_exec is None and result.error_before_exec is None
+    assert calls[0][calls[0].index("--") + 1:] == redact_args(args)
+
+
+def test_tracebacks_and_error_text_hold_no_absolute_home_paths(tmp_path, monkeypatch):
+    home = tmp_path / "home" / "alice"
+    project = home / "project"
+    project.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    error = f'RuntimeError: cannot open {home}/data/x.csv (from {project}/train.py)'
+    s = _crafted(project / ".model_debugger", script=str(project / "train.py"), error=error,
+                 cwd=str(project))
+    tb = (f'Traceback (most recent call last):\n  File "{project}/train.py", line 9, in <module>\n'
+          f'  File "{home}/lib/util.py", line 3, in load\n{error}\n')
+    run = os.path.join(s.directory, "runs", "0")
+    os.makedirs(run)
+    with open(os.path.join(run, "record.jsonl"), "w") as fh:
+        for event in ({"t": "start"}, {"t": "step", "step": 0, "loss": 1.0},
+                      {"t": "error", "kind": "exception", "type": "RuntimeError",
+                       "message": error, "traceback": tb}, {"t": "end"}):
+            fh.write(json.dumps(event) + "\n")
+    out = export(s, str(project / "record.ipynb"))
+    for path in out.values():
+        assert str(home) not in open(path, encoding="utf-8").read(), path
+    nb = nbformat.read(out["notebook"], as_version=4)
+    text = "\n".join(c.source for c in nb.cells) + "\n".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert 'File "train.py", line 9' in text and 'File "~/lib/util.py", line 3' in text
+    assert "~/data/x.csv" in text
+
+
+async def test_rest_session_json_symlinked_outside_the_root_is_not_shown(jp_fetch, jp_root_dir,
+                                                                        tmp_path):
+    outside = _crafted(tmp_path / "elsewhere" / ".model_debugger")
+    _edit(outside, lambda d: d.update(title="OUTSIDE-THE-ROOT"))
+    for name, make in (("linkfile", lambda d: os.symlink(
+            os.path.join(outside.directory, "session.json"), os.path.join(d, "session.json"))),
+                       ("linkdir", None)):
+        store = jp_root_dir / ".model_debugger"
+        store.mkdir(exist_ok=True)
+        if make is None:
+            os.symlink(outside.directory, store / name)
+        else:
+            (store / name).mkdir()
+            make(str(store / name))
+    response = await jp_fetch("model-debugger", "sessions")
+    body = response.body.decode()
+    assert "OUTSIDE-THE-ROOT" not in body
+    assert json.loads(body)["sessions"] == []
+    for name in ("linkfile", "linkdir"):
+        with pytest.raises(HTTPClientError) as err:
+            await jp_fetch("model-debugger", "sessions", f".model_debugger/{name}")
+        assert err.value.code in (403, 404)
+        assert "OUTSIDE-THE-ROOT" not in err.value.response.body.decode()
+        code, data = await _post(jp_fetch, {"session": f".model_debugger/{name}"})
+        assert code in (403, 404), data
+
+
+def test_records_are_parsed_from_the_bytes_read_without_following_links(tmp_path):
+    from model_debugger.export import _load
+    from model_debugger.records import Run
+
+    s = _crafted(tmp_path / "sessions")
+    folder = os.path.join(s.directory, "runs", "0")
+    os.makedirs(folder)
+    text = '{"t": "start"}\nnot json\r\n{"t": "step", "step": 0, "loss": 1.5}\n{"t"'
+    with open(os.path.join(folder, "record.jsonl"), "w", newline="") as fh:
+        fh.write(text)
+    parsed, loaded = Run.parse(text.encode()), Run.load(os.path.join(folder, "record.jsonl"))
+    assert (parsed.events, parsed.bad_lines, parsed.truncated) == \
+        (loaded.events, loaded.bad_lines, loaded.truncated) == (loaded.events, 1, True)
+    assert _load(s, "runs", "0", "record.jsonl").events == loaded.events
+    os.rename(os.path.join(folder, "record.jsonl"), tmp_path / "real.jsonl")
+    os.symlink(tmp_path / "real.jsonl", os.path.join(folder, "record.jsonl"))
+    assert _load(s, "runs", "0", "record.jsonl") is None
+
+
+def _run_repro(out: dict, tmp_path) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, out["repro"], "--runs", "1",
+                           "--out", str(tmp_path / "runs")], capture_output=True, text=True,
+                          timeout=300, cwd=str(tmp_path))
+
+
+def test_repro_embeds_the_code_copy_as_code_not_as_redacted_text(tmp_path):
+    """``token = tok`` is code that reads a secret: plain-text redaction made it
+    ``token = [REDACTED]`` (a NameError in repro.py)."""
+    from model_debugger.redact import write_private
+
+    s = _crafted(tmp_path / "sessions")
+    write_private(os.path.join(s.directory, "artifact.py"),
+                  'tok = "abc"\ntoken = tok\npassword = token.upper()\n'
+                  'print("token-ok", len(token), password.lower() == tok)\n')
+    out = export(s, str(tmp_path / "e" / "r.ipynb"))
+    namespace: dict = {}
+    exec(compile(open(out["repro"]).read().split("\ndef ")[0], "repro", "exec"), namespace)
+    assert "token = tok\n" in namespace["SCRIPT"]
+    done = _run_repro(out, tmp_path)
+    assert "the script raised" not in done.stderr, done.stderr
+    assert "token-ok 3 True" in done.stdout, done.stdout + done.stderr
+
+
+def test_repro_of_a_latin_1_script_runs_it(tmp_path):
+    """A ``# coding: latin-1`` script: its copy is not UTF-8; repro.py used to embed ''."""
+    s = _crafted(tmp_path / "sessions")
+    with open(os.path.join(s.directory, "artifact.py"), "wb") as fh:
+        fh.write('# -*- coding: latin-1 -*-\nprint("caf\xe9-ok", len("\xe9\xe8"))\n'
+                 .encode("latin-1"))
+    out = export(s, str(tmp_path / "e" / "r.ipynb"))
+    namespace: dict = {}
+    exec(compile(open(out["repro"]).read().split("\ndef ")[0], "repro", "exec"), namespace)
+    assert "caf\xe9-ok" in namespace["SCRIPT"]
+    done = _run_repro(out, tmp_path)
+    assert "the script raised" not in done.stderr, done.stderr
+    assert "caf\xe9-ok 2" in done.stdout, done.stdout + done.stderr

@@ -55,6 +55,14 @@ def resolve(root: str, relative: str) -> str:
     return full
 
 
+def _session_file_ok(root: str, folder: str) -> bool:
+    """True when ``folder/session.json`` is a regular file inside ``root`` reached through no
+    symlink (neither the file, nor the session folder, nor any folder above it up to the root)."""
+    from ..safe_write import regular_inside
+
+    return regular_inside(root, os.path.relpath(os.path.join(folder, SESSION_FILE), root))
+
+
 def _rel(root: str, path: str) -> str:
     return os.path.relpath(path, root).replace(os.sep, "/")
 
@@ -71,7 +79,7 @@ def find_sessions(root: str, depth: int = SCAN_DEPTH) -> list[str]:
             except OSError:
                 ids = []
             found.extend(os.path.join(store, i) for i in ids
-                         if os.path.isfile(os.path.join(store, i, SESSION_FILE)))
+                         if _session_file_ok(root, os.path.join(store, i)))
         if level >= depth:
             return
         try:
@@ -109,8 +117,17 @@ def _load(root: str, relative: str):
     from ..session import DebugSession, SessionError
 
     folder = resolve(root, relative)
-    if not os.path.isfile(os.path.join(folder, SESSION_FILE)):
+    # as named, not as resolved: a symlinked session folder or session.json is refused, even one
+    # pointing inside the root (it could be swapped for one pointing outside)
+    named = os.path.normpath(os.path.join(root, relative))
+    if named != root and not named.startswith(root + os.sep):
+        raise tornado.web.HTTPError(403, f"{relative!r} is outside the server root")
+    if not _session_file_ok(root, named):
+        if os.path.lexists(os.path.join(named, SESSION_FILE)) or os.path.islink(named):
+            raise tornado.web.HTTPError(403, f"{relative!r}: a symlink or not a regular "
+                                             "session file: refused")
         raise tornado.web.HTTPError(404, f"no model_debugger session at {relative!r}")
+    folder = named
     try:
         return DebugSession.load(folder)
     except SessionError as exc:
