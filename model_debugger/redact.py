@@ -279,11 +279,22 @@ def _keyvals(text: str) -> str:
     return "".join(out)
 
 
+def _number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _free_text(m: re.Match) -> str:
     value = m.group(4).rstrip(".,;:!?)")
     looks_secret = len(value) >= 6 and any(not c.isalpha() for c in value)
     if not looks_secret or value == REDACTED or _not_a_value(value):
         return m.group(0)
+    if not m.group(2).strip() and not m.group(3) and (
+            value.startswith(("/", "~", "./", "../")) or _number(value)):
+        return m.group(0)  # bare "token 50256", "pwd /home/alice": an id, a path
     rest = m.group(4)[len(value):]
     return f"{m.group(1)}{m.group(2)}{m.group(3)}{REDACTED}{m.group(3)}{rest}"
 

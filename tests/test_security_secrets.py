@@ -346,6 +346,7 @@ FALSE_POSITIVES = [
     "Cookie: %s", "pad_token=[PAD] bos_token: <|endoftext|> eos_token='</s>'",
     "the token is <|endoftext|>", "token <mask>", "cookie = resp.cookies",
     "Token indices sequence length is longer than the maximum (1024 > 512)",
+    "pwd /home/alice/project", "eos token 50256", "secret sauce", "password reset sent",
 ]
 
 
