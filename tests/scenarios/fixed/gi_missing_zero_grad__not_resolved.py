@@ -15,10 +15,10 @@ y = X @ torch.randn(10, 1) + 0.1 * torch.randn(4096, 1)
 loader = DataLoader(TensorDataset(X, y), batch_size=64, shuffle=True)
 model = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+optimizer.zero_grad()  # the wrong fix: cleared once, before training, never inside the loop
 for epoch in range(2):
     for xb, yb in loader:
         loss = nn.functional.mse_loss(model(xb), yb)
         loss.backward()
         optimizer.step()
-    optimizer.zero_grad()
     print(f"epoch {epoch}: loss={loss.item():.4f}")
