@@ -380,7 +380,7 @@ def test_an_interrupt_while_rows_are_written_loses_no_step(tmp_path, monkeypatch
     """Ctrl-C (or a time limit) in the middle of writing step rows: the rest follow at exit."""
     from model_debugger.capture import torch_instrument as ti
 
-    original, calls = ti.TorchInstrument._write_row, []
+    original, calls = ti.TorchInstrument._step_event, []
 
     def write_row(self, *row):
         calls.append(row[0])
@@ -389,7 +389,7 @@ def test_an_interrupt_while_rows_are_written_loses_no_step(tmp_path, monkeypatch
         return original(self, *row)
 
     monkeypatch.setattr(ti, "FLUSH_SECONDS", 0.0)  # rows are written after every step
-    monkeypatch.setattr(ti.TorchInstrument, "_write_row", write_row)
+    monkeypatch.setattr(ti.TorchInstrument, "_step_event", write_row)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     path = tmp_path / "record.jsonl"

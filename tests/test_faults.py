@@ -409,3 +409,155 @@ def test_the_magics_report_a_cell_without_training_as_not_observed(tmp_path, mon
         assert report["classification"] is None and not report["fix_allowed"]
     finally:
         ip.run_line_magic("unload_ext", "model_debugger")
+
+
+# -- 9. every writer of a session takes its lock ---------------------------------------------
+
+APPEND = """
+import sys
+from model_debugger.session import DebugSession
+s = DebugSession.load(sys.argv[1])
+print("loaded", flush=True)
+for k in range(int(sys.argv[2])):
+    s.append("note", text=f"child {k}")
+"""
+
+
+def _notes(directory: str) -> list[str]:
+    events = DebugSession.load(directory).events
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    return [e["text"] for e in events if e["kind"] == "note"]
+
+
+def test_events_appended_by_two_processes_are_all_kept(tmp_path):
+    """A kernel's session object (loaded once, then stale) and a CLI process both append:
+    neither save overwrites the other's events, in sequence or at the same time."""
+    s = DebugSession.create(str(tmp_path / "s"))
+    s.append("note", text="parent 0")
+    child = subprocess.run([sys.executable, "-c", APPEND, s.directory, "2"], env=ENV,
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    s.append("note", text="parent 1")  # s never saw the child's events
+    assert _notes(s.directory) == ["parent 0", "child 0", "child 1", "parent 1"]
+
+    proc = subprocess.Popen([sys.executable, "-c", APPEND, s.directory, "40"], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "loaded"
+    for k in range(40):
+        s.append("note", text=f"parent {k + 2}")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    notes = _notes(s.directory)
+    assert sorted(notes) == sorted(["parent 0", "child 0", "child 1", "parent 1"]
+                                   + [f"child {k}" for k in range(40)]
+                                   + [f"parent {k + 2}" for k in range(40)])
+
+
+HOLD_BRIEFLY = """
+import sys, time
+from model_debugger.session import DebugSession
+s = DebugSession.load(sys.argv[1])
+with s.lock("isolate"):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_an_event_waits_for_a_phase_of_another_process_then_is_refused(tmp_path,
+                                                                        monkeypatch):
+    from model_debugger import session as session_mod
+
+    s = DebugSession.create(str(tmp_path / "s"))
+    brief = subprocess.Popen([sys.executable, "-c", HOLD_BRIEFLY, s.directory, "1"], env=ENV,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert brief.stdout.readline().strip() == "held"
+        s.append("note", text="after the phase")  # waits (APPEND_WAIT) for the holder to end
+    finally:
+        brief.kill()
+        brief.wait()
+    assert _notes(s.directory) == ["after the phase"]
+
+    monkeypatch.setattr(session_mod, "APPEND_WAIT", 0.3)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_BRIEFLY, s.directory, "120"],
+                              env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SessionLocked, match=f"pid {holder.pid} \\(isolate running\\)"):
+            s.append("note", text="refused")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _notes(s.directory) == ["after the phase"] and len(s.events) == 1
+    s.append("note", text="the holder died")
+    assert _notes(s.directory) == ["after the phase", "the holder died"]
+
+
+# -- 10. a full disk while step rows are written: no row lost, none written twice -------------
+
+def _record_steps(path: Path) -> list[int]:
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    return [e["i"] for e in events if e["t"] == "step"]
+
+
+def test_a_full_disk_under_the_flusher_thread_loses_and_repeats_no_row(tmp_path):
+    import errno
+
+    from model_debugger.capture.recorder import Recorder
+
+    path = tmp_path / "record.jsonl"
+    with Recorder(str(path)) as rec, open("/dev/full", "wb", buffering=0) as full:
+        disk = rec._fh
+        with rec._lock:
+            rec._fh = full  # every write now fails with ENOSPC
+            rec._flushed = time.perf_counter()
+        for i in range(5):
+            rec.emit("step", i=i)  # queued: the training thread does not flush yet
+        deadline = time.monotonic() + 30
+        while rec.flush_error is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert isinstance(rec.flush_error, OSError) and rec.flush_error.errno == errno.ENOSPC
+        with rec._lock:
+            rec._fh = disk  # space again
+        for i in range(5, 8):
+            rec.emit("step", i=i)
+    assert _record_steps(path) == list(range(8))
+    assert rec.flush_error is None  # the training thread's last flush wrote everything
+
+
+def test_a_full_disk_under_the_training_thread_repeats_no_step(tmp_path, monkeypatch):
+    """The step event is queued, then its write fails: the row is not kept to be written again."""
+    import errno
+
+    import torch
+    from torch import nn
+
+    import model_debugger
+    from model_debugger.capture import torch_instrument as ti
+
+    monkeypatch.setattr(ti, "FLUSH_SECONDS", 0.0)  # rows are written after every step
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    X, y = torch.randn(16, 4), torch.randn(16, 1)
+
+    def train(n):
+        for _ in range(n):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(X), y).backward()
+            opt.step()
+
+    path = tmp_path / "record.jsonl"
+    with model_debugger.capture(str(path), update_every=0, hist_every=0) as rec, \
+            open("/dev/full", "wb", buffering=0) as full:
+        train(2)
+        disk = rec._fh
+        with rec._lock:
+            rec._fh = full
+        with pytest.raises(OSError) as info:
+            train(1)  # the training thread reports the full disk itself
+        assert info.value.errno == errno.ENOSPC
+        with rec._lock:
+            rec._fh = disk
+        train(2)
+    assert _record_steps(path) == [0, 1, 2, 3, 4]

@@ -240,3 +240,100 @@ def test_keras_capture_leaves_the_classes_as_they_were(monkeypatch):
         assert now.keys() == was.keys(), (cls.__name__, now.keys() ^ was.keys())
         changed = [k for k in was if now[k] is not was[k]]
         assert not changed, (cls.__name__, changed)
+
+
+def _train_small(path: str):
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    X, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    with model_debugger.capture(path) as rec:
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(net(X), y).backward()
+            opt.step()
+    return rec, start
+
+
+def _spill_event(path: str) -> dict:
+    (event,) = [json.loads(line) for line in open(path) if json.loads(line)["t"] == "spill"]
+    return event
+
+
+def test_the_spill_lies_beside_the_record_never_on_a_memory_file_system(tmp_path, monkeypatch):
+    """The copy goes to the record's folder; a tmpfs folder (RAM as shared memory) is not used
+    unless MODEL_DEBUGGER_SPILL_DIR names it: the copy stays in RAM and the record says why."""
+    monkeypatch.setenv("MODEL_DEBUGGER_SPILL_MB", "0")
+    monkeypatch.delenv("MODEL_DEBUGGER_SPILL_DIR", raising=False)
+    path = str(tmp_path / "run" / "record.jsonl")
+    rec, start = _train_small(path)
+    spill = rec.keeper.spill_path
+    assert spill and os.path.dirname(spill) == os.path.dirname(path)
+    assert os.stat(spill).st_mode & 0o777 == 0o600
+    assert _spill_event(path)["spilled"] is True
+    assert all(torch.equal(rec.keeper.initial_state[k], start[k]) for k in start)
+    rec.release()
+    assert not os.path.exists(spill)
+
+    from model_debugger.capture.spill import _fs_type
+
+    if _fs_type("/dev/shm") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm")
+    shm = f"/dev/shm/model_debugger-test-{os.getpid()}"
+    os.makedirs(shm, exist_ok=True)
+    try:
+        path = os.path.join(shm, "record.jsonl")
+        rec, start = _train_small(path)
+        assert rec.keeper.spill_path is None  # kept in RAM, not as shared memory in tmpfs
+        assert not [n for n in os.listdir(shm) if n.endswith(".bin")]
+        event = _spill_event(path)
+        assert event["spilled"] is False and "tmpfs" in event["reason"]
+        assert all(torch.equal(rec.keeper.initial_state[k], start[k]) for k in start)
+        rec.release()
+
+        monkeypatch.setenv("MODEL_DEBUGGER_SPILL_DIR", shm)  # named explicitly: used as named
+        rec, start = _train_small(str(tmp_path / "named" / "record.jsonl"))
+        spill = rec.keeper.spill_path
+        assert spill and os.path.dirname(spill) == shm
+        assert all(torch.equal(rec.keeper.initial_state[k], start[k]) for k in start)
+        rec.release()
+        assert not os.path.exists(spill)
+    finally:
+        import shutil
+
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_session_copies_are_written_atomically_and_never_through_a_link(tmp_path):
+    """The fix copy and the artifact copy: a planted ``fixes`` symlink is refused, a hard link
+    to a file outside is replaced (never written through), the copy is 0600."""
+    from model_debugger.records import Classification, Finding
+    from model_debugger.redact import write_private
+    from model_debugger.safe_write import UnsafePath
+    from model_debugger.session import DebugSession
+
+    s = DebugSession.create(str(tmp_path / "s"))
+    outside = tmp_path / "user.py"
+    outside.write_text("print('the user file')\n")
+    artifact = os.path.join(s.directory, "artifact.py")
+    os.link(outside, artifact)  # the same file under two names
+    write_private(artifact, "print('the session copy')\n")
+    assert outside.read_text() == "print('the user file')\n"
+    assert open(artifact).read() == "print('the session copy')\n"
+    assert os.stat(artifact).st_mode & 0o777 == 0o600
+
+    s.record_reproduce({"status": "ok", "steps": 3})  # a session at the fix phase
+    s.record_classification(Classification("divergence", (), ()), {})
+    s.record_findings([Finding("lr_too_high", "optimizer", True, "the learning rate")])
+    assert s.phase == "fix"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, os.path.join(s.directory, "fixes"))
+    with pytest.raises(UnsafePath):
+        s.record_fix({"finding": "lr_too_high", "source": "lr = 0.01\n"}, approved=True)
+    assert list(elsewhere.iterdir()) == [] and s.pending_fix is None
+    os.unlink(os.path.join(s.directory, "fixes"))
+    s.record_fix({"finding": "lr_too_high", "source": "lr = 0.01\n"}, approved=True)
+    copy = os.path.join(s.directory, "fixes", "1.py")
+    assert open(copy).read() == "lr = 0.01\n" and os.stat(copy).st_mode & 0o777 == 0o600

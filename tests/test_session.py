@@ -219,7 +219,7 @@ def test_phase_and_gate_agree_for_any_reproduce_record(tmp_path):
 
 
 def _leftovers(directory: str) -> list[str]:
-    return [n for n in os.listdir(directory) if n != SESSION_FILE and n != "runs"]
+    return [n for n in os.listdir(directory) if n not in (SESSION_FILE, "runs", ".lock")]  # the lock stays
 
 
 def test_save_leaves_no_temp_files(tmp_path):

@@ -10,7 +10,7 @@ then, or until it is dropped itself).
 
 from __future__ import annotations
 
-from .spill import Spill, threshold_bytes
+from .spill import Spill, open_spill, threshold_bytes
 
 MAX_BATCHES = 32
 MAX_SAMPLES = 4096
@@ -64,17 +64,18 @@ class Keeper:
         size = sum(v.numel() * v.element_size() for v in state.values()
                    if isinstance(v, torch.Tensor))
         with torch.no_grad():  # on the CPU: a copy on the GPU would change what is measured
-            if size > threshold_bytes():
-                self._spill_state(state)
+            spill = open_spill() if size > threshold_bytes() else None  # None: in RAM
+            if spill is not None:
+                self._spill_state(state, spill)
             else:
                 self._initial_state = {k: v.detach().to("cpu", copy=True)
                                        for k, v in state.items()}
 
-    def _spill_state(self, state: dict) -> None:
+    def _spill_state(self, state: dict, spill: Spill) -> None:
         """Write each tensor's bytes to the spill file (one host copy at a time at most)."""
         import torch
 
-        spill, spilled, kept = Spill(), {}, {}
+        spilled, kept = {}, {}
         try:
             for k, v in state.items():
                 t = v.detach()

@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from .spill import Spill, threshold_bytes
+from .spill import Spill, open_spill, threshold_bytes
 
 MAX_BATCHES = 32
 MAX_SAMPLES = 4096
@@ -178,15 +178,16 @@ class KerasKeeper:
         try:
             weights = list(model.weights)  # get_weights() order; one host copy at a time
             size = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in weights)
-            if size > threshold_bytes():
-                self._spill_weights(weights)
+            spill = open_spill() if size > threshold_bytes() else None  # None: in RAM
+            if spill is not None:
+                self._spill_weights(weights, spill)
             else:
                 self._initial_state = [np.array(w.numpy(), copy=True) for w in weights]
         except Exception:  # noqa: BLE001 - an unbuilt model: weights are taken later
             self._initial_state = None
 
-    def _spill_weights(self, weights) -> None:
-        spill, spilled = Spill(), []
+    def _spill_weights(self, weights, spill: Spill) -> None:
+        spilled = []
         try:
             for w in weights:
                 arr = np.asarray(w.numpy())

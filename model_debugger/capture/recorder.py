@@ -134,6 +134,8 @@ class Recorder:
         self.error: dict | None = None
         self._fh = None
         self._queue: list[dict] = []  # appended without the lock; taken with slice + del
+        self._unsent = b""  # encoded rows taken from the queue that a failed write left over
+        self.flush_error: BaseException | None = None  # the flusher thread's last write error
         self._lock = threading.RLock()  # held while draining/writing (training thread, flusher)
         self._flusher: threading.Thread | None = None
         self._stop_flush = threading.Event()
@@ -202,11 +204,14 @@ class Recorder:
                 self._draining = False
 
     def flush(self) -> None:
-        """Write the queued events to the file and flush it (thread-safe).
+        """Write the queued events to the file (thread-safe).
 
         The training thread appends to the queue without the lock; the queue is taken with a
         slice and a ``del`` of the same length (each atomic), so an event appended meanwhile
-        stays queued for the next flush.
+        stays queued for the next flush. The file is unbuffered: what a failed write (a full
+        disk) did not write is kept, to the byte, and written first by the next flush, so a
+        write error neither loses nor repeats a row; the error itself propagates (the flusher
+        thread keeps it in :attr:`flush_error`, the training thread's next flush retries).
         """
         with self._lock:
             fh = self._fh
@@ -214,13 +219,20 @@ class Recorder:
                 return
             queue = self._queue
             n = len(queue)
+            data = self._unsent
             if n:  # encoded before the queue is let go: an interrupt here loses nothing
                 encode = _ENCODER.encode
-                text = "".join([encode(e) + "\n" for e in queue[:n]])
+                data += "".join([encode(e) + "\n" for e in queue[:n]]).encode("utf-8")
+                self._unsent = data
                 del queue[:n]
-                fh.write(text)
-            fh.flush()
+            view = memoryview(data)
+            while view:
+                written = fh.write(view)  # raw file: the bytes written, or an OSError
+                view = view[written or 0:]
+                self._unsent = view.tobytes() if view else b""
             self._flushed = time.perf_counter()
+            if threading.current_thread() is not self._flusher:
+                self.flush_error = None  # all written: the flusher's error is repaired
 
     def _start_flusher(self) -> None:
         """Start the daemon thread that writes queued steps when the training thread stalls."""
@@ -252,7 +264,8 @@ class Recorder:
                         return
                     self._drain()
                     self.flush()
-            except Exception:  # noqa: BLE001 - a full disk: the training thread reports it
+            except Exception as exc:  # noqa: BLE001 - a full disk: the rows stay unsent and the
+                self.flush_error = exc  # training thread's next flush writes them or raises
                 self._flushed = time.perf_counter()
 
     def metric(self, name: str, value, source: str, step: int | None = None,
@@ -286,7 +299,7 @@ class Recorder:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 self._stack.callback(self._file_closed)  # runs after the file is closed
                 self._fh = self._stack.enter_context(  # a fresh record: never appended to
-                    open(self.path, "w", buffering=1 << 16, encoding="utf-8"))
+                    open(self.path, "wb", buffering=0))  # unbuffered: see flush
                 self._stack.callback(self.flush)  # before the file closes (last in, first out)
                 self._start_flusher()
                 self._stack.callback(self._stop_flusher)  # stopped before the last flush

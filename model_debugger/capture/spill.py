@@ -6,6 +6,12 @@ default) the copy is written, one tensor at a time, to a private temporary file 
 and read back through a copy-on-write memory map when a probe asks for it. The file is removed
 when the keeper is released, garbage-collected, or the process exits.
 
+Where (:func:`spill_folder`): the folder ``MODEL_DEBUGGER_SPILL_DIR`` names, else the folder of
+the capture's record, else the system's temporary folder. A memory file system (tmpfs, ramfs)
+would keep the "spilled" copy in RAM as shared memory: such a folder is used only when the
+variable names it; otherwise nothing is spilled, the copy stays in RAM (where the record's
+``spill`` event says it is), and the reason is recorded.
+
 Importing this module imports neither torch nor tensorflow.
 """
 
@@ -33,6 +39,66 @@ def threshold_bytes() -> float:
     return mb * 2**20
 
 
+_MEMORY_FS = frozenset({"tmpfs", "ramfs", "shm", "devtmpfs", "hugetlbfs"})
+
+
+def _fs_type(folder: str) -> str | None:
+    """The file-system type of ``folder`` from ``/proc/self/mounts`` (None: unknown)."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
+            mounts = [line.split()[:3] for line in fh]
+    except OSError:
+        return None
+    path = os.path.realpath(folder)
+    best, fstype = -1, None
+    for entry in mounts:
+        if len(entry) < 3:
+            continue
+        point = entry[1].replace("\\040", " ")
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > best:
+            best, fstype = len(point), entry[2]
+    return fstype
+
+
+def spill_folder(record: str | None = None) -> tuple[str | None, str]:
+    """Where to spill: ``(folder, why)``; ``folder`` is None when nothing should be spilled.
+
+    ``MODEL_DEBUGGER_SPILL_DIR`` is used as named (a memory file system too: the user asked);
+    else the folder of ``record`` (the capture's record file), else the temporary folder,
+    unless that is a memory file system (the copy would stay in RAM as shared memory).
+    """
+    named = os.environ.get("MODEL_DEBUGGER_SPILL_DIR", "").strip()
+    if named:
+        return os.path.abspath(os.path.expanduser(named)), "MODEL_DEBUGGER_SPILL_DIR"
+    if record:
+        folder, why = os.path.dirname(os.path.abspath(record)), "the record's folder"
+    else:
+        folder, why = tempfile.gettempdir(), "the temporary folder"
+    fstype = _fs_type(folder)
+    if fstype in _MEMORY_FS:
+        return None, (f"{why} {folder} is a memory file system ({fstype}): a spilled copy "
+                      "would stay in RAM; set MODEL_DEBUGGER_SPILL_DIR to a folder on disk")
+    return folder, why
+
+
+def open_spill() -> Spill | None:
+    """A new :class:`Spill` where :func:`spill_folder` says, or None (kept in RAM).
+
+    The active capture gets a ``spill`` event either way: the folder, or why nothing was spilled.
+    """
+    from .recorder import active_recorder
+
+    rec = active_recorder()
+    folder, why = spill_folder(getattr(rec, "path", None))
+    spill = Spill(folder) if folder is not None else None
+    if rec is not None:
+        if spill is None:
+            rec.emit("spill", spilled=False, reason=why)
+        else:
+            rec.emit("spill", spilled=True, folder=folder, why=why)
+    return spill
+
+
 def _remove(path: str) -> None:
     try:
         os.remove(path)
@@ -46,13 +112,16 @@ class Spill:
     Attributes
     ----------
     path : str
-        The file (mode 0600, in the system's temporary folder).
+        The file (mode 0600, in ``folder``: see :func:`open_spill`).
     nbytes : int
         Bytes written.
     """
 
-    def __init__(self) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="model_debugger-weights-", suffix=".bin")
+    def __init__(self, folder: str | None = None) -> None:
+        if folder is not None:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd, self.path = tempfile.mkstemp(prefix="model_debugger-weights-", suffix=".bin",
+                                         dir=folder)
         self._fh = os.fdopen(fd, "wb")
         self._remove = weakref.finalize(self, _remove, self.path)  # also at interpreter exit
         self._entries: list[tuple[int, int]] = []  # (offset, nbytes)

@@ -602,14 +602,15 @@ class TorchInstrument:
             done = 0
             try:
                 for row in rows:
-                    self._write_row(*row)
-                    done += 1
+                    step = self._step_event(*row)
+                    done += 1  # emit queues the event first: a row is done once emit is called
+                    self.rec.emit("step", **step)
             except BaseException:  # a time limit or Ctrl-C mid-batch: the rest is written later
                 kept[:0] = rows[done:]
                 raise
 
-    def _write_row(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda) -> None:
-        """One kept row as a ``step`` event."""
+    def _step_event(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda) -> dict:
+        """One kept row as the fields of a ``step`` event."""
         step = {"i": i, "ep": ep, "loss": _num(loss), "dt": dt, "dw": dw}
         if rss is not None:
             step["rss"] = rss
@@ -625,7 +626,7 @@ class TorchInstrument:
             step["cuda"], step["cuda_peak"] = cuda[0], cuda[1]
             if len(cuda) > 2:
                 step["gpu_util"] = cuda[2]
-        self.rec.emit("step", **step)
+        return step
 
     def _window(self, per_module: dict) -> dict:
         """This step's modules in ``mgn`` (bounded, see :mod:`.norms`)."""
