@@ -10,13 +10,13 @@ then, or until it is dropped itself).
 
 from __future__ import annotations
 
-from .spill import Spill, open_spill, threshold_bytes
+from .spill import Spill, SpilledState, open_spill, threshold_bytes
 
 MAX_BATCHES = 32
 MAX_SAMPLES = 4096
 
 
-class Keeper:
+class Keeper(SpilledState):
     """What Isolate needs from a captured PyTorch run.
 
     Attributes
@@ -39,7 +39,7 @@ class Keeper:
     def __init__(self) -> None:
         self.model = None
         self._initial_state = None
-        self._spill: Spill | None = None
+        self._spill = None
         self._spilled: dict | None = None  # name -> (index, dtype, shape) in the spill file
         self._order: list = []  # state_dict order of the spilled state
         self.namespace = None
@@ -93,11 +93,8 @@ class Keeper:
         self._spill, self._spilled, self._order = spill, spilled, list(state)
         self._initial_state = kept  # the few tensors a file cannot hold
 
-    @property
-    def initial_state(self) -> dict | None:
-        """The initial parameters and buffers (read back from disk when spilled)."""
-        if self._spill is None:
-            return self._initial_state
+    def _read_spill(self) -> dict:
+        """The initial parameters and buffers, the spilled ones read back from the file."""
         import torch
 
         kept = self._initial_state or {}
@@ -111,21 +108,6 @@ class Keeper:
             out[k] = raw.view(dtype).reshape(shape) if raw.numel() else \
                 torch.empty(shape, dtype=dtype)
         return out
-
-    @initial_state.setter
-    def initial_state(self, value) -> None:
-        self._drop_spill()
-        self._initial_state = value
-
-    @property
-    def spill_path(self) -> str | None:
-        """The file holding the initial weights, or None when they are in RAM."""
-        return self._spill.path if self._spill is not None else None
-
-    def _drop_spill(self) -> None:
-        if self._spill is not None:
-            self._spill.remove()
-        self._spill = self._spilled = None
 
     def release(self) -> None:
         """Let go of the model, the batches, the loader and the initial weights (file too)."""

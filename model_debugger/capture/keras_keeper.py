@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from .spill import Spill, open_spill, threshold_bytes
+from .spill import Spill, SpilledState, open_spill, threshold_bytes
 
 MAX_BATCHES = 32
 MAX_SAMPLES = 4096
@@ -141,7 +141,7 @@ def split_batch(data) -> tuple:
     return data, None
 
 
-class KerasKeeper:
+class KerasKeeper(SpilledState):
     """Live objects of a captured Keras run, for Isolate.
 
     Attributes mirror :class:`~model_debugger.capture.keeper.Keeper`: ``model``,
@@ -156,8 +156,8 @@ class KerasKeeper:
     def __init__(self) -> None:
         self.model = None
         self._initial_state: list | None = None
-        self._spill: Spill | None = None
-        self._spilled: list = []  # (index, dtype, shape) per weight in the spill file
+        self._spill = None
+        self._spilled: list | None = None  # (index, dtype, shape) per weight in the spill file
         self.namespace: dict | None = None
         self.optimizer: dict | None = None
         self.loss: dict | None = None
@@ -199,28 +199,10 @@ class KerasKeeper:
             raise
         self._spill, self._spilled = spill, spilled
 
-    @property
-    def initial_state(self) -> list | None:
-        """The weights from before the first step (read back from disk when spilled)."""
-        if self._spill is None:
-            return self._initial_state
+    def _read_spill(self) -> list:
+        """The weights from before the first step, read back from the spill file."""
         return [self._spill.get(i).view(dtype).reshape(shape) if int(np.prod(shape)) else
                 np.empty(shape, dtype=dtype) for i, dtype, shape in self._spilled]
-
-    @initial_state.setter
-    def initial_state(self, value) -> None:
-        self._drop_spill()
-        self._initial_state = value
-
-    @property
-    def spill_path(self) -> str | None:
-        """The file holding the initial weights, or None when they are in RAM."""
-        return self._spill.path if self._spill is not None else None
-
-    def _drop_spill(self) -> None:
-        if self._spill is not None:
-            self._spill.remove()
-        self._spill, self._spilled = None, []
 
     def release(self) -> None:
         """Let go of the model, the batches, the data and the initial weights (file too)."""

@@ -165,3 +165,39 @@ class Spill:
     def exists(self) -> bool:
         """Whether the file is still on disk."""
         return os.path.exists(self.path)
+
+
+class SpilledState:
+    """The initial-weight bookkeeping both keepers share: in RAM, or in a :class:`Spill`.
+
+    A keeper sets ``_spill`` and ``_spilled`` (where each array lies in the file) when it spills,
+    and defines ``_read_spill()`` to rebuild the framework's arrays from the file.
+    """
+
+    _initial_state = None
+    _spill: Spill | None = None
+    _spilled = None
+
+    @property
+    def initial_state(self):
+        """The weights from before the first step (read back from disk when spilled)."""
+        return self._initial_state if self._spill is None else self._read_spill()
+
+    @initial_state.setter
+    def initial_state(self, value) -> None:
+        self._drop_spill()
+        self._initial_state = value
+
+    @property
+    def spill_path(self) -> str | None:
+        """The file holding the initial weights, or None when they are in RAM."""
+        return self._spill.path if self._spill is not None else None
+
+    def _read_spill(self):
+        raise NotImplementedError
+
+    def _drop_spill(self) -> None:
+        if self._spill is not None:
+            self._spill.remove()
+        self._spill = self._spilled = None
+
