@@ -10,29 +10,31 @@ from collections.abc import Callable
 
 from .records import HEALTHY, Classification, Evidence
 
-# thresholds (named so tests can probe both sides)
-MIN_STEPS = 5
-PLATEAU_DROP = 0.05          # less than 5% loss decrease over the run is a plateau
-BASELINE_MARGIN = 0.95       # final loss above 95% of the constant predictor's loss
-DIVERGE_RATIO = 2.0          # final loss at least twice the initial loss
-SPIKE_RATIO = 10.0           # a finite loss 10x the initial one
-GRAD_GROWTH = 1e3            # max gradient norm / initial gradient norm
-GROWTH_WITH_LEARNING = 0.5   # ... counts only while the loss has not fallen by half (zero-init)
-VANISH_RATIO = 1e-3          # first-layer / last-layer median gradient norm
-RSS_GROWTH_MB = 100.0        # memory growth over the run (after warm-up)
-RSS_R2 = 0.8                 # ... that is steady (linear fit)
-RSS_STILL_GROWING = 0.25     # ... and, over several epochs, the last one grows at >= 25% that rate
-DATA_WAIT_FRACTION = 0.5     # data wait share of step time
-DATA_WAIT_MS = 5.0           # ... and at least this much per step
-VAL_RISE = 0.10              # validation loss 10% above its minimum at the end
-TRAIN_NOT_RISING = 1.02     # train loss at the end not above its value at the val minimum
-TRIVIAL_METRIC_MARGIN = 0.015  # accuracy no more than 1.5 points above the majority rate
-TRIVIAL_F1 = 0.05
-LOSS_FALLS = 0.10            # "loss falls": at least a 10% decrease
-GPU_IDLE_UTIL = 30.0         # median GPU utilisation below 30% ...
-GPU_IDLE_STEP_MS = 20.0      # ... with steps long enough for the idle time to matter
-UPDATE_RATIO_LOW = 1e-5      # median update/weight ratio: steps too small to move the weights
-UPDATE_RATIO_HIGH = 1e-1     # ... steps that overshoot
+# thresholds (named so tests can probe both sides): declared once in the leaf module
+from .thresholds import (  # noqa: F401 - re-exported for tests
+    BASELINE_MARGIN,
+    DATA_WAIT_FRACTION,
+    DATA_WAIT_MS,
+    DIVERGE_RATIO,
+    GPU_IDLE_STEP_MS,
+    GPU_IDLE_UTIL,
+    GRAD_GROWTH,
+    GROWTH_WITH_LEARNING,
+    LOSS_FALLS,
+    MIN_STEPS,
+    PLATEAU_DROP,
+    RSS_GROWTH_MB,
+    RSS_R2,
+    RSS_STILL_GROWING,
+    SPIKE_RATIO,
+    TRAIN_NOT_RISING,
+    TRIVIAL_F1,
+    TRIVIAL_METRIC_MARGIN,
+    UPDATE_RATIO_HIGH,
+    UPDATE_RATIO_LOW,
+    VAL_RISE,
+    VANISH_RATIO,
+)
 
 
 def _ev(sig: dict, key: str, detail: str) -> Evidence:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..thresholds import VAL_RISE
 from .base import Probe, ProbeContext, register
 
 PARAMS_PER_SAMPLE = 10.0
@@ -23,8 +24,6 @@ class DataVolume(Probe):
         model = ctx.run.first("model")
         targets = ctx.run.of("targets")
         sig = ctx.signals
-        from ..classify import VAL_RISE
-
         if not model or not targets or sig.get("val_loss_rise", 0) < VAL_RISE:
             return []
         per_sample = max(1, targets[-1]["n"] // max(1, len(ctx.run.steps) and ctx.run.epochs))

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..thresholds import GRAD_GROWTH
 from .base import Probe, ProbeContext, register
 
 LR_MIN, LR_MAX, STEPS = 1e-7, 10.0, 120
@@ -78,7 +79,7 @@ class LRRange(Probe):
         common = dict(lr=user, best_lr=best_lr, diverge_lr=diverge_lr, safe_lr=safe_lr)
         sig = ctx.signals
         unstable = "first_nonfinite_step" in sig or sig.get("loss_relative_drop", 0) < 0 or \
-            sig.get("grad_norm_growth", 0) >= 1e3
+            sig.get("grad_norm_growth", 0) >= GRAD_GROWTH
         stuck = sig.get("loss_relative_drop", 1.0) < 0.2
         if diverge_lr is not None and user >= diverge_lr and unstable:
             from ..pitfalls.optimization import typical_lr
