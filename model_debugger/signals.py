@@ -12,6 +12,80 @@ import numpy as np
 
 from .records import Run
 
+# every signal compute() produces, with its meaning (names are public: rules, findings and
+# Verify cite them)
+SIGNALS: dict[str, str] = {
+    "steps": "optimizer steps recorded",
+    "epochs": "epochs recorded",
+    "loss_points": "finite training-loss readings",
+    "loss_initial": "median loss over the first ~10% of readings",
+    "loss_final": "median loss over the last ~10% of readings",
+    "loss_min": "lowest finite loss",
+    "loss_max": "highest finite loss",
+    "loss_spike": "highest finite loss after a 10% warm-up",
+    "loss_relative_drop": "(loss_initial - loss_final) / |loss_initial|",
+    "constant_predictor_loss": "loss of the best input-independent predictor (label prior/mean)",
+    "majority_rate": "share of the most frequent class in the training targets",
+    "first_nonfinite_step": "first step with a non-finite loss, gradient or weight",
+    "nonfinite_what": "what went non-finite first (loss, gradient, weights)",
+    "nonfinite_module": "the module where the first non-finite value appeared",
+    "last_finite_grad_step": "last step whose measured gradients were finite (weights went bad)",
+    "grad_norm_initial": "median global gradient norm over the first readings",
+    "grad_norm_max": "largest finite global gradient norm",
+    "grad_norm_growth": "grad_norm_max / grad_norm_initial",
+    "update_ratio_median": "median |update| / |weights| per optimizer step",
+    "update_ratio_points": "update-ratio readings",
+    "first_layer": "name of the layer nearest the input with gradient norms",
+    "last_layer": "name of the layer nearest the output with gradient norms",
+    "first_to_last_grad_ratio": "median gradient norm of the first layer / of the last layer",
+    "rss_start_mb": "process memory after warm-up, MB",
+    "rss_end_mb": "process memory at the end, MB",
+    "rss_growth_mb": "process memory growth after warm-up, MB",
+    "rss_slope_mb_per_step": "process memory growth per step (linear fit), MB",
+    "rss_growth_r2": "R^2 of that linear fit",
+    "rss_last_epoch_mb_per_step": "process memory growth per step over the last epoch, MB",
+    "cuda_growth_mb": "GPU memory allocated, growth after warm-up, MB",
+    "cuda_slope_mb_per_step": "GPU memory growth per step (linear fit), MB",
+    "cuda_growth_r2": "R^2 of that linear fit",
+    "gpu_util_median": "median GPU utilisation, percent",
+    "gpu_util_samples": "GPU utilisation readings",
+    "error_kind": "kind of the error that ended the run (oom, ...)",
+    "error": "type and message of that error (300 characters at most)",
+    "data_wait_fraction": "share of step time spent waiting for data",
+    "data_wait_ms": "mean data wait per step, ms",
+    "step_ms": "mean step time, ms",
+    "val_loss_name": "name of the validation-loss metric",
+    "val_points": "finite validation-loss readings",
+    "val_loss_min": "lowest validation loss",
+    "val_loss_min_index": "reading at which the validation loss was lowest",
+    "val_loss_final": "last validation loss",
+    "val_loss_rise": "(val_loss_final - val_loss_min) / |val_loss_min|",
+    "train_loss_at_val_min": "training loss (per epoch) when validation was best",
+    "train_loss_final": "last training loss (per epoch)",
+    "gap_at_val_min": "validation minus training loss when validation was best",
+    "gap_final": "validation minus training loss at the end",
+    **{f"{split}_{kind}_{what}": f"{meaning} of the {split} {word}"
+       for split in ("val", "train")
+       for kind, word in (("acc", "accuracy"), ("f1", "F1 score"))
+       for what, meaning in (("name", "metric name"), ("final", "last value (0..1)"),
+                             ("max", "best value (0..1)"), ("gain", "last minus first value"),
+                             ("points", "readings"))},
+}
+
+# signals derived from compute()'s by :func:`outcome_signals` (Verify judges a run by them)
+OUTCOME_SIGNALS: dict[str, str] = {
+    "finite_fraction": "share of the steps before the first non-finite value (1.0: none)",
+    "completed": "0.0 when the run ended out of memory, else 1.0",
+}
+
+
+def outcome_signals(sig: dict) -> dict:
+    """:data:`OUTCOME_SIGNALS` of a run, from the signals :func:`compute` returned."""
+    steps = max(sig.get("steps", 0), 1)
+    return {"finite_fraction": (min(sig["first_nonfinite_step"], steps) / steps
+                                if "first_nonfinite_step" in sig else 1.0),
+            "completed": 0.0 if sig.get("error_kind") == "oom" else 1.0}
+
 
 def _finite(a: np.ndarray) -> np.ndarray:
     return a[np.isfinite(a)]
@@ -108,7 +182,8 @@ def compute(run: Run) -> dict:
     Returns
     -------
     dict
-        Keys are signal names; rules in :mod:`model_debugger.classify` read them.
+        Keys are signal names (declared in :data:`SIGNALS`); rules in
+        :mod:`model_debugger.classify` read them.
     """
     s: dict = {"steps": len(run.steps), "epochs": run.epochs}
     loss = run.series("loss")

@@ -6,19 +6,10 @@ category is what Verify compares across seeds; :func:`expected_effect` states th
 
 from __future__ import annotations
 
+from .defining import DEFINING, defining_signal, expected_effect
 from .records import Finding
 
-# category -> candidate signals, in order of preference: (signal, +1 higher is better / -1 lower)
-DEFINING: dict[str, tuple[tuple[str, int], ...]] = {
-    "loss_not_decreasing": (("loss_relative_drop", +1),),
-    "overfitting": (("val_loss_rise", -1), ("gap_final", -1)),
-    "gradient_instability": (("finite_fraction", +1), ("grad_norm_growth", -1),
-                             ("first_to_last_grad_ratio", +1), ("loss_relative_drop", +1)),
-    "memory_issue": (("completed", +1), ("cuda_growth_mb", -1), ("rss_growth_mb", -1)),
-    "performance_issue": (("data_wait_fraction", -1), ("gpu_util_median", +1)),
-    "convergence_to_wrong_solution": (("val_f1_final", +1), ("train_f1_final", +1),
-                                      ("val_acc_final", +1), ("train_acc_final", +1)),
-}
+__all__ = ["DEFINING", "defining_signal", "expected_effect", "suggest"]
 
 _TEMPLATES = {
     "missing_zero_grad": "Call optimizer.zero_grad() once per step, before loss.backward(), so "
@@ -88,58 +79,3 @@ def suggest(finding: Finding, session=None) -> str:
                 "or vectorise the per-sample work.")
     return _TEMPLATES.get(check, "Change the code at the finding's location so the measured "
                                  "cause no longer holds; keep it to one change.")
-
-
-# the evidence a classification cites that each compared signal stands for
-_CITED_AS = {"finite_fraction": ("first_nonfinite_step",), "completed": ("error",),
-             "loss_relative_drop": ("loss_relative_drop", "loss_final", "loss_initial",
-                                    "loss_spike", "constant_predictor_loss")}
-
-
-def defining_signal(category: str, signals: dict,
-                    cited: list[str] | None = None) -> tuple[str, int] | None:
-    """The signal (and its good direction) that judges ``category``.
-
-    Parameters
-    ----------
-    category : str
-    signals : dict
-        Signals of a run with the problem (see :func:`model_debugger.verify.measure`).
-    cited : list of str, optional
-        The signals the classification cited: the compared signal is the first candidate that
-        stands for one of them (a NaN is judged by ``finite_fraction``, a vanishing gradient by
-        ``first_to_last_grad_ratio``); without them, the first candidate the run has.
-    """
-    candidates = [(n, sign) for n, sign in DEFINING.get(category, ()) if n in signals]
-    if cited:
-        for name, sign in candidates:
-            if set(_CITED_AS.get(name, (name,))) & set(cited):
-                return name, sign
-    shown = [(n, sign) for n, sign in candidates
-             if n not in ("finite_fraction", "completed") or
-             (n == "finite_fraction" and "first_nonfinite_step" in signals) or
-             (n == "completed" and signals.get("error_kind") == "oom")]
-    return (shown or candidates or [None])[0]
-
-
-def expected_effect(classification: dict | None) -> str:
-    """What the fix should do to the signal that defined the category, in words."""
-    if not classification:
-        return "the defining signal should move out of the problem range"
-    cat = classification["primary"]
-    cited = {e["signal"]: e["value"] for e in classification.get("evidence", [])}
-    words = {
-        "loss_not_decreasing": "the loss should fall: loss_relative_drop above 0.05 (now {})",
-        "overfitting": "the validation loss should stop rising: val_loss_rise below 0.10 "
-                       "(now {})",
-        "gradient_instability": "no non-finite loss or gradient, and no exploding or vanishing "
-                                "gradient norms (now {})",
-        "memory_issue": "the run completes without OOM and memory stays flat (now {})",
-        "performance_issue": "data wait should no longer dominate (data_wait_fraction below "
-                             "0.5) and the GPU, if any, should be kept busy (now {})",
-        "convergence_to_wrong_solution": "the tracked metric should rise above the trivial "
-                                         "level (now {})",
-    }
-    now = ", ".join(f"{k}={v}" for k, v in list(cited.items())[:3]) or "unknown"
-    return words.get(cat, "the defining signal should move out of the problem range "
-                          "(now {})").format(now)
