@@ -209,7 +209,7 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
     script = os.path.abspath(script)
     session = DebugSession.create(root, title=os.path.basename(script))
     write_private(os.path.join(session.directory, "artifact.py"), read_source(script))
-    session.append("artifact", type="script", script=script, args=args, seed=seed,
+    session._append("artifact", type="script", script=script, args=args, seed=seed,
                    max_seconds=max_seconds, cwd=os.getcwd())
     with session.lock("reproduce"):
         _reproduce_runs(session, script, args, runs, seed, max_seconds, stdout, probe_seconds)
@@ -307,7 +307,7 @@ def diagnose_log(path: str, error: str | None = None,
     session = DebugSession.create(root, title=os.path.basename(path))
     from ._repro import copy_log
 
-    session.append("artifact", type="log", path=os.path.abspath(path), error=error,
+    session._append("artifact", type="log", path=os.path.abspath(path), error=error,
                    copy=copy_log(path, session.directory))
     sig = compute(run)
     cls = classify(sig)

@@ -241,7 +241,7 @@ class KernelArtifact:
         write_private(os.path.join(s.directory, "artifact.py"),
                       (prelude.rstrip() + "\n\n" if prelude.strip() else "") + code)
         write_private(os.path.join(s.directory, "cell.py"), code)
-        s.append("artifact", type="cell", code=code, prelude=prelude, seed=seed, args=[],
+        s._append("artifact", type="cell", code=code, prelude=prelude, seed=seed, args=[],
                  copy="cell.py", restores=self.snapshot.described)
         results, tried, per_run, first_error = [], [], [], None
         for i in range(max(1, runs)):

@@ -200,7 +200,7 @@ class NotebookSession:
     def evidence(self, code: str, outputs: str, numbers: dict[str, float]) -> dict:
         """Attach a cell's outputs and numbers to the current hypothesis (confirms nothing)."""
         try:
-            return self.session.append(
+            return self.session._append(
                 "evidence", hypothesis=self.current_hypothesis(), phase=self.session.phase,
                 code=code, outputs=outputs[-EVIDENCE_TEXT_LIMIT:], numbers=numbers,
                 confirms=False)

@@ -6,7 +6,7 @@ import io
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -207,6 +207,49 @@ def _per_epoch(points: list[tuple[int, int, float]]) -> np.ndarray:
     return np.array([p[2] for p in points], dtype=float)
 
 
+REPRODUCE_STATUSES = ("reproduced", "not_reproduced", "crashed", "interrupted", "not_observed")
+VERDICTS = ("resolved", "partially_resolved", "not_resolved")
+ARTIFACT_KINDS = ("script", "cell", "log")
+
+
+class RecordError(ValueError):
+    """A phase result outside the vocabulary, or missing a required field."""
+
+
+def _check(value, allowed, what: str, optional: bool = False):
+    if value is None and optional:
+        return value
+    if value not in allowed:
+        raise RecordError(f"unknown {what} {value!r} (expected one of: {', '.join(allowed)})")
+    return value
+
+
+def _split(cls, data: dict) -> tuple[dict, dict]:
+    """``data`` as the dataclass's fields and the rest (kept, never dropped)."""
+    if not isinstance(data, dict):
+        raise RecordError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)} - {"extra"}
+    return {k: v for k, v in data.items() if k in names}, \
+        {k: v for k, v in data.items() if k not in names}
+
+
+def _build(cls, known: dict, extra: dict):
+    try:
+        return cls(**known, extra=extra)
+    except TypeError as exc:  # a required field is missing
+        raise RecordError(f"{cls.__name__}: {exc}") from None
+
+
+def _to_json(record) -> dict:
+    out = {}
+    for f in fields(record):
+        if f.name == "extra":
+            continue
+        v = getattr(record, f.name)
+        out[f.name] = list(v) if isinstance(v, tuple) else v
+    return {**out, **record.extra}
+
+
 @dataclass(frozen=True)
 class Evidence:
     """One number a classification rule used."""
@@ -230,12 +273,18 @@ class Classification:
     secondary: tuple[str, ...] = ()
     evidence: tuple[Evidence, ...] = ()
 
+    def __post_init__(self) -> None:
+        _check(self.primary, (*CATEGORIES, HEALTHY), "category")
+        for c in self.secondary:
+            _check(c, CATEGORIES, "secondary category")
+
     def to_json(self) -> dict:
         return {"primary": self.primary, "secondary": list(self.secondary),
                 "evidence": [e.to_json() for e in self.evidence]}
 
     @classmethod
     def from_json(cls, data: dict) -> Classification:
+        """The classification from its JSON (raises RecordError outside the vocabulary)."""
         return cls(data["primary"], tuple(data.get("secondary", ())),
                    tuple(Evidence(**e) for e in data.get("evidence", ())))
 
@@ -251,9 +300,211 @@ class Finding:
     location: dict | None = None
     evidence: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.check, str) or not self.check:
+            raise RecordError(f"a finding needs a check id, not {self.check!r}")
+        _check(self.root_cause, ROOT_CAUSES, "root cause")
+
+    @property
+    def category(self) -> str | None:
+        """The category this finding explains (set by the probe runner)."""
+        return (self.evidence or {}).get("category")
+
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> Finding:
+        """The finding from its JSON (raises RecordError outside the vocabulary)."""
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """What the session reproduces: a script (child process), a notebook cell, or a log.
+
+    Attributes
+    ----------
+    type : str
+        ``"script"``, ``"cell"`` or ``"log"``.
+    script : str or None
+        The user's script (absolute path) of a script session.
+    copy : str
+        The session's copy of the reproduced code or log, relative to the session folder.
+    """
+
+    type: str
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    seed: int | None = None
+    max_seconds: float | None = None
+    cwd: str | None = None
+    copy: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.type, ARTIFACT_KINDS, "artifact type")
+
+    def to_json(self) -> dict:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ArtifactInfo:
+        known, extra = _split(cls, data)
+        known["args"] = tuple(known.get("args") or ())
+        return _build(cls, known, extra)
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """Reproduce's verdict over all runs (``summary``: "reproduced 2/3").
+
+    Attributes
+    ----------
+    status : str
+        One of :data:`REPRODUCE_STATUSES`.
+    problem : str or None
+        The category most runs showed (None when no run showed one).
+    runs : dict
+        ``{"total", "reproduced", "categories"}``.
+    """
+
+    status: str
+    summary: str = ""
+    problem: str | None = None
+    runs: dict = field(default_factory=dict)
+    steps: int = 0
+    reason: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.status, REPRODUCE_STATUSES, "reproduce status")
+        _check(self.problem, CATEGORIES, "category", optional=True)
+
+    def get(self, key: str, default=None):
+        """A field or a recorded extra by name (the report's JSON keys)."""
+        return self.to_json().get(key, default)
+
+    def to_json(self) -> dict:
+        out = _to_json(self)
+        if out["reason"] is None:
+            del out["reason"]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> Reproduction:
+        known, extra = _split(cls, data)
+        return _build(cls, known, extra)
+
+
+@dataclass(frozen=True)
+class FixPlan:
+    """One change for the current confirmed finding (``approved`` once recorded as approved).
+
+    Attributes
+    ----------
+    finding : str
+        The check id of the finding it addresses.
+    diff : str
+        The unified diff against the session's current code.
+    source : str or None
+        The fixed code (kept in the plan until it is approved; then in ``copy``).
+    copy : str or None
+        The approved fix's code in the session folder (``fixes/<n>.py``).
+    """
+
+    finding: str
+    root_cause: str
+    category: str | None = None
+    location: dict | None = None
+    diff: str = ""
+    hunks: tuple = ()
+    touches: tuple[str, ...] = ()
+    suggestion: str = ""
+    expected: str = ""
+    overrides: tuple[str, ...] = ()
+    fixed: str | None = None
+    source: str | None = None
+    copy: str | None = None
+    approved: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.finding, str) or not self.finding:
+            raise RecordError(f"a fix plan needs the finding it addresses, not {self.finding!r}")
+        _check(self.root_cause, ROOT_CAUSES, "root cause")
+        _check(self.category, CATEGORIES, "category", optional=True)
+
+    def get(self, key: str, default=None):
+        """A field or a recorded extra by name (the report's JSON keys)."""
+        return self.to_json().get(key, default)
+
+    def __getitem__(self, key: str):
+        return self.to_json()[key]
+
+    def to_json(self) -> dict:
+        out = _to_json(self)
+        if out["source"] is None:
+            del out["source"]
+        if out["copy"] is None:
+            del out["copy"]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> FixPlan:
+        known, extra = _split(cls, data)
+        for k in ("hunks", "touches", "overrides"):
+            known[k] = tuple(known.get(k) or ())
+        return _build(cls, known, extra)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Verify's verdict on one approved fix, over seeds.
+
+    Attributes
+    ----------
+    verdict : str
+        One of :data:`VERDICTS`.
+    category : str
+        The category judged; ``metric`` is its defining signal, compared before and after.
+    records : dict
+        ``{"before": {seed: record}, "after": {seed: record}}``, records relative to the
+        session folder: which run each side's numbers came from (a reused reproduction run or
+        a new one).
+    """
+
+    verdict: str
+    category: str
+    finding: str | None = None
+    metric: str | None = None
+    seeds: tuple[int, ...] = ()
+    before: dict = field(default_factory=dict)
+    after: dict = field(default_factory=dict)
+    remaining: tuple[str, ...] = ()
+    remaining_symptom: str | None = None
+    records: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.verdict, VERDICTS, "verdict")
+        _check(self.category, CATEGORIES, "category")
+        for c in self.remaining:
+            _check(c, CATEGORIES, "remaining category")
+
+    def get(self, key: str, default=None):
+        """A field or a recorded extra by name (the report's JSON keys)."""
+        return self.to_json().get(key, default)
+
+    def __getitem__(self, key: str):
+        return self.to_json()[key]
+
+    def to_json(self) -> dict:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Verification:
+        known, extra = _split(cls, data)
+        known["seeds"] = tuple(known.get("seeds") or ())
+        known["remaining"] = tuple(known.get("remaining") or ())
+        return _build(cls, known, extra)

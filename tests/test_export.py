@@ -260,7 +260,7 @@ def _hand_built(root, stop: str = "done") -> DebugSession:
         fh.write("print('train')\n")
     with open(os.path.join(s.directory, "artifact.py"), "w") as fh:
         fh.write("print('train')\n")
-    s.append("artifact", type="script", script=script, args=[], seed=7, max_seconds=30.0)
+    s._append("artifact", type="script", script=script, args=[], seed=7, max_seconds=30.0)
     if stop == "artifact":
         return s
     _write_record(os.path.join(s.directory, "runs", "0", "record.jsonl"),
@@ -285,7 +285,7 @@ def _hand_built(root, stop: str = "done") -> DebugSession:
                       probe_seconds={"lr_range": 0.5}, live=True)
     if stop in ("isolate", "unconfirmed"):
         return s
-    s.append("fix", fix={"finding": "lr_range", "root_cause": "hyperparameter",
+    s._append("fix", fix={"finding": "lr_range", "root_cause": "hyperparameter",
                          "location": {"file": script, "line": 42}, "diff": DIFF,
                          "hunks": [{"header": "@@ -1,3 +1,3 @@"}], "touches": ["hyperparameter"],
                          "suggestion": "Set the learning rate to about 0.051 (now 3.0).",
@@ -300,7 +300,7 @@ def _hand_built(root, stop: str = "done") -> DebugSession:
     for seed in (7, 8):
         _write_record(os.path.join(folder, f"before-{seed}.jsonl"), [2.5, 30.0, 700.0, "nan"])
         _write_record(os.path.join(folder, f"after-{seed}.jsonl"), [2.5, 2.0, 1.5, 1.25])
-    s.append("verify", verification={
+    s._append("verify", verification={
         "verdict": "partially_resolved", "category": "gradient_instability",
         "metric": "finite_fraction", "direction": "higher", "scale": "linear",
         "before": {"values": [0.25, 0.375], "mean": 0.3125, "std": 0.0884, "present": "2/2"},
@@ -506,12 +506,12 @@ def test_two_fix_verify_cycles_are_numbered(tmp_path):
     s = _hand_built(tmp_path)
     s.record_findings([Finding("missing_zero_grad", "training_loop", True, "zero_grad is never "
                                "called", {"file": "train.py", "line": 9}, {})])
-    s.append("fix", fix={"finding": "missing_zero_grad", "root_cause": "training_loop",
+    s._append("fix", fix={"finding": "missing_zero_grad", "root_cause": "training_loop",
                          "location": {"file": "train.py", "line": 9}, "diff": "", "hunks": [],
                          "touches": ["training_loop"], "suggestion": "Call zero_grad.",
                          "expected": "", "overrides": [], "fixed": "fixed2.py",
                          "copy": "fixes/2.py", "approved": True})
-    s.append("verify", verification={
+    s._append("verify", verification={
         "verdict": "resolved", "category": "gradient_instability", "metric": "finite_fraction",
         "direction": "higher", "before": {"values": [0.5], "mean": 0.5, "present": "1/1"},
         "after": {"values": [1.0], "mean": 1.0, "present": "0/1"}, "noise_band": 0.01,

@@ -419,7 +419,7 @@ from model_debugger.session import DebugSession
 s = DebugSession.load(sys.argv[1])
 print("loaded", flush=True)
 for k in range(int(sys.argv[2])):
-    s.append("note", text=f"child {k}")
+    s.record_note(f"child {k}")
 """
 
 
@@ -433,18 +433,18 @@ def test_events_appended_by_two_processes_are_all_kept(tmp_path):
     """A kernel's session object (loaded once, then stale) and a CLI process both append:
     neither save overwrites the other's events, in sequence or at the same time."""
     s = DebugSession.create(str(tmp_path / "s"))
-    s.append("note", text="parent 0")
+    s.record_note("parent 0")
     child = subprocess.run([sys.executable, "-c", APPEND, s.directory, "2"], env=ENV,
                            capture_output=True, text=True, timeout=120)
     assert child.returncode == 0, child.stderr
-    s.append("note", text="parent 1")  # s never saw the child's events
+    s.record_note("parent 1")  # s never saw the child's events
     assert _notes(s.directory) == ["parent 0", "child 0", "child 1", "parent 1"]
 
     proc = subprocess.Popen([sys.executable, "-c", APPEND, s.directory, "40"], env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "loaded"
     for k in range(40):
-        s.append("note", text=f"parent {k + 2}")
+        s.record_note(f"parent {k + 2}")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     notes = _notes(s.directory)
@@ -472,7 +472,7 @@ def test_an_event_waits_for_a_phase_of_another_process_then_is_refused(tmp_path,
                              stdout=subprocess.PIPE, text=True)
     try:
         assert brief.stdout.readline().strip() == "held"
-        s.append("note", text="after the phase")  # waits (APPEND_WAIT) for the holder to end
+        s.record_note("after the phase")  # waits (APPEND_WAIT) for the holder to end
     finally:
         brief.kill()
         brief.wait()
@@ -484,12 +484,12 @@ def test_an_event_waits_for_a_phase_of_another_process_then_is_refused(tmp_path,
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(SessionLocked, match=f"pid {holder.pid} \\(isolate running\\)"):
-            s.append("note", text="refused")
+            s.record_note("refused")
     finally:
         holder.kill()
         holder.wait()
     assert _notes(s.directory) == ["after the phase"] and len(s.events) == 1
-    s.append("note", text="the holder died")
+    s.record_note("the holder died")
     assert _notes(s.directory) == ["after the phase", "the holder died"]
 
 

@@ -47,7 +47,7 @@ def _session(tmp_path, findings, script=SCRIPT) -> DebugSession:
     path.write_text(script)
     with open(os.path.join(s.directory, "artifact.py"), "w") as fh:
         fh.write(script)
-    s.append("artifact", type="script", script=str(path), args=[], seed=0, max_seconds=None)
+    s._append("artifact", type="script", script=str(path), args=[], seed=0, max_seconds=None)
     s.record_reproduce({"status": "reproduced", "problem": "gradient_instability", "steps": 24,
                        "epochs": 3, "error": None, "seconds": 1.0, "summary": "reproduced 1/1",
                        "runs": {"total": 1, "reproduced": 1,

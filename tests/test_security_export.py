@@ -48,7 +48,7 @@ def _crafted(root, script: str = "train.py", args=(), error: str | None = None,
     s = DebugSession.create(str(root), title=os.path.basename(script))
     with open(os.path.join(s.directory, "artifact.py"), "w") as fh:
         fh.write("print('train')\n")
-    s.append("artifact", type="script", script=script, args=list(args), seed=0,
+    s._append("artifact", type="script", script=script, args=list(args), seed=0,
              max_seconds=None, **({"cwd": cwd} if cwd else {}))
     s.record_reproduce({"status": "reproduced", "summary": f"reproduced 1/1 {XSS_NAME}",
                         "steps": 5, "epochs": 1, "error": error, "seconds": 1.0,
@@ -339,7 +339,7 @@ def test_no_recorded_text_is_expanded_by_ipython(tmp_path, monkeypatch):
     args = [EXPANDS, "$HOME", "{os.getcwd()}", "!ls", "%time", "x?"]
     s = _crafted(tmp_path / "sessions", script=str(tmp_path / f"{EXPANDS}.py"), args=args)
     fixed = tmp_path / f"fixed{EXPANDS}.py"
-    s.append("fix", fix={"finding": "lr_range", "root_cause": "hyperparameter",
+    s._append("fix", fix={"finding": "lr_range", "root_cause": "hyperparameter",
                          "location": None, "diff": "", "hunks": [], "touches": [],
                          "suggestion": EXPANDS, "expected": "", "overrides": [],
                          "fixed": str(fixed), "copy": "fixes/1.py", "approved": True})
@@ -450,7 +450,7 @@ def test_exports_hold_no_absolute_home_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(project)
     s = _crafted(project / ".model_debugger", script=str(project / "train.py"),
                  cwd=str(project))
-    s.append("fix", fix={"finding": "lr_range", "root_cause": "hyperparameter",
+    s._append("fix", fix={"finding": "lr_range", "root_cause": "hyperparameter",
                          "location": {"file": str(project / "train.py"), "line": 3},
                          "diff": "", "hunks": [], "touches": [], "suggestion": "",
                          "expected": "", "overrides": [], "fixed": str(home / "fixed.py"),

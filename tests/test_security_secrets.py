@@ -184,7 +184,7 @@ def test_private_whatever_the_umask_and_a_users_gitignore_is_kept(tmp_path):
     try:
         root = tmp_path / "sessions"
         s = DebugSession.create(str(root))
-        s.append("note", text="x")
+        s.record_note("x")
         assert stat.S_IMODE(os.stat(s.directory).st_mode) == 0o700
         assert stat.S_IMODE(os.stat(os.path.join(s.directory, "session.json")).st_mode) == 0o600
         assert (root / ".gitignore").read_text().strip() == "*"  # a root this call created
@@ -206,7 +206,7 @@ def test_private_whatever_the_umask_and_a_users_gitignore_is_kept(tmp_path):
 def test_session_events_are_redacted_before_saving(tmp_path, monkeypatch):
     monkeypatch.setenv("MDSEC_EVENT_SECRET", "evt-secret-0042-zz")
     s = DebugSession.create(str(tmp_path))
-    s.append("artifact", type="script", script="t.py", args=["--api-key", ARG_KEY, "--lr", "1"],
+    s._append("artifact", type="script", script="t.py", args=["--api-key", ARG_KEY, "--lr", "1"],
              nested={"deep": [{"message": f"the password is {FREE_PASSWORD}"}], "n": 3},
              code=f'db_pass = "{DB_PASS}"\nx = os.environ["TOKEN"]\n',
              error="failed with evt-secret-0042-zz")
@@ -226,15 +226,14 @@ def test_fix_copy_and_plan_are_redacted_and_a_secret_is_not_a_change(tmp_path):
     original = f'db_pass = "{DB_PASS}"\nlr = 10.0\nprint(lr)\n'
     s = DebugSession.create(str(tmp_path))
     write_private(os.path.join(s.directory, "artifact.py"), original)
-    s.append("artifact", type="script", script=str(tmp_path / "t.py"), args=[])
+    s._append("artifact", type="script", script=str(tmp_path / "t.py"), args=[])
     s.record_reproduce({"status": "reproduced", "problem": "gradient_instability", "steps": 3,
                         "epochs": 1, "error": None, "seconds": 1.0, "summary": "reproduced 1/1",
                         "runs": {"total": 1, "reproduced": 1,
                                  "categories": ["gradient_instability"]}})
     from model_debugger.records import Classification
 
-    s.append("classify", classification=Classification(
-        primary="gradient_instability", secondary=[], evidence=[]).to_json(), signals={})
+    s.record_classification(Classification(primary="gradient_instability"), signals={})
     s.record_findings([Finding(check="lr_range", root_cause="hyperparameter", confirmed=True,
                                explanation="lr 10 diverges", location={"file": "t.py",
                                                                       "line": 2})])

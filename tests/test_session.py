@@ -10,7 +10,7 @@ import pytest
 
 from model_debugger import session as session_module
 from model_debugger.classify import classify
-from model_debugger.records import Classification, Evidence, Finding
+from model_debugger.records import Classification, Evidence, Finding, RecordError
 from model_debugger.session import (
     REPORT_SCHEMA,
     SESSION_FILE,
@@ -207,7 +207,10 @@ def test_gates_match_phase(tmp_path):
 def test_phase_and_gate_agree_for_any_reproduce_record(tmp_path):
     """Once a reproduce record exists the phase is ``classify``; its gate must then be open."""
     s = DebugSession.create(str(tmp_path))
-    s.record_reproduce({})
+    with pytest.raises(RecordError, match="status"):
+        s.record_reproduce({})  # typed: a record without a status is refused, nothing saved
+    assert s.events == []
+    s.record_reproduce({"status": "reproduced"})
     assert s.phase == "classify"
     assert s.gates()["classify"] is None
     cls, sig = _classification()
@@ -225,7 +228,7 @@ def _leftovers(directory: str) -> list[str]:
 def test_save_leaves_no_temp_files(tmp_path):
     s = _full(tmp_path)
     for k in range(5):
-        s.append("note", text=f"note {k}")
+        s.record_note(f"note {k}")
     s.run_dir(0)
     assert _leftovers(s.directory) == []
     assert sorted(os.listdir(tmp_path)) == [s.id]
@@ -241,7 +244,7 @@ def test_failed_save_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch):
 
     monkeypatch.setattr(session_module.os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
-        s.append("note", text="lost")
+        s.record_note("lost")
     monkeypatch.undo()
     assert _leftovers(s.directory) == []
     assert _read_bytes(s) == on_disk
@@ -257,7 +260,7 @@ def test_failed_serialization_keeps_the_old_file_and_no_temp(tmp_path):
             raise RuntimeError("cannot serialize")
 
     with pytest.raises(RuntimeError, match="cannot serialize"):
-        s.append("note", value=Unjsonable())
+        s._append("note", value=Unjsonable())
     assert _leftovers(s.directory) == []
     assert _read_bytes(s) == on_disk
 

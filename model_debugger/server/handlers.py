@@ -31,10 +31,8 @@ except ImportError:  # pragma: no cover - jupyter_server 1.x
     def authorized(method):
         return method
 
-ROOT = ".model_debugger"
-SESSION_FILE = "session.json"
-SCAN_DEPTH = 2
-SKIP = {"node_modules", "__pycache__", "site-packages"}
+from ..store import SESSION_FILE, find_sessions, session_file_ok  # noqa: E402
+
 AUTH_RESOURCE = "contents"
 
 
@@ -55,45 +53,8 @@ def resolve(root: str, relative: str) -> str:
     return full
 
 
-def _session_file_ok(root: str, folder: str) -> bool:
-    """True when ``folder/session.json`` is a regular file inside ``root`` reached through no
-    symlink (neither the file, nor the session folder, nor any folder above it up to the root)."""
-    from ..safe_write import regular_inside
-
-    return regular_inside(root, os.path.relpath(os.path.join(folder, SESSION_FILE), root))
-
-
 def _rel(root: str, path: str) -> str:
     return os.path.relpath(path, root).replace(os.sep, "/")
-
-
-def find_sessions(root: str, depth: int = SCAN_DEPTH) -> list[str]:
-    """Session folders (absolute) under ``root``: ``<dir>/.model_debugger/<id>/session.json``."""
-    found: list[str] = []
-
-    def walk(folder: str, level: int) -> None:
-        store = os.path.join(folder, ROOT)
-        if os.path.isdir(store):
-            try:
-                ids = sorted(os.listdir(store))
-            except OSError:
-                ids = []
-            found.extend(os.path.join(store, i) for i in ids
-                         if _session_file_ok(root, os.path.join(store, i)))
-        if level >= depth:
-            return
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in entries:
-            if entry.name.startswith(".") or entry.name in SKIP:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                walk(entry.path, level + 1)
-
-    walk(root, 0)
-    return found
 
 
 def summary(root: str, folder: str) -> dict:
@@ -122,7 +83,7 @@ def _load(root: str, relative: str):
     named = os.path.normpath(os.path.join(root, relative))
     if named != root and not named.startswith(root + os.sep):
         raise tornado.web.HTTPError(403, f"{relative!r} is outside the server root")
-    if not _session_file_ok(root, named):
+    if not session_file_ok(root, named):
         if os.path.lexists(os.path.join(named, SESSION_FILE)) or os.path.islink(named):
             raise tornado.web.HTTPError(403, f"{relative!r}: a symlink or not a regular "
                                              "session file: refused")
