@@ -25,6 +25,17 @@ from . import (  # noqa: F401 - registration side effects
     overfit_small_batch,
     seed_variance,
 )
-from .base import PROBES, Probe, ProbeContext, probes_for, rank, register, run_probes
+from .base import (
+    GENERIC_SUGGESTION,
+    PROBES,
+    Probe,
+    ProbeContext,
+    probes_for,
+    rank,
+    register,
+    run_probes,
+    suggestion_for,
+)
 
-__all__ = ["PROBES", "Probe", "ProbeContext", "probes_for", "rank", "register", "run_probes"]
+__all__ = ["GENERIC_SUGGESTION", "PROBES", "Probe", "ProbeContext", "probes_for", "rank",
+           "register", "run_probes", "suggestion_for"]

@@ -16,6 +16,10 @@ from ..records import Classification, Finding, Run
 
 PROBES: dict[str, type[Probe]] = {}
 
+# the suggestion of a finding no probe or lint rule words more precisely
+GENERIC_SUGGESTION = ("Change the code at the finding's location so the measured cause no "
+                      "longer holds; keep it to one change.")
+
 
 @dataclass
 class ProbeContext:
@@ -86,7 +90,11 @@ class ProbeContext:
 
 
 class Probe:
-    """Base class: subclasses set ``id`` and ``categories`` and implement :meth:`run`.
+    """Base class: subclasses set ``id``, ``categories`` and ``fix`` and implement :meth:`run`.
+
+    A probe owns everything about its check: when it applies, what it measures and the fix it
+    suggests (:meth:`suggestion`, by default the ``fix`` text), so adding a probe is one new
+    module that registers its class.
 
     Attributes
     ----------
@@ -98,12 +106,15 @@ class Probe:
         True when the probe needs live objects (skipped on a log-only session).
     frameworks : tuple of str
         Frameworks it supports.
+    fix : str
+        The suggested fix for its findings (see :meth:`suggestion`).
     """
 
     id: str = ""
     categories: tuple[str, ...] = ()
     needs_live: bool = False
     frameworks: tuple[str, ...] = ("torch", "keras", "none")
+    fix: str = GENERIC_SUGGESTION
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Whether the probe can run on this context."""
@@ -113,6 +124,22 @@ class Probe:
 
     def run(self, ctx: ProbeContext) -> list[Finding]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def suggestion(self, finding: Finding) -> str:
+        """The suggested fix for one of this probe's findings (text shown with the plan).
+
+        Parameters
+        ----------
+        finding : Finding
+            A finding this probe returned (its evidence may shape the text: a measured rate,
+            the layers concerned).
+
+        Returns
+        -------
+        str
+            Never empty; the class's ``fix`` unless the probe words it from the evidence.
+        """
+        return self.fix or GENERIC_SUGGESTION
 
     def finding(self, root_cause: str, confirmed: bool, explanation: str,
                 location: dict | None = None, **evidence) -> Finding:
@@ -142,6 +169,22 @@ def register(cls: type[Probe]) -> type[Probe]:
         raise ValueError(f"probe id {cls.id!r} is empty or already registered")
     PROBES[cls.id] = cls
     return cls
+
+
+def suggestion_for(finding: Finding) -> str:
+    """The suggested fix for a finding, from the probe that made it or its lint rule.
+
+    A finding's ``check`` is a registered probe id (the probe words it) or the id of a rule the
+    lint probe reports (the rule entry carries its text); anything else gets
+    :data:`GENERIC_SUGGESTION`.
+    """
+    cls = PROBES.get(finding.check)
+    if cls is not None:
+        return cls().suggestion(finding)
+    from .lint import RULES
+
+    rule = RULES.get(finding.check)
+    return rule.suggestion if rule is not None else GENERIC_SUGGESTION
 
 
 def probes_for(category: str) -> list[str]:

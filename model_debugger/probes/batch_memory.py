@@ -74,6 +74,13 @@ class BatchMemory(Probe):
     needs_live = True
     frameworks = ("torch", "keras")
 
+    def suggestion(self, finding) -> str:
+        fits = (finding.evidence or {}).get("largest_batch_that_fits")
+        if fits:
+            return (f"Lower the batch size to at most {fits} (or use gradient accumulation to "
+                    "keep the effective batch).")
+        return super().suggestion(finding)
+
     def run(self, ctx: ProbeContext):
         err = ctx.run.error
         tr = ctx.trainer

@@ -55,6 +55,8 @@ class ClassImbalance(Probe):
     id = "class_imbalance"
     categories = ("convergence_to_wrong_solution", "loss_not_decreasing")
     needs_live = False
+    fix = ("Weight the loss by inverse class frequency (CrossEntropyLoss(weight=...)) or "
+           "resample; for a binary score, choose the decision threshold on validation data.")
 
     def applies(self, ctx: ProbeContext) -> bool:
         return super().applies(ctx) and (ctx.train_xy is not None or bool(ctx.run.of("targets")))

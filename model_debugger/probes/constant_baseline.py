@@ -62,6 +62,7 @@ class ConstantBaseline(Probe):
     id = "constant_baseline"
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = False
+    fix = "Raise the learning rate or train longer until the model beats the constant predictor."
 
     def applies(self, ctx: ProbeContext) -> bool:
         has_signal = math.isfinite(_num(ctx.signals, "constant_predictor_loss"))

@@ -19,6 +19,9 @@ PARAMS_PER_SAMPLE = 10.0
 class DataVolume(Probe):
     id = "data_volume"
     categories = ("overfitting",)
+    fix = ("Regularise the optimisation (weight decay, early stopping on the validation loss) or "
+           "train on more data; a smaller model is an architecture change and needs an explicit "
+           "override for a data cause.")
 
     def run(self, ctx: ProbeContext):
         model = ctx.run.first("model")

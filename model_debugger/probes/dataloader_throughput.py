@@ -16,6 +16,14 @@ class DataloaderThroughput(Probe):
     categories = ("performance_issue",)
     needs_live = True
     frameworks = ("torch", "keras")
+    fix = ("Move the expensive work out of the per-sample path (vectorised collate, precomputed "
+           "tensors) or load in parallel with DataLoader(num_workers=N, persistent_workers=True).")
+
+    def suggestion(self, finding) -> str:
+        if (finding.evidence or {}).get("num_workers") == 0:
+            return ("Load batches in parallel: DataLoader(num_workers=N) with N up to the CPU "
+                    "count, or vectorise the per-sample work.")
+        return self.fix
 
     def run(self, ctx: ProbeContext):
         loader = ctx.extras.get("train_loader")

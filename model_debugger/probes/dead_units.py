@@ -50,6 +50,8 @@ class DeadUnits(Probe):
     categories = ("loss_not_decreasing", "gradient_instability")
     needs_live = True
     frameworks = ("torch",)
+    fix = ("Use an initialisation and activation that keep units alive (He init, LeakyReLU), or "
+           "lower the learning rate.")
 
     def run(self, ctx: ProbeContext):
         tr = ctx.trainer

@@ -10,6 +10,8 @@ from .base import Probe, ProbeContext, register
 class DetachedOutput(Probe):
     id = "detached_output"
     categories = ("loss_not_decreasing",)
+    fix = ("Remove the .detach()/.data/no_grad on the path from the model's output to the loss, "
+           "so gradients reach the weights.")
 
     def run(self, ctx: ProbeContext):
         hits = lint_hits(ctx, "detached_output")

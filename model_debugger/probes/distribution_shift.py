@@ -31,6 +31,8 @@ class DistributionShift(Probe):
     id = "distribution_shift"
     categories = ("overfitting", "convergence_to_wrong_solution", "loss_not_decreasing")
     needs_live = False
+    fix = ("Build the validation split from the same distribution as training (shuffle before "
+           "splitting, same preprocessing).")
 
     def applies(self, ctx: ProbeContext) -> bool:
         return super().applies(ctx) and ctx.train_xy is not None and ctx.val_xy is not None

@@ -10,6 +10,7 @@ from .base import Probe, ProbeContext, register
 class EvalModeNotReset(Probe):
     id = "eval_mode_not_reset"
     categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution")
+    fix = "Call model.train() again after evaluation, before the next training steps."
 
     def run(self, ctx: ProbeContext):
         hits = lint_hits(ctx, "eval_mode_not_reset")

@@ -36,6 +36,8 @@ class FeatureScaling(Probe):
     id = "feature_scaling"
     categories = ("gradient_instability", "loss_not_decreasing")
     needs_live = False
+    fix = ("Standardise the input features with statistics of the training split ((x - mean) / "
+           "std per feature) before building the dataset.")
 
     def applies(self, ctx: ProbeContext) -> bool:
         return super().applies(ctx) and ctx.train_xy is not None

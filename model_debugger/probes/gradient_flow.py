@@ -20,6 +20,18 @@ class GradientFlow(Probe):
     id = "gradient_flow"
     categories = ("gradient_instability", "loss_not_decreasing")
 
+    def suggestion(self, finding) -> str:
+        vanishing = (finding.evidence or {}).get("vanishing_layers")
+        if vanishing:
+            return ("Use an activation and initialisation that keep gradients alive in "
+                    f"{', '.join(map(str, vanishing[:3]))} (ReLU/GELU with He init, "
+                    "residual connections or normalisation layers).")
+        if finding.root_cause == "hyperparameter":
+            return ("Lower the learning rate (see lr_range's safe rate) so the values that "
+                    "overflow stop growing; keep the model as it is.")
+        return ("Guard the operation that produces the first non-finite value (e.g. clamp before "
+                "log, add an epsilon), or lower the learning rate if the values grow first.")
+
     def run(self, ctx: ProbeContext):
         out = []
         bad = ctx.run.first("nonfinite")

@@ -31,6 +31,8 @@ def retained(namespace: dict) -> dict[str, tuple[int, int]]:
 class GraphRetention(Probe):
     id = "graph_retention"
     categories = ("memory_issue",)
+    fix = ("Store losses with .item() (or .detach()) so tensors that carry autograd history are "
+           "not kept across steps.")
 
     def run(self, ctx: ProbeContext):
         hits = lint_hits(ctx, "graph_retention")

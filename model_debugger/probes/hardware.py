@@ -21,6 +21,8 @@ _DEVICE_ERRORS = re.compile(
 class Hardware(Probe):
     id = "hardware"
     categories = ("*",)
+    fix = ("Escalate: rerun on another device, check drivers and memory; do not patch the "
+           "training code.")
 
     def run(self, ctx: ProbeContext):
         out = []

@@ -60,6 +60,8 @@ class LabelAlignment(Probe):
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "overfitting")
     needs_live = True
     frameworks = ("torch", "keras")
+    fix = ("Keep inputs and labels aligned: apply the same index/permutation to both (sort or "
+           "shuffle them together).")
 
     def run(self, ctx: ProbeContext):
         tr = ctx.trainer

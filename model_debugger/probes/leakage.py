@@ -53,6 +53,8 @@ class Leakage(Probe):
     id = "leakage"
     categories = ("overfitting", "convergence_to_wrong_solution")
     needs_live = False
+    fix = ("Remove the leaking feature or the duplicated rows so validation samples are not seen "
+           "in training.")
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Arrays give (a) and (b); validation signals alone give (c) on a log-only session."""

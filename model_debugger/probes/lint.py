@@ -2,16 +2,51 @@
 
 Rules that a probe can measure (``missing_zero_grad``, ``detached_output``, ...) are reported by
 that probe; the others (evaluation outside ``no_grad``, Keras label-format and input-scaling
-pitfalls) surface here as unconfirmed findings with their exact line.
+pitfalls) surface here as unconfirmed findings with their exact line. Each rule entry of
+:data:`RULES` carries the fix it suggests.
 """
 
 from __future__ import annotations
 
-from ._lint import lint_hits, loc
-from .base import PROBES, Probe, ProbeContext, register
+from dataclasses import dataclass
 
-_RULES = ("eval_without_no_grad", "label_format_mismatch", "missing_input_normalization",
-          "loss_output_mismatch")
+from ..records import Finding
+from ._lint import lint_hits, loc
+from .base import GENERIC_SUGGESTION, PROBES, Probe, ProbeContext, register
+
+
+@dataclass(frozen=True)
+class LintRule:
+    """A static pitfall this probe reports.
+
+    Attributes
+    ----------
+    id : str
+        The rule id the lint packs emit (``LintHit.rule``).
+    suggestion : str
+        The suggested fix for a hit of the rule.
+    """
+
+    id: str
+    suggestion: str
+
+
+RULES: dict[str, LintRule] = {r.id: r for r in (
+    LintRule("eval_without_no_grad",
+             "Run evaluation under `with torch.no_grad():` (or torch.inference_mode()) so no "
+             "autograd graph is built or kept for validation batches."),
+    LintRule("label_format_mismatch",
+             "Match the labels to the loss: sparse_categorical_crossentropy for integer class "
+             "ids, categorical_crossentropy for one-hot rows (keras.utils.to_categorical(y))."),
+    LintRule("missing_input_normalization",
+             "Scale the inputs before the model sees them: divide 0-255 pixel values by 255 "
+             "(x.astype(\"float32\") / 255) or add layers.Rescaling(1/255) as the first layer."),
+    # measured by its own probe on PyTorch; a hypothesis from the Keras lint
+    LintRule("loss_output_mismatch",
+             "Make the model's output what the loss expects: remove the final softmax/sigmoid "
+             "when the loss is built with from_logits=True, or add the activation (or build the "
+             "loss with from_logits=True) when the last layer outputs raw scores."),
+)}
 
 
 @register
@@ -19,9 +54,13 @@ class Lint(Probe):
     id = "lint"
     categories = ("*",)
 
+    def suggestion(self, finding: Finding) -> str:
+        rule = RULES.get((finding.evidence or {}).get("rule"))
+        return rule.suggestion if rule is not None else GENERIC_SUGGESTION
+
     def run(self, ctx: ProbeContext):
         out = []
-        for rule in _RULES:
+        for rule in RULES:
             if rule in PROBES and ctx.framework == "torch":
                 continue  # measured by its own probe
             for hit in lint_hits(ctx, rule):

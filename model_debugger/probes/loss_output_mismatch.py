@@ -17,6 +17,9 @@ _EXPECTS_LOGITS = {"cross_entropy": ("probabilities", "log_probabilities"),
 class LossOutputMismatch(Probe):
     id = "loss_output_mismatch"
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "gradient_instability")
+    fix = ("Remove the Softmax/LogSoftmax (or sigmoid) before a loss that expects raw logits "
+           "(CrossEntropyLoss, BCEWithLogitsLoss), or switch to the loss that matches the output "
+           "(NLLLoss after LogSoftmax).")
 
     def run(self, ctx: ProbeContext):
         hits = lint_hits(ctx, "loss_output_mismatch")

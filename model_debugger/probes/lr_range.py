@@ -55,6 +55,13 @@ class LRRange(Probe):
     categories = ("gradient_instability", "loss_not_decreasing")
     frameworks = ("torch", "keras", "none")
 
+    def suggestion(self, finding) -> str:
+        ev = finding.evidence or {}
+        if ev.get("safe_lr"):
+            return (f"Set the learning rate to about {ev['safe_lr']:.3g} (now {ev.get('lr', '?')}), "
+                    "the rate the sweep from the initial weights found safe.")
+        return super().suggestion(finding)
+
     def run(self, ctx: ProbeContext):
         tr = ctx.trainer
         if tr is None:

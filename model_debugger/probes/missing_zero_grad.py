@@ -11,6 +11,8 @@ class MissingZeroGrad(Probe):
     id = "missing_zero_grad"
     categories = ("gradient_instability", "loss_not_decreasing", "convergence_to_wrong_solution")
     frameworks = ("torch", "none")  # Keras clears gradients itself
+    fix = ("Call optimizer.zero_grad() once per step, before loss.backward(), so gradients do "
+           "not accumulate across steps.")
 
     def run(self, ctx: ProbeContext):
         hits = lint_hits(ctx, "missing_zero_grad")

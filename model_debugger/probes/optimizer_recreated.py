@@ -15,6 +15,8 @@ class OptimizerRecreated(Probe):
     id = "optimizer_recreated"
     categories = ("gradient_instability", "loss_not_decreasing", "convergence_to_wrong_solution")
     frameworks = ("torch", "none")  # Keras builds its optimizer once, in compile()
+    fix = ("Build the optimizer once, before the training loop, and reuse it for every step (its "
+           "state, Adam's moments or SGD's momentum, must carry over from step to step).")
 
     def run(self, ctx: ProbeContext):
         hits = lint_hits(ctx, "optimizer_recreated")

@@ -20,6 +20,7 @@ class SeedVariance(Probe):
     categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = True
     frameworks = ("torch", "keras")
+    fix = "Lower the learning rate or enlarge the batch, and judge changes across seeds."
 
     def run(self, ctx: ProbeContext):
         tr = ctx.trainer
