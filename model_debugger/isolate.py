@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from .classify import classify
-from .records import Finding, Run
+from .records import Classification, Finding, Run
 from .signals import compute
 
 BUDGET_SECONDS = 30.0
@@ -47,18 +47,39 @@ def user_sources(run: Run, extra: list[str] = ()) -> dict[str, str]:
 
 
 def build_context(run: Run, keeper=None, sources: dict | None = None,
-                  budget: float = BUDGET_SECONDS):
-    """A ProbeContext from a record and (optionally) the capture's Keeper."""
+                  budget: float = BUDGET_SECONDS,
+                  classification: Classification | dict | None = None):
+    """A ProbeContext from a record and (optionally) the capture's Keeper.
+
+    Parameters
+    ----------
+    run : Run
+        The captured record.
+    keeper : Keeper, KerasKeeper or None
+        The live objects the capture kept (None: record-only probes and the lint).
+    sources : dict, optional
+        ``{path: text}`` of the user's code; by default the files the record refers to.
+    budget : float
+        Seconds the probes may take.
+    classification : Classification or dict, optional
+        The classification the session recorded: the probes follow it instead of a
+        classification of this run (which may be a healthy seed of a problem seen in others).
+    """
     from .probes import ProbeContext
+    from .trainers import trainer_for
 
     sig = compute(run)
-    ctx = ProbeContext(run=run, signals=sig, classification=classify(sig),
+    if isinstance(classification, dict):
+        classification = Classification.from_json(classification)
+    ctx = ProbeContext(run=run, signals=sig,
+                       classification=classification if classification is not None
+                       else classify(sig),
                        source_files=sources if sources is not None else user_sources(run),
                        deadline=time.monotonic() + budget)
     seen = run.first("model") or run.first("optimizer")
     ctx.framework = seen.get("framework", "torch") if seen else "none"
-    keras = getattr(keeper, "framework", "torch") == "keras"
     if keeper is not None and keeper.model is not None:
+        keras = getattr(keeper, "framework", "torch") == "keras"
         ctx.framework = "keras" if keras else ctx.framework
         ctx.model = keeper.model
         ctx.initial_state = keeper.initial_state
@@ -67,21 +88,8 @@ def build_context(run: Run, keeper=None, sources: dict | None = None,
         ctx.train_xy, ctx.val_xy = keeper.arrays() if keras else (
             _arrays(keeper.train_batches), _arrays(keeper.val_batches))
         ctx.train_batches, ctx.val_batches = keeper.train_batches, keeper.val_batches
-        ctx.extras["namespace"] = keeper.namespace
-        ctx.extras["train_loader"] = keeper.train_loader
-        if keras and keeper.optimizer and keeper.loss and keeper.train_batches:
-            try:
-                ctx.trainer = keeper.make_trainer()
-            except Exception:  # noqa: BLE001 - a model Keras cannot clone: record-only probes
-                ctx.trainer = None
-        elif keeper.optimizer and keeper.loss and keeper.train_batches:
-            from .probes.torch_adapter import TorchTrainer
-
-            try:
-                ctx.trainer = TorchTrainer(keeper.model, keeper.initial_state, keeper.optimizer,
-                                           keeper.loss, keeper.train_batches, keeper.val_batches)
-            except (AttributeError, TypeError, RuntimeError, ValueError):
-                ctx.trainer = None
+        ctx.namespace, ctx.train_loader = keeper.namespace, keeper.train_loader
+        ctx.trainer = trainer_for(keeper)
     return ctx
 
 

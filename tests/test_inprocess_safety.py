@@ -231,7 +231,9 @@ def test_keras_capture_leaves_the_classes_as_they_were(monkeypatch):
     assert spill and os.path.exists(spill)
     assert not np.array_equal(model.get_weights()[0], start[0])
     assert all(np.array_equal(a, b) for a, b in zip(rec.keeper.initial_state, start))
-    fresh = rec.keeper.make_trainer()
+    from model_debugger.trainers import trainer_for
+
+    fresh = trainer_for(rec.keeper)
     assert fresh.initial_state is not None
     rec.release()
     assert not os.path.exists(spill)

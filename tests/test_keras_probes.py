@@ -70,7 +70,7 @@ def captured(keras, lr: float, epochs: int = 3, val: bool = True, misaligned: bo
 
 
 def test_context_and_trainer_from_a_keras_capture(tk):
-    from model_debugger.probes.keras_adapter import KerasTrainer
+    from model_debugger.trainers.keras import KerasTrainer
 
     model, ctx = captured(tk, 0.05)
     assert ctx.framework == "keras" and ctx.live and isinstance(ctx.trainer, KerasTrainer)

@@ -18,7 +18,7 @@ from torch import nn
 
 from model_debugger.probes import label_alignment
 from model_debugger.probes.label_alignment import MARGIN, LabelAlignment
-from model_debugger.probes.torch_adapter import TorchTrainer
+from model_debugger.trainers.torch import TorchTrainer
 
 
 def trainer(seed: int, signal: float, n: int = 1600, batch: int = 50) -> TorchTrainer:

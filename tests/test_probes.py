@@ -383,7 +383,7 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     # samples from the first epoch only: 12 training batches, the one validation batch
     assert len(healthy.train_batches) == 12 and len(healthy.val_batches) == 1
     assert healthy.trainer.val_targets.shape == (256,)
-    assert healthy.extras["train_loader"] is not None
+    assert healthy.train_loader is not None
     assert HERE in healthy.source_files
     # nothing to isolate in a healthy run
     assert isolate.isolate(healthy) == []
@@ -536,7 +536,7 @@ def _retention(tmp_path, steps: int) -> Finding:
     KEPT_OUTPUTS.clear()
     try:
         ctx = captured(tmp_path, lambda: train_keeping_outputs(steps))
-        assert ctx.extras["namespace"] is globals()
+        assert ctx.namespace is globals()
         f = confirmed_one(ctx, "graph_retention", "training_loop")
     finally:
         KEPT_OUTPUTS.clear()

@@ -264,14 +264,6 @@ class KerasKeeper(SpilledState):
         self.materialise_validation()
         return _arrays(self.train_batches), _arrays(self.val_batches)
 
-    def make_trainer(self):
-        """A :class:`~model_debugger.probes.keras_adapter.KerasTrainer` on the kept objects."""
-        from ..probes.keras_adapter import KerasTrainer
-
-        self.materialise_validation()
-        return KerasTrainer(self.model, self.initial_state, self.optimizer, self.loss,
-                            self.train_batches, self.val_batches)
-
 
 def _arrays(batches) -> tuple | None:
     if not batches:

@@ -11,7 +11,7 @@ def lint_hits(ctx: ProbeContext, rule: str) -> list:
 
     Each file is linted by the pack of the framework it imports (PyTorch or Keras).
     """
-    if "lint" not in ctx.extras:
+    if ctx.lint is None:
         from ..pitfalls import keras_lint, torch_lint
         from ..pitfalls.detect import framework_of_source
 
@@ -22,9 +22,9 @@ def lint_hits(ctx: ProbeContext, rule: str) -> list:
             pack = packs.get(framework_of_source(text))
             if pack is not None:
                 hits += pack.lint_source(text, path, names)
-        ctx.extras["lint"] = hits
+        ctx.lint = hits
     ran = _ran_at(ctx)
-    return [h for h in ctx.extras["lint"] if h.rule == rule and _ran(h, ran)]
+    return [h for h in ctx.lint if h.rule == rule and _ran(h, ran)]
 
 
 def _ran_at(ctx: ProbeContext) -> dict[str, list[int]]:

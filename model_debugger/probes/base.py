@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..records import Classification, Finding, Run
+from ..trainers import Trainer
 
 PROBES: dict[str, type[Probe]] = {}
 
@@ -53,9 +54,22 @@ class ProbeContext:
         shape (n,) or (n, outputs); for data probes that need no framework.
     feature_names : list of str or None
         Column names when known (else ``x0, x1, ...``).
-    trainer : object or None
-        A framework adapter (``fresh_model()``, ``fit(model, X, y, steps, lr=None)``,
-        ``evaluate(model, X, y)``) for probes that train a copy of the model.
+    trainer : Trainer or None
+        :class:`~model_debugger.trainers.Trainer` for probes that train a copy of the model.
+    namespace : dict or None
+        The globals of the user code that holds the model (retained tensors are looked for
+        there).
+    train_loader : object or None
+        What the training loop iterated (a DataLoader, a Keras dataset), for the throughput
+        probe.
+    lint : list or None
+        The static lint hits of ``source_files``, computed once (see ``probes._lint``).
+    extras : dict
+        compat: removed when phases/isolate lands. Filled by ``isolate.isolate`` from the
+        :class:`ProbeReport` (``probe_seconds``, ``seed_noise``, ``lr_range``) for the callers
+        that still read it there; no probe reads or writes it.
+    deadline : float
+        ``time.monotonic()`` by which the probes should be done.
     """
 
     run: Run
@@ -72,7 +86,10 @@ class ProbeContext:
     train_xy: tuple | None = None
     val_xy: tuple | None = None
     feature_names: list[str] | None = None
-    trainer: Any = None
+    trainer: Trainer | None = None
+    namespace: dict | None = None
+    train_loader: Any = None
+    lint: list | None = field(default=None, repr=False)
     extras: dict = field(default_factory=dict)
     deadline: float = float("inf")
 

@@ -46,27 +46,6 @@ def available_bytes() -> float | None:
     return None
 
 
-def per_sample_bytes(model, inputs) -> float:
-    """Bytes of inputs plus every module output (what backward keeps) per sample."""
-    import torch
-
-    total = [sum(x.numel() * x.element_size() for x in inputs)]
-
-    def hook(module, inp, out):
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                total[0] += t.numel() * t.element_size()
-
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
-    try:
-        with torch.no_grad():
-            model(*inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    return total[0] / max(int(inputs[0].shape[0]), 1)
-
-
 @register
 class BatchMemory(Probe):
     id = "batch_memory"
@@ -87,11 +66,7 @@ class BatchMemory(Probe):
         if err is None or err.get("kind") != "oom" or tr is None or tr.n == 0:
             return []
         inputs, _ = tr.subset(slice(0, min(32, tr.n)))
-        if hasattr(tr, "per_sample_bytes"):  # a non-PyTorch trainer measures it itself
-            per_sample, params = tr.per_sample_bytes(inputs), tr.param_bytes()
-        else:
-            per_sample = per_sample_bytes(tr.fresh_model(), inputs)
-            params = sum(p.numel() * p.element_size() for p in ctx.model.parameters())
+        per_sample, params = tr.per_sample_bytes(inputs), tr.param_bytes()
         want = requested_bytes(err.get("message", ""))
         avail = gpu_free_bytes(err.get("message", "")) or available_bytes()
         fits = batch_that_fits(per_sample, avail, 4 * params) if avail else None

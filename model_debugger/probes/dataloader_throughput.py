@@ -26,7 +26,7 @@ class DataloaderThroughput(Probe):
         return self.fix
 
     def run(self, ctx: ProbeContext):
-        loader = ctx.extras.get("train_loader")
+        loader = ctx.train_loader
         tr = ctx.trainer
         if loader is None or tr is None or tr.n == 0:
             return []

@@ -36,7 +36,7 @@ class GraphRetention(Probe):
 
     def run(self, ctx: ProbeContext):
         hits = lint_hits(ctx, "graph_retention")
-        namespace = ctx.extras.get("namespace")
+        namespace = ctx.namespace
         held = retained(namespace) if namespace else {}
         held = {k: v for k, v in held.items() if v[0] >= MIN_TENSORS}
         growth = ctx.signals.get("rss_slope_mb_per_step")

@@ -93,7 +93,7 @@ class LabelAlignment(Probe):
         if not all(map(math.isfinite, first)) or first[0] < CLEAR * first[1]:
             return []  # a copy diverged, or the labels clearly help on the first fold
         base = constant_loss(tr.loss_fn.__name__, target,
-                             getattr(tr, "loss_kwargs", {}).get("ignore_index", -100))
+                             tr.loss_kwargs.get("ignore_index", -100))
         if base is None or min(first) > UNTRAINED * base:
             return []  # no baseline, or the copies never reach the prior: no verdict
         if ctx.time_left() < 4 * (time.monotonic() - started):

@@ -19,34 +19,8 @@ TOO_LOW = 100.0  # user lr this many times below the best rate
 
 
 def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
-    """Return (learning rates, smoothed losses) of one geometric sweep."""
-    if hasattr(tr, "sweep"):  # a non-PyTorch trainer runs the same sweep itself
-        return tr.sweep(LR_MIN, LR_MAX, STEPS)
-    import torch
-
-    model = tr.fresh_model()
-    opt = tr.optimizer(model, LR_MIN)
-    g = torch.Generator().manual_seed(0)
-    lrs = np.geomspace(LR_MIN, LR_MAX, tr.steps_within(STEPS, floor=60))
-    losses, smooth = [], None
-    for lr in lrs:
-        for group in opt.param_groups:
-            group["lr"] = float(lr)
-        idx = torch.randperm(tr.n, generator=g)[:64]
-        inputs, target = tr.subset(idx)
-        opt.zero_grad(set_to_none=True)
-        loss = tr.loss(model, inputs, target)
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            losses.append(math.inf)
-            break
-        smooth = value if smooth is None else 0.8 * smooth + 0.2 * value
-        losses.append(smooth)
-        if smooth > 4 * min(losses):
-            break
-        loss.backward()
-        opt.step()
-    return lrs[:len(losses)], np.array(losses)
+    """Return (learning rates, smoothed losses) of one geometric sweep on the trainer."""
+    return tr.sweep(LR_MIN, LR_MAX, STEPS)
 
 
 @register
@@ -143,12 +117,7 @@ class LRRange(Probe):
 def _heldout_at(tr, ctx: ProbeContext, lr: float) -> float:
     """Held-out loss of a fresh copy trained at ``lr`` on 70% of the sample."""
     n = min(tr.n, 768)
-    if hasattr(tr, "randperm"):
-        idx = tr.randperm(tr.n, 1)[:n]
-    else:
-        import torch
-
-        idx = torch.randperm(tr.n, generator=torch.Generator().manual_seed(1))[:n]
+    idx = tr.randperm(tr.n, 1)[:n]
     inputs, target = tr.subset(idx)
     cut = int(0.7 * n)
     steps = tr.steps_within(100, seconds=min(2.0, ctx.time_left() / 10))

@@ -1,8 +1,8 @@
-"""The PyTorch adapter probes use to train copies of the user's model from its initial state.
+"""The PyTorch :class:`~model_debugger.trainers.Trainer`: copies of the user's model, trained.
 
 Nothing here touches the user's objects: every probe trains a deep copy restored to the weights
 captured before the first optimizer step, with the user's optimizer class and hyperparameters
-(or an override) and the user's loss function.
+(or an override) and the user's loss function. Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -10,7 +10,19 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import torch
+
+
+def from_keeper(keeper) -> TorchTrainer | None:
+    """A trainer on a :class:`~model_debugger.capture.keeper.Keeper`'s objects, or None when
+    they cannot train a copy (a loss the functional API does not name, batches that do not stack).
+    """
+    try:
+        return TorchTrainer(keeper.model, keeper.initial_state, keeper.optimizer, keeper.loss,
+                            keeper.train_batches, keeper.val_batches)
+    except (AttributeError, TypeError, RuntimeError, ValueError):
+        return None
 
 
 class TorchTrainer:
@@ -29,6 +41,8 @@ class TorchTrainer:
     train_batches, val_batches : list of (inputs tuple, target) pairs
         Samples seen by the loss during training / validation.
     """
+
+    framework = "torch"
 
     def __init__(self, model, initial_state, optimizer, loss, train_batches, val_batches=()):
         self.model = model
@@ -85,6 +99,10 @@ class TorchTrainer:
         """``(inputs, target)`` rows ``idx`` of the training sample."""
         return tuple(x[idx] for x in self.inputs), self.targets[idx]
 
+    def randperm(self, n: int, seed: int) -> torch.Tensor:
+        """A seeded permutation of ``range(n)`` (row indices for :meth:`subset`)."""
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
     def fit(self, model, inputs, target, steps: int, lr: float | None = None, batch_size: int = 64,
             seed: int = 0, opt_cls=None, stop_below: float | None = None,
             check=None, every: int = 10) -> list[float]:
@@ -133,6 +151,61 @@ class TorchTrainer:
         self.fit(model, inputs, target, 2, batch_size=batch_size)
         took = max((time.perf_counter() - t0) / 2, 1e-6)
         return max(5, min(count, int(seconds / took)))
+
+    def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """A geometric learning-rate sweep from the initial weights: rates and smoothed losses.
+
+        The rate grows from ``lr_min`` towards ``lr_max`` over (at most) ``steps`` minibatch
+        steps; the sweep stops when the loss goes non-finite or the smoothed loss exceeds four
+        times its minimum.
+        """
+        model = self.fresh_model()
+        opt = self.optimizer(model, lr_min)
+        g = torch.Generator().manual_seed(0)
+        lrs = np.geomspace(lr_min, lr_max, self.steps_within(steps, floor=60))
+        losses, smooth = [], None
+        for lr in lrs:
+            for group in opt.param_groups:
+                group["lr"] = float(lr)
+            idx = torch.randperm(self.n, generator=g)[:64]
+            inputs, target = self.subset(idx)
+            opt.zero_grad(set_to_none=True)
+            loss = self.loss(model, inputs, target)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                losses.append(math.inf)
+                break
+            smooth = value if smooth is None else 0.8 * smooth + 0.2 * value
+            losses.append(smooth)
+            if smooth > 4 * min(losses):
+                break
+            loss.backward()
+            opt.step()
+        return lrs[:len(losses)], np.array(losses)
+
+    def param_bytes(self) -> int:
+        """Bytes of the model's parameters."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def per_sample_bytes(self, inputs) -> float:
+        """Bytes of inputs plus every module output (what backward keeps) per sample, measured
+        with one forward pass of a fresh copy."""
+        model = self.fresh_model()
+        total = [sum(x.numel() * x.element_size() for x in inputs)]
+
+        def hook(module, inp, out):
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    total[0] += t.numel() * t.element_size()
+
+        handles = [m.register_forward_hook(hook) for m in model.modules()]
+        try:
+            with torch.no_grad():
+                model(*inputs)
+        finally:
+            for h in handles:
+                h.remove()
+        return total[0] / max(int(inputs[0].shape[0]), 1)
 
     @torch.no_grad()
     def evaluate(self, model, inputs, target) -> float:

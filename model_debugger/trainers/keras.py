@@ -1,9 +1,9 @@
-"""The Keras adapter probes use to train copies of the user's model from its initial weights.
+"""The Keras :class:`~model_debugger.trainers.Trainer`: clones of the user's model, trained.
 
-Same interface as :class:`~model_debugger.probes.torch_adapter.TorchTrainer`: nothing touches the
+Same protocol as :class:`~model_debugger.trainers.torch.TorchTrainer`: nothing touches the
 user's objects; every probe trains ``keras.models.clone_model`` copies set to the weights captured
 before the first step, with the user's optimizer class and config (or an override) and the
-compiled loss. Inputs and targets are NumPy arrays.
+compiled loss. Inputs and targets are NumPy arrays. Keras is imported when a trainer is built.
 """
 
 from __future__ import annotations
@@ -11,6 +11,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+
+def from_keeper(keeper) -> KerasTrainer | None:
+    """A trainer on a :class:`~model_debugger.capture.keras_keeper.KerasKeeper`'s objects
+    (validation data read first), or None for a model Keras cannot clone."""
+    keeper.materialise_validation()
+    try:
+        return KerasTrainer(keeper.model, keeper.initial_state, keeper.optimizer, keeper.loss,
+                            keeper.train_batches, keeper.val_batches)
+    except Exception:  # noqa: BLE001 - a model Keras cannot clone: record-only probes
+        return None
 
 
 class KerasTrainer:
@@ -43,6 +54,7 @@ class KerasTrainer:
         self.loss_obj = keras.losses.get(obj) if isinstance(obj, str) else obj
         self.loss_name = loss.get("name")
         self.loss_fn = _named(self.loss_obj, self.loss_name)
+        self.loss_kwargs: dict = {}  # the compiled loss object carries its own options
         self.loss_input_shape = None
         self.inputs, self.targets = _stack(train_batches)
         self.val_inputs, self.val_targets = _stack(val_batches) if val_batches else (None, None)
@@ -90,6 +102,7 @@ class KerasTrainer:
         return tuple(x[idx] for x in self.inputs), self.targets[idx]
 
     def randperm(self, n: int, seed: int) -> np.ndarray:
+        """A seeded permutation of ``range(n)`` (row indices for :meth:`subset`)."""
         return np.random.default_rng(seed).permutation(n)
 
     @staticmethod
@@ -154,7 +167,8 @@ class KerasTrainer:
         return losses
 
     def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """A geometric learning-rate sweep (as ``lr_range.sweep``): rates and smoothed losses."""
+        """A geometric learning-rate sweep (as :meth:`TorchTrainer.sweep
+        <model_debugger.trainers.torch.TorchTrainer.sweep>`): rates and smoothed losses."""
         model = self.fresh_model()
         opt = self.optimizer(model, lr_min)
         rng = np.random.default_rng(0)
@@ -193,6 +207,7 @@ class KerasTrainer:
         return max(5, min(count, int(seconds / took)))
 
     def param_bytes(self) -> int:
+        """Bytes of the model's weights."""
         return int(sum(np.prod(w.shape) * np.dtype(w.dtype).itemsize
                        for w in self.model.weights))
 
