@@ -41,8 +41,8 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model_debugger  # noqa: E402
 from model_debugger.capture.keeper import MAX_BATCHES  # noqa: E402
-from model_debugger.capture.torch_instrument import NORM_ALWAYS  # noqa: E402
 from model_debugger.capture.torch_losses import _ALL_BATCHES  # noqa: E402
+from model_debugger.capture.torch_steps import NORM_ALWAYS  # noqa: E402
 
 
 def mlp_setup():

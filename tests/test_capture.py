@@ -379,6 +379,7 @@ def test_grad_norms_when_gradients_need_grad():
 def test_an_interrupt_while_rows_are_written_loses_no_step(tmp_path, monkeypatch):
     """Ctrl-C (or a time limit) in the middle of writing step rows: the rest follow at exit."""
     from model_debugger.capture import torch_instrument as ti
+    from model_debugger.capture import torch_steps
 
     original, calls = ti.TorchInstrument._step_event, []
 
@@ -388,7 +389,7 @@ def test_an_interrupt_while_rows_are_written_loses_no_step(tmp_path, monkeypatch
             raise KeyboardInterrupt
         return original(self, *row)
 
-    monkeypatch.setattr(ti, "FLUSH_SECONDS", 0.0)  # rows are written after every step
+    monkeypatch.setattr(torch_steps, "FLUSH_SECONDS", 0.0)  # rows are written after every step
     monkeypatch.setattr(ti.TorchInstrument, "_step_event", write_row)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -734,7 +735,7 @@ def test_histograms_only_every_n_steps(hist_every):
 
 def test_histograms_of_large_gradients_use_a_strided_sample():
     """A gradient above 65536 values is histogrammed on every k-th value; the event says k."""
-    from model_debugger.capture.torch_instrument import _HIST_SAMPLE
+    from model_debugger.capture.torch_grads import HIST_SAMPLE as _HIST_SAMPLE
 
     model = nn.Linear(512, 300)  # a 153600-value weight gradient and a small bias gradient
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -787,7 +788,7 @@ def test_cuda_memory_every_step_and_utilisation_every_tenth(monkeypatch, nvml):
     Utilisation is read every GPU_UTIL_EVERY steps; without NVML it is asked once, recorded as
     unknown, and never asked again.
     """
-    from model_debugger.capture.torch_instrument import GPU_UTIL_EVERY
+    from model_debugger.capture.torch_steps import GPU_UTIL_EVERY
 
     allocated = iter(range(1000, 10**6, 1000))
     asked = []

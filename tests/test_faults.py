@@ -533,9 +533,9 @@ def test_a_full_disk_under_the_training_thread_repeats_no_step(tmp_path, monkeyp
     from torch import nn
 
     import model_debugger
-    from model_debugger.capture import torch_instrument as ti
+    from model_debugger.capture import torch_steps
 
-    monkeypatch.setattr(ti, "FLUSH_SECONDS", 0.0)  # rows are written after every step
+    monkeypatch.setattr(torch_steps, "FLUSH_SECONDS", 0.0)  # rows are written after every step
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -17,8 +17,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from model_debugger import capture, signals  # noqa: E402
-from model_debugger.capture import CaptureConfig  # noqa: E402
-from model_debugger.capture import torch_instrument as ti  # noqa: E402
+from model_debugger.capture import CaptureConfig, torch_instrument  # noqa: E402
+from model_debugger.capture import torch_steps as ti  # noqa: E402 - the norm schedule
 from model_debugger.classify import classify  # noqa: E402
 from model_debugger.records import Run  # noqa: E402
 
@@ -211,7 +211,7 @@ def test_retuning_lowers_k_only_with_a_margin(current, budgets, expected):
     """``budgets``: what measuring the norms on one step costs, in units of the budget."""
     from model_debugger.capture.recorder import Recorder
 
-    inst = ti.TorchInstrument(Recorder(None))
+    inst = torch_instrument.TorchInstrument(Recorder(None))
     inst._norm_every = current
     share = budgets * ti.NORM_BUDGET
     inst._norm_cost = [share * 0.01, 1, 0.01, 1]  # one measured step, one 10 ms step

@@ -22,6 +22,18 @@ from .keras_util import user_location
 _PROGRESS = re.compile(r"/step\b|━|\d+/\d+ \[")  # Keras progress bar lines, not user metrics
 
 
+def _untimed(model):
+    """The undo of a timed train function: after the capture the model retraces without it."""
+    ref = weakref.ref(model)
+
+    def undo() -> None:
+        model = ref()
+        if model is not None and getattr(model.train_function, "_md_timed", False):
+            model.train_function = None
+
+    return undo
+
+
 class FitHooks:
     """``fit``: callback, timed train function, validation data. Needs the instrument's state."""
 
@@ -38,7 +50,7 @@ class FitHooks:
                 bound = sig.bind(model, *args, **kwargs)
             except TypeError:
                 return original(model, *args, **kwargs)
-            inst._guard(inst._before_fit)(model, bound.arguments, sys._getframe())
+            inst.guard(inst._before_fit)(model, bound.arguments, sys._getframe())
             tee = getattr(inst.rec, "_tee", None)
             on_line = getattr(tee, "_on_line", None)
             if on_line is not None:
@@ -57,7 +69,7 @@ class FitHooks:
     def _before_fit(self, model, arguments: dict, frame) -> None:
         loc = user_location(frame)
         for kind in ("fit", "backward", "step"):
-            self._ref(kind, loc)
+            self.ref(kind, loc)
         self._discover_from_frame(model, frame)
         opt = getattr(model, "optimizer", None)
         if opt is not None:
@@ -98,7 +110,7 @@ class FitHooks:
         def call(name, *args):
             inst = link()
             if inst is not None:
-                inst._guard(getattr(inst, name))(*args)
+                inst.guard(getattr(inst, name))(*args)
 
         class ModelDebuggerCallback(base):
             def on_epoch_begin(self, epoch, logs=None):
@@ -146,7 +158,7 @@ class FitHooks:
             if inst is not None and inst._fit_depth and fn is not None and \
                     not getattr(fn, "_md_timed", False):
                 model.train_function = inst._timed(model, fn)
-                inst._touched.append(weakref.ref(model))
+                inst.hold(_untimed(model))
             return out
 
         make_train_function.__wrapped__ = original
@@ -168,7 +180,7 @@ class FitHooks:
             except out_of_range:
                 raise StopIteration from None
             inst._data_wait += time.perf_counter() - t0
-            inst._guard(inst._on_data)(data)
+            inst.guard(inst._on_data)(data)
             return fn(iter((data,)))
 
         train_function._md_timed = True
@@ -207,7 +219,7 @@ class LoopHooks:
             out = original(loss, y_true, y_pred, *args, **kwargs)
             inst = link()
             if inst is not None and not inst._fit_depth and inst._tf.executing_eagerly():
-                inst._guard(inst._on_loss_call)(loss, y_true, y_pred)
+                inst.guard(inst._on_loss_call)(loss, y_true, y_pred)
             return out
 
         __call__.__wrapped__ = original
@@ -229,7 +241,7 @@ class LoopHooks:
                 return
             self.keeper.loss = desc
             self.labels.loss, self.labels.keras = desc["name"], desc["keras"]
-            self._ref("loss_fn", user_location(sys._getframe()), name=desc["keras"])
+            self.ref("loss_fn", user_location(sys._getframe()), name=desc["keras"])
         if self.keeper.loss.get("object") is not loss:
             return
         y = to_numpy(y_true)

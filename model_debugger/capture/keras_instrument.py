@@ -1,4 +1,5 @@
-"""Keras 3 (TensorFlow backend) instrumentation; every patch is undone in ``detach``.
+"""Keras 3 (TensorFlow backend) instrumentation; every patch is a handle held by the
+:class:`~.instrument.Instrument` base and undone when the capture closes.
 
 The record has the same schema as the PyTorch instrument's (``step``, ``metric``, ``nonfinite``,
 ``ref``, ``model``, ``optimizer``, ``targets``), so signals and rules work unchanged. Patched while
@@ -27,32 +28,34 @@ import weakref
 
 import numpy as np
 
-from . import patches
+from ._util import num, rss_bytes
 from .codeloc import assignment, definition_location, user_frame
+from .instrument import Instrument
 from .keras_hooks import FitHooks, LoopHooks
 from .keras_keeper import KerasKeeper, LabelStats, describe_loss
 from .keras_util import in_xla, initializing, layer_of, user_location
 from .norms import MGN_MAX
 from .norms import window as norms_window
-from .recorder import Recorder, _num, rss_bytes
 
 _HYPER = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "rho", "weight_decay",
           "clipnorm", "global_clipnorm", "clipvalue", "amsgrad")
 
 
-class KerasInstrument(FitHooks, LoopHooks):
-    """Instruments Keras / TensorFlow training for one Recorder."""
+class KerasInstrument(FitHooks, LoopHooks, Instrument):
+    """Instruments Keras / TensorFlow training for one Recorder.
 
-    def __init__(self, rec: Recorder) -> None:
-        self.rec = rec
-        self.cfg = rec.config
+    Parameters
+    ----------
+    rec : Recorder
+        Where the events go.
+    """
+
+    def __init__(self, rec) -> None:
+        super().__init__(rec)
         self.keeper = KerasKeeper()
         self.labels = LabelStats()
-        self._link = patches.Link(self)  # what the patched functions reach this through
-        self._undo: list = []
         self._tf = None
         self._keras = None
-        self._refs_seen: set[str] = set()
         self._opt_locs: dict[int, dict] = {}
         self._opts: dict[int, weakref.ref] = {}
         self._models: dict[int, weakref.ref] = {}
@@ -70,15 +73,13 @@ class KerasInstrument(FitHooks, LoopHooks):
         self._data_wait = 0.0
         self._last_step_end = None
         self._last_x = None
-        self._touched: list[weakref.ref] = []
         self._nonfinite_seen = False
         self._epoch_base = 0
         self._steps = 0
         self._gpu = None
-        self._internal_seen = False
         self._mgn_at = 0  # where the next step's window of layer norms starts (norms.py)
 
-    # -- attach / detach -------------------------------------------------------------------
+    # -- attach / close --------------------------------------------------------------------
     def attach(self, name: str) -> None:
         """Patch what the imported module offers (``tensorflow`` or ``keras``), once each."""
         def ready(mod: str) -> bool:  # the module whose import just finished counts as ready
@@ -93,8 +94,8 @@ class KerasInstrument(FitHooks, LoopHooks):
         from tensorflow.python.eager import backprop
 
         self._tf = tf
-        self._patch(backprop.GradientTape, "gradient",
-                    lambda nxt: self._nograph(self._wrap_gradient(nxt)))
+        self.patch(backprop.GradientTape, "gradient",
+                   lambda nxt: self._nograph(self._wrap_gradient(nxt)))
 
     def _attach_keras(self) -> None:
         import keras
@@ -103,54 +104,20 @@ class KerasInstrument(FitHooks, LoopHooks):
         from keras.src.trainers.trainer import Trainer
 
         self._keras = keras
-        self._patch(Trainer, "compile", self._wrap_compile)
-        self._patch(TensorFlowTrainer, "fit", self._wrap_fit)
-        self._patch(TensorFlowTrainer, "make_train_function", self._wrap_make_train)
-        self._patch(BaseOptimizer, "__init__", self._wrap_opt_init)
-        self._patch(BaseOptimizer, "apply", lambda nxt: self._nograph(self._wrap_apply(nxt)))
-        self._patch(keras.Model, "__call__", self._wrap_model_call)
-        self._patch(keras.losses.Loss, "__call__", self._wrap_loss_call)
+        self.patch(Trainer, "compile", self._wrap_compile)
+        self.patch(TensorFlowTrainer, "fit", self._wrap_fit)
+        self.patch(TensorFlowTrainer, "make_train_function", self._wrap_make_train)
+        self.patch(BaseOptimizer, "__init__", self._wrap_opt_init)
+        self.patch(BaseOptimizer, "apply", lambda nxt: self._nograph(self._wrap_apply(nxt)))
+        self.patch(keras.Model, "__call__", self._wrap_model_call)
+        self.patch(keras.losses.Loss, "__call__", self._wrap_loss_call)
 
     def _nograph(self, fn):
         return self._tf.autograph.experimental.do_not_convert(fn)
 
-    def _patch(self, owner, name, factory) -> None:
-        """Stack ``factory(next)`` over ``owner.name``: an inherited attribute is deleted again
-        when the capture ends, so the class dict is as before (see :mod:`.patches`)."""
-        self._undo.append(patches.install(owner, name, factory))
-
-    def _guard(self, fn):
-        """Run an observation so that a failure in it never breaks the user's training."""
-        def guarded(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - observation must never break training
-                if not self._internal_seen:
-                    self._internal_seen = True
-                    self.rec.emit("internal_error", where=getattr(fn, "__name__", "?"),
-                                  error=f"{type(exc).__name__}: {exc}"[:500])
-                return None
-
-        return guarded
-
-    def detach(self) -> None:
-        """Remove every patch; models trained under capture retrace without the probes.
-
-        Wrappers kept elsewhere (a traced step, a callback list) only call through from now
-        on; what Isolate needs stays in :attr:`keeper`.
-        """
-        self._link.cut()
-        while self._undo:
-            undo = self._undo.pop()
-            try:
-                undo()
-            except Exception:  # noqa: BLE001 - one failing undo must not keep others in place
-                pass
-        for ref in self._touched:
-            model = ref()
-            if model is not None and getattr(model.train_function, "_md_timed", False):
-                model.train_function = None
-        self._touched = []
+    def _let_go(self) -> None:
+        """After every patch is gone (models trained under capture retrace without the probes):
+        let go of the user's objects; what Isolate needs stays in :attr:`keeper`."""
         self._last_x = self._fitting = self._call = self._target = self._root = None
         self._pending = None
         self._models.clear()
@@ -171,14 +138,6 @@ class KerasInstrument(FitHooks, LoopHooks):
         if data is not None:
             self.rec.emit("targets", **data)
 
-    def _ref(self, kind: str, loc: dict | None, **extra) -> None:
-        if loc is None:
-            return
-        key = f"{kind}:{loc['file']}:{loc['line']}"
-        if key not in self._refs_seen:
-            self._refs_seen.add(key)
-            self.rec.emit("ref", kind=kind, **loc, **extra)
-
     # -- compile / optimizer ---------------------------------------------------------------
     def _wrap_compile(self, original):
         link = self._link
@@ -187,7 +146,7 @@ class KerasInstrument(FitHooks, LoopHooks):
             out = original(model, *args, **kwargs)
             inst = link()
             if inst is not None:
-                inst._guard(inst._after_compile)(model)
+                inst.guard(inst._after_compile)(model)
             return out
 
         compile.__wrapped__ = original
@@ -195,7 +154,7 @@ class KerasInstrument(FitHooks, LoopHooks):
 
     def _after_compile(self, model) -> None:
         loc = user_location(sys._getframe())
-        self._ref("compile", loc)
+        self.ref("compile", loc)
         loss = describe_loss(getattr(model, "loss", None))
         if loss is not None:
             self.keeper.loss = loss
@@ -226,7 +185,7 @@ class KerasInstrument(FitHooks, LoopHooks):
         loc = self._opt_locs.get(id(opt)) or fallback
         hyper = self._hyper(opt)
         self.keeper.on_optimizer(opt, hyper)
-        self._ref("optimizer", loc, cls=type(opt).__name__)
+        self.ref("optimizer", loc, cls=type(opt).__name__)
         self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper, location=loc,
                       framework="keras")
 
@@ -291,7 +250,7 @@ class KerasInstrument(FitHooks, LoopHooks):
         modules = [layer.name for layer in getattr(model, "layers", []) if layer.weights]
         self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
                       modules=modules[:500], training=True, framework="keras")
-        self._ref("model", definition_location(model) or assignment(namespace, name), name=name)
+        self.ref("model", definition_location(model) or assignment(namespace, name), name=name)
         self.keeper.on_model(model, namespace)
 
     # -- gradients -------------------------------------------------------------------------
@@ -301,7 +260,7 @@ class KerasInstrument(FitHooks, LoopHooks):
         def gradient(tape, target, sources, *args, **kwargs):
             inst = link()
             if inst is not None:
-                inst._guard(inst._on_gradient)(target)
+                inst.guard(inst._on_gradient)(target)
             return original(tape, target, sources, *args, **kwargs)
 
         gradient.__wrapped__ = original
@@ -313,7 +272,7 @@ class KerasInstrument(FitHooks, LoopHooks):
                 target.shape.rank is not None and target.shape.num_elements() == 1:
             self._target = target
             if not self._fit_depth:
-                self._ref("backward", user_location(sys._getframe()))
+                self.ref("backward", user_location(sys._getframe()))
 
     def _wrap_apply(self, original):
         link = self._link
@@ -327,10 +286,10 @@ class KerasInstrument(FitHooks, LoopHooks):
                 trainable_variables = list(trainable_variables)
             inst._in_apply = True
             try:
-                post = inst._guard(inst._before_apply)(opt, grads, trainable_variables)
+                post = inst.guard(inst._before_apply)(opt, grads, trainable_variables)
                 out = original(opt, grads, trainable_variables)
                 if post is not None:
-                    inst._guard(post)()
+                    inst.guard(post)()
                 return out
             finally:
                 inst._in_apply = False
@@ -347,7 +306,7 @@ class KerasInstrument(FitHooks, LoopHooks):
             return None
         frame = sys._getframe()
         if not self._fit_depth:
-            self._ref("step", user_location(frame))
+            self.ref("step", user_location(frame))
         if id(opt) not in self._opts:
             self._on_optimizer(opt, None)
         if not self._models:
@@ -384,7 +343,7 @@ class KerasInstrument(FitHooks, LoopHooks):
             def step(v):
                 inst = link()
                 if inst is not None:
-                    inst._guard(inst._emit_from_vec)(v.numpy(), layout)
+                    inst.guard(inst._emit_from_vec)(v.numpy(), layout)
 
             tf.py_function(step, [vec], [])
         return None
@@ -441,10 +400,10 @@ class KerasInstrument(FitHooks, LoopHooks):
         now = time.perf_counter()
         dt = now - self._last_step_end if self._last_step_end is not None else None
         self._last_step_end = now
-        step = {"i": self.rec.step, "ep": self.rec.epoch, "loss": _num(loss), "gn": _num(gn),
+        step = {"i": self.rec.step, "ep": self.rec.epoch, "loss": num(loss), "gn": num(gn),
                 "dt": dt, "dw": self._data_wait, "rss": rss_bytes()}
         if mgn:
-            step["mgn"] = {k: _num(v) for k, v in mgn.items()}
+            step["mgn"] = {k: num(v) for k, v in mgn.items()}
         step["tm"] = True
         device = self._device_memory()
         if device is not None:

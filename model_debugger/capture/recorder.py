@@ -6,12 +6,20 @@ The record is a stream of JSON lines (``record.jsonl``), written fresh by each r
 they stop coming (a hang in a C call, a ``time.sleep``, a long data load), so a script that is
 killed mid-run (SIGKILL) still leaves everything up to its last fraction of a second on disk (and
 an exception or a SIGTERM, which close the record, loses nothing).
+
+Imports: the Recorder sits at the top of ``capture``. It imports the instruments lazily (when
+torch or tensorflow/keras is imported), and nothing of capture imports it: what the instruments
+share with it (:data:`FLUSH_SECONDS`, :func:`~._util.num`, :func:`~._util.rss_bytes`, the stack
+of active recorders) lives in :mod:`._util`. Outside ``capture`` it imports only
+:mod:`model_debugger.redact`, kept as a leaf dependency rather than injected: redaction is part
+of what a record *is* (an error message, a traceback, the command line are written redacted or
+not at all), so no caller may leave it out; ``redact`` imports nothing of the package but
+``safe_write``, itself a leaf.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import threading
@@ -27,13 +35,14 @@ from ..redact import (
     remember_script,
 )
 from . import patches
+from ._util import FLUSH_SECONDS, is_oom, num, rss_bytes
+from ._util import active as _active
+from ._util import active_recorder as active_recorder
 from .codeloc import traceback_location
 from .imports import when_imported
 from .metrics import StdoutTee, parse_metric_line, patch_summary_writer
 
-_active: list[Recorder] = []
 _STREAM_ONLY = ("step", "hist")  # with a file, not kept in ``Recorder.events``
-FLUSH_SECONDS = 0.2  # per-step events reach the file at least this often; others at once
 _ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=) builds one per call
 
 
@@ -75,41 +84,6 @@ class CaptureConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
-
-
-def _num(value):
-    """JSON-safe float: NaN and infinities become strings."""
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else str(value)
-
-
-_statm = [-1, -1, 0]  # [pid, fd, page size]: /proc/self/statm stays open, one pread a step
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process in bytes (0 when unknown)."""
-    try:
-        if _statm[0] != os.getpid():  # first call, or a forked child
-            _statm[:] = [os.getpid(), os.open("/proc/self/statm", os.O_RDONLY),
-                         os.sysconf("SC_PAGE_SIZE")]
-        return int(os.pread(_statm[1], 128, 0).split()[1]) * _statm[2]
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def is_oom(exc: BaseException) -> bool:
-    """True for out-of-memory errors of any framework."""
-    name = type(exc).__name__
-    if name in ("OutOfMemoryError", "ResourceExhaustedError") or isinstance(exc, MemoryError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and (
-        "out of memory" in text or "can't allocate memory" in text
-    )
 
 
 class Recorder:
@@ -275,7 +249,7 @@ class Recorder:
             value = float(value)
         except (TypeError, ValueError):
             return
-        self.emit("metric", name=str(name), value=_num(value), source=source,
+        self.emit("metric", name=str(name), value=num(value), source=source,
                   step=self.step if step is None else int(step),
                   epoch=self.epoch if epoch is None else int(epoch))
 
@@ -359,7 +333,7 @@ class Recorder:
 
         inst = TorchInstrument(self)
         self._instruments.append(inst)
-        self._stack.callback(inst.detach)
+        self._stack.callback(inst.close)
         inst.attach()
 
     def _attach_keras(self, module) -> None:
@@ -369,7 +343,7 @@ class Recorder:
         if inst is None:
             inst = KerasInstrument(self)
             self._instruments.append(inst)
-            self._stack.callback(inst.detach)
+            self._stack.callback(inst.close)
         inst.attach(module.__name__)
 
     def _tb_scalar(self, tag: str, value: float, global_step) -> None:
@@ -478,11 +452,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def active_recorder() -> Recorder | None:
-    """The innermost active Recorder, or None."""
-    return _active[-1] if _active else None
 
 
 def log(**metrics) -> None:

@@ -23,6 +23,8 @@ import weakref
 
 import numpy as np
 
+from ._util import active_recorder
+
 DEFAULT_SPILL_MB = 64.0
 _ALIGN = 64  # every array starts on a 64-byte boundary of the file (aligned loads)
 
@@ -86,8 +88,6 @@ def open_spill() -> Spill | None:
 
     The active capture gets a ``spill`` event either way: the folder, or why nothing was spilled.
     """
-    from .recorder import active_recorder
-
     rec = active_recorder()
     folder, why = spill_folder(getattr(rec, "path", None))
     spill = Spill(folder) if folder is not None else None

@@ -1,7 +1,12 @@
 """Loss observations for the PyTorch instrument: target statistics and validation losses.
 
 Targets seen by the training loss give the constant predictor's loss (label prior entropy, target
-variance); losses computed under ``no_grad`` become the automatic ``eval_loss`` metric.
+variance: a ``targets`` event); losses computed under ``no_grad`` become the automatic
+``eval_loss`` metric. :class:`LossHooks` (mixed into ``TorchInstrument``) wraps the loss
+functionals (``F.cross_entropy``, ``F.mse_loss``, ...): it records the loss line (``ref``), feeds
+:class:`LossStats`, gives the keeper the loss call and its batch for Isolate (a ``loss_input``
+event describes the input the loss received) and keeps the last training loss call, so that a
+non-finite loss can be replayed on the same batch.
 """
 
 from __future__ import annotations
@@ -148,3 +153,55 @@ class LossStats:
         else:
             return
         self.rec.emit("targets", **data)
+
+
+class LossHooks:
+    """The loss functionals, wrapped. State owned here: :attr:`losses`, the last loss call."""
+
+    def _init_loss_state(self) -> None:
+        # target statistics stay on the target's device until a ``targets`` event is written
+        self.losses = LossStats(self.rec, self.ref)
+        self._last_loss_call = None
+        self._steady_loss = None  # the training loss's name once there is nothing left to keep
+
+    def _let_go_loss(self) -> None:
+        self._last_loss_call = None
+
+    def _wrap_loss(self, original, name: str):
+        link = self._link
+
+        def loss_fn(input, target, *args, **kwargs):
+            out = original(input, target, *args, **kwargs)
+            inst = link()
+            if inst is None:
+                return out
+            try:
+                if inst._steady_loss == name and torch.is_grad_enabled():
+                    # nothing left to keep: the replay's loss call, and the targets counted
+                    inst._last_loss_call = (name, target, kwargs, input.shape)
+                    inst.losses.count(name, input, target, out)
+                else:
+                    inst.losses.observe(name, input, target, out)
+                    inst._keep_loss(name, input, target, args, kwargs)
+            except Exception:  # noqa: BLE001 - observation must never break training
+                pass
+            return out
+
+        loss_fn.__wrapped__ = original
+        return loss_fn
+
+    def _keep_loss(self, name, input, target, args, kwargs) -> None:
+        if not isinstance(target, torch.Tensor) or not isinstance(input, torch.Tensor):
+            return
+        if self.losses.targets["loss"] not in (None, name):
+            return
+        if torch.is_grad_enabled():
+            self._last_loss_call = (name, target, kwargs, input.shape)
+        training = torch.is_grad_enabled()
+        described = self.keeper.on_loss(name, input, target, args, kwargs, self._last_input,
+                                        training, self.rec.epoch)
+        if described is not None:
+            self.rec.emit("loss_input", **described)
+        if training and self.losses.targets["loss"] == name and \
+                not self.losses.counting_all() and not self.keeper.sampling(True, self.rec.epoch):
+            self._steady_loss = name  # the training loss from now on takes the short path

@@ -1,39 +1,8 @@
-"""Helpers of the PyTorch instrument: a timed DataLoader iterator, forward replay, small utils."""
+"""Helpers of the PyTorch instrument: forward replay without side effects, small utils."""
 
 from __future__ import annotations
 
-import time
-
 import torch
-
-
-class TimedIterator:
-    """Wraps a DataLoader iterator: time spent waiting in ``__next__`` is data wait."""
-
-    def __init__(self, inner, link, loader_id: int) -> None:
-        self._inner = inner
-        self._link = link  # the instrument's :class:`~.patches.Link` (cut after the capture)
-        self._loader_id = loader_id
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        t0 = time.perf_counter()
-        try:
-            return next(self._inner)
-        finally:
-            inst = self._link()
-            if inst is not None:
-                inst._active_loader = self._loader_id
-                if self._loader_id in inst._train_loaders or not inst._train_loaders:
-                    inst._data_wait += time.perf_counter() - t0
-
-    def __len__(self):
-        return len(self._inner)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def floats(tensors) -> list[float]:
@@ -45,6 +14,7 @@ def floats(tensors) -> list[float]:
 
 
 def hyper(defaults: dict) -> dict:
+    """The JSON-safe hyperparameters of an optimizer's ``defaults`` (numbers, flags, tuples)."""
     out = {}
     for k, v in defaults.items():
         if isinstance(v, (int, float, bool, str)) or v is None:
@@ -94,6 +64,3 @@ def replay_first_nonfinite(model, args, kwargs) -> tuple[str | None, object]:
                 if n in buffers:
                     b.copy_(buffers[n])
     return (found[0] if found else None), out
-
-
-    return None

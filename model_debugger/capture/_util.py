@@ -1,0 +1,61 @@
+"""Helpers shared by the Recorder and the instruments; imports nothing else of the package.
+
+- :data:`FLUSH_SECONDS`: how often per-step events reach the record file at least;
+- :func:`num`: a JSON-safe float (NaN and infinities as strings);
+- :func:`rss_bytes`: the process's resident memory (one ``pread`` a call);
+- :func:`is_oom`: whether an exception is an out-of-memory error of any framework;
+- :func:`active_recorder`: the innermost active Recorder (its stack lives here, so that code
+  below the Recorder, a keeper's spill, reaches it without importing the Recorder).
+
+Importing this module imports neither torch nor tensorflow.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+FLUSH_SECONDS = 0.2  # per-step events reach the file at least this often; others at once
+
+
+def num(value):
+    """JSON-safe float: NaN and infinities become strings."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else str(value)
+
+
+_statm = [-1, -1, 0]  # [pid, fd, page size]: /proc/self/statm stays open, one pread a step
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (0 when unknown)."""
+    try:
+        if _statm[0] != os.getpid():  # first call, or a forked child
+            _statm[:] = [os.getpid(), os.open("/proc/self/statm", os.O_RDONLY),
+                         os.sysconf("SC_PAGE_SIZE")]
+        return int(os.pread(_statm[1], 128, 0).split()[1]) * _statm[2]
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for out-of-memory errors of any framework."""
+    name = type(exc).__name__
+    if name in ("OutOfMemoryError", "ResourceExhaustedError") or isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+    )
+
+
+active: list = []  # the Recorders inside their block, innermost last (appended by the Recorder)
+
+
+def active_recorder():
+    """The innermost active Recorder, or None."""
+    return active[-1] if active else None

@@ -1,0 +1,86 @@
+"""DataLoader hooks of the PyTorch instrument (mixed into ``TorchInstrument``): data wait, epochs.
+
+What they record:
+
+- ``DataLoader.__iter__`` returns a :class:`TimedIterator`: the time its ``__next__`` waits is the
+  ``dw`` of the next ``step`` row (only for the training loader once one is known);
+- a training loader (one whose batch reached a ``backward()``) iterated again starts the next
+  epoch: an ``epoch`` event with ``source="dataloader"``, after the validation losses seen in
+  between were written (``eval_loss``);
+- the training loader goes to the keeper for Isolate.
+
+State owned here: the loaders seen (weakly), which of them train, the loader of the last batch
+and the data wait of the step in progress.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+
+
+class TimedIterator:
+    """Wraps a DataLoader iterator: time spent waiting in ``__next__`` is data wait."""
+
+    def __init__(self, inner, link, loader_id: int) -> None:
+        self._inner = inner
+        self._link = link  # the instrument's :class:`~.patches.Link` (cut after the capture)
+        self._loader_id = loader_id
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t0 = time.perf_counter()
+        try:
+            return next(self._inner)
+        finally:
+            inst = self._link()
+            if inst is not None:
+                inst._active_loader = self._loader_id
+                if self._loader_id in inst._train_loaders or not inst._train_loaders:
+                    inst._data_wait += time.perf_counter() - t0
+
+    def __len__(self):
+        return len(self._inner)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class DataHooks:
+    """``DataLoader.__iter__``: timed iterators, epochs of the training loader."""
+
+    def _init_data_state(self) -> None:
+        self._data_wait = 0.0
+        self._train_loaders: set[int] = set()
+        self._active_loader = None
+        self._loader_refs: dict[int, weakref.ref] = {}
+
+    def _note_train_loader(self) -> None:
+        """The loader of the batch that reached ``backward()`` trains (called each backward)."""
+        if self._active_loader is not None and self._active_loader not in self._train_loaders:
+            self._train_loaders.add(self._active_loader)
+            ref = self._loader_refs.get(self._active_loader)
+            if self.keeper.train_loader is None and ref is not None:
+                self.keeper.train_loader = ref()
+
+    def _wrap_loader_iter(self, original):
+        link = self._link
+
+        def __iter__(loader):
+            it = original(loader)
+            inst = link()
+            if inst is None:
+                return it
+            inst.guard(inst._on_loader_iter)(loader)
+            return TimedIterator(it, link, id(loader))
+
+        __iter__.__wrapped__ = original
+        return __iter__
+
+    def _on_loader_iter(self, loader) -> None:
+        self._loader_refs[id(loader)] = weakref.ref(loader)
+        if id(loader) in self._train_loaders:  # a training loader iterated again: next epoch
+            self.losses.flush_eval()
+            self.rec.set_epoch(self.rec.epoch + 1, "dataloader")
