@@ -93,30 +93,61 @@ def build_context(run: Run, keeper=None, sources: dict | None = None,
     return ctx
 
 
-def isolate(ctx, ids: list[str] | None = None) -> list[Finding]:
-    """Run the probes for the context's categories (or ``ids``); ranked findings."""
-    from .probes import run_probes
+def probe(ctx, ids: list[str] | None = None):
+    """Run the probes for the context's categories (or ``ids``).
+
+    Returns
+    -------
+    ProbeReport
+        Ranked findings, probe timings and shared measurements; empty for a healthy run that
+        did not fail, unless ``ids`` name probes to run anyway.
+    """
+    from .probes import ProbeReport, run_probes
 
     if ctx.classification.primary == "healthy" and ids is None and ctx.run.error is None:
-        return []
+        return ProbeReport()
     return run_probes(ctx, ids)
 
 
-def write_findings(path: str, findings: list[Finding], extras: dict) -> None:
-    """Save findings next to a record (atomically)."""
+def isolate(ctx, ids: list[str] | None = None) -> list[Finding]:
+    """compat: removed when phases/isolate lands. :func:`probe`'s ranked findings, with the
+    report's timings and measurements also written to ``ctx.extras`` (the one place that does)."""
+    report = probe(ctx, ids)
+    ctx.extras.update(report.extras())
+    return list(report.findings)
+
+
+def write_findings(path: str, report, extras: dict | None = None) -> None:
+    """Save a :class:`~model_debugger.probes.ProbeReport` next to a record (atomically).
+
+    ``report`` may also be a list of findings with the old ``extras`` dict (compat: removed when
+    phases/isolate lands).
+    """
+    from .probes import ProbeReport
+
+    if not isinstance(report, ProbeReport):
+        report = ProbeReport.from_json({"findings": [f.to_json() for f in report],
+                                        "extras": dict(extras or {})})
     tmp = path + ".tmp"
-    safe = {k: v for k, v in extras.items() if k in ("probe_seconds", "lr_range", "seed_noise")}
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"findings": [f.to_json() for f in findings], "extras": safe}, fh,
-                  default=str)
+        json.dump(report.to_json(), fh, default=str)
     os.replace(tmp, path)
 
 
-def read_findings(path: str) -> tuple[list[Finding], dict] | None:
-    """Findings written by :func:`write_findings`, or None when there are none."""
+def read_report(path: str):
+    """The :class:`~model_debugger.probes.ProbeReport` written by :func:`write_findings`, or
+    None when there is none (or it cannot be read)."""
+    from .probes import ProbeReport
+    from .records import RecordError
+
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError):
+            return ProbeReport.from_json(json.load(fh))
+    except (OSError, json.JSONDecodeError, RecordError, TypeError, AttributeError):
         return None
-    return [Finding.from_json(f) for f in data.get("findings", [])], data.get("extras", {})
+
+
+def read_findings(path: str) -> tuple[list[Finding], dict] | None:
+    """compat: removed when phases/isolate lands. :func:`read_report` as ``(findings, extras)``."""
+    report = read_report(path)
+    return None if report is None else (list(report.findings), report.extras())

@@ -159,7 +159,7 @@ def test_initial_weights_spill_to_disk_and_probes_restart_from_them(tmp_path, mo
     ctx = build_context(run, keeper, isolate.user_sources(run, [__file__]), 300.0)
     fresh = ctx.trainer.fresh_model()
     assert all(torch.equal(fresh.state_dict()[k], start[k]) for k in start)
-    findings = run_probes(ctx, ["dead_units"])
+    findings = run_probes(ctx, ["dead_units"]).findings
     dead = [f for f in findings if f.check == "dead_units" and f.confirmed]
     assert dead, findings
     assert dead[0].evidence["at_init"]["1"] == 1.0  # the ReLU, measured on the spilled weights
@@ -333,9 +333,11 @@ def test_session_copies_are_written_atomically_and_never_through_a_link(tmp_path
     elsewhere.mkdir()
     os.symlink(elsewhere, os.path.join(s.directory, "fixes"))
     with pytest.raises(UnsafePath):
-        s.record_fix({"finding": "lr_too_high", "source": "lr = 0.01\n"}, approved=True)
+        s.record_fix({"finding": "lr_too_high", "root_cause": "hyperparameter",
+                  "source": "lr = 0.01\n"}, approved=True)
     assert list(elsewhere.iterdir()) == [] and s.pending_fix is None
     os.unlink(os.path.join(s.directory, "fixes"))
-    s.record_fix({"finding": "lr_too_high", "source": "lr = 0.01\n"}, approved=True)
+    s.record_fix({"finding": "lr_too_high", "root_cause": "hyperparameter",
+                  "source": "lr = 0.01\n"}, approved=True)
     copy = os.path.join(s.directory, "fixes", "1.py")
     assert open(copy).read() == "lr = 0.01\n" and os.stat(copy).st_mode & 0o777 == 0o600

@@ -103,12 +103,12 @@ def test_lr_too_low_is_confirmed_at_the_optimizer_line(tk):
 
     _, ctx = captured(tk, 1e-5, epochs=2, val=False)
     assert ctx.classification.primary == "loss_not_decreasing"
-    findings = run_probes(ctx)
-    confirmed = [f for f in findings if f.confirmed]
+    report = run_probes(ctx)
+    confirmed = [f for f in report.findings if f.confirmed]
     assert confirmed and confirmed[0].root_cause == "hyperparameter"
     assert confirmed[0].check in ("lr_range", "overfit_small_batch")
     assert confirmed[0].location == {"file": HERE, "line": line_of("opt")}
-    assert "lr_range" in ctx.extras["probe_seconds"]  # the sweep ran on the Keras copy
+    assert "lr_range" in report.probe_seconds  # the sweep ran on the Keras copy
 
 
 def test_healthy_keras_run_gives_no_confirmed_finding(tk):
@@ -117,7 +117,7 @@ def test_healthy_keras_run_gives_no_confirmed_finding(tk):
     _, ctx = captured(tk, 0.05, epochs=4)
     assert ctx.classification.primary == "healthy"
     ids = [pid for pid, cls in PROBES.items() if "keras" in cls.frameworks]
-    findings = run_probes(ctx, ids)
+    findings = run_probes(ctx, ids).findings
     assert not [(f.check, f.explanation) for f in findings if f.confirmed and
                 not f.evidence.get("probe_error")]
     assert not [f for f in findings if f.evidence.get("probe_error")], findings
@@ -128,7 +128,7 @@ def test_misaligned_labels_are_found_on_the_keras_copy(tk):
 
     _, ctx = captured(tk, 0.05, epochs=2, misaligned=True)
     assert ctx.classification.primary == "loss_not_decreasing"
-    [f] = run_probes(ctx, ["label_alignment"])
+    [f] = run_probes(ctx, ["label_alignment"]).findings
     assert (f.check, f.root_cause, f.confirmed) == ("label_alignment", "data", True)
     ev = f.evidence
     assert 0.97 <= ev["heldout_loss_real"] / ev["heldout_loss_shuffled"] <= 1.03, ev

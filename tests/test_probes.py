@@ -25,7 +25,7 @@ import model_debugger
 from model_debugger import isolate
 from model_debugger.isolate import build_context
 from model_debugger.logs import load_log
-from model_debugger.probes import PROBES, Probe, ProbeContext, register, run_probes
+from model_debugger.probes import PROBES, Probe, ProbeContext, ProbeReport, register, run_probes
 from model_debugger.probes.late_onset import PROBE_HORIZON
 from model_debugger.probes.seed_variance import NOISY_CV
 from model_debugger.records import Classification, Finding, Run
@@ -62,15 +62,24 @@ def captured(directory: Path, train, error: type[BaseException] | None = None,
     return build_context(run, rec.keeper, isolate.user_sources(run, [__file__]), budget)
 
 
-def probe(ctx: ProbeContext, pid: str) -> list[Finding]:
+def report_of(ctx: ProbeContext, pid: str) -> ProbeReport:
     """Run one probe and check that it actually ran (was applicable and in time)."""
-    findings = run_probes(ctx, [pid])
-    assert pid in ctx.extras["probe_seconds"], f"{pid} did not run"
-    return findings
+    report = run_probes(ctx, [pid])
+    assert pid in report.probe_seconds, f"{pid} did not run"
+    return report
+
+
+def probe(ctx: ProbeContext, pid: str) -> list[Finding]:
+    """The findings of one probe that ran."""
+    return list(report_of(ctx, pid).findings)
 
 
 def confirmed_one(ctx: ProbeContext, pid: str, root_cause: str) -> Finding:
-    findings = probe(ctx, pid)
+    return confirmed_in(report_of(ctx, pid), pid, root_cause)
+
+
+def confirmed_in(report: ProbeReport, pid: str, root_cause: str) -> Finding:
+    findings = report.findings
     assert not [f for f in findings if f.evidence.get("probe_error")], findings
     confirmed = [f for f in findings if f.confirmed]
     assert confirmed, f"{pid}: no confirmed finding in {findings}"
@@ -386,22 +395,22 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     assert healthy.train_loader is not None
     assert HERE in healthy.source_files
     # nothing to isolate in a healthy run
-    assert isolate.isolate(healthy) == []
+    assert isolate.probe(healthy) == ProbeReport()
 
 
 @pytest.mark.parametrize("pid", list(PROBES))
 def test_healthy_run_confirms_nothing(healthy, pid):
-    findings = run_probes(healthy, [pid])
+    report = run_probes(healthy, [pid])
+    findings = report.findings
     assert not [f for f in findings if f.confirmed], findings
     assert not [f for f in findings if f.evidence.get("probe_error")], findings
     if pid in LIVE:
-        assert pid in healthy.extras["probe_seconds"], f"{pid} did not run on a live context"
+        assert pid in report.probe_seconds, f"{pid} did not run on a live context"
     assert all(f.check == pid for f in findings)
 
 
 def test_healthy_seed_noise_band_matches_reference(healthy):
-    run_probes(healthy, ["seed_variance"])
-    noise = healthy.extras["seed_noise"]
+    noise = run_probes(healthy, ["seed_variance"]).seed_noise
     finals = np.array(noise["finals"])
     assert len(finals) == 3 and np.isfinite(finals).all()
     assert noise["mean"] == pytest.approx(finals.mean())
@@ -411,8 +420,7 @@ def test_healthy_seed_noise_band_matches_reference(healthy):
 
 
 def test_healthy_lr_range_brackets_the_users_rate(healthy):
-    run_probes(healthy, ["lr_range"])
-    band = healthy.extras["lr_range"]
+    band = run_probes(healthy, ["lr_range"]).lr_range
     assert 1e-7 <= band["best_lr"] <= 10.0
     assert band["safe_lr"] <= band["best_lr"] / 3 * (1 + 1e-9)
     if band["diverge_lr"] is not None:
@@ -446,14 +454,15 @@ def test_eval_mode_not_reset(tmp_path):
 
 def test_seed_variance_large_sgd_lr_is_noisy(tmp_path):
     ctx = captured(tmp_path, train_seed_sensitive)
-    f = confirmed_one(ctx, "seed_variance", "hyperparameter")
+    report = report_of(ctx, "seed_variance")
+    f = confirmed_in(report, "seed_variance", "hyperparameter")
     assert_at(f, "seed-optimizer")
     finals = np.array(f.evidence["finals"])
     assert np.isfinite(finals).all()
     cv = finals.std(ddof=1) / abs(finals.mean())
     assert f.evidence["cv"] == pytest.approx(cv) and cv >= NOISY_CV
     assert finals.max() > 0.1  # noise at the level of the loss itself, not around ~0
-    assert ctx.extras["seed_noise"]["cv"] == pytest.approx(cv)
+    assert report.seed_noise["cv"] == pytest.approx(cv)
 
 
 def test_lr_range_too_high(tmp_path):
@@ -591,7 +600,7 @@ def test_hardware_ecc_error_in_a_log_is_escalated(tmp_path):
     assert f.evidence["escalate"] is True
     assert "uncorrectable ECC" in f.evidence["error"]
     # through Isolate's own selection, the device finding ranks first
-    found = isolate.isolate(ctx)
+    found = isolate.probe(ctx).findings
     assert found and (found[0].check, found[0].root_cause) == ("hardware", "hardware")
 
 
@@ -710,12 +719,13 @@ def test_run_probes_ranks_confirmed_then_primary_then_strength(stubs):
               (("architecture", True, "primary strong"), {"strength": 0.8})),
     ]
     ctx = _stub_ctx()
-    findings = run_probes(ctx, ids)
+    report = run_probes(ctx, ids)
+    findings = report.findings
     assert [f.check for f in findings] == [
         "zz_primary_strong", "zz_primary_weak", "zz_secondary_confirmed",
         "zz_primary_hint", "zz_secondary_hint", "zz_broken"]
     # every probe ran and was timed, the broken one included
-    assert set(ctx.extras["probe_seconds"]) == set(ids)
+    assert set(report.probe_seconds) == set(ids)
     # each finding is tagged with the first of the run's categories its probe serves
     cats = {f.check: f.evidence.get("category") for f in findings}
     assert cats["zz_primary_weak"] == "loss_not_decreasing"
@@ -729,9 +739,10 @@ def test_run_probes_default_selection_follows_categories(stubs):
     stubs("zz_for_primary", ("loss_not_decreasing",), (("data", True, "x"), {}))
     stubs("zz_for_other", ("performance_issue",), (("data", True, "y"), {}))
     ctx = _stub_ctx()
-    checks = {f.check for f in run_probes(ctx)}
+    report = run_probes(ctx)
+    checks = {f.check for f in report.findings}
     assert "zz_for_primary" in checks and "zz_for_other" not in checks
-    assert "zz_for_other" not in ctx.extras["probe_seconds"]
+    assert "zz_for_other" not in report.probe_seconds
 
 
 def test_stub_probes_are_unregistered_afterwards():

@@ -36,6 +36,8 @@ from .base import (
     run_probes,
     suggestion_for,
 )
+from .report import SHARED, Measured, ProbeReport, ProbeResult
 
-__all__ = ["GENERIC_SUGGESTION", "PROBES", "Probe", "ProbeContext", "probes_for", "rank",
-           "register", "run_probes", "suggestion_for"]
+__all__ = ["GENERIC_SUGGESTION", "PROBES", "SHARED", "Measured", "Probe", "ProbeContext",
+           "ProbeReport", "ProbeResult", "probes_for", "rank", "register", "run_probes",
+           "suggestion_for"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..records import Classification, Finding, Run
 from ..trainers import Trainer
+from .report import SHARED, ProbeReport, ProbeResult
 
 PROBES: dict[str, type[Probe]] = {}
 
@@ -139,7 +140,8 @@ class Probe:
             return False
         return ctx.live or not self.needs_live
 
-    def run(self, ctx: ProbeContext) -> list[Finding]:  # pragma: no cover - abstract
+    def run(self, ctx: ProbeContext) -> list[Finding] | ProbeResult:  # pragma: no cover
+        """Measure; return findings, or a :class:`ProbeResult` with a shared quantity too."""
         raise NotImplementedError
 
     def suggestion(self, finding: Finding) -> str:
@@ -222,10 +224,16 @@ def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
 
 
 def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
-               progress: Callable[[str, int, int], None] | None = None) -> list[Finding]:
-    """Run probes (default: those for the primary and secondary categories) and rank findings.
+               progress: Callable[[str, int, int], None] | None = None) -> ProbeReport:
+    """Run probes (default: those for the primary and secondary categories).
 
     A probe that raises yields an unconfirmed finding naming the error; it never stops the others.
+
+    Returns
+    -------
+    ProbeReport
+        The ranked findings, seconds per probe that ran, and the shared quantities the probes
+        measured (the last probe to measure one wins).
     """
     if ids is None:
         cats = [ctx.classification.primary, *ctx.classification.secondary]
@@ -234,6 +242,7 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
             ids += [p for p in probes_for(cat) if p not in ids]
     findings: list[Finding] = []
     timings: dict[str, float] = {}
+    measured: dict = {}
     order = [ctx.classification.primary, *ctx.classification.secondary]
     for n, pid in enumerate(ids):
         probe = PROBES[pid]()
@@ -245,14 +254,15 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
             progress(pid, n, len(ids))
         t0 = time.perf_counter()
         try:
-            found = probe.run(ctx)
+            result = ProbeResult.of(probe.run(ctx))
             cat = next((c for c in order if c in probe.categories), order[0])
             findings += [Finding(f.check, f.root_cause, f.confirmed, f.explanation, f.location,
-                                 {**f.evidence, "category": cat}) for f in found]
+                                 {**f.evidence, "category": cat}) for f in result.findings]
+            measured.update({name: getattr(result, name) for name in SHARED
+                             if getattr(result, name) is not None})
         except Exception as exc:  # noqa: BLE001 - one broken probe must not hide the rest
             findings.append(Finding(pid, "training_loop", False,
                                     f"probe {pid} could not run: {type(exc).__name__}: {exc}",
                                     None, {"strength": 0.0, "probe_error": True}))
         timings[pid] = round(time.perf_counter() - t0, 3)
-    ctx.extras["probe_seconds"] = timings
-    return rank(findings, order)
+    return ProbeReport(findings=tuple(rank(findings, order)), probe_seconds=timings, **measured)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..thresholds import GRAD_GROWTH
 from .base import Probe, ProbeContext, register
+from .report import ProbeResult
 
 LR_MIN, LR_MAX, STEPS = 1e-7, 10.0, 120
 TOO_LOW = 100.0  # user lr this many times below the best rate
@@ -54,8 +55,13 @@ class LRRange(Probe):
         best_lr = float(lrs[int(np.nanargmin(slope))]) if np.isfinite(slope).any() \
             else float(lrs[lowest])
         safe_lr = min(best_lr / 3, diverge_lr / 10) if diverge_lr else best_lr / 3
-        ctx.extras["lr_range"] = {"best_lr": best_lr, "diverge_lr": diverge_lr,
-                                  "safe_lr": safe_lr}
+        band = {"best_lr": best_lr, "diverge_lr": diverge_lr, "safe_lr": safe_lr}
+        return ProbeResult(lr_range=band,
+                           findings=tuple(self._judge(ctx, tr, best_lr, diverge_lr, safe_lr)))
+
+    def _judge(self, ctx: ProbeContext, tr, best_lr: float, diverge_lr: float | None,
+               safe_lr: float) -> list:
+        """The user's rate against the swept bracket: too high, too low, or no finding."""
         user = tr.lr
         common = dict(lr=user, best_lr=best_lr, diverge_lr=diverge_lr, safe_lr=safe_lr)
         sig = ctx.signals

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Probe, ProbeContext, register
+from .report import ProbeResult
 
 SEEDS, STEPS, NOISY_CV = 3, 60, 0.25
 
@@ -35,13 +36,13 @@ class SeedVariance(Probe):
         finals = np.array(finals)
         mean, std = float(finals.mean()), float(finals.std(ddof=1))
         cv = std / abs(mean) if mean else float("inf")
-        ctx.extras["seed_noise"] = {"mean": mean, "std": std, "cv": cv, "finals": finals.tolist()}
+        noise = {"mean": mean, "std": std, "cv": cv, "finals": finals.tolist()}
         if not np.isfinite(cv) or cv < NOISY_CV:
-            return []
-        return [self.finding(
+            return ProbeResult(seed_noise=noise)
+        return ProbeResult(seed_noise=noise, findings=(self.finding(
             "hyperparameter", True,
             f"The loss after {steps} steps varies by {cv:.0%} across {SEEDS} seeds "
             f"({finals.round(4).tolist()}); with this much seed noise a single run cannot show "
             "whether a change helps. Lower the learning rate or enlarge the batch, and compare "
             "changes across seeds.",
-            ctx.ref("optimizer"), finals=finals.tolist(), cv=cv, strength=0.3)]
+            ctx.ref("optimizer"), finals=finals.tolist(), cv=cv, strength=0.3),))
