@@ -1,0 +1,234 @@
+"""Gradient and step hooks of the Keras instrument (mixed into ``KerasInstrument``).
+
+What they record:
+
+- ``tf.GradientTape.gradient``: the loss (the tape's target) and, outside ``fit``, the line
+  computing gradients (a ``backward`` ``ref``);
+- ``BaseOptimizer.apply`` (under ``apply_gradients``): outside ``fit``, the ``step`` line; the
+  optimizer and model when not seen yet; per-variable gradient norms where Keras applies them,
+  summed per layer. Inside a traced ``fit`` step the norms and the loss are written to a small
+  variable read after each batch; in eager loops they are read directly; in ``tf.function``
+  custom loops they leave the graph through ``tf.py_function``;
+- one ``step`` event per apply: ``loss``, ``gn``, ``mgn`` (a bounded window of layers, see
+  :mod:`.norms`), ``dt``, ``dw``, ``rss``, ``tm``, and ``cuda``/``cuda_peak`` on a GPU; the first
+  non-finite loss or gradient norm is a ``nonfinite`` event naming the first layer with
+  non-finite weights or output on the last batch.
+
+State owned here: the variable layouts, the stashes of traced fit steps, the tape's target and
+the step clock.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import numpy as np
+
+from ._util import num, rss_bytes
+from .keras_util import in_xla, layer_of, user_location
+from .norms import MGN_MAX
+from .norms import window as norms_window
+
+
+class StepHooks:
+    """``GradientTape.gradient`` and ``BaseOptimizer.apply``: the loss and norms of each step."""
+
+    def _wrap_gradient(self, original):
+        link = self._link
+
+        def gradient(tape, target, sources, *args, **kwargs):
+            inst = link()
+            if inst is not None:
+                inst.guard(inst._on_gradient)(target)
+            return original(tape, target, sources, *args, **kwargs)
+
+        gradient.__wrapped__ = original
+        return gradient
+
+    def _on_gradient(self, target) -> None:
+        tf = self._tf
+        if isinstance(target, (tf.Tensor, tf.Variable)) and target.dtype.is_floating and \
+                target.shape.rank is not None and target.shape.num_elements() == 1:
+            self._target = target
+            if not self._fit_depth:
+                self.ref("backward", user_location(sys._getframe()))
+
+    def _wrap_apply(self, original):
+        link = self._link
+
+        def apply(opt, grads, trainable_variables=None):
+            inst = link()
+            if inst is None or inst._in_apply:
+                return original(opt, grads, trainable_variables)
+            grads = list(grads)
+            if trainable_variables is not None:
+                trainable_variables = list(trainable_variables)
+            inst._in_apply = True
+            try:
+                post = inst.guard(inst._before_apply)(opt, grads, trainable_variables)
+                out = original(opt, grads, trainable_variables)
+                if post is not None:
+                    inst.guard(post)()
+                return out
+            finally:
+                inst._in_apply = False
+
+        apply.__wrapped__ = original
+        return apply
+
+    def _before_apply(self, opt, grads, variables):
+        tf = self._tf
+        if variables is None:
+            variables = list(getattr(opt, "_trainable_variables", None) or [])
+        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        if not pairs:
+            return None
+        frame = sys._getframe()
+        if not self._fit_depth:
+            self.ref("step", user_location(frame))
+        if id(opt) not in self._opts:
+            self._on_optimizer(opt, None)
+        if not self._models:
+            self._discover_from_variables([v for _, v in pairs], frame)
+        key = tuple(id(v) for _, v in pairs)
+        if key not in self._layouts:
+            names: list[str] = []
+            index = []
+            for _, v in pairs:
+                layer = layer_of(v)
+                if layer not in names:
+                    names.append(layer)
+                index.append(names.index(layer))
+            self._layouts[key] = (names, np.array(index))
+        layout = self._layouts[key]
+        vec = self._vector(pairs)
+        if tf.executing_eagerly():
+            if self._fit_depth:
+                return lambda: setattr(self, "_pending", (vec.numpy(), layout))
+            return lambda: self._emit_from_vec(vec.numpy(), layout)
+        if self._fit_depth:
+            stash = self._stashes.get(key)
+            if stash is None:
+                with tf.init_scope():
+                    stash = tf.Variable(tf.zeros([len(pairs) + 2]), trainable=False,
+                                        name="model_debugger_stash")
+                self._stashes[key] = stash
+            stash.assign(vec)
+            self._current = self._stash_of[id(self._fitting)] = key
+            return None
+        if not in_xla():
+            link = self._link  # the py_function outlives the capture in TensorFlow's registry
+
+            def step(v):
+                inst = link()
+                if inst is not None:
+                    inst.guard(inst._emit_from_vec)(v.numpy(), layout)
+
+            tf.py_function(step, [vec], [])
+        return None
+
+    def _vector(self, pairs):
+        """``[has_loss, loss, |g_1|, ..., |g_n|]`` as one float32 tensor (graph or eager)."""
+        tf = self._tf
+        target, self._target = self._target, None
+        eager = tf.executing_eagerly()
+        usable = target is not None and (
+            not tf.is_symbolic_tensor(target) if eager else
+            (tf.is_symbolic_tensor(target)
+             and target.graph is tf.compat.v1.get_default_graph()))
+        if usable:
+            head = [tf.constant(1.0), tf.reshape(tf.cast(target, tf.float32), [])]
+        else:
+            head = [tf.constant(0.0), tf.constant(0.0)]
+        norms = []
+        for g, _ in pairs:
+            if isinstance(g, tf.IndexedSlices):
+                g = g.values
+            norms.append(tf.norm(tf.cast(tf.reshape(g, [-1]), tf.float32)))
+        return tf.stack(head + norms)
+
+    # -- steps -----------------------------------------------------------------------------
+    def _emit_from_vec(self, vec, layout) -> None:
+        vec = np.asarray(vec, dtype=np.float64)
+        names, index = layout
+        loss = float(vec[1]) if vec[0] > 0 else None
+        norms = vec[2:]
+        with np.errstate(over="ignore", invalid="ignore"):
+            sq = np.zeros(len(names))
+            np.add.at(sq, index, norms * norms)
+            per_layer = np.sqrt(sq)
+            total = float(np.sqrt(sq.sum()))
+        mgn = dict(zip(names, per_layer.tolist())) if self.cfg.module_norms else {}
+        if len(mgn) > MGN_MAX:  # a window of the layers per step (see norms.py)
+            if not self._mgn_at:
+                self.rec.emit("module_norms", modules=len(mgn), per_step=MGN_MAX)
+            mgn, self._mgn_at = norms_window(mgn, self._mgn_at), self._mgn_at + MGN_MAX
+        if not self._nonfinite_seen:
+            if loss is not None and not math.isfinite(loss):
+                self._nonfinite_seen = True
+                self.rec.emit("nonfinite", step=self.rec.step, what="loss", value=str(loss),
+                              module=self._localize(), replay=None)
+            elif not math.isfinite(total):
+                self._nonfinite_seen = True
+                bad = [n for n, v in zip(names, per_layer) if not math.isfinite(v)]
+                self.rec.emit("nonfinite", step=self.rec.step, what="grad", value=str(total),
+                              module=bad[-1] if bad else None)
+        self._emit_step(loss, total, mgn)
+
+    def _emit_step(self, loss, gn, mgn) -> None:
+        now = time.perf_counter()
+        dt = now - self._last_step_end if self._last_step_end is not None else None
+        self._last_step_end = now
+        step = {"i": self.rec.step, "ep": self.rec.epoch, "loss": num(loss), "gn": num(gn),
+                "dt": dt, "dw": self._data_wait, "rss": rss_bytes()}
+        if mgn:
+            step["mgn"] = {k: num(v) for k, v in mgn.items()}
+        step["tm"] = True
+        device = self._device_memory()
+        if device is not None:
+            step["cuda"], step["cuda_peak"] = device
+        self._data_wait = 0.0
+        self.rec.emit("step", **step)
+        self.rec.step += 1
+        self._steps += 1
+        if self.cfg.hist_every and self._steps % self.cfg.hist_every == 0:
+            self._emit_targets()
+
+    def _device_memory(self):
+        tf = self._tf
+        if self._gpu is None:
+            self._gpu = bool(tf.config.list_physical_devices("GPU"))
+        if not self._gpu:
+            return None
+        try:
+            info = tf.config.experimental.get_memory_info("GPU:0")
+            return int(info["current"]), int(info["peak"])
+        except Exception:  # noqa: BLE001 - no memory info for this device
+            self._gpu = False
+            return None
+
+    def _localize(self) -> str | None:
+        """The first layer holding non-finite weights, or producing non-finite output on the
+        last batch (functional and Sequential models)."""
+        model = self._root() if self._root else None
+        if model is None:
+            return None
+        layers = [layer for layer in getattr(model, "layers", [])]
+        for layer in layers:
+            for w in layer.weights:
+                if not np.isfinite(np.asarray(w.numpy(), dtype=np.float64)).all():
+                    return layer.name
+        if self._last_x is None:
+            return None
+        try:
+            probe = self._keras.Model(model.inputs, [layer.output for layer in layers])
+            outs = probe(self._last_x, training=False)
+        except Exception:  # noqa: BLE001 - a subclassed model has no symbolic outputs
+            return None
+        for layer, out in zip(layers, outs if isinstance(outs, (list, tuple)) else [outs]):
+            arr = np.asarray(out)
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                return layer.name
+        return None
