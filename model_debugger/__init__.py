@@ -32,11 +32,19 @@ def capture(path: str | None = None, **config) -> Recorder:
 
 
 def current_session():
-    """The notebook kernel's debugging session (``.report()``, ``.tracker``), created on first use.
+    """The notebook kernel's debugging session (``.session``, ``.report()``, ``.tracker``).
+
+    It belongs to the magics ``%load_ext model_debugger`` registered; its DebugSession is
+    created on first use.
 
     Returns
     -------
     model_debugger.notebook.NotebookSession
+
+    Raises
+    ------
+    RuntimeError
+        When the extension is not loaded in this kernel.
     """
     from .notebook import current_session as _current
 
@@ -51,7 +59,7 @@ def load_ipython_extension(ipython) -> None:
 
 
 def unload_ipython_extension(ipython) -> None:
-    """``%unload_ext model_debugger``: remove every magic and forget the kernel's session."""
+    """``%unload_ext model_debugger``: remove every magic and drop the kernel's session."""
     from .magics import unload
 
     unload(ipython)

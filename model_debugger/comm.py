@@ -4,16 +4,23 @@ Protocol (every message is a JSON object with a ``type``):
 
 - frontend -> kernel ``{"type": "hello"}`` (in the ``comm_open`` data or as a message):
   the kernel answers ``{"type": "snapshot", "snapshot": SNAPSHOT}``.
-- kernel -> frontend ``{"type": "event", "snapshot": SNAPSHOT}`` after every change of the
-  notebook session (:meth:`model_debugger.notebook.NotebookSession.on_change`).
+- kernel -> frontend ``{"type": "event", "snapshot": SNAPSHOT}`` after every event appended to
+  the kernel's session, by whichever DebugSession object of the process
+  (:meth:`model_debugger.session.DebugSession.on_change`).
 - frontend -> kernel ``{"type": "request", "id": ID, "command": NAME, "args": {...}}``; the
   kernel answers ``{"type": "reply", "id": ID, "ok": true, "result": ...}`` or
   ``{"type": "reply", "id": ID, "ok": false, "error": "..."}``. Commands: ``snapshot``,
   ``export`` (``args.path``: where to write the record notebook, optional).
 
 SNAPSHOT follows ``model_debugger/schema/snapshot.schema.json`` (the sidebar's TypeScript types
-are generated from the same file). :func:`register` also opens a comm from the kernel, so a
-sidebar that is already open connects as soon as ``%load_ext model_debugger`` runs.
+are generated from the same file); its ``report`` is the session's
+:meth:`~model_debugger.session.DebugSession.report` (with the phase strip, ``phases``).
+:func:`register` also opens a comm from the kernel, so a sidebar that is already open connects
+as soon as ``%load_ext model_debugger`` runs.
+
+The comms, the target and the subscription live on a :class:`Sidebar` owned by the kernel's
+:class:`~model_debugger.notebook.NotebookSession` (itself owned by the magics registered on the
+shell); nothing is kept in module globals.
 
 Everything here is a no-op outside a kernel (plain IPython, scripts).
 """
@@ -27,8 +34,6 @@ import os
 TARGET = "model_debugger"
 SNAPSHOT_SCHEMA = "model_debugger.snapshot/1"
 PROTOCOL = 1
-
-_STATE: dict = {"comms": [], "manager": None, "session": None}
 
 
 def _manager(shell):
@@ -66,47 +71,38 @@ def _clean(value):
     return _clean(as_float)
 
 
-def snapshot(ns=None) -> dict:
-    """The sidebar's view of the kernel's session (see the module docstring)."""
-    from . import __version__
-    from .notebook import current_session
+def snapshot(kernel) -> dict:
+    """The sidebar's view of a kernel's session (see the module docstring).
 
-    ns = ns if ns is not None else current_session()
-    session = ns.session if ns.has_session else None  # asking must not create a session
+    Parameters
+    ----------
+    kernel : NotebookSession
+        The kernel's session; asking creates no DebugSession (``report`` is None until one
+        exists).
+    """
+    from . import __version__
+
+    session = kernel.session if kernel.has_session else None
     report = session.report() if session is not None else None
-    plan = ns.plan if isinstance(getattr(ns, "plan", None), dict) else None
+    plan = report.get("plan") if report else None
     return _clean({"schema": SNAPSHOT_SCHEMA, "protocol": PROTOCOL, "version": __version__,
-                   "cwd": os.getcwd(), "root": ns.root, "report": report,
+                   "cwd": os.getcwd(), "root": kernel.root, "report": report,
                    "plan": {k: v for k, v in plan.items() if k != "source"} if plan else None})
 
 
-def _send(comm, data: dict) -> None:
-    try:
-        comm.send(json.loads(json.dumps(_clean(data))))
-    except Exception:  # noqa: BLE001 - a closed frontend must never break the user's cell
-        _forget(comm)
-
-
-def _forget(comm) -> None:
-    if comm in _STATE["comms"]:
-        _STATE["comms"].remove(comm)
-
-
-def _export(args: dict) -> dict:
+def export(kernel, args: dict) -> dict:
     """Export the kernel's session. ``args.path``: a notebook path inside the kernel's folder
     (the notebook's); default the session folder. ``args.overwrite``: replace existing files
     (otherwise an existing target is an error)."""
     from .export import export_files
-    from .notebook import current_session
 
-    ns = current_session()
-    if not ns.has_session:
+    if not kernel.has_session:
         raise ValueError("no session to export yet: run a %%reproduce cell first")
     path = args.get("path") or None
     if path is not None and not isinstance(path, str):
         raise ValueError("args.path must be a string")
     cwd = os.getcwd()
-    written = export_files(ns.session, path, root=cwd if path is not None else None,
+    written = export_files(kernel.session, path, root=cwd if path is not None else None,
                            overwrite=args.get("overwrite") is True)
     return {"notebook": written["notebook"], "repro": written["repro"],
             "replaced": written["replaced"],
@@ -114,91 +110,161 @@ def _export(args: dict) -> dict:
                          for k in ("notebook", "repro")}}
 
 
-COMMANDS = {"snapshot": lambda args: snapshot(), "export": _export}
+COMMANDS = {"snapshot": lambda kernel, args: snapshot(kernel), "export": export}
 
 
-def _on_msg(comm, msg: dict) -> None:
-    data = (msg.get("content") or {}).get("data") or {}
-    kind = data.get("type")
-    if kind == "hello":
-        _send(comm, {"type": "snapshot", "snapshot": snapshot()})
-    elif kind == "request":
-        rid = data.get("id")
-        command = COMMANDS.get(data.get("command"))
-        if command is None:
-            _send(comm, {"type": "reply", "id": rid, "ok": False,
-                         "error": f"unknown command {data.get('command')!r} "
-                                  f"(known: {', '.join(sorted(COMMANDS))})"})
-            return
-        try:
-            result = command(data.get("args") or {})
-        except Exception as exc:  # noqa: BLE001 - every failure goes back as a reply
-            _send(comm, {"type": "reply", "id": rid, "ok": False,
-                         "error": f"{type(exc).__name__}: {exc}"})
-            return
-        _send(comm, {"type": "reply", "id": rid, "ok": True, "result": result})
+class Sidebar:
+    """The sidebar comms of one kernel session: a snapshot on hello, an event after every
+    event of the session, replies to requests.
 
-
-def _adopt(comm, open_data: dict | None) -> None:
-    _STATE["comms"].append(comm)
-    comm.on_msg(lambda msg: _on_msg(comm, msg))
-    comm.on_close(lambda _msg: _forget(comm))
-    if (open_data or {}).get("type") == "hello":
-        _send(comm, {"type": "snapshot", "snapshot": snapshot()})
-
-
-def _target(comm, open_msg: dict) -> None:
-    _adopt(comm, (open_msg.get("content") or {}).get("data"))
-
-
-def _changed() -> None:
-    if not _STATE["comms"]:
-        return
-    data = {"type": "event", "snapshot": snapshot()}
-    for comm in list(_STATE["comms"]):
-        _send(comm, data)
-
-
-def register(shell) -> bool:
-    """Register the comm target on ``shell``'s kernel and follow the notebook session.
-
-    Returns False (and does nothing) outside a kernel.
+    Parameters
+    ----------
+    kernel : NotebookSession
+        Whose session the sidebar shows (it follows the kernel's current DebugSession:
+        :meth:`follow`).
     """
-    manager = _manager(shell)
-    if manager is None:
-        return False
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.comms: list = []
+        self.manager = None  # the kernel's comm manager the target is registered with
+        self._unsubscribe = None
+        if kernel.has_session:
+            self.follow(kernel.session)
+
+    def follow(self, session) -> None:
+        """Push an event after every event appended to ``session`` (the kernel's, from now on);
+        the new session's snapshot is pushed at once."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        self._unsubscribe = session.on_change(self.push)
+        self.push()
+
+    def snapshot(self) -> dict:
+        """The snapshot of the kernel's session."""
+        return snapshot(self.kernel)
+
+    def open(self, comm, open_msg: dict) -> None:
+        """The comm target: a frontend opened a comm (``hello`` in its data gets a snapshot)."""
+        self.adopt(comm, (open_msg.get("content") or {}).get("data"))
+
+    def adopt(self, comm, open_data: dict | None = None) -> None:
+        """Serve ``comm`` (opened by either end)."""
+        self.comms.append(comm)
+        comm.on_msg(lambda msg: self.receive(comm, msg))
+        comm.on_close(lambda _msg: self._forget(comm))
+        if (open_data or {}).get("type") == "hello":
+            self._send(comm, {"type": "snapshot", "snapshot": self.snapshot()})
+
+    def receive(self, comm, msg: dict) -> None:
+        """Answer one message from the frontend (``hello`` or a ``request``)."""
+        data = (msg.get("content") or {}).get("data") or {}
+        kind = data.get("type")
+        if kind == "hello":
+            self._send(comm, {"type": "snapshot", "snapshot": self.snapshot()})
+        elif kind == "request":
+            rid = data.get("id")
+            command = COMMANDS.get(data.get("command"))
+            if command is None:
+                self._send(comm, {"type": "reply", "id": rid, "ok": False,
+                                  "error": f"unknown command {data.get('command')!r} "
+                                           f"(known: {', '.join(sorted(COMMANDS))})"})
+                return
+            try:
+                result = command(self.kernel, data.get("args") or {})
+            except Exception as exc:  # noqa: BLE001 - every failure goes back as a reply
+                self._send(comm, {"type": "reply", "id": rid, "ok": False,
+                                  "error": f"{type(exc).__name__}: {exc}"})
+                return
+            self._send(comm, {"type": "reply", "id": rid, "ok": True, "result": result})
+
+    def push(self, state=None) -> None:
+        """Send every open comm the current snapshot as an ``event``."""
+        if not self.comms:
+            return
+        data = {"type": "event", "snapshot": self.snapshot()}
+        for comm in list(self.comms):
+            self._send(comm, data)
+
+    def _send(self, comm, data: dict) -> None:
+        try:
+            comm.send(json.loads(json.dumps(_clean(data))))
+        except Exception:  # noqa: BLE001 - a closed frontend must never break the user's cell
+            self._forget(comm)
+
+    def _forget(self, comm) -> None:
+        if comm in self.comms:
+            self.comms.remove(comm)
+
+    def close(self) -> None:
+        """Close the comms, remove the target and stop following the session."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        for comm in list(self.comms):
+            try:
+                comm.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self.comms.clear()
+        if self.manager is not None:
+            try:
+                self.manager.unregister_target(TARGET, self.open)
+            except Exception:  # noqa: BLE001 - never registered
+                pass
+            self.manager = None
+
+
+def _kernel_of(shell, kernel):
+    if kernel is not None:
+        return kernel
     from .notebook import current_session
 
-    if _STATE["manager"] is not manager:
-        manager.register_target(TARGET, _target)
-        _STATE["manager"] = manager
-    ns = current_session()
-    if _STATE["session"] is not ns:
-        ns.on_change(_changed)
-        _STATE["session"] = ns
+    try:
+        return current_session(shell)
+    except RuntimeError:
+        return None
+
+
+def register(shell, kernel=None) -> bool:
+    """Register the comm target on ``shell``'s kernel for the kernel's session.
+
+    Parameters
+    ----------
+    shell : InteractiveShell
+        The shell whose kernel's comm manager gets the target.
+    kernel : NotebookSession, optional
+        The session the sidebar shows (default: the one the magics on ``shell`` own).
+
+    Returns
+    -------
+    bool
+        False (and nothing done) outside a kernel or without a loaded extension.
+    """
+    manager = _manager(shell)
+    kernel = _kernel_of(shell, kernel)
+    if manager is None or kernel is None:
+        return False
+    if kernel.sidebar is None:
+        kernel.sidebar = Sidebar(kernel)
+    sidebar = kernel.sidebar
+    if sidebar.manager is not manager:
+        manager.register_target(TARGET, sidebar.open)
+        sidebar.manager = manager
     try:  # announce: a sidebar that is already open connects now
         from comm import create_comm
 
         comm = create_comm(target_name=TARGET, data={"type": "snapshot",
-                                                     "snapshot": snapshot()})
-        _adopt(comm, None)
+                                                     "snapshot": sidebar.snapshot()})
+        sidebar.adopt(comm)
     except Exception:  # noqa: BLE001 - no frontend listening: it says hello later
         pass
     return True
 
 
-def unregister(shell) -> None:
-    """Close the comms and remove the target (the saved session stays on disk)."""
-    manager = _manager(shell) or _STATE["manager"]
-    for comm in list(_STATE["comms"]):
-        try:
-            comm.close()
-        except Exception:  # noqa: BLE001
-            pass
-    _STATE["comms"].clear()
-    if manager is not None:
-        try:
-            manager.unregister_target(TARGET, _target)
-        except Exception:  # noqa: BLE001 - never registered
-            pass
-    _STATE.update(manager=None, session=None)
+def unregister(shell, kernel=None) -> None:
+    """Close the sidebar's comms and remove the target (the saved session stays on disk)."""
+    kernel = _kernel_of(shell, kernel)
+    if kernel is not None and kernel.sidebar is not None:
+        kernel.sidebar.close()
+        kernel.sidebar = None

@@ -1,6 +1,8 @@
 """IPython magics: parse arguments, call the kernel's session, display. Nothing else.
 
-``%load_ext model_debugger`` registers them; ``%unload_ext model_debugger`` removes them all.
+``%load_ext model_debugger`` registers one :class:`DebuggerMagics` instance on the shell; it owns
+the kernel's :class:`~model_debugger.notebook.NotebookSession` (the session, its artifact and its
+widgets). ``%unload_ext model_debugger`` removes every magic and drops it.
 
 - ``%%reproduce [--runs N] [--seed S]``: run the cell under capture (live loss curves), record
   Reproduce and Classify; earlier cells it depends on are kept with it in ``artifact.py``.
@@ -22,13 +24,8 @@ from IPython.display import display
 
 from ._deps import earlier_cells
 from ._validate import arg, check_budget, check_count, check_probe_ids, check_seed
+from .notebook import EVIDENCE_TEXT_LIMIT
 from .session import GateError
-
-
-def _session():
-    from .notebook import current_session
-
-    return current_session()
 
 
 def _views():
@@ -48,7 +45,26 @@ def _numbers(text: str) -> dict[str, float]:
 
 @magics_class
 class DebuggerMagics(Magics):
-    """The model_debugger magics (one instance per shell)."""
+    """The model_debugger magics (one instance per shell).
+
+    Parameters
+    ----------
+    shell : InteractiveShell
+        Where the magics run; its ``user_ns`` is where cells are reproduced.
+    root : str, optional
+        Where sessions are saved (default ``.model_debugger`` in the current directory).
+
+    Attributes
+    ----------
+    kernel : NotebookSession
+        The kernel's investigation (None once unloaded).
+    """
+
+    def __init__(self, shell=None, root: str | None = None, **kwargs) -> None:
+        from .notebook import NotebookSession
+
+        super().__init__(shell, **kwargs)
+        self.kernel = NotebookSession(shell.user_ns if shell is not None else None, root)
 
     @magic_arguments()
     @argument("--runs", type=arg(check_count, "--runs"), default=1,
@@ -61,8 +77,9 @@ class DebuggerMagics(Magics):
         args = parse_argstring(self.reproduce, line)
         _usage(check_seed, args.seed, "--seed", args.runs)
         _usage(_compiles, cell)
-        ns, views = _session(), _views()
+        ns, views = self.kernel, _views()
         history = earlier_cells(self.shell.user_ns.get("In", []), cell)
+        ns.new_session()  # a second reproduction is a new investigation
         display(ns.curves)
         verdict, error = ns.reproduce(cell, runs=args.runs, seed=args.seed, history=history)
         display(views.reproduce(verdict, error))
@@ -71,14 +88,14 @@ class DebuggerMagics(Magics):
         report = ns.report()
         display(views.classification(report))
         display(ns.gradients)
-        display(ns.tracker)
+        display(ns.new_tracker())
 
     @magic_arguments()
     @line_magic
     def classify(self, line: str = "") -> None:
         """Show the classification Reproduce recorded (nothing is re-classified)."""
         parse_argstring(self.classify, line)
-        display(_views().classification(_session().report()))
+        display(_views().classification(self.kernel.report()))
 
     @magic_arguments()
     @argument("--probe", nargs="+", action="extend", default=None, metavar="ID",
@@ -92,7 +109,7 @@ class DebuggerMagics(Magics):
 
         args = parse_argstring(self.isolate, line)
         args.probe = _usage(check_probe_ids, args.probe)
-        ns, views = _session(), _views()
+        ns, views = self.kernel, _views()
         progress = Progress("Isolate")
         display(progress)
         try:
@@ -109,7 +126,7 @@ class DebuggerMagics(Magics):
         from IPython.utils.capture import capture_output
 
         parse_argstring(self.evidence, line)
-        ns, views = _session(), _views()
+        ns, views = self.kernel, _views()
         with capture_output() as captured:
             result = self.shell.run_cell(cell, store_history=False)
         captured.show()
@@ -118,7 +135,7 @@ class DebuggerMagics(Magics):
         if not result.success:
             text += f"\n(the cell raised {type(result.error_in_exec).__name__})"
         numbers = _numbers(text)
-        event = ns.evidence(cell, text, numbers)
+        event = ns.session.record_evidence(cell, text[-EVIDENCE_TEXT_LIMIT:], numbers)
         target = event["hypothesis"] or "the classification (no finding yet)"
         listed = ", ".join(f"{k}={v:g}" for k, v in numbers.items()) or "no numbers"
         display(views.message(f"evidence attached to {target}: {listed} "
@@ -132,15 +149,17 @@ class DebuggerMagics(Magics):
     @cell_magic
     def fix(self, line: str, cell: str) -> None:
         """Plan the change the cell holds; approve with --yes or the Approve button."""
-        import ipywidgets as W
-
-        from .fix import FixRefused
+        from .fix import FixRefused, plan_fix
 
         args = parse_argstring(self.fix, line)
-        ns, views = _session(), _views()
+        ns, views = self.kernel, _views()
         try:
-            plan = ns.plan_fix(cell, allow_architecture=args.allow_architecture,
-                               data_consent=args.data_consent)
+            plan = plan_fix(ns.session, cell, allow_architecture=args.allow_architecture,
+                            data_consent=args.data_consent)
+            if args.yes:
+                ns.session.record_fix(plan, approved=True)
+            else:
+                ns.session.record_plan(plan)  # awaiting approval; survives a kernel restart
         except FixRefused as exc:
             display(views.refused(exc.reasons))
             return
@@ -149,12 +168,10 @@ class DebuggerMagics(Magics):
             return
         display(views.plan(plan, ns.session.directory))
         if args.yes:
-            ns.approve(plan)
             display(views.message(f"approved: the fix for {plan['finding']} is recorded; "
                                   "run %verify"))
         else:
-            tracker = ns.tracker
-            display(W.VBox([tracker.fix_button, tracker.message]))
+            display(ns.new_tracker())
 
     @magic_arguments()
     @argument("--seeds", type=arg(check_count, "--seeds"), default=3,
@@ -165,7 +182,7 @@ class DebuggerMagics(Magics):
         from .widgets import Progress
 
         args = parse_argstring(self.verify, line)
-        ns, views = _session(), _views()
+        ns, views = self.kernel, _views()
         progress = Progress("Verify")
         display(progress)
         try:
@@ -174,16 +191,16 @@ class DebuggerMagics(Magics):
             display(views.message(str(exc), "error"))
             return
         display(views.verification(verification))
-        display(ns.tracker)
+        display(ns.new_tracker())
 
     @magic_arguments()
     @line_magic
     def md_status(self, line: str = "") -> None:
         """The session at a glance, with the phase tracker and the findings table."""
         parse_argstring(self.md_status, line)
-        ns, views = _session(), _views()
+        ns, views = self.kernel, _views()
         display(views.status(ns.report()))
-        display(ns.tracker)
+        display(ns.new_tracker())
         display(ns.findings_table)
 
     @magic_arguments()
@@ -192,7 +209,7 @@ class DebuggerMagics(Magics):
     def md_export(self, line: str) -> None:
         """Export the session as a record notebook."""
         args = parse_argstring(self.md_export, line)
-        ns, views = _session(), _views()
+        ns, views = self.kernel, _views()
         if not ns.has_session:
             display(views.message("export failed: no session to export yet: run a %%reproduce "
                                   "cell first", "error"))
@@ -227,24 +244,34 @@ def _compiles(cell: str) -> None:
         raise ValueError("the cell is empty: put the training code under %%reproduce")
 
 
-def load(shell) -> None:
-    """Register the magics on ``shell``, and the sidebar's comm target when in a kernel."""
+def load(shell) -> DebuggerMagics:
+    """Register the magics on ``shell`` (one instance, owning the kernel's session), and the
+    sidebar's comm target when in a kernel."""
     from . import comm
 
-    shell.register_magics(DebuggerMagics)
-    comm.register(shell)
+    magics = shell.magics_manager.registry.get(DebuggerMagics.__name__)
+    if not isinstance(magics, DebuggerMagics) or magics.kernel is None:
+        magics = DebuggerMagics(shell)
+        shell.register_magics(magics)
+    comm.register(shell, magics.kernel)
+    return magics
 
 
 def unload(shell) -> None:
-    """Remove every magic this module registered, and forget the kernel's session."""
+    """Remove every magic this module registered, and drop the kernel's session (its files
+    stay on disk)."""
     from . import comm
-    from .notebook import reset_session
 
-    comm.unregister(shell)
     manager = shell.magics_manager
+    magics = manager.registry.pop(DebuggerMagics.__name__, None)
     for table in manager.magics.values():
         for name in [n for n, fn in table.items()
                      if isinstance(getattr(fn, "__self__", None), DebuggerMagics)]:
             del table[name]
-    manager.registry.pop(DebuggerMagics.__name__, None)
-    reset_session()
+    if isinstance(magics, DebuggerMagics) and magics.kernel is not None:
+        comm.unregister(shell, magics.kernel)
+        magics.kernel.close()
+        magics.kernel = None
+    configurables = getattr(shell, "configurables", None)
+    if configurables is not None and magics in configurables:
+        configurables.remove(magics)

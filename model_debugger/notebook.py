@@ -1,11 +1,15 @@
-"""The kernel's debugging session: one DebugSession, the code it runs in-process, and the widgets.
+"""The kernel's investigation: one DebugSession, the artifact it runs in this kernel, the views.
 
-:class:`NotebookSession` is what the magics talk to. It owns a
+A :class:`NotebookSession` belongs to the :class:`~model_debugger.magics.DebuggerMagics`
+instance that ``%load_ext model_debugger`` registers on the shell (``%unload_ext`` drops it);
+:func:`current_session` finds it there. It holds no state of the investigation: the phase, the
+gates, the findings, the fix plan awaiting approval and the verdicts are all events of the
 :class:`~model_debugger.session.DebugSession` (saved under ``.model_debugger/`` in the kernel's
-working directory), a :class:`~model_debugger.inprocess.KernelArtifact` that runs cells in the
-user's namespace, and the widgets. Every action that changes the session ends in
-:meth:`NotebookSession.changed`, which calls the observers (the phase tracker's ``refresh``), so
-views follow the session and are never toggled by hand.
+working directory, so a plan survives a kernel restart). What it does hold is what cannot be
+saved: the artifact whose live objects Isolate probes, and the widgets. Every view subscribes to
+the session itself (:meth:`~model_debugger.session.DebugSession.on_change`) and renders the
+state each event produces, so a change made through any DebugSession object of the process
+refreshes them all.
 """
 
 from __future__ import annotations
@@ -13,19 +17,17 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Callable
 
 from .session import DebugSession, GateError
+from .store import ROOT, Store
 
-ROOT = ".model_debugger"
 DEFAULT_BUDGET = 30.0
 EVIDENCE_TEXT_LIMIT = 20_000
-
-_CURRENT: NotebookSession | None = None
+MAGICS = "DebuggerMagics"  # the name the magics are registered under on the shell
 
 
 class NotebookSession:
-    """One investigation in a kernel.
+    """One kernel's investigation: the current DebugSession, its artifact and its views.
 
     Parameters
     ----------
@@ -43,14 +45,15 @@ class NotebookSession:
             namespace = shell.user_ns if shell is not None else {"__name__": "__main__"}
         self.namespace = namespace
         self.root = root or os.path.join(os.getcwd(), ROOT)
+        self.sidebar = None  # the comm end of the JupyterLab sidebar (model_debugger.comm)
         self._session: DebugSession | None = None
         self._artifact = None
-        self.plan: dict | None = None
-        self.last_verdict: dict | None = None
-        self._observers: list[Callable[[], None]] = []
-        self._widgets: dict[str, object] = {}
+        self._unfollow = None
+        self._widgets: dict[str, object] = {}  # the panels of the current session
+        self._earlier: list = []  # panels of earlier sessions (still shown; closed on close())
+        self._trackers: list = []  # every tracker shown; the last one is live
 
-    # -- state -----------------------------------------------------------------------------
+    # -- the session -----------------------------------------------------------------------
     @property
     def has_session(self) -> bool:
         """True once a DebugSession exists (asking creates none)."""
@@ -60,79 +63,116 @@ class NotebookSession:
     def session(self) -> DebugSession:
         """The DebugSession (created on first use)."""
         if self._session is None:
-            self._session = DebugSession.create(self.root, title="notebook")
+            self.use(DebugSession.create(self.root, title="notebook"))
         return self._session
 
-    @property
-    def artifact(self):
-        """The :class:`~model_debugger.inprocess.KernelArtifact` of the session."""
-        if self._artifact is None or self._artifact.session is not self.session:
-            from .inprocess import KernelArtifact
+    def use(self, session: DebugSession) -> DebugSession:
+        """Make ``session`` the kernel's (a new investigation, or a saved one loaded again).
 
-            self._artifact = KernelArtifact(self.session, self.namespace)
-        return self._artifact
+        The views of the previous session stay where they were shown, following it; new views
+        follow ``session``, and so does the sidebar.
+        """
+        if session is self._session:
+            return session
+        if self._unfollow is not None:
+            self._unfollow()
+        self._session, self._artifact = session, None
+        self._unfollow = session.on_change(self._sync)  # first: the views read a fresh session
+        for tracker in self._trackers:
+            tracker.retire()
+        self._earlier.extend(self._widgets.values())
+        self._widgets.clear()
+        if self.sidebar is not None:
+            self.sidebar.follow(session)
+        return session
+
+    def new_session(self) -> DebugSession:
+        """A new investigation (the next ``%%reproduce``), unless the session is still empty."""
+        if self._session is not None and not self._session.events:
+            return self._session
+        return self.use(DebugSession.create(self.root, title="notebook"))
+
+    def _sync(self, state) -> None:
+        """Another DebugSession object of this process appended: read the events again."""
+        if self._session is not None and state.events != self._session.state.events:
+            self._session._reload()
+
+    @property
+    def state(self):
+        """The session's replayed :class:`~model_debugger.session.State`."""
+        return self.session.state
 
     def report(self) -> dict:
         """The session report (the CLI's schema)."""
         return self.session.report()
 
-    def on_change(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` after every change of the session."""
-        self._observers.append(callback)
+    @property
+    def artifact(self):
+        """The :class:`~model_debugger.inprocess.KernelArtifact` of the session."""
+        if self._artifact is None:
+            from .inprocess import KernelArtifact
 
-    def changed(self) -> None:
-        """Tell the observers the session changed (every action ends here)."""
-        for callback in list(self._observers):
-            callback()
+            self._artifact = KernelArtifact(self.session, self.namespace)
+        return self._artifact
 
-    # -- widgets ---------------------------------------------------------------------------
-    def _widget(self, name: str, factory: Callable[[], object]):
+    # -- views -----------------------------------------------------------------------------
+    def _widget(self, name: str, factory):
         if name not in self._widgets:
             self._widgets[name] = factory()
         return self._widgets[name]
 
     @property
     def tracker(self):
-        """The phase tracker (its ``fix_button`` approves the plan shown by ``%%fix``)."""
+        """The live phase tracker (the newest one shown; one is made when none is)."""
+        live = [t for t in self._trackers if t.live and t.session is self.session]
+        return live[-1] if live else self.new_tracker()
+
+    def new_tracker(self):
+        """A new live tracker of the session; every earlier one becomes read-only."""
         from .widgets import PhaseTracker
 
-        def make():
-            tracker = PhaseTracker(self)
-            self.on_change(tracker.refresh)
-            return tracker
-
-        return self._widget("tracker", make)
+        for tracker in self._trackers:
+            tracker.retire()
+        tracker = PhaseTracker(self.session)
+        self._trackers.append(tracker)
+        return tracker
 
     @property
     def curves(self):
-        """The loss-curve panel of the last reproduction."""
+        """The loss-curve panel of the session's reproduction."""
         from .widgets import LossCurves
 
         return self._widget("curves", LossCurves)
 
     @property
     def gradients(self):
-        """The gradient panel of the last reproduction."""
+        """The gradient panel of the session's reproduction."""
         from .widgets import GradientPanel
 
         return self._widget("gradients", GradientPanel)
 
     @property
     def findings_table(self):
-        """The findings table (file:line of each finding)."""
+        """The findings table of the session (file:line of each finding)."""
         from .widgets import FindingsTable
 
-        def make():
-            table = FindingsTable()
-            refresh = lambda: table.update(self.report()["findings"],  # noqa: E731
-                                           self.session.directory)
-            refresh()
-            self.on_change(refresh)
-            return table
+        return self._widget("findings", lambda: FindingsTable(self.session))
 
-        return self._widget("findings", make)
+    def run_records(self, runs: int):
+        """``path_of()`` for the live curves: the newest record of Reproduce's ``runs`` runs."""
+        store = self.session.store
 
-    # -- actions ---------------------------------------------------------------------------
+        def current() -> str | None:
+            found = None
+            for i in range(max(1, runs)):
+                path = store.path(Store.run_rel(i))
+                if os.path.exists(path):
+                    found = path
+            return found
+
+        return current
+
+    # -- actions (the magics' calls) -------------------------------------------------------
     def reproduce(self, code: str, runs: int = 1, seed: int | None = None,
                   history: list[str] | None = None, live: bool = True):
         """Run a cell under capture ``runs`` times; record Reproduce and Classify.
@@ -148,27 +188,12 @@ class NotebookSession:
         """
         from ._deps import prelude
 
-        if self._session is not None and self._session.reproduce is not None:
-            self._session = None
-            self.plan = None
+        self.new_session()
         pre = prelude(history or [], code)
-        directory = self.session.directory
-
-        def current() -> str | None:
-            found = None
-            for i in range(max(1, runs)):
-                path = os.path.join(directory, "runs", str(i), "record.jsonl")
-                if os.path.exists(path):
-                    found = path
-            return found
-
-        follow = self.curves.follow(current) if live else contextlib.nullcontext()
-        try:
-            with follow:
-                verdict, error = self.artifact.reproduce(code, runs=runs, seed=seed, prelude=pre)
-        finally:
-            self.changed()
-        self.last_verdict = verdict
+        follow = self.curves.follow(self.run_records(runs)) if live else \
+            contextlib.nullcontext()
+        with follow:
+            verdict, error = self.artifact.reproduce(code, runs=runs, seed=seed, prelude=pre)
         run = self.artifact.last_run
         if run is not None:
             self.curves.update(run)
@@ -178,106 +203,49 @@ class NotebookSession:
     def isolate(self, ids: list[str] | None = None, budget: float = DEFAULT_BUDGET,
                 progress=None) -> list[dict]:
         """Run probes on the live objects of the reproduction; record and return the findings."""
-        try:
-            if progress is not None:
-                with progress.track(lambda t: (t / budget, f"probes: {t:.0f} s of at most "
-                                                           f"{budget:.0f} s")):
-                    self.artifact.isolate(ids, budget)
-            else:
+        if progress is not None:
+            with progress.track(lambda t: (t / budget, f"probes: {t:.0f} s of at most "
+                                                       f"{budget:.0f} s")):
                 self.artifact.isolate(ids, budget)
-        finally:
-            self.changed()
-        return self.report()["findings"]
-
-    def current_hypothesis(self) -> str | None:
-        """The finding evidence is attached to: the current confirmed one, else the first one."""
-        queue = self.session.queue
-        if queue:
-            return queue[0].check
-        found = self.session.findings
-        return found[0].check if found else None
-
-    def evidence(self, code: str, outputs: str, numbers: dict[str, float]) -> dict:
-        """Attach a cell's outputs and numbers to the current hypothesis (confirms nothing)."""
-        try:
-            return self.session._append(
-                "evidence", hypothesis=self.current_hypothesis(), phase=self.session.phase,
-                code=code, outputs=outputs[-EVIDENCE_TEXT_LIMIT:], numbers=numbers,
-                confirms=False)
-        finally:
-            self.changed()
-
-    def plan_fix(self, source: str, allow_architecture: bool = False,
-                 data_consent: bool = False) -> dict:
-        """Plan the change in ``source`` for the current finding; kept for :meth:`approve`.
-
-        Raises
-        ------
-        GateError, FixRefused
-            Nothing is recorded and the previous plan is dropped.
-        """
-        from .fix import plan_fix
-
-        self.plan = None
-        self.plan = plan_fix(self.session, source, allow_architecture=allow_architecture,
-                             data_consent=data_consent)
-        self.changed()
-        return self.plan
-
-    def approve(self, plan: dict | None = None) -> dict:
-        """Record the plan (default: the last one :meth:`plan_fix` made) as approved."""
-        plan = plan or self.plan
-        if plan is None:
-            raise GateError("fix refused: no plan to approve; put the changed code in a %%fix "
-                            "cell first")
-        try:
-            self.session.record_fix(plan, approved=True)
-        finally:
-            self.changed()
-        self.plan = None
-        return plan
+        else:
+            self.artifact.isolate(ids, budget)
+        return [f.to_json() for f in self.session.state.findings]
 
     def verify(self, seeds: int = 3, progress=None, quiet: bool = True) -> dict:
         """Rerun the reproduced code and the approved fix over ``seeds`` seeds; record the verdict."""
         from .verify import seeds_for
 
         chosen = seeds_for(self.session, seeds)
-        n = sum(1 for e in self.session.events if e["kind"] == "verify") + 1
-        folder = os.path.join(self.session.directory, "verify", str(n))
+        n = self.session.state.verifications + 1
         total = 2 * len(chosen)
 
         def done(_t: float) -> tuple[float, str]:
-            runs = sum(f.endswith(".jsonl") for f in os.listdir(folder)) \
-                if os.path.isdir(folder) else 0
+            store = self.session.store
+            runs = sum(os.path.exists(store.path(Store.verify_rel(n, which, seed)))
+                       for which in ("before", "after") for seed in chosen)
             return runs / total, f"verify: run {runs} of {total}"
 
         out = io.StringIO()
-        try:
-            with contextlib.ExitStack() as stack:
-                if progress is not None:
-                    stack.enter_context(progress.track(done))
-                if quiet:
-                    stack.enter_context(contextlib.redirect_stdout(out))
-                return self.artifact.verify(chosen)
-        finally:
-            self.changed()
-
-    def export(self, path: str) -> str:
-        """Write the record notebook of this session to ``path``."""
-        try:
-            from .export import export_notebook
-        except ImportError as exc:
-            raise RuntimeError("exporting needs model_debugger.export (not available in this "
-                               f"installation: {exc})") from None
-        result = export_notebook(self.session, path)
-        return result if isinstance(result, str) else path
+        with contextlib.ExitStack() as stack:
+            if progress is not None:
+                stack.enter_context(progress.track(done))
+            if quiet:
+                stack.enter_context(contextlib.redirect_stdout(out))
+            return self.artifact.verify(chosen)
 
     def close(self) -> None:
-        """Close the widgets and drop the observers (the saved session stays on disk)."""
-        self._observers.clear()
-        for widget in self._widgets.values():
+        """Close the widgets and stop following the session (the saved session stays)."""
+        if self._unfollow is not None:
+            self._unfollow()
+            self._unfollow = None
+        for widget in [*self._trackers, *self._earlier, *self._widgets.values()]:
             _close(widget)
+        self._trackers.clear()
+        self._earlier.clear()
         self._widgets.clear()
+        if self.sidebar is not None:
+            self.sidebar.close()
+            self.sidebar = None
 
 
 def _close(widget) -> None:
@@ -288,17 +256,26 @@ def _close(widget) -> None:
         close()
 
 
-def current_session() -> NotebookSession:
-    """The kernel's notebook session (created on first use)."""
-    global _CURRENT
-    if _CURRENT is None:
-        _CURRENT = NotebookSession()
-    return _CURRENT
+def current_session(shell=None) -> NotebookSession:
+    """The kernel's notebook session: the one the model_debugger magics on ``shell`` (default:
+    the running IPython) own.
+
+    Raises
+    ------
+    RuntimeError
+        When ``%load_ext model_debugger`` has not run in this kernel.
+    """
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    magics = None
+    if shell is not None:
+        magics = getattr(getattr(shell, "magics_manager", None), "registry", {}).get(MAGICS)
+    if magics is None or getattr(magics, "kernel", None) is None:
+        raise RuntimeError("model_debugger is not loaded in this kernel: run "
+                           "%load_ext model_debugger first")
+    return magics.kernel
 
 
-def reset_session() -> None:
-    """Forget the kernel's session (``%unload_ext``); its files stay on disk."""
-    global _CURRENT
-    if _CURRENT is not None:
-        _CURRENT.close()
-    _CURRENT = None
+__all__ = ["GateError", "NotebookSession", "current_session"]

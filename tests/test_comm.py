@@ -12,7 +12,6 @@ import time
 import pytest
 
 from model_debugger import comm as md_comm
-from model_debugger import notebook
 from model_debugger import schema as md_schema
 from model_debugger.records import Classification, Evidence, Finding
 from model_debugger.session import DebugSession
@@ -60,18 +59,34 @@ class FakeManager:
 
 
 class FakeShell:
-    def __init__(self) -> None:
+    """A kernel's shell: a comm manager, and the magics (which own the kernel's session)
+    registered where IPython keeps them."""
+
+    def __init__(self, magics=None) -> None:
         self.kernel = type("Kernel", (), {"comm_manager": FakeManager()})()
+        self.magics_manager = type("Manager", (), {"registry": {}})()
+        if magics is not None:
+            self.magics_manager.registry["DebuggerMagics"] = magics
 
 
 @pytest.fixture
-def ns(tmp_path, monkeypatch):
-    session = notebook.NotebookSession(namespace={"__name__": "__main__"},
-                                       root=str(tmp_path / ".model_debugger"))
-    monkeypatch.setattr(notebook, "_CURRENT", session)
+def magics(tmp_path, monkeypatch):
+    from model_debugger.magics import DebuggerMagics
+
     monkeypatch.chdir(tmp_path)
-    yield session
-    md_comm.unregister(None)
+    magics = DebuggerMagics(None, root=str(tmp_path / ".model_debugger"))
+    yield magics
+    magics.kernel.close()
+
+
+@pytest.fixture
+def ns(magics):
+    return magics.kernel
+
+
+@pytest.fixture
+def shell(magics):
+    return FakeShell(magics)
 
 
 def _full(root, confirmed=True, nan=False) -> DebugSession:
@@ -96,16 +111,31 @@ def _hello(shell) -> FakeComm:
     return frontend
 
 
+def _live_observers(directory: str) -> int:
+    from model_debugger import session as session_module
+
+    return len([r for r in session_module._observers.get(directory, []) if r() is not None])
+
+
 def test_register_is_a_no_op_outside_a_kernel(ns):
     from IPython.core.interactiveshell import InteractiveShell
 
     assert md_comm.register(None) is False
-    assert md_comm.register(InteractiveShell.instance()) is False
+    assert md_comm.register(InteractiveShell.instance(), ns) is False
+    assert md_comm.register(FakeShell()) is False  # a kernel without the magics loaded
     md_comm.unregister(InteractiveShell.instance())  # harmless
+    assert ns.sidebar is None
 
 
-def test_hello_gets_a_snapshot_valid_against_the_schema(ns):
-    shell = FakeShell()
+def test_the_sidebar_lives_on_the_kernel_session_of_the_magics(shell, ns):
+    assert md_comm.register(shell) is True  # found through the registered magics
+    assert ns.sidebar is not None
+    assert shell.kernel.comm_manager.targets["model_debugger"] == ns.sidebar.open
+    assert not [k for k, v in vars(md_comm).items()
+                if not k.startswith("__") and isinstance(v, dict | list) and k != "COMMANDS"]
+
+
+def test_hello_gets_a_snapshot_valid_against_the_schema(ns, shell):
     assert md_comm.register(shell) is True
     frontend = _hello(shell)
     assert frontend.sent[0]["type"] == "snapshot"
@@ -117,12 +147,10 @@ def test_hello_gets_a_snapshot_valid_against_the_schema(ns):
     assert frontend.sent[-1]["type"] == "snapshot"
 
 
-def test_changes_are_pushed_as_events_with_the_gates(ns, tmp_path):
-    shell = FakeShell()
+def test_changes_are_pushed_as_events_with_the_gates(ns, shell, tmp_path):
     md_comm.register(shell)
     frontend = _hello(shell)
-    ns._session = _full(tmp_path / ".model_debugger", confirmed=False, nan=True)
-    ns.changed()
+    ns.use(_full(tmp_path / ".model_debugger", confirmed=False, nan=True))
     event = frontend.sent[-1]
     assert event["type"] == "event"
     md_schema.validate(event["snapshot"])
@@ -130,22 +158,48 @@ def test_changes_are_pushed_as_events_with_the_gates(ns, tmp_path):
     assert report["fix_allowed"] is False
     assert report["gates"]["fix"] == "needs a confirmed finding from Isolate"
     assert report["classification"]["evidence"][1]["value"] == "nan"
-    ns._session = _full(tmp_path / ".model_debugger", confirmed=True)
-    ns.changed()
+    assert [p["status"] for p in report["phases"]] == ["done", "done", "current", "blocked",
+                                                       "blocked"]
+    ns.use(_full(tmp_path / ".model_debugger", confirmed=True))
     report = frontend.sent[-1]["snapshot"]["report"]
     assert report["fix_allowed"] is True and report["gates"]["fix"] is None
     assert report["phase"] == "fix"
 
 
-def test_requests_get_replies_with_their_ids(ns, tmp_path):
-    shell = FakeShell()
+def test_an_event_appended_through_any_session_object_is_pushed(ns, shell, tmp_path):
+    from model_debugger.fix import plan_fix
+
+    md_comm.register(shell)
+    frontend = _hello(shell)
+    ns.use(_full(tmp_path / ".model_debugger"))
+    ns.session.store.write("artifact.py", "lr = 3.0\n")
+    sent = len(frontend.sent)
+    ns.session.record_plan(plan_fix(ns.session, "lr = 0.05\n"))  # the kernel's object
+    assert len(frontend.sent) == sent + 1
+    event = frontend.sent[-1]
+    md_schema.validate(event["snapshot"])
+    assert event["type"] == "event" and event["snapshot"]["plan"]["finding"] == "lr_range"
+    assert "source" not in event["snapshot"]["plan"]
+    assert event["snapshot"]["report"]["plan"]["finding"] == "lr_range"
+
+    other = DebugSession.load(ns.session.directory)  # another object, same folder
+    other.approve()
+    event = frontend.sent[-1]
+    assert len(frontend.sent) == sent + 2 and event["type"] == "event"
+    report = event["snapshot"]["report"]
+    assert report["plan"] is None and report["fix"]["finding"] == "lr_range"
+    assert report["phase"] == "verify" and dict(
+        (p["phase"], p["status"]) for p in report["phases"])["verify"] == "current"
+
+
+def test_requests_get_replies_with_their_ids(ns, shell, tmp_path):
     md_comm.register(shell)
     frontend = _hello(shell)
     frontend.receive({"type": "request", "id": "r1", "command": "export"})
     reply = frontend.sent[-1]
     assert reply == {"type": "reply", "id": "r1", "ok": False, "error": reply["error"]}
     assert "no session to export" in reply["error"]
-    ns._session = _full(tmp_path / ".model_debugger")
+    ns.use(_full(tmp_path / ".model_debugger"))
     frontend.receive({"type": "request", "id": "r2", "command": "export",
                       "args": {"path": "out/record.ipynb"}})
     reply = frontend.sent[-1]
@@ -160,22 +214,23 @@ def test_requests_get_replies_with_their_ids(ns, tmp_path):
     assert frontend.sent[-1]["ok"] is False and "unknown command" in frontend.sent[-1]["error"]
 
 
-def test_unregister_closes_comms_and_removes_the_target(ns):
-    shell = FakeShell()
+def test_unregister_closes_comms_and_removes_the_target(ns, shell, tmp_path):
+    ns.use(_full(tmp_path / ".model_debugger"))
     md_comm.register(shell)
     md_comm.register(shell)  # twice: one target, one observer
-    assert len(ns._observers) == 1
+    assert _live_observers(ns.session.directory) == 2  # the kernel session's sync + the sidebar
     frontend = _hello(shell)
     md_comm.unregister(shell)
-    assert frontend.closed
+    assert frontend.closed and ns.sidebar is None
     assert "model_debugger" not in shell.kernel.comm_manager.targets
-    ns.changed()  # nothing listens any more
+    assert _live_observers(ns.session.directory) == 1
+    ns.session.record_note("nothing listens any more")
     assert frontend.sent[-1]["type"] == "snapshot"
 
 
 def test_schema_rejects_a_report_without_gates(ns, tmp_path):
-    ns._session = _full(tmp_path / ".model_debugger")
-    snap = md_comm.snapshot()
+    ns.use(_full(tmp_path / ".model_debugger"))
+    snap = md_comm.snapshot(ns)
     del snap["report"]["gates"]
     with pytest.raises(jsonschema.ValidationError):
         md_schema.validate(snap)
@@ -195,7 +250,7 @@ def test_typescript_types_match_the_schema():
         source = fh.read()
     spec = md_schema.load()
     assert _ts_interface(source, "Snapshot") == set(spec["properties"])
-    for name in ("Report", "Finding", "Classification", "Evidence", "Gates"):
+    for name in ("Report", "Finding", "Classification", "Evidence", "Gates", "PhaseStatus"):
         assert _ts_interface(source, name) == set(spec["$defs"][name]["properties"]), name
 
 

@@ -92,7 +92,7 @@ def test_walkthrough_reproduce_to_verify(shell):
     assert ns.tracker.fix_button.disabled
     out = magic(shell, "isolate", "--budget 20")
     assert "[confirmed] lr_range (hyperparameter) at runs/0/cell.py:1" in out
-    assert ns.report()["fix_allowed"] and not ns.tracker.fix_button.disabled
+    assert ns.report()["fix_allowed"] and ns.tracker.fix_button.disabled  # nothing to approve
 
     out = magic(shell, "evidence", "", "print('lr_sweep_best: 0.33')\n")
     assert "lr_sweep_best: 0.33" in out and "attached to lr_range" in out
@@ -106,9 +106,11 @@ def test_walkthrough_reproduce_to_verify(shell):
     out = magic(shell, "fix", "", FIXED)
     assert "Fix plan for lr_range" in out and "+optimizer = torch.optim.SGD(model.parameters(), " \
         "lr=0.1)" in out
-    assert s.pending_fix is None  # shown, not approved
-    ns.tracker.fix_button.click()
-    assert s.pending_fix["finding"] == "lr_range" and ns.tracker.fix_button.disabled
+    assert s.pending_fix is None and s.state.plan.finding == "lr_range"  # shown, not approved
+    tracker = ns.tracker  # the one %%fix showed
+    assert not tracker.fix_button.disabled
+    tracker.fix_button.click()
+    assert s.pending_fix["finding"] == "lr_range" and tracker.fix_button.disabled
 
     out = magic(shell, "verify", "--seeds 2")
     assert "Verify: resolved" in out
@@ -177,8 +179,7 @@ def test_md_export_writes_and_says_what_it_replaced(shell, tmp_path):
 
     out = magic(shell, "md_export", "record.ipynb")
     assert "no session to export yet" in out and not (tmp_path / "record.ipynb").exists()
-    model_debugger.current_session()._session = DebugSession.create(
-        str(tmp_path / ".model_debugger"))
+    model_debugger.current_session().use(DebugSession.create(str(tmp_path / ".model_debugger")))
     (tmp_path / "repro.py").write_text("# the user's own file\n")
     out = magic(shell, "md_export", "record.ipynb")
     assert "exported the session record to" in out
@@ -195,14 +196,23 @@ def test_unload_ext_removes_every_magic():
              "md_export")
     callbacks = {k: list(v) for k, v in ip.events.callbacks.items()}
     registry = set(ip.magics_manager.registry)
+    configurables = list(ip.configurables)
     ip.run_line_magic("load_ext", "model_debugger")
     assert {n for t in ip.magics_manager.magics.values() for n in t} >= set(names)
-    model_debugger.current_session()
+    magics = ip.magics_manager.registry["DebuggerMagics"]
+    kernel = model_debugger.current_session()
+    assert kernel is magics.kernel and kernel.namespace is ip.user_ns  # owned by the magics
     ip.run_line_magic("unload_ext", "model_debugger")
     left = {n for t in ip.magics_manager.magics.values() for n in t}
     assert not left & {"reproduce", "isolate", "evidence", "md_status", "md_export"}
     assert set(ip.magics_manager.registry) == registry
     assert {k: list(v) for k, v in ip.events.callbacks.items()} == callbacks
-    assert notebook._CURRENT is None
+    assert list(ip.configurables) == configurables  # nothing keeps the dropped session alive
+    assert magics.kernel is None
+    with pytest.raises(RuntimeError, match="load_ext model_debugger"):
+        model_debugger.current_session()
+    assert not [k for k, v in vars(notebook).items()
+                if not k.startswith("__") and isinstance(v, notebook.NotebookSession)]
     ip.run_line_magic("load_ext", "model_debugger")  # loads again after unloading
+    assert model_debugger.current_session() is not kernel
     ip.run_line_magic("unload_ext", "model_debugger")

@@ -216,25 +216,23 @@ class _Frontend:
 
 @pytest.fixture
 def kernel_ns(tmp_path, monkeypatch):
-    from model_debugger import comm as md_comm
     from model_debugger import notebook
 
     (tmp_path / "nb").mkdir()
     ns = notebook.NotebookSession(namespace={"__name__": "__main__"},
                                   root=str(tmp_path / "nb" / ".model_debugger"))
-    monkeypatch.setattr(notebook, "_CURRENT", ns)
     monkeypatch.chdir(tmp_path / "nb")
-    ns._session = _crafted(tmp_path / "nb" / ".model_debugger")
+    ns.use(_crafted(tmp_path / "nb" / ".model_debugger"))
     yield ns
-    md_comm.unregister(None)
+    ns.close()
 
 
-def _request(args: dict) -> dict:
+def _request(kernel_ns, args: dict) -> dict:
     from model_debugger import comm as md_comm
 
     frontend = _Frontend()
-    md_comm._on_msg(frontend, {"content": {"data": {"type": "request", "id": "x",
-                                                    "command": "export", "args": args}}})
+    md_comm.Sidebar(kernel_ns).receive(frontend, {"content": {"data": {
+        "type": "request", "id": "x", "command": "export", "args": args}}})
     return frontend.sent[-1]
 
 
@@ -242,7 +240,7 @@ def _request(args: dict) -> dict:
 def test_comm_export_outside_the_notebook_folder_is_refused(kernel_ns, tmp_path, path):
     path = path.replace("TMP", str(tmp_path))
     before = _files(tmp_path)
-    reply = _request({"path": path})
+    reply = _request(kernel_ns, {"path": path})
     assert reply["ok"] is False and "outside" in reply["error"], reply
     assert {p for p in _files(tmp_path) if not p.startswith(str(tmp_path / "nb"))} == \
         {p for p in before if not p.startswith(str(tmp_path / "nb"))}
@@ -252,14 +250,14 @@ def test_comm_export_outside_the_notebook_folder_is_refused(kernel_ns, tmp_path,
 def test_comm_does_not_overwrite_an_existing_notebook(kernel_ns, tmp_path):
     mine = tmp_path / "nb" / "analysis.ipynb"
     mine.write_text('{"my": "work"}')
-    reply = _request({"path": "analysis.ipynb"})
+    reply = _request(kernel_ns, {"path": "analysis.ipynb"})
     assert reply["ok"] is False and "exists" in reply["error"], reply
     assert mine.read_text() == '{"my": "work"}'
-    reply = _request({"path": "analysis.ipynb", "overwrite": True})
+    reply = _request(kernel_ns, {"path": "analysis.ipynb", "overwrite": True})
     assert reply["ok"] is True, reply
     assert reply["result"]["replaced"] == [str(mine)]
-    reply = _request({})  # the default lies in the session's own folder: re-export replaces
-    assert reply["ok"] is True and _request({})["ok"] is True
+    reply = _request(kernel_ns, {})  # the default lies in the session's own folder: re-export replaces
+    assert reply["ok"] is True and _request(kernel_ns, {})["ok"] is True
 
 
 # -- exports are data, never code -------------------------------------------------------------

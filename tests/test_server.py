@@ -67,6 +67,8 @@ async def test_lists_sessions_under_the_root(jp_fetch, jp_root_dir):
     assert by_path[f".model_debugger/{top.id}"]["fix_allowed"] is True
     assert by_path[f".model_debugger/{top.id}"]["primary"] == "gradient_instability"
     assert by_path[f"project/nb/.model_debugger/{nested.id}"]["fix_allowed"] is False
+    assert by_path[f".model_debugger/{top.id}"]["title"] == "train.py"
+    assert by_path[f".model_debugger/{top.id}"]["created"] == top.created
     assert "corrupt" in by_path[".model_debugger/broken"]["error"]
 
 
@@ -183,3 +185,14 @@ def test_extension_points_and_config():
     with open(os.path.join(here, "jupyter-config", "server-config", "model_debugger.json")) as fh:
         config = json.load(fh)
     assert config["ServerApp"]["jpserver_extensions"] == {"model_debugger.server": True}
+
+
+def test_handlers_translate_only():
+    """The handlers use the store for paths and the session's public API (no ``_data``)."""
+    import inspect
+
+    from model_debugger.server import handlers
+
+    source = inspect.getsource(handlers)
+    assert "._data" not in source and "SESSION_FILE" not in source
+    assert '".model_debugger"' not in source and "'.model_debugger'" not in source

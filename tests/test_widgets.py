@@ -1,25 +1,28 @@
 """Widget state without a browser: a recording comm stands in for the frontend.
 
-The tracker's ``fix_button`` follows the session (never toggled by hand) and ``click()``
-approves; the panels render from records; the live follower redraws a few times per second.
+The tracker and the findings table follow the DebugSession (``on_change``: whichever object
+appends) and render its state; the tracker's ``fix_button`` is never toggled by hand, only the
+newest tracker is live, and ``click()`` approves the recorded plan; the panels render from
+records; the live follower redraws a few times per second.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import threading
 import time
 
 import comm
 import pytest
 
+from model_debugger import session as session_module
+from model_debugger.fix import plan_fix
 from model_debugger.notebook import NotebookSession
-from model_debugger.records import Classification, Evidence, Finding, Run
-from model_debugger.session import GateError
+from model_debugger.records import ArtifactInfo, Classification, Evidence, Finding, Run
+from model_debugger.session import DebugSession, GateError
 from model_debugger.widgets import FindingsTable, GradientPanel, LossCurves, PhaseTracker
 from model_debugger.widgets.curves import RecordFollower
-from model_debugger.widgets.tracker import phase_states
 
 CODE = "opt = SGD(lr=1e-5)\nfor step in range(3):\n    train(step)\n"
 
@@ -58,75 +61,138 @@ def comms(monkeypatch):
     return made
 
 
-class FakeArtifact:
-    """Stands in for KernelArtifact: records what a real Isolate would, without training."""
-
-    def __init__(self, session, confirmed=True):
-        self.session = session
-        self.confirmed = confirmed
-
-    def isolate(self, ids=None, budget=30.0):
-        where = {"file": os.path.join(self.session.directory, "runs", "0", "cell.py"), "line": 1}
-        self.session.record_findings([Finding("lr_range", "hyperparameter", self.confirmed,
-                                              "the learning rate is 1000x too small", where,
-                                              {"lr": 1e-5, "safe_lr": 0.1})])
-
-
-def reproduced(tmp_path, confirmed=True) -> NotebookSession:
-    """A notebook session past Reproduce/Classify, with a fake artifact for Isolate."""
+def reproduced(tmp_path) -> NotebookSession:
+    """A kernel session past Reproduce/Classify (recorded through the DebugSession)."""
     ns = NotebookSession({"__name__": "__main__"}, root=str(tmp_path / ".model_debugger"))
     s = ns.session
-    with open(os.path.join(s.directory, "cell.py"), "w") as fh:
-        fh.write(CODE)
-    s.append("artifact", type="cell", code=CODE, prelude="", seed=0, args=[], copy="cell.py")
+    s.store.write("cell.py", CODE)
+    s.record_artifact(ArtifactInfo("cell", seed=0, copy="cell.py"), code=CODE, prelude="")
     s.record_reproduce({"status": "reproduced", "summary": "reproduced 1/1", "steps": 3})
     s.record_classification(Classification("loss_not_decreasing", (), (
         Evidence("loss_relative_drop", -0.01, "relative decrease < 0.05"),)), {})
-    ns._artifact = FakeArtifact(s, confirmed)
     return ns
 
 
-def test_phase_states_done_current_blocked(tmp_path):
+def isolated(session, confirmed=True, check="lr_range") -> None:
+    """Record what a real Isolate would, without training."""
+    where = {"file": session.store.path("runs/0/cell.py"), "line": 1}
+    session.record_findings([Finding(check, "hyperparameter", confirmed,
+                                     "the learning rate is 1000x too small", where,
+                                     {"lr": 1e-5, "safe_lr": 0.1})])
+
+
+def planned(session) -> dict:
+    """Plan the fix of the current finding and record it as awaiting approval."""
+    plan = plan_fix(session, CODE.replace("1e-5", "0.1"))
+    session.record_plan(plan)
+    return plan
+
+
+def _strip(tracker) -> dict[str, str]:
+    """What the tracker's HTML says of each phase."""
+    cells = re.findall(r"<b>(\w+)</b><br><span style='color:[^']+'>(\w+)</span>",
+                       tracker.phases.value)
+    return {p.lower(): st for p, st in cells}
+
+
+def test_tracker_renders_the_phase_strip_of_the_state(tmp_path):
     ns = reproduced(tmp_path)
-    states = {p: (st, why) for p, st, why in phase_states(ns.report())}
-    assert states["reproduce"][0] == states["classify"][0] == "done"
-    assert states["isolate"] == ("current", None)
-    assert states["fix"] == ("blocked", "needs a confirmed finding from Isolate")
-    assert states["verify"] == ("blocked", "needs an approved fix")
+    tracker = ns.tracker
+    state = ns.session.state
+    assert _strip(tracker) == dict(state.strip)
+    assert _strip(tracker) == {"reproduce": "done", "classify": "done", "isolate": "current",
+                               "fix": "blocked", "verify": "blocked"}
+    assert "needs a confirmed finding from Isolate" in tracker.phases.value
+    assert [(p["phase"], p["status"]) for p in ns.report()["phases"]] == list(state.strip)
 
 
-def test_fix_button_follows_session_and_click_approves(tmp_path, comms):
+def test_fix_button_follows_the_session_and_click_approves(tmp_path, comms):
     ns = reproduced(tmp_path)
     tracker = ns.tracker
     assert isinstance(tracker, PhaseTracker)
     assert tracker.fix_button.disabled is True  # no confirmed evidence yet
-    ns.evidence("print('x=1')", "x=1", {"x": 1.0})
+    ns.session.record_evidence("print('x=1')", "x=1", {"x": 1.0})
     assert tracker.fix_button.disabled is True  # evidence alone confirms nothing
-    ns.isolate()
-    assert ns.session.fix_allowed
+    isolated(ns.session)
+    assert ns.session.fix_allowed and _strip(tracker)["fix"] == "current"
+    assert tracker.fix_button.disabled is True  # nothing to approve yet
+    assert "%%fix" in tracker.fix_button.tooltip
+    tracker.fix_button.click()  # and a click approves nothing
+    assert "no plan to approve" in tracker.message.value
+    assert ns.session.pending_fix is None
+
+    planned(ns.session)  # through the DebugSession directly: the tracker follows
     assert tracker.fix_button.disabled is False
     sent = [m for c in comms for m in c.messages
             if m and m.get("method") == "update" and "disabled" in m.get("state", {})]
     assert sent and sent[-1]["state"]["disabled"] is False  # the frontend was told
-
-    tracker.fix_button.click()  # no plan yet: refused, nothing recorded
-    assert "no plan to approve" in tracker.message.value
-    assert ns.session.pending_fix is None
-
-    ns.plan_fix(CODE.replace("1e-5", "0.1"))
     tracker.fix_button.click()
     assert ns.session.pending_fix["finding"] == "lr_range"
     assert tracker.fix_button.disabled is True  # a fix awaits Verify
     assert "verify" in tracker.message.value
     assert "<b>verify</b>" in tracker.phases.value
+    sent = [m for c in comms for m in c.messages
+            if m and m.get("method") == "update" and "disabled" in m.get("state", {})]
+    assert sent[-1]["state"]["disabled"] is True
+
+
+def test_the_plan_survives_a_restart_and_is_approved_by_a_new_kernel(tmp_path):
+    ns = reproduced(tmp_path)
+    isolated(ns.session)
+    planned(ns.session)
+    directory = ns.session.directory
+    ns.close()  # the kernel dies; only the folder is left
+
+    loaded = DebugSession.load(directory)
+    assert loaded.state.plan is not None and loaded.state.plan.finding == "lr_range"
+    again = NotebookSession({"__name__": "__main__"}, root=str(tmp_path / ".model_debugger"))
+    again.use(loaded)
+    tracker = again.tracker
+    assert tracker.fix_button.disabled is False  # the plan awaits approval, as saved
+    tracker.fix_button.click()
+    assert DebugSession.load(directory).pending_fix["finding"] == "lr_range"
+    assert DebugSession.load(directory).state.plan is None
+
+
+def test_another_session_object_refreshes_the_views(tmp_path):
+    ns = reproduced(tmp_path)
+    tracker, table = ns.tracker, ns.findings_table
+    other = DebugSession.load(ns.session.directory)  # e.g. a phase run with its own object
+    isolated(other)
+    assert _strip(tracker)["fix"] == "current" and "lr_range" in table.value
+    assert ns.report()["queue"] == ["lr_range"]  # the kernel's object read the new event
+    planned(other)
+    assert tracker.fix_button.disabled is False
+    tracker.fix_button.click()  # approves what the other object recorded
+    assert other.state.pending is None and DebugSession.load(
+        other.directory).pending_fix["finding"] == "lr_range"
+
+
+def test_only_the_newest_tracker_is_live(tmp_path):
+    ns = reproduced(tmp_path)
+    isolated(ns.session)
+    older = ns.new_tracker()
+    newer = ns.new_tracker()
+    assert ns.tracker is newer and not older.live and newer.live
+    planned(ns.session)
+    assert newer.fix_button.disabled is False
+    assert older.fix_button.disabled is True  # read-only, and it looks it
+    assert _strip(older) == _strip(newer) == dict(ns.session.state.strip)  # never stale
+    assert "read-only" in older.phases.value and "read-only" not in newer.phases.value
+    older.fix_button.click()  # a click on the old copy (its view may lag): nothing happens
+    older._approve()
+    assert ns.session.pending_fix is None and "read-only" in older.message.value
+    newer.fix_button.click()
+    assert ns.session.pending_fix["finding"] == "lr_range"
+    assert _strip(older)["verify"] == "current"  # still following the session
 
 
 def test_unconfirmed_finding_keeps_button_disabled(tmp_path):
-    ns = reproduced(tmp_path, confirmed=False)
-    ns.isolate()
+    ns = reproduced(tmp_path)
+    isolated(ns.session, confirmed=False)
     assert ns.tracker.fix_button.disabled is True
     with pytest.raises(GateError):
-        ns.plan_fix(CODE.replace("1e-5", "0.1"))
+        planned(ns.session)
     assert "needs a confirmed finding" in ns.tracker.phases.value
 
 
@@ -134,12 +200,21 @@ def test_refused_plan_changes_nothing(tmp_path):
     from model_debugger.fix import FixRefused
 
     ns = reproduced(tmp_path)
-    ns.isolate()
+    isolated(ns.session)
     before = len(ns.session.events)
     with pytest.raises(FixRefused):
-        ns.plan_fix(CODE)  # identical code is no fix
-    assert len(ns.session.events) == before and ns.plan is None
-    assert ns.tracker.fix_button.disabled is False
+        plan_fix(ns.session, CODE)  # identical code is no fix
+    assert len(ns.session.events) == before and ns.session.state.plan is None
+    assert ns.tracker.fix_button.disabled is True
+
+
+def test_a_new_session_retires_the_old_views(tmp_path):
+    ns = reproduced(tmp_path)
+    first, old = ns.tracker, ns.session
+    ns.new_session()
+    assert ns.session is not old and not first.live and ns.tracker is not first
+    isolated(old)  # the old copy keeps following its own session
+    assert _strip(first)["fix"] == "current" and _strip(ns.tracker)["isolate"] != "done"
 
 
 def _steps(n, start=0, nan_at=None):
@@ -215,12 +290,15 @@ def test_findings_table_shows_file_line(tmp_path):
     table = ns.findings_table
     assert isinstance(table, FindingsTable)
     assert "no findings" in table.value
-    ns.isolate()
+    isolated(ns.session)
     assert "runs/0/cell.py:1" in table.value and "lr_range" in table.value
 
 
 def test_close_drops_widgets_and_observers(tmp_path):
     ns = reproduced(tmp_path)
-    tracker = ns.tracker
+    tracker, table = ns.tracker, ns.findings_table
+    directory = ns.session.directory
     ns.close()
-    assert ns._observers == [] and tracker.comm is None
+    assert tracker.comm is None and table.comm is None
+    assert not [r for r in session_module._observers.get(directory, []) if r() is not None]
+    isolated(DebugSession.load(directory))  # nothing follows it any more, nothing breaks

@@ -10,7 +10,7 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
 import { ConnectionState, KernelConnection } from './connection';
-import { Finding, Report, Snapshot } from './snapshot';
+import { Finding, PhaseStatus, Report, Snapshot } from './snapshot';
 
 export const PHASES = ['reproduce', 'classify', 'isolate', 'fix', 'verify'] as const;
 
@@ -214,20 +214,14 @@ export class DebuggerPanel extends Widget {
 
   private _tracker(report: Report | null): HTMLElement {
     const list = el('ol', 'jp-ModelDebugger-tracker');
-    const current = report?.phase ?? 'reproduce';
-    const order = [...PHASES, 'done'];
-    PHASES.forEach(phase => {
+    // the phase strip is the session's (report.phases); before a session, that of an empty one
+    const strip: PhaseStatus[] =
+      report?.phases ??
+      PHASES.map(phase => ({ phase, status: phase === 'reproduce' ? 'current' : 'blocked' }));
+    strip.forEach(({ phase, status: state }) => {
       const item = el('li', 'jp-ModelDebugger-phase');
       item.dataset.phase = phase;
       const gate = report ? report.gates[phase] : 'no session yet';
-      let state: string;
-      if (order.indexOf(phase) < order.indexOf(current)) {
-        state = 'done';
-      } else if (phase === current) {
-        state = 'current';
-      } else {
-        state = gate ? 'blocked' : 'ready';
-      }
       item.dataset.state = state;
       item.appendChild(el('span', 'jp-ModelDebugger-phaseName', phase[0].toUpperCase() + phase.slice(1)));
       if (phase === 'fix') {
@@ -317,9 +311,9 @@ export class DebuggerPanel extends Widget {
   private _fixVerify(report: Report): HTMLElement {
     const box = el('section', 'jp-ModelDebugger-fixverify');
     box.appendChild(el('h3', '', 'Fix and Verify'));
-    const fix = report.fix;
+    const fix = report.plan ?? report.fix;
     box.appendChild(
-      el('div', 'jp-ModelDebugger-fixStatus', fix ? `fix for ${fix.finding}: ${fix.approved ? 'approved' : 'planned'}${fix.suggestion ? ` — ${fix.suggestion}` : ''}` : `fix: ${report.gates.fix ?? 'allowed, not planned yet'}`)
+      el('div', 'jp-ModelDebugger-fixStatus', fix ? `fix for ${fix.finding}: ${report.plan ? 'planned, awaiting approval' : fix.approved ? 'approved' : 'planned'}${fix.suggestion ? ` — ${fix.suggestion}` : ''}` : `fix: ${report.gates.fix ?? 'allowed, not planned yet'}`)
     );
     const v = report.verification;
     const verdict = el('div', 'jp-ModelDebugger-verifyStatus', v ? `verify: ${v.verdict}${v.remaining_symptom ? ` — ${v.remaining_symptom}` : ''}` : `verify: ${report.gates.verify ?? 'ready'}`);

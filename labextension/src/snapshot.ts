@@ -43,7 +43,7 @@ export interface Snapshot {
    */
   report: Report | null;
   /**
-   * a fix plan shown by %%fix and not yet approved
+   * the fix plan awaiting approval (report.plan without its source)
    */
   plan: FixPlan | null;
 }
@@ -65,6 +65,14 @@ export interface Report {
   queue: string[];
   escalations: Finding[];
   gates: Gates;
+  /**
+   * the phase strip every view shows, in phase order
+   */
+  phases: PhaseStatus[];
+  /**
+   * a fix plan recorded by %%fix, awaiting approval
+   */
+  plan: FixPlan | null;
 }
 /**
  * This interface was referenced by `Snapshot`'s JSON-Schema
@@ -161,4 +169,14 @@ export interface Gates {
   isolate: string | null;
   fix: string | null;
   verify: string | null;
+}
+/**
+ * one phase of the phase strip (computed once, by the session)
+ *
+ * This interface was referenced by `Snapshot`'s JSON-Schema
+ * via the `definition` "PhaseStatus".
+ */
+export interface PhaseStatus {
+  phase: GatedPhase;
+  status: 'done' | 'current' | 'open' | 'blocked';
 }

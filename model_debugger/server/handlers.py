@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - jupyter_server 1.x
     def authorized(method):
         return method
 
-from ..store import SESSION_FILE, find_sessions, session_file_ok  # noqa: E402
+from ..store import Store, find_sessions, session_file_ok  # noqa: E402
 
 AUTH_RESOURCE = "contents"
 
@@ -71,7 +71,7 @@ def summary(root: str, folder: str) -> dict:
     verification = report.get("verification") or {}
     return {**item, "phase": report["phase"], "primary": cls.get("primary"),
             "fix_allowed": report["fix_allowed"], "verdict": verification.get("verdict"),
-            "title": session._data.get("title", ""), "created": session._data.get("created")}
+            "title": session.title, "created": session.created}
 
 
 def _load(root: str, relative: str):
@@ -84,7 +84,7 @@ def _load(root: str, relative: str):
     if named != root and not named.startswith(root + os.sep):
         raise tornado.web.HTTPError(403, f"{relative!r} is outside the server root")
     if not session_file_ok(root, named):
-        if os.path.lexists(os.path.join(named, SESSION_FILE)) or os.path.islink(named):
+        if os.path.lexists(Store(named).session_file) or os.path.islink(named):
             raise tornado.web.HTTPError(403, f"{relative!r}: a symlink or not a regular "
                                              "session file: refused")
         raise tornado.web.HTTPError(404, f"no model_debugger session at {relative!r}")
