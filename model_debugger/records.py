@@ -475,7 +475,7 @@ class Verification:
     """
 
     verdict: str
-    category: str
+    category: str | None = None
     finding: str | None = None
     metric: str | None = None
     seeds: tuple[int, ...] = ()
@@ -488,7 +488,7 @@ class Verification:
 
     def __post_init__(self) -> None:
         _check(self.verdict, VERDICTS, "verdict")
-        _check(self.category, CATEGORIES, "category")
+        _check(self.category, CATEGORIES, "category", optional=True)
         for c in self.remaining:
             _check(c, CATEGORIES, "remaining category")
 

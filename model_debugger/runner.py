@@ -57,7 +57,8 @@ def _stop(proc: subprocess.Popen) -> None:
 def run_script(script: str, args: list[str], record: str, seed: int | None = None,
                max_seconds: float | None = None, stdout=None,
                isolate_seconds: float = 0.0, syspath: str | None = None,
-               cwd: str | None = None) -> ChildResult:
+               cwd: str | None = None, probes: str | None = None, intervention=None,
+               max_steps: int | None = None) -> ChildResult:
     """Run ``script`` as ``__main__`` under capture; its record streams to ``record``.
 
     Parameters
@@ -81,6 +82,13 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
         when a session's copy of a script runs in place of the original.
     cwd : str, optional
         The working directory of the child (default: this process's).
+    probes : str, optional
+        A probe request (JSON file, :class:`~model_debugger.artifacts.base.ProbeRequest`):
+        which probes the child runs after the script, under which classification.
+    intervention : Intervention, optional
+        One change the child installs in the run (:mod:`model_debugger.interventions`).
+    max_steps : int, optional
+        The child stops the script after this many optimizer steps.
     """
     cmd = [sys.executable, "-m", "model_debugger._child", "--record", record]
     if seed is not None:
@@ -91,6 +99,14 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
         cmd += ["--max-seconds", str(max_seconds)]
     if syspath:
         cmd += ["--syspath", syspath]
+    if probes:
+        cmd += ["--probes", probes]
+    if intervention is not None:
+        import json
+
+        cmd += ["--intervention", json.dumps(intervention.to_json())]
+    if max_steps is not None:
+        cmd += ["--max-steps", str(int(max_steps))]
     cmd += [script, *args]
     if os.path.lexists(record):  # each run writes a fresh record: no stale one is read as this
         os.unlink(record)

@@ -168,7 +168,8 @@ def replay(events: list[dict]) -> State:
                           current_source=fix.fixed or st.get("current_source"))
             if v.verdict == "resolved":
                 st["resolved"].append(fix.finding)
-                st["settled"].append(v.category)
+                if v.category:
+                    st["settled"].append(v.category)
                 st["remaining"] = list(v.remaining)
             elif v.verdict == "partially_resolved":
                 st["reisolate"] = True
@@ -576,15 +577,20 @@ class DebugSession:
     def record_plan(self, plan: dict | FixPlan) -> FixPlan:
         """Record a fix plan awaiting approval (it survives a restart); the Fix gate must be
         open and the plan must address the current finding."""
-        plan = plan if isinstance(plan, FixPlan) else FixPlan.from_json(plan)
         with _SessionLock(self, "fix", wait=APPEND_WAIT):
             self._reload()
-            self._check_plan(plan)
+            plan = self._check_plan(plan)
             self._append("plan", plan=plan.to_json())
         return self.state.plan
 
-    def _check_plan(self, plan: FixPlan) -> None:
+    def _check_plan(self, plan: dict | FixPlan) -> FixPlan:
+        """The plan, typed, when the Fix gate is open and it addresses the current finding."""
         self.require("fix")
+        try:
+            plan = plan if isinstance(plan, FixPlan) else FixPlan.from_json(plan)
+        except RecordError as exc:
+            raise GateError(f"fix refused: not a fix plan ({exc}); plan it with plan_fix") \
+                from None
         queue = self.state.queue
         if not plan.source and not plan.fixed:
             raise GateError("fix refused: the plan holds no code (plan it with plan_fix)")
@@ -592,6 +598,7 @@ class DebugSession:
             raise GateError(f"fix refused: it addresses {plan.finding!r}, but the current "
                             f"finding is {queue[0].check!r} (one problem at a time, in order: "
                             f"{', '.join(f.check for f in queue)})")
+        return plan
 
     def approve(self) -> FixPlan:
         """Approve the recorded plan (:meth:`record_plan`): the same as ``record_fix(plan,
@@ -612,10 +619,9 @@ class DebugSession:
             Without a confirmed finding, without approval, or for a finding that is not the
             current one in the queue; the session is unchanged.
         """
-        plan = fix if isinstance(fix, FixPlan) else FixPlan.from_json(fix)
         with _SessionLock(self, "fix", wait=APPEND_WAIT):  # gates and copy number: as saved
             self._reload()
-            self._check_plan(plan)
+            plan = self._check_plan(fix)
             if not approved:
                 raise GateError("fix refused: the plan was not approved (approve it explicitly, "
                                 "e.g. --yes or the Approve button)")

@@ -122,6 +122,10 @@ class Store:
         """The folder of the ``n``-th Isolate re-run (created)."""
         return self._folder("isolate", n)
 
+    def isolate_record(self, n: int) -> str:
+        """The record of the ``n``-th Isolate re-run (its folder created)."""
+        return os.path.join(self.isolate_dir(n), RECORD)
+
     def verify_dir(self, n: int) -> str:
         """The folder of the ``n``-th Verify (created)."""
         return self._folder("verify", n)

@@ -117,3 +117,40 @@ def healthy_steps(n: int = 100, **extra) -> list[dict]:
     """A run that trains normally: loss 1.0 -> 0.3, steady small gradients."""
     extra.setdefault("gn", np.ones(n))
     return steps_events(decay(n), **extra)
+
+
+class CannedArtifact:
+    """An Artifact whose runs replay canned records (``runs[label]``: a Run, or a function of
+    the seed returning one): the phases run against it exactly as against a script or a cell,
+    with no training. ``label`` is the Version's (``reproduced``, ``current``, ``fixed``)."""
+
+    kind = "script"
+
+    def __init__(self, runs: dict, code: str = "x = 1\n") -> None:
+        self.runs = runs
+        self.code = code
+        self.calls: list[tuple[str, int | None]] = []
+
+    def describe(self):
+        return {"type": "script", "script": "/nonexistent/train.py", "args": []}, \
+            self.code, self.code
+
+    def run(self, version, seed, record, *, probes=None, intervention=None, max_steps=None,
+            stdout=None, max_seconds=None):
+        from model_debugger.artifacts import Captured
+
+        self.calls.append((version.label, seed))
+        made = self.runs[version.label]
+        run = made(seed) if callable(made) else made
+        with open(record, "w", encoding="utf-8") as fh:
+            for e in run.events:
+                fh.write(json.dumps(e) + "\n")
+        return Captured(Run.load(record), record)
+
+    def reusable(self, version):
+        return None
+
+    def holding(self):
+        import contextlib
+
+        return contextlib.nullcontext()

@@ -183,8 +183,11 @@ def test_a_hardware_finding_does_not_block_the_queue(tmp_path):
 
 def test_isolate_refused_while_a_fix_awaits_verify_and_plans_need_code(tmp_path):
     s = _session(tmp_path, [_f("lr_range", "hyperparameter")])
-    with pytest.raises(GateError, match="holds no code"):
+    with pytest.raises(GateError, match="not a fix plan"):
         s.record_fix({"finding": "lr_range", "diff": ""}, approved=True)
+    with pytest.raises(GateError, match="holds no code"):
+        s.record_fix({"finding": "lr_range", "root_cause": "hyperparameter", "diff": ""},
+                     approved=True)
     s.record_fix(plan_fix(s, _edit(*LR_FIX)), approved=True)
     with pytest.raises(GateError, match="awaiting Verify"):
         s.record_findings([_f("feature_scaling", "data")])
@@ -209,7 +212,8 @@ def test_findings_are_fixed_in_priority_order(tmp_path):
                                                                   "training_loop")])
     assert [f.check for f in s.queue] == ["lr_range", "missing_zero_grad"]
     with pytest.raises(GateError, match="current finding is 'lr_range'"):
-        s.record_fix({"finding": "missing_zero_grad", "diff": "", "source": SCRIPT},
+        s.record_fix({"finding": "missing_zero_grad", "root_cause": "training_loop", "diff": "",
+                      "source": SCRIPT},
                      approved=True)
     s.record_fix(plan_fix(s, _edit(*LR_FIX)), approved=True)
     s.record_verification({"verdict": "resolved", "seeds": [0], "remaining": []})

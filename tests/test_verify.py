@@ -214,7 +214,7 @@ def test_a_queued_finding_is_judged_on_its_own_category(tmp_path):
     s = DebugSession.create(str(tmp_path / "s"))
     code = "x = 1\n"
     (tmp_path / "s" / s.id / "artifact.py").write_text(code)
-    s.append("artifact", type="script", script=str(tmp_path / "t.py"), args=[], seed=0)
+    s._append("artifact", type="script", script=str(tmp_path / "t.py"), args=[], seed=0)
     s.record_reproduce({"status": "reproduced", "runs": {"total": 0}})
     s.record_classification(Classification(GI, ("overfitting",), (
         Evidence("first_nonfinite_step", 3, ""),)), {})
@@ -227,9 +227,11 @@ def test_a_queued_finding_is_judged_on_its_own_category(tmp_path):
         val = [1.0, 0.8, 0.7, 0.7 * (1 + rise)]
         return syn.make_run(syn.steps_events(syn.decay(40)), syn.metric("val_loss", val))
 
-    runs = {"before": ovf(0.5), "after": ovf(0.0)}
-    v = __import__("model_debugger.verify", fromlist=["verify"]).verify(
-        s, lambda which, seed: runs[which], [0, 1], known={})
+    from model_debugger.phases import verify
+
+    art = syn.CannedArtifact({"current": ovf(0.5), "fixed": ovf(0.0)})
+    v = verify(s, art, [0, 1])
+    assert art.calls == [("current", 0), ("current", 1), ("fixed", 0), ("fixed", 1)]
     assert v["category"] == "overfitting" and v["metric"] == "val_loss_rise"
     assert v["verdict"] == "resolved", v
 

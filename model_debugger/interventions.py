@@ -1,0 +1,154 @@
+"""Interventions: one change installed in a re-run of the artifact, never written to its code.
+
+Isolate confirms a hypothesis by re-running the artifact with one intervention that undoes the
+suspected cause (DESIGN.md, "Confirmation by intervention"); Verify-style comparison against an
+unmodified re-run then says whether the defining signal moved beyond the seed noise. Each entry
+of :data:`INTERVENTIONS` installs itself when the framework it patches is imported (at once in a
+kernel, on import in a fresh child) and is removed when the run ends. A step budget stops a run
+after ``max_steps`` optimizer steps (a :class:`~model_debugger.artifacts.base.StepBudget`, a
+planned stop, like the time limit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .artifacts.base import Intervention, StepBudget
+
+
+@dataclass(frozen=True)
+class Kind:
+    """An intervention kind: what it changes, for which frameworks, and how it is installed.
+
+    ``install(params, framework_module) -> undo`` runs when the framework is imported.
+    """
+
+    id: str
+    description: str
+    frameworks: tuple[str, ...]
+    install: Callable
+
+
+def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
+    """Multiply the learning rate of every parameter group by ``factor`` before each
+    optimizer's first step (``base_lr``/``initial_lr`` too, so a scheduler keeps the scale)."""
+    factor = float(params["factor"])
+    if not factor > 0:
+        raise ValueError(f"lr_scale needs a factor > 0, not {factor!r}")
+    seen: set[int] = set()
+
+    def pre_hook(optimizer, args, kwargs):
+        if id(optimizer) in seen:
+            return None
+        seen.add(id(optimizer))
+        for group in optimizer.param_groups:
+            for key in ("lr", "initial_lr"):
+                if isinstance(group.get(key), (int, float)):
+                    group[key] = group[key] * factor
+        for sched in getattr(optimizer, "_model_debugger_schedulers", ()):  # pragma: no cover
+            sched.base_lrs = [lr * factor for lr in sched.base_lrs]
+        return None
+
+    handle = torch.optim.optimizer.register_optimizer_step_pre_hook(pre_hook)
+    return handle.remove
+
+
+def _scale_lr_keras(params: dict, keras) -> Callable[[], None]:
+    """Multiply a Keras optimizer's learning rate by ``factor`` when ``fit`` starts."""
+    from .capture.patches import install
+
+    factor = float(params["factor"])
+    if not factor > 0:
+        raise ValueError(f"lr_scale needs a factor > 0, not {factor!r}")
+
+    def factory(fit):
+        def patched(model, *args, **kwargs):
+            opt = getattr(model, "optimizer", None)
+            if opt is not None and not getattr(opt, "_model_debugger_scaled", False):
+                lr = opt.learning_rate
+                if hasattr(lr, "assign"):
+                    lr.assign(float(lr.numpy()) * factor)
+                    opt._model_debugger_scaled = True
+            return fit(model, *args, **kwargs)
+        return patched
+
+    return install(keras.Model, "fit", factory)
+
+
+INTERVENTIONS: dict[str, Kind] = {
+    "lr_scale": Kind("lr_scale", "multiply the learning rate by params['factor']",
+                     ("torch", "keras"), {"torch": _scale_lr_torch, "keras": _scale_lr_keras}),
+}
+
+
+def _step_budget_torch(max_steps: int, torch) -> Callable[[], None]:
+    count = [0]
+
+    def post_hook(optimizer, args, kwargs):
+        count[0] += 1
+        if count[0] >= max_steps:
+            raise StepBudget(f"stopped after {max_steps} optimizer steps (the step budget)")
+
+    handle = torch.optim.optimizer.register_optimizer_step_post_hook(post_hook)
+    return handle.remove
+
+
+def _step_budget_keras(max_steps: int, keras) -> Callable[[], None]:
+    from .capture.patches import install
+
+    class _Budget(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            _Budget.seen += 1
+            if _Budget.seen >= max_steps:
+                self.model.stop_training = True
+
+    def factory(fit):
+        def patched(model, *args, **kwargs):
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _Budget()]
+            return fit(model, *args, **kwargs)
+        return patched
+
+    return install(keras.Model, "fit", factory)
+
+
+def check(intervention: Intervention) -> Kind:
+    """The kind of an intervention (ValueError naming the known ones when unknown)."""
+    kind = INTERVENTIONS.get(intervention.id)
+    if kind is None:
+        raise ValueError(f"unknown intervention {intervention.id!r} (known: "
+                         f"{', '.join(sorted(INTERVENTIONS))})")
+    return kind
+
+
+@contextlib.contextmanager
+def installed(intervention: Intervention | None = None, max_steps: int | None = None):
+    """Install ``intervention`` and a step budget for the run inside the block; everything is
+    removed on exit, whatever happened (each piece installs when its framework is imported)."""
+    from .capture.imports import when_imported
+
+    pieces: list[tuple[str, Callable]] = []
+    if intervention is not None:
+        kind = check(intervention)
+        for fw in kind.frameworks:
+            pieces.append((fw, lambda mod, f=kind.install[fw]: f(intervention.params, mod)))
+    if max_steps is not None:
+        if int(max_steps) < 1:
+            raise ValueError(f"max_steps must be >= 1, not {max_steps!r}")
+        budget = {"torch": _step_budget_torch, "keras": _step_budget_keras}
+        for fw, fn in budget.items():
+            pieces.append((fw, lambda mod, f=fn: f(int(max_steps), mod)))
+    undo: list[Callable] = []
+    with contextlib.ExitStack() as stack:
+        for fw, piece in pieces:
+            def on_import(module, piece=piece):
+                undo.append(piece(module))
+            stack.callback(when_imported(fw, on_import))
+        try:
+            yield
+        finally:
+            for fn in reversed(undo):
+                fn()

@@ -1,0 +1,96 @@
+"""Isolate: probes turn the recorded category into a root cause, written once.
+
+The probes run where the live objects are: in the script's child right after its run, or in the
+kernel on a cell's kept objects (:func:`probe_run` is the one function both call). Isolate always
+probes under the classification the session recorded (never a re-classification of whichever run
+it probes), and records the findings; probes asked for by id join the current round's findings
+instead of replacing them.
+"""
+
+from __future__ import annotations
+
+from ..artifacts.base import Captured, ProbeRequest, Version
+from ..records import Finding, Run
+from ..session import DebugSession
+
+
+def probe_run(run: Run, keeper, sources: dict, request: ProbeRequest
+              ) -> tuple[list[Finding], dict]:
+    """Run the probes of ``request`` on one captured run (live objects from ``keeper``, or the
+    record alone when it is None).
+
+    Returns
+    -------
+    tuple
+        The ranked findings and ``{"probe_seconds", "seed_noise", "lr_range"}``.
+    """
+    from ..isolate import build_context, isolate
+
+    ctx = build_context(run, keeper, sources, request.budget,
+                        classification=request.classification)
+    findings = isolate(ctx, list(request.ids) if request.ids is not None else None)
+    info = {k: ctx.extras.get(k) for k in ("probe_seconds", "seed_noise", "lr_range")}
+    return findings, info
+
+
+def current_version(session: DebugSession) -> Version:
+    """The session's current code: the reproduced code, or the last kept fix."""
+    state = session.state
+    return Version("current", session.store.path(state.current), state.current_source)
+
+
+def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
+            budget: float = 30.0, stdout=None, progress=None, probed: Captured | None = None,
+            seed: int | None = None) -> list[Finding]:
+    """Probe the current code under the recorded classification; record the findings.
+
+    Parameters
+    ----------
+    session : DebugSession
+        With a classification (the Isolate gate).
+    artifact : Artifact
+        The session's artifact.
+    ids : list of str, optional
+        Probes to run by id: their findings are added to the current ones (same ids
+        replaced). None runs the probes of the recorded categories: a new round.
+    budget : float
+        Seconds for all probes.
+    probed : Captured, optional
+        A run already probed where its objects lived (Reproduce's first run, when it showed
+        the recorded classification): its findings are used as they are.
+    seed : int, optional
+        Seed of a re-run (default: the session's seed).
+
+    Returns
+    -------
+    list of Finding
+        The findings now recorded.
+    """
+    with session.lock("isolate"):
+        session.require("isolate")
+        state = session.state
+        request = ProbeRequest(budget, tuple(ids) if ids is not None else None,
+                               state.classification)
+        version = current_version(session)
+        live = True
+        if probed is not None:
+            findings, info = probed.findings, probed.probe_info
+        else:
+            with artifact.holding():
+                kept = artifact.reusable(version)
+                if kept is not None:
+                    live = kept.keeper is not None
+                    findings, info = probe_run(kept.run, kept.keeper, kept.sources, request)
+                else:
+                    record = session.store.isolate_record(state.isolations + 1)
+                    if seed is None and state.artifact is not None:
+                        seed = state.artifact.seed
+                    kept = artifact.run(version, seed, record, probes=request, stdout=stdout)
+                    findings, info = kept.findings, kept.probe_info
+            if findings is None:  # the child left no findings (killed): the record alone
+                live = False
+                findings, info = probe_run(kept.run, None, kept.sources, request)
+        session.record_findings(findings, added=ids is not None,
+                                probe_seconds=info.get("probe_seconds") or {}, live=live,
+                                noise=info.get("seed_noise"), lr_range=info.get("lr_range"))
+    return session.findings

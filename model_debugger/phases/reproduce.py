@@ -1,0 +1,299 @@
+"""Reproduce (and Classify): run the artifact under capture, fold the runs into one verdict.
+
+Written once for every artifact: a script's runs are child processes, a cell's run in the kernel;
+both go through :meth:`~model_debugger.artifacts.base.Artifact.run`. Each run is classified; the
+session records the verdict ("reproduced 2/3"), the classification of a run that showed the
+problem (never of a run that observed no training step), and - with a probe budget - Isolate's
+findings under that recorded classification.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+
+from ..artifacts.base import PLANNED_STOPS, ProbeRequest, Version
+from ..classify import classify
+from ..records import HEALTHY, ArtifactInfo, Reproduction, Run
+from ..runner import RunInterrupted
+from ..session import DebugSession
+from ..signals import compute
+from ..store import ARTIFACT, CELL
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during Reproduce: the run was stopped, the partial session saved."""
+
+    def __init__(self, session: DebugSession) -> None:
+        super().__init__(f"interrupted; partial session saved in {session.directory}")
+        self.session = session
+
+
+def _last_step(run: Run) -> int | None:
+    """The index of the last recorded step (None without steps)."""
+    steps = run.steps
+    if not steps:
+        return None
+    i = steps[-1].get("i")
+    return i if isinstance(i, int) and not isinstance(i, bool) else len(steps) - 1
+
+
+def _how_it_ended(returncode: int | None) -> str:
+    """A child's end without an ``end`` event, in words: the signal or the exit code."""
+    if returncode is None:
+        return "the record has no end event (the process died)"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} (no end event)"
+    return f"exited with code {returncode} without closing the record (os._exit?; no end event)"
+
+
+def _unobserved_reason(run: Run, status: str, err: dict | None, crash: str | None) -> str:
+    """The likely reason a run recorded no training step."""
+    if status == "stopped_at_time_limit":
+        return ("stopped at the time limit before the first training step (a long set-up or "
+                "data load?)")
+    if err is not None:
+        return (f"crashed during set-up, before the first training step: {err['type']}: "
+                f"{err['message']}")[:500]
+    if crash is not None:
+        return f"crashed during set-up, before the first training step: {crash}"
+    started = [e for e in run.of("process")
+               if not str(e.get("target", "")).startswith("torch.utils.data")]
+    if started:
+        targets = sorted({str(e.get("target")) for e in started})
+        return (f"training may run in processes the capture did not reach: {len(started)} "
+                f"started with multiprocessing (target {', '.join(targets[:3])})")
+    calls = run.first("calls") or {}
+    if calls.get("backward") and not calls.get("optimizer_steps"):
+        return (f"backward() ran {calls['backward']} times but no torch.optim optimizer "
+                "stepped (a hand-written update is not seen as a training step)")
+    return ("no training step seen: no backward() followed by optimizer.step() and no Keras "
+            "fit() ran under capture (the loss a Python float? training in another process?)")
+
+
+def _result_of(run: Run, category: str, child=None) -> dict:
+    """One run's result: how it ended (``status``), its category, its error, what was skipped.
+
+    ``status`` is ``completed``, ``stopped_at_time_limit``, ``crashed`` (an exception, or a
+    process that ended by a signal or ``os._exit`` without closing its record: ``crash`` says
+    how and after which step), ``interrupted`` (Ctrl-C) or ``not_observed`` (no training
+    step was recorded: ``category`` is None and ``reason`` says why); ``child`` is the
+    :class:`~model_debugger.runner.ChildResult` of a script run.
+    """
+    err = run.error
+    stopped = (err is not None and err.get("type") in PLANNED_STOPS) or \
+        bool(child is not None and child.timed_out)
+    interrupted = bool(child is not None and child.interrupted) or (
+        err is not None and err.get("kind") == "interrupted" and not stopped)
+    if stopped or interrupted:
+        err = None  # a planned stop at --max-seconds, or the user's Ctrl-C: not a crash
+    crash = None
+    if err is None and not stopped and not interrupted and not run.ended and \
+            (child is not None or run.events):
+        crash = _how_it_ended(child.returncode if child is not None else None)
+    status = ("interrupted" if interrupted else "stopped_at_time_limit" if stopped else
+              "crashed" if err is not None or crash is not None else "completed")
+    fix_loc = run.first("error_location")
+    after = _last_step(run)
+    if crash is not None:
+        error = f"{crash}, after step {after}" if after is not None else crash
+    else:
+        error = f"{err['type']}: {err['message']}" if err else None
+    out = {
+        "steps": len(run.steps),
+        "epochs": run.epochs,
+        "stopped_at_time_limit": stopped,
+        "error": error,
+        "error_location": (err.get("location") or (
+            {"file": fix_loc["file"], "line": fix_loc["line"]} if fix_loc else None))
+        if err else None,
+        "seconds": round(run.seconds, 3),
+        "code": run.refs(),
+        "category": category,
+        "status": status,
+        "bad_lines": run.bad_lines,
+    }
+    if status == "crashed":
+        out["crash"] = {"how": crash or f"{err['type']}: {err['message']}"[:300],
+                        "after_step": after,
+                        "exit_code": child.returncode if child is not None else None}
+    oom = (run.error or {}).get("kind") == "oom"
+    if not run.steps and not oom and status != "interrupted":
+        out.update(status="not_observed", category=None,
+                   reason=_unobserved_reason(run, status, err, crash))
+    return out
+
+
+def _label(result: dict) -> str:
+    """What one run showed: its category, or its status when it was not classified."""
+    return result["category"] or result["status"].replace("_", " ")
+
+
+def _classified(results: list[dict], problem: str | None) -> int | None:
+    """The run whose classification the session records (None: no run was observed)."""
+    want = problem or HEALTHY
+    index = next((i for i, r in enumerate(results) if r["category"] == want), None)
+    if index is None:
+        index = next((i for i, r in enumerate(results) if r["category"] is not None), None)
+    return index
+
+
+def _verdict(results: list[dict], tried: list[str]) -> dict:
+    """Fold per-run results into one Reproduce verdict ("reproduced 2/3").
+
+    Statuses: ``reproduced`` (a category in some run), ``interrupted`` (Ctrl-C), ``crashed``
+    (a run crashed and none showed a category), ``not_observed`` (no run recorded a training
+    step: never ``healthy``), ``not_reproduced`` (the observed runs were healthy).
+    """
+    problems = Counter(r["category"] for r in results if r["category"] not in (None, HEALTHY))
+    category, count = problems.most_common(1)[0] if problems else (None, 0)
+    interrupted = next((r for r in results if r["status"] == "interrupted"), None)
+    crashed = next((r for r in results if r["status"] == "crashed"), None)
+    if interrupted is not None:
+        status, ref = "interrupted", interrupted
+    elif problems:
+        status, ref = "reproduced", next(r for r in results if r["category"] == category)
+    elif crashed is not None:
+        status, ref = "crashed", crashed
+    elif all(r["status"] == "not_observed" for r in results):
+        status, ref = "not_observed", results[0]
+    else:
+        status = "not_reproduced"
+        ref = next((r for r in results if r["category"] is not None), results[0])
+    out = {k: v for k, v in ref.items() if k != "category"}
+    out.update(status=status, problem=category if count else None,
+               runs={"total": len(results), "reproduced": count,
+                     "categories": [r["category"] for r in results]},
+               run_statuses=[r["status"] for r in results],
+               bad_lines=sum(r.get("bad_lines", 0) for r in results),
+               summary=f"{status.replace('_', ' ')} {count}/{len(results)}")
+    if status != "reproduced":
+        out["tried"] = tried
+    return out
+
+
+
+def record_artifact(session: DebugSession, artifact, seed: int | None) -> None:
+    """Keep the artifact's code in the session and record what it is."""
+    fields, code, script = artifact.describe()
+    session.store.write(ARTIFACT, script)
+    copy = ARTIFACT
+    if artifact.kind == "cell":
+        session.store.write(CELL, code)
+        copy = CELL
+    known = {k: fields.pop(k) for k in ("type", "script", "args", "max_seconds", "cwd")
+             if k in fields}
+    session.record_artifact(ArtifactInfo.from_json({**known, "seed": seed, "copy": copy}),
+                            **fields)
+
+
+def reproduce(session: DebugSession, artifact, runs: int = 1, seed: int | None = None,
+              probe_budget: float = 0.0, stdout=None) -> Reproduction:
+    """Run ``artifact`` ``runs`` times under capture; record Reproduce, Classify (and Isolate).
+
+    Parameters
+    ----------
+    session : DebugSession
+        A new session (its first event is the artifact).
+    artifact : Artifact
+        A :class:`~model_debugger.artifacts.ScriptArtifact` or
+        :class:`~model_debugger.artifacts.CellArtifact`.
+    runs : int
+        How many runs; run ``i`` uses seed ``seed + i`` when a seed is given.
+    seed : int, optional
+    probe_budget : float
+        When > 0, Isolate runs after Classify: on the first run's live objects when that run
+        showed the recorded classification, else in a re-run of the run that showed it.
+    stdout : file, optional
+        Where a script's own output goes.
+
+    Returns
+    -------
+    Reproduction
+        The recorded verdict. A Ctrl-C saves what was recorded so far as ``interrupted``
+        (classified when a training step was observed) and raises :class:`Interrupted`.
+    """
+    record_artifact(session, artifact, seed)
+    version = Version("reproduced", session.store.path(session.state.current))
+    with session.lock("reproduce"):
+        results, tried, per_run, first = [], [], [], None
+        stop = None
+        for i in range(max(1, runs)):
+            run_seed = None if seed is None else seed + i
+            record = session.store.run_record(i)
+            probes = ProbeRequest(probe_budget) if probe_budget > 0 and i == 0 and \
+                artifact.kind == "script" else None
+            try:
+                cap = artifact.run(version, run_seed, record, probes=probes, stdout=stdout)
+                child = cap.child
+            except RunInterrupted as exc:
+                cap, child, stop = None, exc.result, exc
+            run = cap.run if cap is not None else (Run.load(record) if _exists(record)
+                                                   else Run([]))
+            sig = compute(run)
+            cls = classify(sig)
+            res = _result_of(run, cls.primary, child)
+            if cap is not None and cap.error is not None and child is None:
+                res.update(exit_code=1)
+            res.update(record=session.store.rel(record),
+                       exit_code=res.get("exit_code", child.returncode if child else 0),
+                       timed_out=bool(child is not None and child.timed_out) or
+                       res["stopped_at_time_limit"], complete=run.ended)
+            results.append(res)
+            per_run.append((cls, sig, cap))
+            exit_part = f", exit code {child.returncode}" if child is not None else ""
+            tried.append(f"run {i + 1}: seed={run_seed}{exit_part}, {len(run.steps)} steps"
+                         f"{', time limit hit' if res['timed_out'] else ''} -> {_label(res)}")
+            if first is None:
+                first = cap
+            if stop is not None:
+                break
+        verdict = _verdict(results, tried)
+        session.record_reproduce(verdict)
+        index = _classified(results, verdict["problem"])
+        if index is not None:  # a run without a training step is not classified (never healthy)
+            cls, sig, cap = per_run[index]
+            session.record_classification(cls, sig)
+            if cap is not None and hasattr(artifact, "keep"):
+                artifact.keep(cap, version)  # its live objects, for a later Isolate
+        if stop is not None:
+            raise Interrupted(session) from None
+        if probe_budget > 0 and index is not None:
+            from .isolate import isolate
+
+            recorded = session.state.classification
+            reuse = first if first is not None and first.findings is not None and \
+                _same_classes(per_run[0][0], recorded) else None
+            isolate(session, artifact, budget=probe_budget, stdout=stdout, probed=reuse,
+                    seed=None if seed is None else seed + index)
+    return session.state.reproduction
+
+
+def _same_classes(a, b) -> bool:
+    """Whether two classifications name the same categories (the probes they run)."""
+    return a is not None and b is not None and \
+        (a.primary, tuple(a.secondary)) == (b.primary, tuple(b.secondary))
+
+
+def _exists(path: str) -> bool:
+    import os
+
+    return os.path.exists(path)
+
+
+def read_log(session: DebugSession, run: Run, path: str) -> Reproduction:
+    """Reproduce from a minimal reproducer (a loss/metrics log): classify what it holds."""
+    sig = compute(run)
+    cls = classify(sig)
+    res = _result_of(run, cls.primary)
+    if res["status"] == "not_observed" and run.of("metric"):  # a log of metrics: judge them
+        res.update(status="completed", category=cls.primary)
+        res.pop("reason", None)
+    session.record_reproduce(_verdict([res], [f"read {path}: {len(run.steps)} loss points"]))
+    if res["category"] is not None:  # nothing to classify: the log holds no loss or metric
+        session.record_classification(cls, sig)
+    return session.state.reproduction
