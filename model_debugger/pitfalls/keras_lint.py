@@ -29,7 +29,10 @@ from collections.abc import Sequence
 from ._keras_ast import LOSS_FAMILY, Index, const_str, dotted, kwarg, loss_info, pos, tail
 from .torch_lint import LintHit
 
-__all__ = ["LintHit", "lint_file", "lint_source"]
+__all__ = ["RULES", "LintHit", "lint_file", "lint_source"]
+
+# every rule this pack reports (``LintHit.rule``), as in :data:`.torch_lint.RULES`
+RULES = ("loss_output_mismatch", "label_format_mismatch", "missing_input_normalization")
 
 _ONEHOT = {"to_categorical", "one_hot", "label_binarize", "get_dummies"}
 _INT_MAKERS = {"randint", "integers", "argmax"}

@@ -34,6 +34,11 @@ from ._torch_ast import (
 )
 from ._torch_flow import _class_outputs, _mismatch_message, _Scope
 
+# every rule this pack reports (``LintHit.rule``); a probe of the same id measures it, or the
+# ``lint`` probe's rule table carries its suggestion
+RULES = ("missing_zero_grad", "graph_retention", "eval_without_no_grad", "eval_mode_not_reset",
+         "detached_output", "optimizer_recreated", "loss_output_mismatch")
+
 
 @dataclass(frozen=True)
 class LintHit:
