@@ -1,4 +1,22 @@
-"""Capture: the Recorder and its framework instruments."""
+"""Capture: the Recorder and its framework instruments.
+
+Layout, from the top down (a module imports only modules listed after it and the leaf utilities
+``records``, ``_validate``, ``safe_write``, ``redact``: no circle, even through imports made
+inside functions; ``tests/test_capture_layout.py`` checks the imports and the circles):
+
+- ``recorder``: the Recorder (the record file, the flusher thread, stdout and TensorBoard
+  metrics, errors); attaches an instrument when torch or tensorflow/keras is imported;
+- ``torch_instrument``: ``TorchInstrument``, built from ``torch_model`` (model discovery, inputs,
+  non-finite localization), ``torch_optim`` (optimizer construction and step hooks),
+  ``torch_steps`` (step rows: timing, memory, the norm schedule), ``torch_data`` (DataLoader:
+  data wait, epochs), ``torch_losses`` (loss functionals: targets, eval losses), with
+  ``torch_grads`` (norms, update ratio, histograms) and ``torch_util`` (replay, small helpers);
+- ``keras_instrument``: ``KerasInstrument``, built from ``keras_hooks`` (fit, custom loops) and
+  ``keras_steps`` (tape and optimizer apply), with ``keras_util``;
+- ``keeper``, ``keras_keeper``, ``spill``: what Isolate needs after the capture;
+- ``instrument``: the base of both instruments, the owner of every undo handle;
+- ``metrics``, ``patches``, ``imports``, ``codeloc``, ``norms``, ``_util``: helpers.
+"""
 
 from .recorder import CaptureConfig, Recorder, active_recorder, log
 
