@@ -197,6 +197,16 @@ def test_a_registered_probe_runs_reports_and_suggests_with_no_other_edit(planted
     assert back == report and planted in back.probe_seconds and back.seed_noise == {"cv": 0.01}
 
 
+def test_every_probe_module_is_discovered_and_registers_its_probe():
+    import model_debugger.probes as pkg
+
+    modules = {p.stem for p in (PACKAGE / "probes").glob("*.py")
+               if not p.stem.startswith("_") and p.stem not in pkg.FRAMEWORK_MODULES}
+    owners = {cls.__module__.rsplit(".", 1)[-1] for cls in PROBES.values()
+              if cls.__module__.startswith("model_debugger.probes.")}
+    assert owners == modules  # no list of probe modules to edit: each file registers itself
+
+
 def test_unregistered_afterwards():
     assert _Planted.id not in PROBES
 

@@ -1,30 +1,12 @@
-"""Isolate: one probe per module; importing this package registers them all."""
+"""Isolate: one probe per module; importing this package registers them all.
 
-from . import (  # noqa: F401 - registration side effects
-    batch_memory,
-    class_imbalance,
-    constant_baseline,
-    data_volume,
-    dataloader_throughput,
-    dead_units,
-    detached_output,
-    distribution_shift,
-    eval_mode,
-    feature_scaling,
-    gradient_flow,
-    graph_retention,
-    hardware,
-    label_alignment,
-    late_onset,
-    leakage,
-    lint,
-    loss_output_mismatch,
-    lr_range,
-    missing_zero_grad,
-    optimizer_recreated,
-    overfit_small_batch,
-    seed_variance,
-)
+Every module here whose name does not start with ``_`` (except the framework modules ``base``
+and ``report``) is a probe and is imported in name order, so adding a probe is adding one file.
+"""
+
+import importlib as _importlib
+import pkgutil as _pkgutil
+
 from .base import (
     GENERIC_SUGGESTION,
     PROBES,
@@ -37,6 +19,12 @@ from .base import (
     suggestion_for,
 )
 from .report import SHARED, Measured, ProbeReport, ProbeResult
+
+FRAMEWORK_MODULES = ("base", "report")
+
+for _module in _pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_") and _module.name not in FRAMEWORK_MODULES:
+        _importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["GENERIC_SUGGESTION", "PROBES", "SHARED", "Measured", "Probe", "ProbeContext",
            "ProbeReport", "ProbeResult", "probes_for", "rank", "register", "run_probes",
