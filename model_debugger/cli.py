@@ -93,67 +93,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_human(report: dict, out) -> None:
-    rep, cls = report["reproduce"] or {}, report["classification"]
-    w = out.write
-    if rep:
-        w(f"Reproduce: {rep['summary']} - {rep['steps']} steps, {rep['epochs']} epochs, "
-          f"{rep['seconds']:.1f} s\n")
-    else:
-        w("Reproduce: not recorded\n")
-    if rep.get("error"):
-        loc = rep.get("error_location")
-        where = f" at {loc['file']}:{loc['line']}" if loc else ""
-        w(f"  error: {rep['error']}{where}\n")
-    crash = rep.get("crash")
-    if crash:
-        after = crash.get("after_step")
-        w(f"  crashed: {crash.get('how')}; "
-          f"{'after step ' + str(after) if after is not None else 'before any step'}\n")
-    if rep.get("status") == "interrupted":
-        w("  interrupted (Ctrl-C): the record is partial\n")
-    if rep.get("reason"):
-        w(f"  not observed: {rep['reason']}\n")
-    if rep.get("bad_lines"):
-        w(f"  record: {rep['bad_lines']} unreadable lines skipped (the rest was kept)\n")
-    for line in rep.get("tried", []):
-        w(f"  tried {line}\n")
-    if cls is None:
-        why = (report.get("gates") or {}).get("classify") or "no classification recorded"
-        w(f"Classify: not classified ({why})\n")
-    else:
-        sec = f" (secondary: {', '.join(cls['secondary'])})" if cls["secondary"] else ""
-        w(f"Classify: {cls['primary']}{sec}\n")
-        for ev in cls["evidence"]:
-            w(f"  {ev['signal']} = {ev['value']}  - {ev['detail']}\n")
-    for kind, loc in (rep.get("code") or {}).items():
-        w(f"  code: {kind} at {loc['file']}:{loc['line']}\n")
-    findings = report.get("findings") or []
-    if findings:
-        w("Isolate:\n")
-    elif cls is None and (report.get("gates") or {}).get("isolate"):
-        w(f"Isolate: {report['gates']['isolate']}\n")
-    for f in findings:
-        where = f" at {f['location']['file']}:{f['location']['line']}" if f["location"] else ""
-        mark = "CONFIRMED" if f["confirmed"] else "hypothesis"
-        w(f"  [{mark}] {f['check']} -> {f['root_cause']}{where}\n      {f['explanation']}\n")
-    fix, ver = report.get("fix"), report.get("verification")
-    if fix:
-        w(f"Fix: {fix['finding']} ({fix.get('root_cause')}) - approved\n")
-        for note in fix.get("overrides", []):
-            w(f"  override: {note}\n")
-    if ver:
-        w(f"Verify: {ver['verdict']} - {ver['metric']} ({ver['direction']} is better) over seeds "
-          f"{ver['seeds']}\n")
-        for side in ("before", "after"):
-            d = ver[side]
-            mean = "n/a" if d["mean"] is None else f"{d['mean']:.4g}"
-            w(f"  {side:6} {d['values']} mean {mean}; {ver['category']} in {d['present']}\n")
-        w(f"  noise band {ver['noise_band']:.3g}, improvement {ver['improvement']}\n")
-        if ver.get("remaining_symptom"):
-            w(f"  remaining: {ver['remaining_symptom']}\n")
-    w(f"Next phase: {report['phase']} (fix allowed: {str(report['fix_allowed']).lower()})\n")
-    w(f"Session saved: {report['session_dir']}\n")
+def _print_human(report: dict, out, isolated: bool | None = None) -> None:
+    """The report as the CLI prints it (:func:`model_debugger.views.report` as text)."""
+    from . import views
+
+    out.write(views.text(views.report(report, isolated)) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if ns.command == "report":
-            report = DebugSession.load(ns.session).report()
+            session = DebugSession.load(ns.session)
         elif ns.command == "isolate":
             from .diagnose import isolate_session
 
-            report = isolate_session(DebugSession.load(ns.session), ns.probe_seconds).report()
+            session = isolate_session(DebugSession.load(ns.session), ns.probe_seconds)
         elif ns.command == "export":
             from .export import export_files
 
@@ -184,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                   + "".join(f"\nReplaced: {p}" for p in paths["replaced"]))
             return 0
         elif ns.command == "verify":
-            report = _verify(ns)
-            if report is None:
+            session = _verify(ns)
+            if session is None:
                 return 3
         else:
             if ns.runs < 1:
@@ -201,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
                 session = diagnose_script(ns.script, args, runs=ns.runs, seed=ns.seed,
                                           max_seconds=ns.max_seconds, root=ns.root,
                                           probe_seconds=ns.probe_seconds)
-            report = session.report()
     except (ValueError, SessionError, OSError) as exc:
         print(f"model-debugger: error: {exc}", file=sys.stderr)
         return 2
@@ -211,15 +154,17 @@ def main(argv: list[str] | None = None) -> int:
             f"; the partial session is saved: {where} (model-debugger report {where})"
             if where else ""), file=sys.stderr)
         return 130
+    report = session.report()
     if ns.json:
         sys.stdout.write(json.dumps(report, default=str) + "\n")
     else:
-        _print_human(report, sys.stdout)
+        _print_human(report, sys.stdout, session.state.isolations > 0)
     return 0
 
 
-def _verify(ns) -> dict | None:
-    """Plan, approve and verify; None when the plan is refused or not approved (nothing saved)."""
+def _verify(ns):
+    """Plan, approve and verify: the session, or None when the plan is refused or not approved
+    (nothing saved)."""
     from .session import DebugSession
 
     if ns.seeds < 1:
@@ -229,7 +174,7 @@ def _verify(ns) -> dict | None:
         return _verify_locked(ns, session)
 
 
-def _verify_locked(ns, session) -> dict | None:
+def _verify_locked(ns, session):
     from .fix import FixRefused, plan_fix
     from .session import GateError
     from .verify import seeds_for, verify_script
@@ -242,15 +187,15 @@ def _verify_locked(ns, session) -> dict | None:
                          "(diagnose the training script to verify a fix)")
     pending = session.pending_fix
     if pending is not None:  # an earlier verify was interrupted: finish it
-        with open(os.path.join(session.directory, pending["copy"]), encoding="utf-8") as fh:
-            if fh.read() != fixed:
-                raise ValueError("an approved fix is awaiting Verify and FIXED differs from it; "
-                                 f"rerun with --fixed {pending.get('fixed')}")
+        kept = session.store.read(pending["copy"])
+        if kept is None or kept.decode("utf-8", "surrogateescape") != fixed:
+            raise ValueError("an approved fix is awaiting Verify and FIXED differs from it; "
+                             f"rerun with --fixed {pending.get('fixed')}")
         print(f"Resuming the verification of the approved fix for {pending['finding']} ...",
               file=talk, flush=True)
         verify_script(session, seeds_for(session, ns.seeds), max_seconds=ns.max_seconds,
                       stdout=sys.stderr)
-        return session.report()
+        return session
     try:
         plan = plan_fix(session, fixed, fixed_path=os.path.abspath(ns.fixed),
                         allow_architecture=ns.allow_architecture, data_consent=ns.data_consent)
@@ -278,17 +223,13 @@ def _verify_locked(ns, session) -> dict | None:
     print(f"Verifying over seeds {seeds_for(session, ns.seeds)} ...", file=talk, flush=True)
     verify_script(session, seeds_for(session, ns.seeds), max_seconds=ns.max_seconds,
                   stdout=sys.stderr)
-    return session.report()
+    return session
 
 
-def _print_plan(plan: dict, out) -> None:
-    loc = plan.get("location")
-    where = f" at {loc['file']}:{loc['line']}" if loc else ""
-    out.write(f"Fix plan for {plan['finding']} ({plan['root_cause']}){where}\n")
-    out.write(f"  suggested: {plan['suggestion']}\n  expected: {plan['expected']}\n")
-    for note in plan["overrides"]:
-        out.write(f"  override: {note}\n")
-    out.write(plan["diff"] if plan["diff"].endswith("\n") else plan["diff"] + "\n")
+def _print_plan(plan, out) -> None:
+    from . import views
+
+    out.write(views.text(views.plan(plan)) + "\n")
     out.flush()
 
 

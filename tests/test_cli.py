@@ -122,7 +122,7 @@ def test_usage_errors_exit_nonzero_with_a_message(tmp_path):
 def test_human_output_and_report_command(tmp_path):
     proc = _cli("diagnose", str(SCENARIOS / "lnd_lr_too_low.py"), "--root", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert "Classify: loss_not_decreasing" in proc.stdout
+    assert "Classification: loss_not_decreasing (secondary: " in proc.stdout
     assert "Session saved: " in proc.stdout
     saved = proc.stdout.split("Session saved: ")[1].strip()
     again = _cli("report", saved, "--json")

@@ -15,54 +15,17 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import ipywidgets as W
-import numpy as np
 
-from ..records import Run, metric_role
-from .render import figure_png, new_figure
+from ..figures import figure_png, loss_figure
+from ..records import Run
 
 INTERVAL = 0.5  # seconds between redraws while following a record
 
 
 def curves_figure(run: Run, title: str = "Loss and metrics"):
-    """Train loss per step, validation losses and other metrics per report, failures marked."""
-    fig = new_figure(7.0, 3.4)
-    ax_loss = fig.add_subplot(1, 2, 1)
-    ax_met = fig.add_subplot(1, 2, 2)
-    steps = run.steps
-    x = np.arange(len(steps), dtype=float)
-    loss = run.series("loss")
-    if loss.size:
-        ax_loss.plot(x, loss, lw=1.0, label="train loss (per step)")
-        bad = np.flatnonzero(~np.isfinite(loss))
-        if bad.size:
-            ax_loss.axvline(bad[0], color="red", ls="--", lw=1.0, label=f"NaN/inf at step {bad[0]}")
-    metrics = run.metrics()
-    has_metric = False
-    for name, points in metrics.items():
-        xs = [p[0] for p in points]
-        ys = [p[2] for p in points]
-        if metric_role(name) and metric_role(name)[1] == "loss":
-            ax_loss.plot(xs, ys, "o-", ms=3, lw=0.8, label=f"{name} (per report)")
-        else:
-            ax_met.plot(xs, ys, "o-", ms=3, lw=0.8, label=name)
-            has_metric = True
-    err = run.error
-    if err is not None:
-        where = max(len(steps) - 1, 0)
-        label = "OOM" if err.get("kind") == "oom" else err.get("kind") or err.get("type")
-        for ax in (ax_loss, ax_met):
-            ax.axvline(where, color="black", ls=":", lw=1.2, label=f"{label} at step {where}")
-    finite = loss[np.isfinite(loss)] if loss.size else loss
-    if finite.size and finite.min() > 0 and finite.max() / finite.min() > 100:
-        ax_loss.set_yscale("log")
-    ax_loss.set_title(title, fontsize=9)
-    ax_loss.set_xlabel("step")
-    ax_met.set_title("tracked metrics" if has_metric else "no tracked metrics yet", fontsize=9)
-    ax_met.set_xlabel("step")
-    for ax in (ax_loss, ax_met):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="best")
-    return fig
+    """Train loss per step, validation losses and other metrics, failures marked: the figure
+    factory's loss figure with its metrics panel, live variant."""
+    return loss_figure(run, title=title, metrics=True, live=True)
 
 
 class RecordFollower:

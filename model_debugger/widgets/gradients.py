@@ -7,28 +7,16 @@ Histograms come from the record's ``hist`` events (every ``hist_every`` optimize
 from __future__ import annotations
 
 import ipywidgets as W
-import numpy as np
 
+from ..figures import figure_png, grad_norm_figure, histogram_figure
 from ..records import Run
-from .render import figure_png, new_figure
+
+__all__ = ["GradientPanel", "histogram_figure", "histograms", "norms_figure"]
 
 
 def norms_figure(run: Run):
-    """Per-module gradient norms per step (log scale when they span decades)."""
-    try:
-        from .._plots import grad_norm_figure
-    except ImportError:  # pragma: no cover - only while _plots.py does not exist
-        grad_norm_figure = None
-    if grad_norm_figure is not None:
-        return grad_norm_figure(run, title="Gradient norms per layer")
-    fig = new_figure()  # pragma: no cover
-    ax = fig.add_subplot()
-    names, arr = run.module_norms()
-    for j, name in enumerate(names[:8]):
-        ax.plot(arr[:, j], lw=0.9, label=name or "(root)")
-    ax.set_xlabel("step")
-    ax.set_title("Gradient norms per layer")
-    return fig
+    """Per-module gradient norms per step (log scale when they span decades), live variant."""
+    return grad_norm_figure(run, title="Gradient norms per layer", live=True)
 
 
 def histograms(run: Run) -> dict[str, list[dict]]:
@@ -37,20 +25,6 @@ def histograms(run: Run) -> dict[str, list[dict]]:
     for e in run.of("hist"):
         out.setdefault(e.get("param", "?"), []).append(e)
     return out
-
-
-def histogram_figure(event: dict):
-    """One gradient histogram (bin counts between ``lo`` and ``hi``)."""
-    fig = new_figure(5.0, 2.8)
-    ax = fig.add_subplot()
-    counts = np.asarray(event.get("counts", []), dtype=float)
-    if counts.size:
-        edges = np.linspace(float(event["lo"]), float(event["hi"]), counts.size + 1)
-        ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge")
-    ax.set_title(f"{event.get('param')} gradient at step {event.get('step')}", fontsize=9)
-    ax.set_xlabel("gradient value")
-    ax.set_ylabel("count")
-    return fig
 
 
 class GradientPanel(W.VBox):

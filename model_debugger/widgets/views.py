@@ -1,13 +1,20 @@
-"""Static views of session results: each is shown as HTML in a notebook and as plain text elsewhere.
+"""Display objects of session results for the magics: :mod:`model_debugger.views` documents.
 
-Every view carries both representations (``text/plain`` and ``text/html``), so a notebook read
-without a browser (nbclient, ``nbconvert --to markdown``, a test) still holds the numbers.
+Every view carries both representations (``text/plain``, the CLI's words, and ``text/html``), so
+a notebook read without a browser (nbclient, ``nbconvert --to markdown``, a test) still holds the
+numbers. The documents are built and rendered by :mod:`model_debugger.views`; this module only
+wraps them for IPython's display.
 """
 
 from __future__ import annotations
 
-import html
-import os
+from collections.abc import Iterable, Mapping
+
+from .. import views as _v
+from ..views import location
+
+__all__ = ["View", "classification", "findings", "location", "message", "plan", "refused",
+           "reproduce", "status", "verification", "view"]
 
 
 class View:
@@ -32,128 +39,60 @@ class View:
         return self.text
 
 
-def _e(value) -> str:
-    return html.escape(str(value))
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    head = "".join(f"<th style='text-align:left'>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{_e(c)}</td>" for c in r)
-                   + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def view(docs: _v.Doc | Iterable[_v.Doc]) -> View:
+    """A display object of one document or several."""
+    return View(_v.text(docs), _v.html(docs))
 
 
 def message(text: str, level: str = "info") -> View:
-    """A one-line notice; ``level`` is ``info``, ``warning`` or ``error``."""
-    color = {"info": "#333", "warning": "#8a6d00", "error": "#b00020"}.get(level, "#333")
-    return View(text, f"<div style='color:{color};white-space:pre-wrap'>{_e(text)}</div>")
+    """A one-line notice; ``level`` is ``info``, ``ok``, ``warning`` or ``error``."""
+    return view(_v.message(text, level))
 
 
-def location(loc: dict | None, root: str | None = None) -> str:
-    """``file:line`` of a finding or reference, relative to the session folder when inside it."""
-    if not loc:
-        return "-"
-    path = loc.get("file") or "?"
-    if root and os.path.isabs(path) and path.startswith(os.path.abspath(root) + os.sep):
-        path = os.path.relpath(path, root)
-    return f"{path}:{loc.get('line', '?')}"
+def reproduce(verdict, error: BaseException | None = None, root: str | None = None) -> View:
+    """The Reproduce verdict (a :class:`~model_debugger.records.Reproduction` or its JSON)."""
+    return view(_v.reproduction(verdict, error, root))
 
 
-def reproduce(verdict: dict, error: BaseException | None = None) -> View:
-    """The Reproduce verdict: status, steps, epochs, the error that ended the run."""
-    lines = [f"Reproduce: {verdict.get('summary')} ({verdict.get('status')}), "
-             f"{verdict.get('steps', 0)} steps, {verdict.get('epochs', 0)} epochs, "
-             f"{verdict.get('seconds', 0)} s"]
-    if verdict.get("error"):
-        lines.append(f"the run ended with {verdict['error']} (partial record kept)")
-    elif error is not None:
-        lines.append(f"the run ended with {type(error).__name__}: {error} (partial record kept)")
-    if verdict.get("reason"):  # not_observed: why no training step was seen
-        lines.append(f"not observed: {verdict['reason']}")
-    for t in verdict.get("tried", []) or []:
-        lines.append(f"  tried: {t}")
-    text = "\n".join(lines)
-    return View(text, "<pre>" + _e(text) + "</pre>")
+def classification(report) -> View:
+    """The classification of a report, a :class:`~model_debugger.session.State`, or a
+    :class:`~model_debugger.records.Classification`."""
+    cls, reason = _classification_of(report)
+    doc = _v.classification(cls, reason)
+    if cls is None and reason and "reproduce" in reason:
+        doc = _v.Doc(doc.title + " - run %%reproduce first", doc.lines, doc.status)
+    return view(doc)
 
 
-def classification(report: dict) -> View:
-    """The primary category, the secondaries, and the numbers behind them."""
-    cls = report.get("classification")
-    if not cls:
-        reason = (report.get("gates") or {}).get("classify") or "nothing classified yet"
-        return message(f"Classify: {reason} (run %%reproduce first)", "warning")
-    rows = [[e["signal"], e["value"], e["detail"]] for e in cls.get("evidence", [])]
-    second = ", ".join(cls.get("secondary", [])) or "none"
-    text = (f"Classification: {cls['primary']} (secondary: {second})\n"
-            + "\n".join(f"  {s} = {v}  ({d})" for s, v, d in rows))
-    body = (f"<b>Classification: {_e(cls['primary'])}</b> (secondary: {_e(second)})"
-            + _table(["signal", "value", "rule"], rows))
-    return View(text, body)
+def _classification_of(report):
+    if isinstance(report, Mapping) and ("classification" in report or "gates" in report):
+        return report.get("classification"), (report.get("gates") or {}).get("classify")
+    if hasattr(report, "gates") and hasattr(report, "classification"):  # a State
+        return report.classification, report.gates.get("classify")
+    return report, None
 
 
-def findings(items: list[dict], root: str | None = None) -> View:
-    """The findings table: check, root cause, confirmed, file:line, explanation."""
-    if not items:
-        return message("Isolate: no findings (nothing measured points at a cause)")
-    rows = [[f["check"], f["root_cause"], "confirmed" if f["confirmed"] else "hypothesis",
-             location(f.get("location"), root), f["explanation"]] for f in items]
-    text = "Findings:\n" + "\n".join(
-        f"  [{r[2]}] {r[0]} ({r[1]}) at {r[3]}: {r[4]}" for r in rows)
-    return View(text, "<b>Findings</b>" + _table(
-        ["check", "root cause", "status", "file:line", "explanation"], rows))
+def findings(items, root: str | None = None) -> View:
+    """Isolate's findings (typed or JSON), locations relative to the session folder ``root``."""
+    return view(_v.findings(items or [], root))
 
 
-def plan(p: dict, root: str | None = None) -> View:
-    """A fix plan: the finding, the suggestion, the diff and the expected effect."""
-    where = location(p.get("location"), root)
-    lines = [f"Fix plan for {p['finding']} ({p['root_cause']}) at {where}",
-             f"suggestion: {p['suggestion']}", f"expected: {p['expected']}"]
-    lines += [f"override: {o}" for o in p.get("overrides", [])]
-    text = "\n".join(lines) + "\n" + p.get("diff", "")
-    body = (f"<b>Fix plan</b> for <code>{_e(p['finding'])}</code> ({_e(p['root_cause'])}) at "
-            f"<code>{_e(where)}</code>"
-            f"<br>Suggestion: {_e(p['suggestion'])}<br>Expected effect: {_e(p['expected'])}"
-            + "".join(f"<br>Override: {_e(o)}" for o in p.get("overrides", []))
-            + f"<pre>{_e(p.get('diff', ''))}</pre>")
-    return View(text, body)
+def plan(p, root: str | None = None) -> View:
+    """A fix plan awaiting approval."""
+    return view(_v.plan(p, root))
 
 
 def refused(reasons: list[str]) -> View:
     """Why a fix was refused (nothing was recorded)."""
-    text = "Fix refused (nothing recorded):\n" + "\n".join(f"  - {r}" for r in reasons)
-    return View(text, "<b style='color:#b00020'>Fix refused</b> (nothing recorded)<ul>"
-                + "".join(f"<li>{_e(r)}</li>" for r in reasons) + "</ul>")
+    return view(_v.refused(reasons))
 
 
-def verification(v: dict) -> View:
-    """Verify's verdict: the defining signal before and after, per seed, and the noise band."""
-    b, a = v.get("before", {}), v.get("after", {})
-    rows = [["before", b.get("values"), b.get("mean"), b.get("present")],
-            ["after", a.get("values"), a.get("mean"), a.get("present")]]
-    text = (f"Verify: {v['verdict']} ({v['category']}, {v['metric']} {v['direction']} is better,"
-            f" noise band {v['noise_band']}, seeds {v.get('seeds')})\n"
-            + "\n".join(f"  {r[0]}: values={r[1]} mean={r[2]} category present {r[3]}"
-                        for r in rows))
-    if v.get("remaining_symptom"):
-        text += f"\n  remaining: {v['remaining_symptom']}"
-    body = (f"<b>Verify: {_e(v['verdict'])}</b> ({_e(v['category'])}; {_e(v['metric'])}, "
-            f"{_e(v['direction'])} is better; noise band {_e(v['noise_band'])})"
-            + _table(["", "per seed", "mean", "category present"], rows)
-            + (f"<br>Remaining: {_e(v['remaining_symptom'])}" if v.get("remaining_symptom")
-               else ""))
-    return View(text, body)
+def verification(v) -> View:
+    """Verify's verdict (a :class:`~model_debugger.records.Verification` or its JSON)."""
+    doc = _v.verification(v)
+    return view(doc if doc is not None else _v.message("Verify: not verified yet", "warning"))
 
 
-def status(report: dict) -> View:
-    """The session at a glance: phase, gates, classification, queue, last fix and verdict."""
-    cls = report.get("classification") or {}
-    ver = report.get("verification") or {}
-    lines = [f"Session {report['session']} ({report['session_dir']})",
-             f"phase: {report['phase']}; fix allowed: {report['fix_allowed']}",
-             f"classification: {cls.get('primary', '-')}",
-             f"queue: {', '.join(report.get('queue', [])) or '-'}",
-             f"last fix: {(report.get('fix') or {}).get('finding', '-')}",
-             f"last verdict: {ver.get('verdict', '-')}"]
-    lines += [f"gate {k}: {r}" for k, r in (report.get("gates") or {}).items() if r]
-    text = "\n".join(lines)
-    return View(text, "<pre>" + _e(text) + "</pre>")
+def status(report: Mapping) -> View:
+    """The session at a glance (a report)."""
+    return view(_v.status(report))

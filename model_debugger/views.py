@@ -1,0 +1,356 @@
+"""One view layer for every front end: phase results as small documents, rendered as text or HTML.
+
+A builder (:func:`reproduction`, :func:`classification`, :func:`findings`, :func:`plan`,
+:func:`fix`, :func:`verification`, :func:`status`, :func:`report`) turns a typed record of
+:mod:`model_debugger.records` (or the report JSON of the same record) into a :class:`Doc`: a
+title, lines, tables and preformatted blocks, and a status. :func:`text` renders a document for a
+terminal (the CLI prints it; the magics use it as ``text/plain``), :func:`html` renders it for a
+notebook, every recorded string HTML-escaped. Nothing here formats a number twice: the CLI and the
+magics show the same words.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .records import Classification, Finding, FixPlan, RecordError, Reproduction, Verification
+
+LEVELS = ("info", "ok", "warning", "error")
+_COLORS = {"info": "#333", "ok": "#1b5e20", "warning": "#8a6d00", "error": "#b00020"}
+
+
+# -- the document model ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Table:
+    """Rows under a header; ``line`` formats one row as a text line (``str.format`` fields by
+    position), default: the cells joined by two spaces."""
+
+    header: tuple[str, ...]
+    rows: tuple[tuple, ...]
+    line: str | None = None
+
+
+@dataclass(frozen=True)
+class Block:
+    """Preformatted text (a diff, a traceback), shown as it is."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Doc:
+    """A view: a title, then lines (``str``, :class:`Table` or :class:`Block`).
+
+    Attributes
+    ----------
+    title : str
+        The first line (bold in HTML).
+    lines : tuple
+        What follows; a ``str`` line keeps its leading spaces (indentation).
+    status : str
+        One of :data:`LEVELS`: the colour of the HTML title.
+    """
+
+    title: str
+    lines: tuple = ()
+    status: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.status not in LEVELS:
+            raise ValueError(f"unknown status {self.status!r} (expected one of {LEVELS})")
+
+
+def text(docs: Doc | Iterable[Doc]) -> str:
+    """Plain text of one document or several (one after the other), without a final newline."""
+    docs = [docs] if isinstance(docs, Doc) else list(docs)
+    out: list[str] = []
+    for doc in docs:
+        out.append(doc.title)
+        for part in doc.lines:
+            if isinstance(part, Table):
+                fmt = part.line
+                out += [fmt.format(*(_cell(v) for v in row)) if fmt else
+                        "  " + "  ".join(_cell(v) for v in row) for row in part.rows]
+            elif isinstance(part, Block):
+                out.append(part.text.rstrip("\n"))
+            else:
+                out.append(str(part))
+    return "\n".join(out)
+
+
+def html(docs: Doc | Iterable[Doc]) -> str:
+    """HTML of one document or several; every recorded string is escaped."""
+    docs = [docs] if isinstance(docs, Doc) else list(docs)
+    return "".join(_html_one(d) for d in docs)
+
+
+def _e(value) -> str:
+    return _html.escape(_cell(value), quote=True)
+
+
+def _html_one(doc: Doc) -> str:
+    color = _COLORS[doc.status]
+    parts = [f"<div class='md-view md-{doc.status}'>"
+             f"<b style='color:{color}'>{_e(doc.title)}</b>"]
+    lines: list[str] = []
+
+    def flush() -> None:
+        if lines:
+            parts.append("<div style='white-space:pre-wrap;font-family:monospace'>"
+                         + "<br>".join(_e(x) for x in lines) + "</div>")
+            lines.clear()
+
+    for part in doc.lines:
+        if isinstance(part, Table):
+            flush()
+            head = "".join(f"<th style='text-align:left'>{_e(h)}</th>" for h in part.header)
+            body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{_e(c)}</td>"
+                                            for c in row) + "</tr>" for row in part.rows)
+            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        elif isinstance(part, Block):
+            flush()
+            parts.append(f"<pre>{_e(part.text)}</pre>")
+        else:
+            lines.append(str(part))
+    flush()
+    return "".join(parts) + "</div>"
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def _g(value, spec: str = ".4g") -> str:
+    """A number in a sentence (``n/a`` when missing or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "n/a" if value is None else str(value)
+    return format(value, spec)
+
+
+# -- reading records -----------------------------------------------------------------------------
+def _typed(cls, value):
+    """``value`` as the typed record ``cls`` (from its JSON when it is a dict), or None."""
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return cls.from_json(dict(value))
+        except (RecordError, TypeError, KeyError):
+            return None
+    return None
+
+
+def location(loc: Mapping | None, root: str | None = None) -> str:
+    """``file:line`` of a finding or a code reference, relative to ``root`` when inside it."""
+    if not isinstance(loc, Mapping) or not loc.get("file"):
+        return "-"
+    path = str(loc["file"])
+    if root and os.path.isabs(path):
+        base = os.path.abspath(root)
+        if path.startswith(base + os.sep):
+            path = os.path.relpath(path, base)
+    return f"{path}:{loc.get('line', '?')}"
+
+
+# -- builders ------------------------------------------------------------------------------------
+def message(text_: str, level: str = "info") -> Doc:
+    """A one-line notice; ``level`` is ``info``, ``ok``, ``warning`` or ``error``."""
+    return Doc(str(text_), (), level if level in LEVELS else "info")
+
+
+def reproduction(rep: Reproduction | Mapping | None, error: BaseException | None = None,
+                 root: str | None = None) -> Doc:
+    """Reproduce's verdict: status, steps, epochs, time, the error, what was tried.
+
+    Parameters
+    ----------
+    rep : Reproduction or dict or None
+        The verdict (None: not recorded yet).
+    error : BaseException, optional
+        The exception that ended an in-kernel run, when the verdict does not name one.
+    root : str, optional
+        Locations inside this folder are shown relative to it.
+    """
+    rep = _typed(Reproduction, rep)
+    if rep is None:
+        return Doc("Reproduce: not recorded", (), "warning")
+    get = rep.get
+    seconds = get("seconds")
+    title = (f"Reproduce: {rep.summary} ({rep.status}) - {rep.steps} steps, "
+             f"{get('epochs', 0)} epochs, {_g(seconds, '.1f')} s")
+    lines: list = []
+    if get("error"):
+        where = get("error_location")
+        lines.append(f"  error: {get('error')}"
+                     + (f" at {location(where, root)}" if where else ""))
+    elif error is not None:
+        lines.append(f"  error: {type(error).__name__}: {error}")
+    crash = get("crash")
+    if isinstance(crash, Mapping):
+        after = crash.get("after_step")
+        lines.append(f"  crashed: {crash.get('how')}; "
+                     + (f"after step {after}" if after is not None else "before any step"))
+    if rep.status == "interrupted":
+        lines.append("  interrupted (Ctrl-C): the record is partial")
+    if rep.reason:
+        lines.append(f"  not observed: {rep.reason}")
+    if get("bad_lines"):
+        lines.append(f"  record: {get('bad_lines')} unreadable lines skipped (the rest was kept)")
+    lines += [f"  tried {t}" for t in get("tried") or []]
+    code = get("code")
+    if isinstance(code, Mapping):
+        lines += [f"  code: {kind} at {location(loc, root)}" for kind, loc in code.items()]
+    level = {"reproduced": "ok", "not_reproduced": "info", "not_observed": "warning"}.get(
+        rep.status, "error")
+    return Doc(title, tuple(lines), level)
+
+
+def classification(cls: Classification | Mapping | None, reason: str | None = None) -> Doc:
+    """The primary category, the secondaries, and the numbers behind them.
+
+    ``reason`` says why there is none (the Classify gate) when ``cls`` is None.
+    """
+    cls = _typed(Classification, cls)
+    if cls is None:
+        return Doc(f"Classification: not classified ({reason or 'no classification recorded'})",
+                   (), "warning")
+    second = ", ".join(cls.secondary) or "none"
+    rows = tuple((e.signal, e.value, e.detail) for e in cls.evidence)
+    lines = (Table(("signal", "value", "rule"), rows, "  {0} = {1}  ({2})"),) if rows else ()
+    return Doc(f"Classification: {cls.primary} (secondary: {second})", lines,
+               "ok" if cls.primary == "healthy" else "info")
+
+
+def findings(items: Iterable[Finding | Mapping], root: str | None = None, *,
+             ran: bool = True, reason: str | None = None) -> Doc:
+    """Isolate's findings: confirmed or hypothesis, check, root cause, file:line, explanation.
+
+    Parameters
+    ----------
+    items : iterable of Finding or dict
+    root : str, optional
+        Locations inside this folder are shown relative to it.
+    ran : bool
+        False when Isolate has not run yet (``reason``: why not).
+    """
+    found = [f for f in (_typed(Finding, x) for x in items) if f is not None]
+    if not found:
+        if not ran:
+            return Doc(f"Isolate: not run ({reason or 'no probes have run yet'})", (), "warning")
+        return Doc("Isolate: no findings (nothing measured points at a cause)")
+    rows = tuple(("confirmed" if f.confirmed else "hypothesis", f.check, f.root_cause,
+                  location(f.location, root), f.explanation) for f in found)
+    confirmed = sum(f.confirmed for f in found)
+    return Doc(f"Isolate: {len(found)} findings ({confirmed} confirmed)",
+               (Table(("status", "check", "root cause", "file:line", "explanation"), rows,
+                      "  [{0}] {1} ({2}) at {3}\n      {4}"),),
+               "ok" if confirmed else "info")
+
+
+def plan(p: FixPlan | Mapping, root: str | None = None) -> Doc:
+    """A fix plan awaiting approval: the finding, the suggestion, the expected effect, the diff."""
+    p = _typed(FixPlan, p)
+    if p is None:
+        return Doc("Fix plan: not readable", (), "error")
+    lines: list = [f"  suggestion: {p.suggestion}", f"  expected: {p.expected}"]
+    lines += [f"  override: {o}" for o in p.overrides]
+    if p.diff:
+        lines.append(Block(p.diff))
+    return Doc(f"Fix plan for {p.finding} ({p.root_cause}) at {location(p.location, root)}",
+               tuple(lines))
+
+
+def refused(reasons: Iterable[str]) -> Doc:
+    """Why a fix was refused (nothing was recorded)."""
+    return Doc("Fix refused (nothing recorded):", tuple(f"  - {r}" for r in reasons), "error")
+
+
+def fix(p: FixPlan | Mapping | None) -> Doc | None:
+    """The last approved fix, one line (None when no fix was approved)."""
+    p = _typed(FixPlan, p)
+    if p is None:
+        return None
+    return Doc(f"Fix: {p.finding} ({p.root_cause}) - "
+               + ("approved" if p.approved else "awaiting approval"),
+               tuple(f"  override: {o}" for o in p.overrides))
+
+
+def verification(v: Verification | Mapping | None) -> Doc | None:
+    """Verify's verdict: the defining signal before and after, per seed, and the noise band."""
+    v = _typed(Verification, v)
+    if v is None:
+        return None
+    scale = " (log10)" if v.get("scale") == "log10" else ""
+    title = (f"Verify: {v.verdict} ({v.category}: {v.metric}{scale}, {v.get('direction')} is "
+             f"better; seeds {list(v.seeds)})")
+    rows = []
+    for name, side in (("before", v.before), ("after", v.after)):
+        side = side if isinstance(side, Mapping) else {}
+        rows.append((name, side.get("values"), _g(side.get("mean")), side.get("present")))
+    lines: list = [Table(("", "per seed", "mean", f"{v.category} present"), tuple(rows),
+                         "  {0:6} {1} mean {2}; " + f"{v.category} in " + "{3}"),
+                   f"  noise band {_g(v.get('noise_band'), '.3g')}, improvement "
+                   f"{_g(v.get('improvement'))}"]
+    if v.remaining_symptom:
+        lines.append(f"  remaining: {v.remaining_symptom}")
+    level = {"resolved": "ok", "partially_resolved": "warning"}.get(v.verdict, "error")
+    return Doc(title, tuple(lines), level)
+
+
+def _strip(report: Mapping) -> list[tuple[str, str]]:
+    return [(p.get("phase"), p.get("status")) for p in report.get("phases") or []
+            if isinstance(p, Mapping)]
+
+
+def status(report: Mapping) -> Doc:
+    """The session at a glance: phase strip, gates, classification, queue, last fix and verdict."""
+    cls = report.get("classification") or {}
+    ver = report.get("verification") or {}
+    strip = _strip(report)
+    lines = [f"  folder: {report.get('session_dir')}",
+             f"  phase: {report.get('phase')}; fix allowed: {report.get('fix_allowed')}"]
+    if strip:
+        lines.append("  phases: " + ", ".join(f"{p} {s}" for p, s in strip))
+    lines += [f"  classification: {cls.get('primary', '-')}",
+              f"  queue: {', '.join(report.get('queue') or []) or '-'}",
+              f"  last fix: {(report.get('fix') or {}).get('finding', '-')}",
+              f"  last verdict: {ver.get('verdict', '-')}"]
+    lines += [f"  gate {k}: {r}" for k, r in (report.get("gates") or {}).items() if r]
+    return Doc(f"Session {report.get('session')}", tuple(lines))
+
+
+def footer(report: Mapping) -> Doc:
+    """Where the session stands and where it is saved (the CLI's last lines)."""
+    return Doc(f"Next phase: {report.get('phase')} "
+               f"(fix allowed: {str(bool(report.get('fix_allowed'))).lower()})",
+               (f"Session saved: {report.get('session_dir')}",))
+
+
+def report(rep: Mapping, isolated: bool | None = None) -> list[Doc]:
+    """Every phase of a report (:meth:`DebugSession.report`), in order, then the footer.
+
+    ``isolated`` says whether Isolate has run (``session.state.isolations``); without it, the
+    report's phase strip is read.
+    """
+    gates = rep.get("gates") or {}
+    root = rep.get("session_dir")
+    if isolated is None:
+        isolated = dict(_strip(rep)).get("isolate") == "done"
+    docs = [reproduction(rep.get("reproduce"), root=root),
+            classification(rep.get("classification"), gates.get("classify")),
+            findings(rep.get("findings") or [], root, ran=isolated,
+                     reason=gates.get("isolate"))]
+    docs += [d for d in (fix(rep.get("fix")), verification(rep.get("verification")))
+             if d is not None]
+    docs.append(footer(rep))
+    return docs

@@ -1,0 +1,153 @@
+"""The view layer: one document per phase result, the same words in the CLI and the magics, and
+every recorded string escaped in HTML."""
+
+from __future__ import annotations
+
+import io
+import os
+from html.parser import HTMLParser
+
+import pytest
+
+from model_debugger import views
+from model_debugger.records import (
+    Classification,
+    Evidence,
+    Finding,
+    FixPlan,
+    Reproduction,
+    Verification,
+)
+from model_debugger.session import DebugSession
+
+XSS = "<img src=x onerror=alert(1)> <script>alert('b')</script> & \"q\""
+
+REP = Reproduction("reproduced", "reproduced 2/3", "gradient_instability",
+                   {"total": 3, "reproduced": 2, "categories": []}, 40,
+                   extra={"epochs": 2, "seconds": 4.25, "error": None,
+                          "tried": ["run 1: seed=0, 40 steps -> gradient_instability"],
+                          "code": {"backward": {"file": "/w/train.py", "line": 12}}})
+CLS = Classification("gradient_instability", ("overfitting",),
+                     (Evidence("first_nonfinite_step", 3, "first non-finite grad"),))
+FOUND = (Finding("lr_range", "hyperparameter", True, "lr 3 diverges",
+                 {"file": "/w/s/runs/0/cell.py", "line": 1}, {}),
+         Finding("gradient_flow", "hyperparameter", False, "norms grow", None, {}))
+PLAN = FixPlan("lr_range", "hyperparameter", diff="-lr=3\n+lr=0.05\n",
+               suggestion="lower the rate", expected="finite losses",
+               overrides=("architecture change allowed",))
+VER = Verification("resolved", "gradient_instability", "lr_range", "finite_fraction", (0, 1),
+                   {"values": [0.25, 0.5], "mean": 0.375, "present": "2/2"},
+                   {"values": [1.0, 1.0], "mean": 1.0, "present": "0/2"},
+                   extra={"direction": "higher", "noise_band": 0.05, "improvement": 0.625})
+
+
+def test_each_record_reads_as_its_json_and_as_text():
+    for build, record in ((views.reproduction, REP), (views.classification, CLS),
+                          (views.plan, PLAN), (views.verification, VER)):
+        assert views.text(build(record)) == views.text(build(record.to_json()))
+    assert views.text(views.findings(FOUND, "/w/s")) == \
+        views.text(views.findings([f.to_json() for f in FOUND], "/w/s"))
+    rep = views.text(views.reproduction(REP))
+    assert rep.splitlines()[0] == ("Reproduce: reproduced 2/3 (reproduced) - 40 steps, 2 epochs, "
+                                   "4.2 s")
+    assert "  tried run 1: seed=0, 40 steps -> gradient_instability" in rep
+    assert "  code: backward at /w/train.py:12" in rep
+    assert views.text(views.classification(CLS)) == (
+        "Classification: gradient_instability (secondary: overfitting)\n"
+        "  first_nonfinite_step = 3  (first non-finite grad)")
+    found = views.text(views.findings(FOUND, "/w/s"))
+    assert "  [confirmed] lr_range (hyperparameter) at runs/0/cell.py:1\n      lr 3 diverges" \
+        in found  # inside the session folder: relative
+    assert "  [hypothesis] gradient_flow (hyperparameter) at -" in found
+    ver = views.text(views.verification(VER))
+    assert ver.startswith("Verify: resolved (gradient_instability: finite_fraction, higher is "
+                          "better; seeds [0, 1])")
+    assert "  before [0.25, 0.5] mean 0.375; gradient_instability in 2/2" in ver
+    assert "  noise band 0.05, improvement 0.625" in ver
+    plan = views.text(views.plan(PLAN))
+    assert plan.startswith("Fix plan for lr_range (hyperparameter) at -\n  suggestion: lower")
+    assert plan.endswith("-lr=3\n+lr=0.05")
+
+
+def test_missing_results_say_why():
+    assert views.text(views.reproduction(None)) == "Reproduce: not recorded"
+    assert views.text(views.classification(None, "needs a reproduce record")) == \
+        "Classification: not classified (needs a reproduce record)"
+    assert views.text(views.findings([], ran=False, reason="needs a classification")) == \
+        "Isolate: not run (needs a classification)"
+    assert views.text(views.findings([])) == \
+        "Isolate: no findings (nothing measured points at a cause)"
+    assert views.verification(None) is None and views.fix(None) is None
+
+
+def _session(tmp_path) -> DebugSession:
+    s = DebugSession.create(str(tmp_path / "sessions"))
+    s._append("artifact", type="script", script="/w/train.py", args=[], seed=0)
+    s.record_reproduce(REP)
+    s.record_classification(CLS, {})
+    s.record_findings(list(FOUND))
+    return s
+
+
+def test_the_cli_and_the_magics_print_the_same_words(tmp_path):
+    """One view layer: the CLI's report text holds exactly the magics' text/plain of each part."""
+    from model_debugger.cli import _print_human
+    from model_debugger.widgets import views as shown
+
+    s = _session(tmp_path)
+    report = s.report()
+    out = io.StringIO()
+    _print_human(report, out, s.state.isolations > 0)
+    cli = out.getvalue()
+    for part in (shown.reproduce(report["reproduce"], root=s.directory),
+                 shown.classification(report), shown.classification(s.state),
+                 shown.findings(report["findings"], s.directory),
+                 shown.findings(s.state.findings, s.directory)):
+        assert part.text in cli, part.text
+    assert cli.endswith(f"Next phase: fix (fix allowed: true)\nSession saved: {s.directory}\n")
+
+
+class _Live(HTMLParser):
+    """Tags and attributes a browser would act on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("img", "script", "iframe", "svg") or any(n.startswith("on") for n, _ in attrs):
+            self.found.append(tag)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: views.reproduction(Reproduction("crashed", XSS, None, {}, 0, reason=XSS,
+                                            extra={"error": XSS, "tried": [XSS]})),
+    lambda: views.classification(Classification("healthy", (), (Evidence(XSS, XSS, XSS),))),
+    lambda: views.findings([Finding(XSS, "data", True, XSS, {"file": XSS, "line": XSS})]),
+    lambda: views.plan(FixPlan(XSS, "data", diff=XSS, suggestion=XSS, overrides=(XSS,))),
+    lambda: views.refused([XSS]),
+    lambda: views.message(XSS, "error"),
+    lambda: views.status({"session": XSS, "session_dir": XSS, "queue": [XSS],
+                          "gates": {"fix": XSS}, "fix": {"finding": XSS}}),
+])
+def test_every_recorded_string_is_escaped_in_html(build):
+    body = views.html(build())
+    parser = _Live()
+    parser.feed(body)
+    assert parser.found == [], body
+    assert "&lt;img src=x onerror=alert(1)&gt;" in body and "&lt;script&gt;" in body
+    assert XSS in views.text(build())  # the text keeps it as written
+
+
+def test_the_widget_views_carry_both_representations(tmp_path):
+    from model_debugger.widgets import views as shown
+
+    s = _session(tmp_path)
+    bundle = shown.findings(s.state.findings, s.directory)._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"}
+    assert "runs/0/cell.py:1" in bundle["text/plain"] and "<table>" in bundle["text/html"]
+    empty = DebugSession.create(str(tmp_path / "other"))
+    why = shown.classification(empty.report()).text
+    assert "needs a reproduce record" in why and "%%reproduce" in why
+    assert shown.location({"file": os.path.join(s.directory, "a.py"), "line": 3},
+                          s.directory) == "a.py:3"
