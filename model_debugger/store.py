@@ -34,6 +34,7 @@ ARTIFACT = "artifact.py"
 CELL = "cell.py"
 RECORD = "record.jsonl"
 FINDINGS = "findings.json"
+REPRO = "repro.py"
 SCAN_DEPTH = 2
 _SKIP = {"node_modules", "__pycache__", "site-packages"}
 
