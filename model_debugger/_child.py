@@ -112,8 +112,8 @@ def _probe(rec, ns, script: str) -> None:
             with open(ns.probes, encoding="utf-8") as fh:
                 request = ProbeRequest.from_json({**json.load(fh), "budget": ns.isolate})
         run = Run.load(ns.record)  # the stream holds every step; rec.events does not
-        findings, info = probe_run(run, rec.keeper, user_sources(run, [script]), request)
-        write_findings(Store.findings_beside(ns.record), findings, info)
+        report = probe_run(run, rec.keeper, user_sources(run, [script]), request)
+        write_findings(Store.findings_beside(ns.record), report)
     except Exception:  # noqa: BLE001 - Isolate failing must not hide the reproduction
         import traceback
 

@@ -325,9 +325,9 @@ def test_session_copies_are_written_atomically_and_never_through_a_link(tmp_path
     assert open(artifact).read() == "print('the session copy')\n"
     assert os.stat(artifact).st_mode & 0o777 == 0o600
 
-    s.record_reproduce({"status": "ok", "steps": 3})  # a session at the fix phase
-    s.record_classification(Classification("divergence", (), ()), {})
-    s.record_findings([Finding("lr_too_high", "optimizer", True, "the learning rate")])
+    s.record_reproduce({"status": "reproduced", "steps": 3})  # a session at the fix phase
+    s.record_classification(Classification("gradient_instability", (), ()), {})
+    s.record_findings([Finding("lr_too_high", "hyperparameter", True, "the learning rate")])
     assert s.phase == "fix"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..records import Classification, Finding, Run
+from ..records import Classification, Run
 
 
 class PlannedStop(KeyboardInterrupt):
@@ -111,10 +111,8 @@ class Captured:
         The record, as read back.
     record : str
         Where it was written.
-    findings : list of Finding or None
-        Findings of the probes that ran on the live objects (None: no probes ran there).
-    probe_info : dict
-        ``probe_seconds``, ``seed_noise``, ``lr_range`` of those probes.
+    report : ProbeReport or None
+        What the probes that ran on the live objects found (None: no probes ran there).
     error : BaseException or None
         The exception that ended a cell's code (a script's error is in the record).
     child : object or None
@@ -127,8 +125,7 @@ class Captured:
 
     run: Run
     record: str
-    findings: list[Finding] | None = None
-    probe_info: dict = field(default_factory=dict)
+    report: Any = None
     error: BaseException | None = None
     child: Any = None
     keeper: Any = None

@@ -224,8 +224,7 @@ class CellArtifact:
         if probes is not None:
             from ..phases.isolate import probe_run
 
-            captured.findings, captured.probe_info = probe_run(run, keeper, captured.sources,
-                                                               probes)
+            captured.report = probe_run(run, keeper, captured.sources, probes)
         return captured
 
     def keep(self, captured: Captured, version: Version) -> None:

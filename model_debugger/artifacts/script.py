@@ -84,10 +84,9 @@ class ScriptArtifact:
                            syspath=os.path.dirname(self.script), cwd=self.cwd,
                            probes=request, intervention=intervention, max_steps=max_steps)
         run = Run.load(record) if os.path.exists(record) else Run([])
-        from ..isolate import read_findings
+        from ..isolate import read_report
 
-        findings, info = read_findings(found) or (None, {})
-        return Captured(run, record, findings, info, child=child,
+        return Captured(run, record, read_report(found), child=child,
                         sources=_sources(run, [self._path_of(version)]))
 
     def reusable(self, version: Version) -> Captured | None:

@@ -14,23 +14,21 @@ from ..records import Finding, Run
 from ..session import DebugSession
 
 
-def probe_run(run: Run, keeper, sources: dict, request: ProbeRequest
-              ) -> tuple[list[Finding], dict]:
+def probe_run(run: Run, keeper, sources: dict, request: ProbeRequest):
     """Run the probes of ``request`` on one captured run (live objects from ``keeper``, or the
     record alone when it is None).
 
     Returns
     -------
-    tuple
-        The ranked findings and ``{"probe_seconds", "seed_noise", "lr_range"}``.
+    ProbeReport
+        Ranked findings, probe timings and the measurements probes share (seed noise, the
+        learning-rate sweep).
     """
-    from ..isolate import build_context, isolate
+    from ..isolate import build_context, probe
 
     ctx = build_context(run, keeper, sources, request.budget,
                         classification=request.classification)
-    findings = isolate(ctx, list(request.ids) if request.ids is not None else None)
-    info = {k: ctx.extras.get(k) for k in ("probe_seconds", "seed_noise", "lr_range")}
-    return findings, info
+    return probe(ctx, list(request.ids) if request.ids is not None else None)
 
 
 def current_version(session: DebugSession) -> Version:
@@ -74,23 +72,23 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
         version = current_version(session)
         live = True
         if probed is not None:
-            findings, info = probed.findings, probed.probe_info
+            report = probed.report
         else:
             with artifact.holding():
                 kept = artifact.reusable(version)
                 if kept is not None:
                     live = kept.keeper is not None
-                    findings, info = probe_run(kept.run, kept.keeper, kept.sources, request)
+                    report = probe_run(kept.run, kept.keeper, kept.sources, request)
                 else:
                     record = session.store.isolate_record(state.isolations + 1)
                     if seed is None and state.artifact is not None:
                         seed = state.artifact.seed
                     kept = artifact.run(version, seed, record, probes=request, stdout=stdout)
-                    findings, info = kept.findings, kept.probe_info
-            if findings is None:  # the child left no findings (killed): the record alone
+                    report = kept.report
+            if report is None:  # the child left no findings (killed): the record alone
                 live = False
-                findings, info = probe_run(kept.run, None, kept.sources, request)
-        session.record_findings(findings, added=ids is not None,
-                                probe_seconds=info.get("probe_seconds") or {}, live=live,
-                                noise=info.get("seed_noise"), lr_range=info.get("lr_range"))
+                report = probe_run(kept.run, None, kept.sources, request)
+        session.record_findings(list(report.findings), added=ids is not None,
+                                probe_seconds=dict(report.probe_seconds), live=live,
+                                noise=report.seed_noise, lr_range=report.lr_range)
     return session.findings

@@ -266,7 +266,7 @@ def reproduce(session: DebugSession, artifact, runs: int = 1, seed: int | None =
             from .isolate import isolate
 
             recorded = session.state.classification
-            reuse = first if first is not None and first.findings is not None and \
+            reuse = first if first is not None and first.report is not None and \
                 _same_classes(per_run[0][0], recorded) else None
             isolate(session, artifact, budget=probe_budget, stdout=stdout, probed=reuse,
                     seed=None if seed is None else seed + index)
