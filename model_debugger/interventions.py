@@ -51,8 +51,9 @@ def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
             sched.base_lrs = [lr * factor for lr in sched.base_lrs]
         return None
 
-    handle = torch.optim.optimizer.register_optimizer_step_pre_hook(pre_hook)
-    return handle.remove
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    return register_optimizer_step_pre_hook(pre_hook).remove
 
 
 def _scale_lr_keras(params: dict, keras) -> Callable[[], None]:
@@ -91,8 +92,9 @@ def _step_budget_torch(max_steps: int, torch) -> Callable[[], None]:
         if count[0] >= max_steps:
             raise StepBudget(f"stopped after {max_steps} optimizer steps (the step budget)")
 
-    handle = torch.optim.optimizer.register_optimizer_step_post_hook(post_hook)
-    return handle.remove
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    return register_optimizer_step_post_hook(post_hook).remove
 
 
 def _step_budget_keras(max_steps: int, keras) -> Callable[[], None]:

@@ -144,6 +144,11 @@ class Store:
         return f"fixes/{int(n)}.py"
 
     @staticmethod
+    def code_beside(record: str) -> str:
+        """Where the code a cell run executed is kept (what its tracebacks show)."""
+        return os.path.join(os.path.dirname(record), CELL)
+
+    @staticmethod
     def findings_beside(record: str) -> str:
         """Where probes that ran beside ``record`` left their report."""
         return os.path.join(os.path.dirname(record), FINDINGS)

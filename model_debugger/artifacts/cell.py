@@ -16,6 +16,7 @@ import sys
 import traceback
 
 from ..records import Run
+from ..store import Store
 from .base import Captured, Intervention, ProbeRequest, Version
 
 MAX_COPY_BYTES = 1 << 30  # arrays/tensors copied for restore, in total
@@ -145,7 +146,7 @@ def run_code(code: str, namespace: dict, record: str, seed: int | None = None,
 
     if seed is not None:
         seed_everything(seed)
-    filename = filename or os.path.join(os.path.dirname(record), "cell.py")
+    filename = filename or Store.code_beside(record)
     write_private(filename, code)  # what tracebacks show; the code itself runs from memory
     error = None
     rec = capture(record, hist_every=hist_every)
@@ -209,13 +210,17 @@ class CellArtifact:
             max_steps: int | None = None, stdout=None, max_seconds: float | None = None
             ) -> Captured:
         """Run the version's code once from the snapshot (the first run takes the snapshot)."""
+        from ..interventions import check
+
+        if intervention is not None:
+            check(intervention)  # an unknown one is the caller's error, not the run's
         if self.snapshot is None:
             self.snapshot = Snapshot(self.namespace)
         else:
             self.snapshot.restore(self.made)
         code = self.code_of(version)
         names = set(self.namespace)
-        filename = os.path.join(os.path.dirname(record), "cell.py")
+        filename = Store.code_beside(record)
         run, error, keeper = run_code(code, self.namespace, record, seed=seed, filename=filename,
                                       intervention=intervention, max_steps=max_steps)
         self.made.update(set(self.namespace) - names)

@@ -66,8 +66,12 @@ class ScriptArtifact:
         come back through ``findings.json`` beside the record. A Ctrl-C stops the child and
         raises :class:`~model_debugger.runner.RunInterrupted` (its record is kept).
         """
+        from ..interventions import check
         from ..runner import run_script
         from ..store import Store
+
+        if intervention is not None:
+            check(intervention)  # an unknown one is the caller's error, not the run's
 
         request = None
         if probes is not None:

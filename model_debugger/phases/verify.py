@@ -151,7 +151,8 @@ def known_runs(session: DebugSession) -> dict[int, str]:
     info = state.artifact
     if info is not None and info.seed is not None:
         total = (state.reproduction.runs or {}).get("total", 0) if state.reproduction else 0
-        paths = {info.seed + i: Store.run_rel(i) for i in range(total)}
+        paths = {info.seed + i: Store.run_rel(i) for i in range(total)
+                 if store.exists(Store.run_rel(i))}
     n = 0
     for e in session.events:
         if e["kind"] != "verify":

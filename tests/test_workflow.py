@@ -1,0 +1,330 @@
+"""One workflow: each phase once, against an Artifact and a DebugSession (issue #15).
+
+Real training in child processes and in this process; canned runs (``_synthetic.CannedArtifact``)
+where only the phase's bookkeeping is under test.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import os
+import re
+import textwrap
+from pathlib import Path
+
+import _synthetic as syn
+import pytest
+
+from model_debugger.artifacts import CellArtifact, Intervention, ScriptArtifact, Version
+from model_debugger.phases import isolate, plan_fix, reproduce, verify
+from model_debugger.records import Classification, Evidence, Finding, RecordError
+from model_debugger.session import DebugSession, GateError
+
+PACKAGE = Path(__file__).resolve().parents[1] / "model_debugger"
+
+SEEDED = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    lr = 0.05 if torch.initial_seed() == 0 else 40.0  # seed 0 trains, the others blow up
+    torch.manual_seed(0)
+    X = torch.randn(256, 8)
+    y = (X[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    loss_fn = nn.CrossEntropyLoss()
+    for epoch in range(6):
+        for i in range(0, 256, 32):
+            opt.zero_grad()
+            loss = loss_fn(model(X[i:i + 32]), y[i:i + 32])
+            loss.backward()
+            opt.step()
+""")
+
+CELL = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    X = torch.randn(256, 8)
+    y = (X[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for epoch in range(4):
+        for i in range(0, 256, 32):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(X[i:i + 32]), y[i:i + 32])
+            loss.backward()
+            opt.step()
+""")
+
+
+# -- Reproduce -> Isolate uses the recorded classification -----------------------------------
+
+@pytest.mark.slow
+def test_isolate_probes_the_recorded_classification_not_run_0s(tmp_path):
+    """--runs 3 whose run 0 is healthy: Isolate still finds the cause of the recorded problem.
+
+    On 758bf2b the probes ran in run 0's child under run 0's own classification (healthy) and
+    recorded no finding at all.
+    """
+    script = tmp_path / "seeded.py"
+    script.write_text(SEEDED)
+    s = DebugSession.create(str(tmp_path / "root"))
+    reproduce(s, ScriptArtifact(str(script)), runs=3, seed=0, probe_budget=20.0)
+    st = s.state
+    assert st.reproduction.runs["categories"][0] == "healthy"
+    assert st.classification.primary == "gradient_instability"
+    assert st.findings and any(f.confirmed for f in st.findings), st.findings
+    assert {f.category for f in st.findings} <= {"gradient_instability",
+                                                 *st.classification.secondary}
+    # the probes ran in a re-run of the run that showed the problem (seed 1), not in run 0
+    assert os.path.exists(os.path.join(s.directory, "isolate", "1", "record.jsonl"))
+    assert st.phase == "fix"
+
+
+# -- probes by id add to the round -----------------------------------------------------------
+
+def _at_fix(tmp_path, findings) -> DebugSession:
+    s = DebugSession.create(str(tmp_path / "root"))
+    art = syn.CannedArtifact({"reproduced": syn.make_run(syn.healthy_steps(30))})
+    s.store.write("artifact.py", art.code)
+    from model_debugger.records import ArtifactInfo
+
+    s.record_artifact(ArtifactInfo("script", script="/nonexistent/train.py", seed=0,
+                                   copy="artifact.py"))
+    s.record_reproduce({"status": "reproduced", "problem": "gradient_instability",
+                        "runs": {"total": 1, "reproduced": 1,
+                                 "categories": ["gradient_instability"]}})
+    s.record_classification(Classification("gradient_instability", (), (
+        Evidence("first_nonfinite_step", 3, ""),)), {})
+    s.record_findings(findings)
+    return s
+
+
+def _f(check, root="hyperparameter", confirmed=True, category="gradient_instability"):
+    return Finding(check, root, confirmed, f"{check} explains it", None, {"category": category})
+
+
+def test_probes_run_by_id_add_to_the_findings_and_keep_the_fix_gate(tmp_path):
+    s = _at_fix(tmp_path, [_f("lr_range")])
+    assert s.state.gates["fix"] is None
+    run = syn.make_run(syn.steps_events(syn.decay(40)))
+    art = syn.CannedArtifact({"current": run})
+    found = isolate(s, art, ids=["constant_baseline"], budget=5.0)
+    assert "lr_range" in [f.check for f in found]  # kept
+    assert s.state.queue[0].check == "lr_range" and s.state.gates["fix"] is None
+    assert s.events[-1]["added"] is True
+    # a new round (no ids) replaces them
+    s._append("isolate", findings=[], added=False)
+    assert s.state.findings == () and s.state.gates["fix"] is not None
+
+
+# -- the plan is an event ----------------------------------------------------------------------
+
+def test_the_fix_plan_survives_a_restart_and_is_approved_after_it(tmp_path):
+    s = _at_fix(tmp_path, [_f("lr_range")])
+    plan = plan_fix(s, "x = 2\n")
+    s.record_plan(plan)
+    again = DebugSession.load(s.directory)  # a new kernel
+    assert again.state.plan is not None and again.state.plan.finding == "lr_range"
+    assert again.report()["plan"]["diff"] == plan["diff"]
+    again.approve()
+    assert again.state.pending is not None and again.state.plan is None
+    assert again.phase == "verify"
+    with pytest.raises(GateError, match="no plan to approve"):
+        again.approve()
+
+
+def test_a_plan_for_another_finding_or_without_a_gate_is_refused(tmp_path):
+    s = _at_fix(tmp_path, [_f("lr_range"), _f("missing_zero_grad", "training_loop")])
+    plan = plan_fix(s, "x = 2\n")
+    with pytest.raises(GateError, match="current finding is 'lr_range'"):
+        s.record_plan({**plan, "finding": "missing_zero_grad", "root_cause": "training_loop"})
+    with pytest.raises(GateError, match="not a fix plan"):
+        s.record_plan({"finding": "lr_range"})
+    assert s.state.plan is None
+
+
+# -- one state, every observer -----------------------------------------------------------------
+
+def test_every_event_notifies_observers_of_any_session_object_of_the_folder(tmp_path):
+    s = _at_fix(tmp_path, [_f("lr_range")])
+    seen = []
+
+    class View:
+        def refresh(self, state):
+            seen.append(state.phase)
+
+    view = View()
+    s.on_change(view.refresh)
+    other = DebugSession.load(s.directory)  # e.g. the REST handler, or a script in the kernel
+    other.record_plan(plan_fix(other, "x = 2\n"))
+    assert seen == ["fix"]
+    other.approve()
+    assert seen == ["fix", "verify"]
+    del view
+    gc.collect()
+    other.record_note("the view is gone: no callback, no error")
+    assert seen == ["fix", "verify"]
+    remove = s.on_change(lambda state: seen.append("lambda"))
+    s.record_note("x")
+    remove()
+    s.record_note("y")
+    assert seen[-1] == "lambda" and seen.count("lambda") == 1
+
+
+def test_state_is_replayed_once_per_event_and_report_agrees_with_it(tmp_path, monkeypatch):
+    from model_debugger import session as session_module
+
+    s = _at_fix(tmp_path, [_f("lr_range")])
+    calls = []
+    real = session_module.replay
+    monkeypatch.setattr(session_module, "replay", lambda ev: calls.append(1) or real(ev))
+    s._cache = None
+    rep = s.report()
+    assert len(calls) == 1  # one replay for the whole report (was ~8 on 758bf2b)
+    st = s.state
+    assert rep["phase"] == st.phase == "fix"
+    assert rep["phases"] == [{"phase": p, "status": x} for p, x in st.strip]
+    assert dict(st.strip) == {"reproduce": "done", "classify": "done", "isolate": "done",
+                              "fix": "current", "verify": "blocked"}
+    with pytest.raises(AttributeError):
+        st.phase = "verify"  # immutable
+
+
+def test_the_log_only_grows_through_record_methods(tmp_path):
+    s = DebugSession.create(str(tmp_path))
+    assert not hasattr(s, "append")
+    with pytest.raises(RecordError):
+        s.record_reproduce({"status": "fine"})
+    with pytest.raises(GateError, match="classify refused"):
+        s.record_classification(Classification("overfitting"), {})
+    with pytest.raises(RecordError, match="unknown category"):
+        Classification("divergence")
+    with pytest.raises(RecordError, match="root cause"):
+        Finding("x", "optimizer", True, "")
+    assert s.events == []
+
+
+# -- Verify names its records; a second Verify reuses the kept fix's runs --------------------
+
+def test_verify_names_the_record_of_each_side_and_reuses_known_runs(tmp_path):
+    s = _at_fix(tmp_path, [_f("lr_range")])
+    nan_steps = syn.steps_events([1.0, 2.0, 5.0, float("nan")] * 5)
+    bad = syn.make_run(nan_steps)
+    good = syn.make_run(syn.healthy_steps(30))
+    art = syn.CannedArtifact({"current": bad, "fixed": good})
+    s.record_fix(plan_fix(s, "x = 2\n"), approved=True)
+    v = verify(s, art, [0, 1])
+    assert v.records["before"] == {"0": "verify/1/before-0.jsonl", "1": "verify/1/before-1.jsonl"}
+    assert v.records["after"] == {"0": "verify/1/after-0.jsonl", "1": "verify/1/after-1.jsonl"}
+    for rel in (*v.records["before"].values(), *v.records["after"].values()):
+        assert s.store.exists(rel)
+    assert art.calls == [("current", 0), ("current", 1), ("fixed", 0), ("fixed", 1)]
+
+
+# -- interventions and the step budget, in a cell and in a child -------------------------------
+
+def test_a_cell_run_with_an_intervention_and_a_step_budget(tmp_path):
+    ns = {"LR": 0.05}
+    art = CellArtifact(ns, CELL)
+    rec = str(tmp_path / "r0.jsonl")
+    v = Version("reproduced", str(tmp_path / "copy.py"))
+    base = art.run(v, 0, rec)
+    assert base.error is None and len(base.run.steps) == 32
+    lr0 = base.run.first("optimizer")
+    short = art.run(v, 0, str(tmp_path / "r1.jsonl"), max_steps=5)
+    assert len(short.run.steps) == 5
+    assert type(short.error).__name__ == "StepBudget"
+    from model_debugger.phases.reproduce import _result_of
+
+    assert _result_of(short.run, "healthy")["status"] == "stopped_at_time_limit"  # planned
+    scaled = art.run(v, 0, str(tmp_path / "r2.jsonl"),
+                     intervention=Intervention("lr_scale", {"factor": 1000.0}))
+    assert scaled.error is None
+    assert ns["opt"].param_groups[0]["lr"] == pytest.approx(50.0)  # 0.05 x 1000
+    import numpy as np
+
+    assert not np.isfinite(scaled.run.series("loss")).all() or \
+        np.nanmax(scaled.run.series("gn")) > 10 * np.nanmax(base.run.series("gn"))
+    # nothing stays installed: a plain run is the baseline again
+    again = art.run(v, 0, str(tmp_path / "r3.jsonl"))
+    assert ns["opt"].param_groups[0]["lr"] == pytest.approx(0.05)
+    assert len(again.run.steps) == 32 and lr0 is not None
+    with pytest.raises(ValueError, match="unknown intervention"):
+        art.run(v, 0, str(tmp_path / "r4.jsonl"), intervention=Intervention("nope"))
+
+
+@pytest.mark.slow
+def test_a_script_run_with_an_intervention_and_a_step_budget(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SEEDED.replace("lr = 0.05 if torch.initial_seed() == 0 else 40.0",
+                                     "lr = 0.05"))
+    art = ScriptArtifact(str(script))
+    v = Version("reproduced", str(script))
+    short = art.run(v, 0, str(tmp_path / "a.jsonl"), max_steps=7)
+    assert len(short.run.steps) == 7 and short.run.error["type"] == "StepBudget"
+    scaled = art.run(v, 0, str(tmp_path / "b.jsonl"), max_steps=20,
+                     intervention=Intervention("lr_scale", {"factor": 800.0}))
+    plain = art.run(v, 0, str(tmp_path / "c.jsonl"), max_steps=20)
+    import numpy as np
+
+    gn_scaled, gn_plain = scaled.run.series("gn"), plain.run.series("gn")
+    assert not np.isfinite(scaled.run.series("loss")).all() or \
+        np.nanmax(gn_scaled) > 5 * np.nanmax(gn_plain)
+
+
+# -- the layout: one owner of the session folder, one of each phase ----------------------------
+
+_LAYOUT = re.compile(r"""["'](record\.jsonl|session\.json|artifact\.py|cell\.py|findings\.json|"""
+                     r"""\.model_debugger|fixes|runs|isolate|verify)["']""")
+
+
+def _sources():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "labextension" in path.parts:
+            continue
+        yield path, path.read_text(encoding="utf-8")
+
+
+def test_no_module_outside_store_builds_a_session_path():
+    """Every session path is built in store.py: no other module joins its layout names."""
+    offenders = []
+    for path, text in _sources():
+        if path.name == "store.py":
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "join":
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and \
+                            _LAYOUT.fullmatch(repr(arg.value).replace("'", '"')):
+                        offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} "
+                                         f"{arg.value!r}")
+            if isinstance(node, ast.JoinedStr):  # f"runs/{i}/record.jsonl"
+                lits = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+                if re.search(r"(^|/)(runs|isolate|verify|fixes)/", lits) and "/" in lits:
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} f-string")
+    assert offenders == []
+
+
+def test_each_phase_is_written_once():
+    """One reproduce, one isolate, one verify: the functions that loop over runs, record a
+    phase's result, or judge a verdict exist in phases/ only."""
+    defs: dict[str, list[str]] = {}
+    for path, text in _sources():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef) and not any(
+                    getattr(d, "id", "") == "property" for d in node.decorator_list):
+                defs.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
+    for name in ("reproduce", "isolate", "verify", "judge", "measure", "seeds_for",
+                 "plan_fix", "seed_everything", "_verdict", "_result_of", "run_code"):
+        where = [p for p in defs.get(name, [])
+                 if not p.startswith(("widgets/", "notebook.py", "magics.py", "comm.py",
+                                      "inprocess.py", "cli.py"))]
+        assert len(where) <= 1, (name, where)
+    # the front ends' methods of these names only call the phase (no loop over runs there)
+    for path, text in _sources():
+        if path.name in ("notebook.py", "magics.py", "inprocess.py", "comm.py"):
+            assert "record_reproduce(" not in text and "record_verification(" not in text, path
+            assert "record_findings(" not in text, path
