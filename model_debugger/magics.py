@@ -17,6 +17,9 @@ widgets). ``%unload_ext model_debugger`` removes every magic and drops it.
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -74,19 +77,25 @@ class DebuggerMagics(Magics):
     @cell_magic
     def reproduce(self, line: str, cell: str) -> None:
         """Run the cell under capture; record Reproduce and Classify."""
+        from . import phases
+        from ._deps import prelude
+        from .artifacts import CellArtifact
+
         args = parse_argstring(self.reproduce, line)
         _usage(check_seed, args.seed, "--seed", args.runs)
         _usage(_compiles, cell)
         ns, views = self.kernel, _views()
         history = earlier_cells(self.shell.user_ns.get("In", []), cell)
-        ns.new_session()  # a second reproduction is a new investigation
+        session = ns.new_session()  # a second reproduction is a new investigation
+        artifact = ns.keep(CellArtifact(self.shell.user_ns, cell, prelude(history, cell)))
         display(ns.curves)
-        verdict, error = ns.reproduce(cell, runs=args.runs, seed=args.seed, history=history)
-        display(views.reproduce(verdict, error))
-        if isinstance(error, KeyboardInterrupt):
+        with ns.curves.follow(ns.run_records(args.runs)):
+            verdict = phases.reproduce(session, artifact, runs=args.runs, seed=args.seed)
+        ns.show_run()
+        display(views.reproduce(verdict, root=session.directory))
+        if verdict.status == "interrupted":
             display(views.message("interrupted: the partial record was kept", "warning"))
-        report = ns.report()
-        display(views.classification(report))
+        display(views.classification(session.report()))
         display(ns.gradients)
         display(ns.new_tracker())
 
@@ -104,7 +113,12 @@ class DebuggerMagics(Magics):
               help="seconds for all probes (finite, >= 0)")
     @line_magic
     def isolate(self, line: str = "") -> None:
-        """Run probes on the live objects of the reproduction; show the findings."""
+        """Run probes on the live objects of the reproduction; show the findings.
+
+        With ``--probe``, the probes' findings join the current ones (a confirmed finding
+        stays in the queue); without, a new round of the categories' probes.
+        """
+        from . import phases
         from .widgets import Progress
 
         args = parse_argstring(self.isolate, line)
@@ -113,7 +127,10 @@ class DebuggerMagics(Magics):
         progress = Progress("Isolate")
         display(progress)
         try:
-            found = ns.isolate(args.probe, budget=args.budget, progress=progress)
+            with progress.track(lambda t: (t / args.budget if args.budget else 1.0,
+                                           f"probes: {t:.0f} s of at most {args.budget:.0f} s")):
+                found = phases.isolate(ns.session, ns.artifact, ids=args.probe,
+                                       budget=args.budget)
         except (GateError, ValueError, KeyError) as exc:
             display(views.message(str(exc).strip("'\""), "error"))
             return
@@ -149,7 +166,7 @@ class DebuggerMagics(Magics):
     @cell_magic
     def fix(self, line: str, cell: str) -> None:
         """Plan the change the cell holds; approve with --yes or the Approve button."""
-        from .fix import FixRefused, plan_fix
+        from .phases import FixRefused, plan_fix
 
         args = parse_argstring(self.fix, line)
         ns, views = self.kernel, _views()
@@ -179,6 +196,7 @@ class DebuggerMagics(Magics):
     @line_magic
     def verify(self, line: str = "") -> None:
         """Rerun before and after the approved fix across seeds; show the verdict."""
+        from . import phases
         from .widgets import Progress
 
         args = parse_argstring(self.verify, line)
@@ -186,7 +204,9 @@ class DebuggerMagics(Magics):
         progress = Progress("Verify")
         display(progress)
         try:
-            verification = ns.verify(args.seeds, progress=progress)
+            with contextlib.redirect_stdout(io.StringIO()):  # the runs' own prints
+                verification = phases.verify(ns.session, ns.artifact, seeds=args.seeds,
+                                             progress=progress.step)
         except GateError as exc:
             display(views.message(str(exc), "error"))
             return

@@ -14,14 +14,11 @@ refreshes them all.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 
 from .session import DebugSession, GateError
 from .store import ROOT, Store
 
-DEFAULT_BUDGET = 30.0
 EVIDENCE_TEXT_LIMIT = 20_000
 MAGICS = "DebuggerMagics"  # the name the magics are registered under on the shell
 
@@ -108,12 +105,28 @@ class NotebookSession:
 
     @property
     def artifact(self):
-        """The :class:`~model_debugger.inprocess.KernelArtifact` of the session."""
-        if self._artifact is None:
-            from .inprocess import KernelArtifact
+        """What the phases run for the session (:func:`model_debugger.artifacts.artifact_for`):
+        the :class:`~model_debugger.artifacts.CellArtifact` this kernel reproduced (its
+        namespace, snapshot and live objects), or one whose runs refuse with the reason (a
+        session loaded from disk, whose starting state lived in another kernel)."""
+        from .artifacts import artifact_for
 
-            self._artifact = KernelArtifact(self.session, self.namespace)
-        return self._artifact
+        return artifact_for(self.session, self._artifact)
+
+    def keep(self, artifact):
+        """Keep ``artifact`` (a cell about to be reproduced in this kernel) for the session."""
+        self._artifact = artifact
+        return artifact
+
+    def show_run(self) -> None:
+        """Draw the curves and gradient panels from Reproduce's first recorded run."""
+        from .records import Run
+
+        path = self.session.store.path(Store.run_rel(0))
+        if os.path.exists(path):
+            run = Run.load(path)
+            self.curves.update(run)
+            self.gradients.update(run)
 
     # -- views -----------------------------------------------------------------------------
     def _widget(self, name: str, factory):
@@ -171,67 +184,6 @@ class NotebookSession:
             return found
 
         return current
-
-    # -- actions (the magics' calls) -------------------------------------------------------
-    def reproduce(self, code: str, runs: int = 1, seed: int | None = None,
-                  history: list[str] | None = None, live: bool = True):
-        """Run a cell under capture ``runs`` times; record Reproduce and Classify.
-
-        A second reproduction starts a new session folder (a new investigation). The run's
-        exception (error, OOM, interrupt) is returned, not raised: the record is kept and the
-        kernel goes on.
-
-        Returns
-        -------
-        tuple
-            ``(verdict, error)``.
-        """
-        from ._deps import prelude
-
-        self.new_session()
-        pre = prelude(history or [], code)
-        follow = self.curves.follow(self.run_records(runs)) if live else \
-            contextlib.nullcontext()
-        with follow:
-            verdict, error = self.artifact.reproduce(code, runs=runs, seed=seed, prelude=pre)
-        run = self.artifact.last_run
-        if run is not None:
-            self.curves.update(run)
-            self.gradients.update(run)
-        return verdict, error
-
-    def isolate(self, ids: list[str] | None = None, budget: float = DEFAULT_BUDGET,
-                progress=None) -> list[dict]:
-        """Run probes on the live objects of the reproduction; record and return the findings."""
-        if progress is not None:
-            with progress.track(lambda t: (t / budget, f"probes: {t:.0f} s of at most "
-                                                       f"{budget:.0f} s")):
-                self.artifact.isolate(ids, budget)
-        else:
-            self.artifact.isolate(ids, budget)
-        return [f.to_json() for f in self.session.state.findings]
-
-    def verify(self, seeds: int = 3, progress=None, quiet: bool = True) -> dict:
-        """Rerun the reproduced code and the approved fix over ``seeds`` seeds; record the verdict."""
-        from .verify import seeds_for
-
-        chosen = seeds_for(self.session, seeds)
-        n = self.session.state.verifications + 1
-        total = 2 * len(chosen)
-
-        def done(_t: float) -> tuple[float, str]:
-            store = self.session.store
-            runs = sum(os.path.exists(store.path(Store.verify_rel(n, which, seed)))
-                       for which in ("before", "after") for seed in chosen)
-            return runs / total, f"verify: run {runs} of {total}"
-
-        out = io.StringIO()
-        with contextlib.ExitStack() as stack:
-            if progress is not None:
-                stack.enter_context(progress.track(done))
-            if quiet:
-                stack.enter_context(contextlib.redirect_stdout(out))
-            return self.artifact.verify(chosen)
 
     def close(self) -> None:
         """Close the widgets and stop following the session (the saved session stays)."""

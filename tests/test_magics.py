@@ -138,6 +138,43 @@ def test_fix_with_yes_approves_and_refusals_change_nothing(shell):
     assert "approved" in out and s.pending_fix["finding"] == "lr_range"
 
 
+def test_isolate_probe_adds_to_the_findings(shell):
+    """``%isolate --probe X`` adds X's findings; the confirmed one stays queued, Fix open."""
+    run(shell, DATA)
+    run(shell, MODEL)
+    magic(shell, "reproduce", "--seed 0", LOOP)
+    magic(shell, "isolate", "--budget 20")
+    ns = model_debugger.current_session()
+    s = ns.session
+    queue = [f.check for f in s.state.queue]
+    assert queue[0] == "lr_range" and "gradient_flow" not in queue and s.fix_allowed
+    out = magic(shell, "isolate", "--probe gradient_flow --budget 10")
+    assert "lr_range" in out  # still shown: the findings now recorded
+    assert [f.check for f in s.state.queue] == queue and s.fix_allowed
+    assert s.state.isolations == 2 and s.events[-1]["added"] is True
+    assert dict(s.state.strip)["fix"] == "current"
+    assert _phases(ns.tracker) == dict(s.state.strip)
+
+    # a new kernel knows the session from disk, but its starting state lived in this one
+    directory = s.directory
+    shell.run_line_magic("unload_ext", "model_debugger")
+    shell.run_line_magic("load_ext", "model_debugger")
+    from model_debugger.session import DebugSession
+
+    again = model_debugger.current_session()
+    again.use(DebugSession.load(directory))
+    out = magic(shell, "isolate", "--probe lr_range --budget 5")
+    assert "rerun it there" in out and again.session.state.isolations == 2
+    assert again.tracker.fix_button.disabled  # no plan recorded: nothing to approve
+
+
+def _phases(tracker) -> dict[str, str]:
+    import re
+
+    return {p.lower(): st for p, st in re.findall(
+        r"<b>(\w+)</b><br><span style='color:[^']+'>(\w+)</span>", tracker.phases.value)}
+
+
 @pytest.mark.parametrize("failure, expect", [
     ("raise RuntimeError('boom')", "RuntimeError: boom"),
     ("raise MemoryError('out of memory')", "MemoryError"),

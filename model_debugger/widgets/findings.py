@@ -28,10 +28,10 @@ class FindingsTable(W.HTML):
     def refresh(self, state=None) -> None:
         """Render the findings of ``state`` (default: the session's)."""
         state = state if state is not None else self.session.state
-        self.update([f.to_json() for f in state.findings], self.session.directory)
+        self.update(state.findings, self.session.directory)
 
-    def update(self, findings: list[dict], root: str | None = None) -> None:
-        """Render ``findings`` (the report's JSON), locations relative to ``root``."""
+    def update(self, findings, root: str | None = None) -> None:
+        """Render ``findings`` (typed or the report's JSON), locations relative to ``root``."""
         self.value = views.findings(findings, root).html
 
     def close(self) -> None:

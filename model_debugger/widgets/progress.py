@@ -11,12 +11,18 @@ import ipywidgets as W
 
 
 class Progress(W.HBox):
-    """A bar and a label; :meth:`track` moves it while a block runs."""
+    """A bar and a label: :meth:`step` is a phase's ``progress(done, total)`` callback;
+    :meth:`track` moves it from a clock while a block runs."""
 
     def __init__(self, description: str = "") -> None:
         self.bar = W.FloatProgress(value=0.0, min=0.0, max=1.0, description=description)
         self.label = W.Label("")
         super().__init__([self.bar, self.label])
+
+    def step(self, done: int, total: int, what: str = "run") -> None:
+        """``done`` of ``total`` finished (a phase's ``progress`` callback)."""
+        self.bar.value = min(max(done / total, 0.0), 1.0) if total else 1.0
+        self.label.value = f"{what} {done} of {total}"
 
     @contextmanager
     def track(self, fraction: Callable[[float], tuple[float, str]], interval: float = 0.5):
