@@ -2,17 +2,25 @@
 
 For a script session the generated file embeds the session's copy of the script
 (``<session>/artifact.py``), runs it in-process under :func:`model_debugger.capture` with the
-same seeds and arguments (one record per run), and prints each run's classification. For a log
-session it embeds the log (text formats) and classifies it again. Everything embedded is
-redacted first: the script as code (:func:`model_debugger.redact.redact_code`, so it still runs),
-the rest as text (:func:`model_debugger.export.redact`).
+same seeds and arguments (one record per run), and prints each run's classification. For a
+notebook (cell) session it embeds the earlier cells the cell depends on (the prelude) and the
+cell, and runs them in a fresh namespace per run, the cell under capture, seeded as the kernel
+seeded it. For a log session it embeds the log (text formats) and classifies it again.
+Everything embedded is redacted first: code as code (:func:`model_debugger.redact.redact_code`,
+so it still runs), the rest as text (:func:`model_debugger.redact.redact`).
+
+The file needs model_debugger to run (capture, classify), so it seeds through the library's one
+seeding function (:func:`model_debugger.artifacts.seeding.seed_everything`) rather than a copy of
+it: Reproduce, Verify and the repro seed the same way.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 from .session import DebugSession
+from .store import ARTIFACT, CELL, REPRO
 
 MAX_LOG_BYTES = 2_000_000
 
@@ -59,24 +67,11 @@ def _stop(signum, frame):
 
 
 def _seed(seed):
-    random.seed(seed)
-    try:
-        import numpy
-        numpy.random.seed(seed)
-    except ImportError:
-        pass
-    if "torch" in SCRIPT:
-        try:
-            import torch
-            torch.manual_seed(seed)
-        except ImportError:
-            pass
-    if "keras" in SCRIPT or "tensorflow" in SCRIPT:
-        try:
-            import keras
-            keras.utils.set_random_seed(seed)  # Python, NumPy and the backend (TensorFlow)
-        except ImportError:
-            pass
+    # the one seeding of model_debugger (Reproduce and Verify seed the same way): each
+    # framework is seeded when the script imports it
+    from model_debugger.artifacts.seeding import seed_everything
+
+    seed_everything(seed, lazily=True)
 
 
 def run_once(seed, out):
@@ -120,7 +115,9 @@ def run_once(seed, out):
     return cls.primary
 
 
-def main(argv=None):
+'''
+
+_MAIN = '''def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=len(SEEDS), help="how many runs")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(
@@ -139,6 +136,57 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+'''
+
+_CELL = '''SEEDS = {seeds!r}
+RESTORED = {restores!r}  # what the kernel restored before each run (here each run starts afresh)
+PRELUDE = {prelude}  # the earlier cells the cell depends on (run first, not under capture)
+CELL = {code}  # the notebook cell that was reproduced
+
+
+def _seed(seed, lazily):
+    # the one seeding of model_debugger: the kernel seeded the frameworks already imported
+    # before each run of the cell; lazily: each framework when the prelude imports it
+    from model_debugger.artifacts.seeding import seed_everything
+
+    seed_everything(seed, lazily=lazily)
+
+
+def _compiled(name, text, out):
+    path = os.path.join(out, name)  # what tracebacks and the record's file:line name
+    with open(path, "w", encoding="utf-8", errors="surrogateescape") as fh:
+        fh.write(text)
+    return compile(text, path, "exec")
+
+
+def run_once(seed, out):
+    \"\"\"Run the earlier cells, then the cell under capture, in a fresh namespace; returns the
+    cell's classification.\"\"\"
+    import model_debugger
+    from model_debugger.classify import classify
+    from model_debugger.records import Run
+    from model_debugger.signals import compute
+
+    record = os.path.join(out, f"record-{{seed}}.jsonl")
+    namespace = {{"__name__": "__main__"}}
+    if seed is not None:
+        _seed(seed, True)
+    exec(_compiled("prelude.py", PRELUDE, out), namespace)
+    if seed is not None:
+        _seed(seed, False)
+    try:
+        with model_debugger.capture(record):
+            exec(_compiled("cell.py", CELL, out), namespace)
+    except Exception as exc:  # the record holds the error: a failing cell is data
+        print(f"the cell raised {{type(exc).__name__}}: {{exc}}", file=sys.stderr)
+    run = Run.load(record)
+    cls = classify(compute(run))
+    evidence = "; ".join(f"{{e.signal}}={{e.value}}" for e in cls.evidence)
+    print(f"seed {{seed}}: {{cls.primary}} ({{len(run.steps)}} steps; {{evidence or 'no evidence'}}) "
+          f"-> {{record}}")
+    return cls.primary
+
+
 '''
 
 _LOG = '''LOG_NAME = {name!r}  # the session's copy of the log
@@ -174,6 +222,57 @@ def main():
 if __name__ == "__main__":
     sys.exit(main())
 '''
+
+
+def _artifact(session: DebugSession) -> dict:
+    art = next((e for e in session.events if e["kind"] == "artifact"), {})
+    return art if isinstance(art, dict) else {}
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+class _Paths:
+    """Recorded paths as shown in an export: relative to the session's folder of origin.
+
+    The base is the ``cwd`` the artifact recorded, else the folder holding the session store
+    (``<base>/.model_debugger/<id>``). Paths inside it become relative; others under the home
+    folder start with ``~``.
+    """
+
+    def __init__(self, session: DebugSession, art: dict) -> None:
+        cwd = art.get("cwd")
+        self.base = os.path.abspath(cwd if isinstance(cwd, str) and cwd else
+                                    os.path.dirname(os.path.dirname(session.directory)))
+        self.home = os.path.expanduser("~")
+
+    def text(self, text: str) -> str:
+        """``text`` with every absolute path under the base or the home folder shortened."""
+        if not isinstance(text, str) or not text:
+            return text
+        for prefix, short in ((self.base, ""), (self.home, "~" + os.sep)):
+            prefix = prefix.rstrip(os.sep)
+            if len(prefix) < 2:  # no base or home folder worth shortening ("/")
+                continue
+            # a path starting there (not the tail of a longer path): paths below it, then the
+            # folder itself (not followed by more name characters)
+            start = r"(?<![\w./~-])" + re.escape(prefix)
+            text = re.sub(start + re.escape(os.sep), lambda m, s=short: s, text)
+            text = re.sub(start + r"(?![\w.-])", lambda m, s=short: s.rstrip(os.sep) or ".", text)
+        return text
+
+    def __call__(self, path) -> str:
+        if not isinstance(path, str) or not path:
+            return "—" if path is None else str(path)
+        if not os.path.isabs(path):
+            return path
+        full = os.path.normpath(path)
+        if full == self.base or full.startswith(self.base.rstrip(os.sep) + os.sep):
+            return os.path.relpath(full, self.base)
+        if self.home not in ("", "/") and full.startswith(self.home.rstrip(os.sep) + os.sep):
+            return "~" + full[len(self.home.rstrip(os.sep)):]
+        return full
 
 
 def _literal(text: str | None) -> str:
@@ -214,13 +313,13 @@ def copy_log(path: str, folder: str) -> str | None:
 
 def _read_bytes(session: DebugSession, name, limit: int | None = MAX_LOG_BYTES) -> bytes | None:
     """A file of the session folder (no symlink, not outside, at most ``limit`` bytes)."""
-    from .safe_write import UnsafePath, check_component, read_inside
+    from .safe_write import UnsafePath, check_component
 
     try:
         check_component(name, "file name")
     except UnsafePath:
         return None
-    return read_inside(session.directory, name, limit=limit)
+    return session.store.read(name, limit=limit)
 
 
 def _read_copy(session: DebugSession, name) -> str | None:
@@ -249,7 +348,7 @@ def _read_script(session: DebugSession) -> tuple[str, str]:
     import io
     import tokenize
 
-    data = _read_bytes(session, "artifact.py", limit=None)
+    data = _read_bytes(session, ARTIFACT, limit=None)
     if data is None:
         return "", "utf-8"
     try:
@@ -278,8 +377,7 @@ def repro_source(session: DebugSession) -> str:
     the log session's copy of its log; recorded paths are shown relative to the folder the
     session ran in.
     """
-    from .export import _artifact, _int, _Paths, redact, redact_args
-    from .redact import redact_code
+    from .redact import redact, redact_args, redact_code
 
     art = _artifact(session)
     rel = _Paths(session, art)
@@ -298,12 +396,19 @@ def repro_source(session: DebugSession) -> str:
                            error=rel.text(redact(error)) if error else None,
                            code=_literal(redact(text) if text is not None else None))
     else:
-        script = art.get("script") if isinstance(art.get("script"), str) else "artifact.py"
-        code, encoding = _read_script(session)
         runs = rep.get("runs") if isinstance(rep.get("runs"), dict) else {}
         total = min(1000, max(1, _int(runs.get("total")) or 1))
         seed = _int(art.get("seed"))
         seeds = [None if seed is None else seed + i for i in range(total)]
+    if art.get("type") == "cell":
+        body = _cell_body(session, art, seeds)
+        what = (f"The session reproduced a notebook cell in its kernel; this file runs the earlier "
+                f"cells it depends on and then the cell, {total} time(s), each in a fresh "
+                f"namespace, the cell under model_debugger.capture() with seeds {seeds}, writing "
+                f"one record per run.")
+    elif art.get("type") != "log":
+        script = art.get("script") if isinstance(art.get("script"), str) else ARTIFACT
+        code, encoding = _read_script(session)
         args = redact_args([str(a) for a in art.get("args") or []])
         limit = art.get("max_seconds")
         limit = limit if isinstance(limit, (int, float)) and not isinstance(limit, bool) else None
@@ -311,13 +416,28 @@ def repro_source(session: DebugSession) -> str:
                 f"{total} time(s) under model_debugger.capture() with seeds {seeds} and "
                 f"arguments {args}, writing one record per run.")
         body = _SCRIPT.format(seeds=seeds, args=args, max_seconds=limit,
-                              name=_file_name(redact(os.path.basename(script)), "artifact.py"),
+                              name=_file_name(redact(os.path.basename(script)), ARTIFACT),
                               home=redact(rel(os.path.dirname(script))),
                               encoding=encoding,
                               # already redacted as code when it was recorded; again as code
                               # (never as text: ``token = tok`` must stay runnable)
-                              code=_literal(redact_code(code)))
+                              code=_literal(redact_code(code))) + _MAIN.format()
     return _HEADER.format(sid=session.id, what=redact(what), expected=expected) + "\n" + body
+
+
+def _cell_body(session: DebugSession, art: dict, seeds: list) -> str:
+    """The cell template filled from the artifact event: its prelude and cell (the recorded
+    code, else the session's copies), redacted as code."""
+    from .redact import redact, redact_code
+
+    code = art.get("code") if isinstance(art.get("code"), str) else None
+    if code is None:
+        code = _read_copy(session, art.get("copy") or CELL) or ""
+    prelude = art.get("prelude") if isinstance(art.get("prelude"), str) else ""
+    restores = [redact(str(r)) for r in art.get("restores") or []]
+    return _CELL.format(seeds=seeds, restores=restores,
+                        prelude=_literal(redact_code(prelude)),
+                        code=_literal(redact_code(code))) + _MAIN.format()
 
 
 def write_repro(session: DebugSession | str, path: str | None = None) -> str:
@@ -339,7 +459,7 @@ def write_repro(session: DebugSession | str, path: str | None = None) -> str:
 
     if not isinstance(session, DebugSession):
         session = DebugSession.load(os.fspath(session))
-    path = os.path.abspath(path or os.path.join(session.directory, "repro.py"))
+    path = os.path.abspath(path or session.store.path(REPRO))
     source = repro_source(session)
     compile(source, path, "exec")
     folder = os.path.dirname(path)

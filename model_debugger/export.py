@@ -21,21 +21,21 @@ import time
 
 import numpy as np
 
-from . import _plots
-from ._repro import repro_source, write_repro
+from . import figures as _figures
+from ._repro import _artifact, _int, _Paths, repro_source, write_repro
 from .logs import load_log
 from .records import Run
-from .redact import REDACTED, redact, redact_args
+from .redact import REDACTED, redact, redact_args, redact_code
 from .safe_write import (
     TargetExists,
     UnsafePath,
     check_component,
     check_target,
     inside,
-    read_inside,
     write_inside,
 )
-from .session import PHASES, REPORT_SCHEMA, DebugSession
+from .session import REPORT_SCHEMA, DebugSession
+from .store import ARTIFACT, REPRO, Store
 
 __all__ = ["REDACTED", "TargetExists", "UnsafePath", "build_notebook", "export", "export_files",
            "export_notebook", "redact", "redact_args", "write_repro"]
@@ -113,48 +113,6 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-class _Paths:
-    """Recorded paths as shown in an export: relative to the session's folder of origin.
-
-    The base is the ``cwd`` the artifact recorded, else the folder holding the session store
-    (``<base>/.model_debugger/<id>``). Paths inside it become relative; others under the home
-    folder start with ``~``.
-    """
-
-    def __init__(self, session: DebugSession, art: dict) -> None:
-        cwd = art.get("cwd")
-        self.base = os.path.abspath(cwd if isinstance(cwd, str) and cwd else
-                                    os.path.dirname(os.path.dirname(session.directory)))
-        self.home = os.path.expanduser("~")
-
-    def text(self, text: str) -> str:
-        """``text`` with every absolute path under the base or the home folder shortened."""
-        if not isinstance(text, str) or not text:
-            return text
-        for prefix, short in ((self.base, ""), (self.home, "~" + os.sep)):
-            prefix = prefix.rstrip(os.sep)
-            if len(prefix) < 2:  # no base or home folder worth shortening ("/")
-                continue
-            # a path starting there (not the tail of a longer path): paths below it, then the
-            # folder itself (not followed by more name characters)
-            start = r"(?<![\w./~-])" + re.escape(prefix)
-            text = re.sub(start + re.escape(os.sep), lambda m, s=short: s, text)
-            text = re.sub(start + r"(?![\w.-])", lambda m, s=short: s.rstrip(os.sep) or ".", text)
-        return text
-
-    def __call__(self, path) -> str:
-        if not isinstance(path, str) or not path:
-            return _num(path)
-        if not os.path.isabs(path):
-            return path
-        full = os.path.normpath(path)
-        if full == self.base or full.startswith(self.base.rstrip(os.sep) + os.sep):
-            return os.path.relpath(full, self.base)
-        if self.home not in ("", "/") and full.startswith(self.home.rstrip(os.sep) + os.sep):
-            return "~" + full[len(self.home.rstrip(os.sep)):]
-        return full
-
-
 def _loc(loc: dict | None, rel=None) -> str:
     if not isinstance(loc, dict) or not loc.get("file"):
         return "—"
@@ -204,26 +162,18 @@ class _Notebook:
 
 
 def _png(fig) -> str:
-    return base64.b64encode(_plots.figure_png(fig)).decode("ascii")
+    return base64.b64encode(_figures.figure_png(fig)).decode("ascii")
 
 
 def _load(session: DebugSession, *parts: str) -> Run | None:
-    """A record inside the session folder (never through a symlink), or None.
+    """A record of the session folder (named as :mod:`~model_debugger.store` names it, e.g.
+    ``Store.run_rel(0)``, or by its parts), never through a symlink; None when missing.
 
-    The file is opened once, without following links (:func:`read_inside`), and parsed from
-    those bytes: no second open that a swapped-in symlink could redirect.
+    The file is read once through :meth:`Store.read` (no link followed) and parsed from those
+    bytes: no second open that a swapped-in symlink could redirect.
     """
-    data = read_inside(session.directory, os.path.join(*parts))
+    data = session.store.read("/".join(parts))
     return None if data is None else Run.parse(data)
-
-
-def _artifact(session: DebugSession) -> dict:
-    art = next((e for e in session.events if e["kind"] == "artifact"), {})
-    return art if isinstance(art, dict) else {}
-
-
-def _int(v) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _log_run(session: DebugSession, art: dict) -> Run:
@@ -232,7 +182,7 @@ def _log_run(session: DebugSession, art: dict) -> Run:
     if not isinstance(copy, str):
         raise ValueError("the session keeps no copy of the log")
     check_component(copy, "log copy")
-    data = read_inside(session.directory, copy)
+    data = session.store.read(copy)
     if data is None:
         raise ValueError(f"the session's copy {copy!r} is missing or not a regular file")
     import tempfile
@@ -250,12 +200,45 @@ def _run_row(i: int, seed, run: Run | None, category: str) -> list:
         return [i + 1, seed, 0, None, None, None, None, None, category]
     loss, gn = run.series("loss"), run.series("gn")
     fin = loss[np.isfinite(loss)]
-    bad, step = run.first("nonfinite"), _plots.first_nonfinite(run)
+    bad, step = run.first("nonfinite"), _figures.first_nonfinite(run)
     first_bad = (f"step {bad.get('step')} ({bad.get('what')}, {bad.get('module') or '—'})"
                  if bad else (f"step {step}" if step is not None else None))
     return [i + 1, seed, len(run.steps), float(loss[0]) if np.isfinite(loss[0]) else str(loss[0]),
             float(fin[-1]) if fin.size else None, float(fin.min()) if fin.size else None,
             float(np.nanmax(gn)) if np.isfinite(gn).any() else None, first_bad, category]
+
+
+def _magic(line: str, code: str | None = None) -> str:
+    """A cell of our magics, as the kernel ran it: ``line`` is built from our own words and
+    numbers only; ``code`` (the user's cell) is redacted as code, so it still runs."""
+    return f"%{line}" if code is None else f"%%{line}\n{redact_code(code).rstrip(chr(10))}"
+
+
+def _cell_reproduce(nb: _Notebook, session: DebugSession, art: dict, rep: dict | None,
+                    rel: _Paths) -> tuple[str, str]:
+    """What a notebook session reproduced: the cell run in the kernel, its restored state and
+    the earlier cells it depends on; the ``%%reproduce`` cell that ran it."""
+    code = art.get("code") if isinstance(art.get("code"), str) else ""
+    prelude = art.get("prelude") if isinstance(art.get("prelude"), str) else ""
+    restores = [str(r) for r in art.get("restores") or []]
+    seed = _int(art.get("seed"))
+    runs = _int((rep or {}).get("runs", {}).get("total")) or 1
+    flags = (f" --runs {runs}" if runs > 1 else "") + (f" --seed {seed}" if seed is not None
+                                                        else "")
+    restored = ("before each run the kernel's state was restored to what the cell started "
+                "from: " + ", ".join(_c(r) for r in restores) if restores else
+                "it found no model, optimizer or array to restore between runs")
+    what = (f"The notebook cell below ran under instrumentation **in the kernel** ({runs} "
+            f"run(s), seed {_num(seed)}); {restored}. The session keeps the cell in "
+            f"{_c(rel(session.store.path(art.get('copy') or 'cell.py')))} and, with the earlier "
+            f"cells it depends on, in {_c(rel(session.store.path(ARTIFACT)))}; "
+            f"`python repro.py` runs those cells and the cell stand-alone.")
+    if prelude.strip():
+        what += "\n\nThe earlier cells it depends on (run before it, not under capture):\n\n" \
+            + _fenced(prelude.rstrip(), "python")
+    else:
+        what += "\n\nIt depends on no earlier cell."
+    return what, _magic("reproduce" + flags, code)
 
 
 def _reproduce(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> None:
@@ -268,6 +251,8 @@ def _reproduce(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> 
                    *(["--error", error] if error else []))
         what = (f"Nothing could be run: a **minimal reproducer** — the log {_c(rel(art.get('path')))}"
                 + (f" and the error text {_c(error)}" if error else "") + ".")
+    elif art.get("type") == "cell":
+        what, cmd = _cell_reproduce(nb, session, art, rep, rel)
     else:
         args = redact_args([str(a) for a in art.get("args") or []])
         runs = _int((rep or {}).get("runs", {}).get("total")) or 1
@@ -282,8 +267,7 @@ def _reproduce(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> 
         what = (f"The script {_c(rel(art.get('script')))} ran under instrumentation in a child "
                 f"process (arguments {shown}, seed {_num(seed)}, time limit {limit})."
                 f" The session's copy of the code is "
-                f"{_c(rel(os.path.join(session.directory, 'artifact.py')))}; "
-                f"`python repro.py` re-runs it.")
+                f"{_c(rel(session.store.path(ARTIFACT)))}; `python repro.py` re-runs it.")
     if rep is None:
         nb.md(what, "**Not reached**: no reproduce record yet.")
         return
@@ -311,16 +295,16 @@ def _reproduce(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> 
         rows = [_run_row(0, None, run, cats[0] if cats else "—")]
     else:
         for i in range(min(total, 1000)):
-            run = _load(session, "runs", str(i), "record.jsonl")
+            run = _load(session, Store.run_rel(i))
             rows.append(_run_row(i, None if seed is None else seed + i, run,
                                  cats[i] if i < len(cats) else "—"))
             if run is not None:
                 runs.append(run)
     if runs:
-        figures.append((_plots.loss_figure(runs, [f"run {i + 1}" for i in range(len(runs))]),
+        figures.append((_figures.loss_figure(runs, [f"run {i + 1}" for i in range(len(runs))]),
                         "loss per step"))
         if any(r.steps and "gn" in r.steps[0] for r in runs):
-            figures.append((_plots.grad_norm_figure(runs[0], "Gradient norms per step (run 1)"),
+            figures.append((_figures.grad_norm_figure(runs[0], "Gradient norms per step (run 1)"),
                             "gradient norms, run 1"))
     nb.code(cmd, "\n".join(lines) + "\n", figures)
     nb.md("Per run:", _table(["run", "seed", "steps", "first loss", "final finite loss",
@@ -346,14 +330,14 @@ def _classify(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> N
     if art.get("type") == "log":
         copy = art.get("copy") if isinstance(art.get("copy"), str) else "log.csv"
         src = (f"from model_debugger.logs import load_log\n"
-               f"run = load_log({_clean(rel(os.path.join(session.directory, copy)))!r}, "
+               f"run = load_log({_clean(rel(session.store.path(copy)))!r}, "
                f"{_clean(art.get('error')) if isinstance(art.get('error'), str) else None!r})\n")
     else:
         record = (session.reproduce or {}).get("record")
         if not isinstance(record, str):
-            record = os.path.join("runs", "0", "record.jsonl")
+            record = Store.run_rel(0)
         src = (f"from model_debugger.records import Run\n"
-               f"run = Run.load({_clean(rel(os.path.join(session.directory, record)))!r})\n")
+               f"run = Run.load({_clean(rel(session.store.path(record)))!r})\n")
     src += ("from model_debugger.classify import classify\nfrom model_debugger.signals import "
             "compute\ncls = classify(compute(run))\ncls.primary, cls.secondary")
     nb.code(src, "".join(f"{e.signal} = {_num(e.value)}  # {e.detail}\n" for e in cls.evidence),
@@ -404,12 +388,13 @@ def _finding_for(session: DebugSession, check: str, upto: int) -> dict | None:
                  for f in e.get("findings", []) if f["check"] == check), None)
 
 
-def _fix(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
+def _fix(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> None:
     nb.md("## 4. Fix")
     events = [e for e in session.events if e["kind"] == "fix"]
     if not events:
         nb.md(f"**Not reached**: {_t(session.gates()['fix'] or 'no fix has been planned yet')}.")
         return
+    cell = art.get("type") == "cell"
     for n, e in enumerate(events, 1):
         fix = e["fix"]
         f = _finding_for(session, fix.get("finding"), e["seq"]) or {}
@@ -430,34 +415,75 @@ def _fix(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
               _fenced(str(fix.get("diff") or "").rstrip(), "diff"))
         ver = next((x["verification"] for x in session.events[e["seq"]:]
                     if x["kind"] == "verify"), None)
-        flags = ["--seeds", len(ver.get("seeds") or [])] if ver and ver.get("seeds") else []
-        flags += ["--allow-architecture"] * any("architecture" in o for o in overrides)
+        flags = ["--allow-architecture"] * any("architecture" in o for o in overrides)
         flags += ["--data-consent"] * any("preprocessing" in o for o in overrides)
-        fixed = fix.get("fixed") or fix.get("copy") or "fixed.py"
-        nb.code(_cmd("verify", rel(session.directory), "--fixed", rel(str(fixed)), "--yes",
-                     *flags),
-                f"fix plan for {fix.get('finding')} ({fix.get('root_cause')}) at "
+        said = (f"fix plan for {fix.get('finding')} ({fix.get('root_cause')}) at "
                 f"{_loc(fix.get('location'), rel)}: approved\n"
                 f"touches: {touches or '-'}\n"
                 f"overrides: {'; '.join(overrides) or 'none'}\n")
+        if cell:  # the %%fix cell held the fixed code; %verify ran it (section 5)
+            copy = fix.get("copy")
+            data = session.store.read(copy) if isinstance(copy, str) else None
+            fixed = data.decode("utf-8", "surrogateescape") if data is not None else ""
+            nb.code(_magic(" ".join(["fix", "--yes", *flags]), fixed), said)
+            continue
+        if ver and ver.get("seeds"):
+            flags = ["--seeds", len(ver.get("seeds") or []), *flags]
+        fixed = fix.get("fixed") or fix.get("copy") or "fixed.py"
+        nb.code(_cmd("verify", rel(session.directory), "--fixed", rel(str(fixed)), "--yes",
+                     *flags), said)
+
+
+def _seed_key(seed) -> int | None:
+    """A seed as records name it (an int, or its text in JSON keys), else None."""
+    if _int(seed) is not None:
+        return seed
+    if isinstance(seed, str) and seed.isdigit():
+        return int(seed)
+    return None
+
+
+def _verify_records(session: DebugSession, n: int, v: dict) -> dict[str, dict[int, str | None]]:
+    """``{"before": {seed: record}, "after": {...}}``: which record each side's run of the
+    ``n``-th Verify came from, relative to the session folder (None: not known).
+
+    Verify names them (``verification.records``), including the runs it reused from earlier
+    (a reproduction run, an earlier Verify's runs of the same code). A session from before
+    records were named: the runs written under ``verify/<n>/``, and for the first Verify the
+    reproduction run of each seed it reused.
+    """
+    named = v.get("records")
+    out: dict[str, dict[int, str | None]] = {"before": {}, "after": {}}
+    if isinstance(named, dict) and named:
+        for side in out:
+            for seed, record in (named.get(side) or {}).items():
+                key = _seed_key(seed)
+                if key is not None and isinstance(record, str):
+                    out[side][key] = record
+        return out
+    start = _int(_artifact(session).get("seed"))
+    for seed in v.get("seeds") or []:
+        if _seed_key(seed) is None:
+            continue  # record file names are built from integer seeds only
+        for side in out:
+            record = Store.verify_rel(n, side, seed)
+            if side == "before" and not session.store.exists(record):
+                record = Store.run_rel(seed - start) if n == 1 and start is not None \
+                    and seed >= start else None
+            out[side][seed] = record
+    return out
 
 
 def _verify_runs(session: DebugSession, n: int, v: dict) -> tuple[dict, dict]:
-    art = _artifact(session)
-    start = _int(art.get("seed"))
-    before, after = {}, {}
-    for seed in v.get("seeds") or []:
-        if _int(seed) is None:
-            continue  # record file names are built from integer seeds only
-        run = _load(session, "verify", str(n), f"before-{seed}.jsonl")
-        if run is None and start is not None and n == 1 and seed >= start:  # reused runs
-            run = _load(session, "runs", str(seed - start), "record.jsonl")
-        if run is not None:
-            before[seed] = run
-        run = _load(session, "verify", str(n), f"after-{seed}.jsonl")
-        if run is not None:
-            after[seed] = run
-    return before, after
+    """The before and after runs of the ``n``-th Verify, by seed (those that can be read)."""
+    records = _verify_records(session, n, v)
+    runs: list[dict] = [{}, {}]
+    for side, found in zip(("before", "after"), runs):
+        for seed, record in records[side].items():
+            run = _load(session, record) if record else None
+            if run is not None:
+                found[seed] = run
+    return runs[0], runs[1]
 
 
 def _side_row(name: str, side: dict, seeds: list) -> list:
@@ -466,7 +492,7 @@ def _side_row(name: str, side: dict, seeds: list) -> list:
     return [name, *vals[:len(seeds)], side.get("mean"), side.get("std"), side.get("present")]
 
 
-def _verify(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
+def _verify(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> None:
     nb.md("## 5. Verify")
     events = [e for e in session.events if e["kind"] == "verify"]
     if not events:
@@ -492,10 +518,12 @@ def _verify(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
               f"**Verdict: {_t(v.get('verdict'))}**."
               + (" Back to Isolate with the remaining symptom."
                  if v.get("verdict") == "partially_resolved" else ""))
+        records = _verify_records(session, n, v)
         before, after = _verify_runs(session, n, v)
-        figures = [(_plots.verification_figure(v), f"{v.get('metric')} before/after")]
+        figures = [(_figures.verification_figure(v), f"{v.get('metric')} before/after")]
         if before or after:
-            figures.append((_plots.before_after_loss_figure(before, after), "loss before/after"))
+            figures.append((_figures.before_after_loss_figure(before, after),
+                            "loss before/after"))
         out = "".join(f"{name}: " + ", ".join(f"seed {s}={_num(x)}" for s, x in
                                               zip(seeds, side.get("values") or []))
                       + f"; mean {_num(side.get('mean'))}; present {side.get('present')}\n"
@@ -503,8 +531,21 @@ def _verify(nb: _Notebook, session: DebugSession, rel: _Paths) -> None:
         out += (f"noise band {_num(v.get('noise_band'))}, improvement "
                 f"{_num(v.get('improvement'))}\nverdict: {v.get('verdict')}\n"
                 f"remaining symptom: {v.get('remaining_symptom') or 'none'}\n")
-        folder = _clean(rel(os.path.join(session.directory, "verify", str(n))))
-        nb.code(f"# verification {n}: the records are in this folder\n{folder!r}", out, figures)
+        for side in ("before", "after"):
+            for seed, record in records[side].items():
+                reused = " (reused, not run again)" if record and \
+                    record != Store.verify_rel(n, side, seed) else ""
+                missing = "" if seed in (before if side == "before" else after) else \
+                    " (not found)"
+                out += f"{side} seed {seed}: {record or 'unknown record'}{reused}{missing}\n"
+        if art.get("type") == "cell":
+            source = _magic(f"verify --seeds {len(seeds)}")
+        else:
+            shown = {side: {seed: _clean(r) for seed, r in records[side].items() if r}
+                     for side in records}
+            source = (f"# verification {n}: the record of each side's run, relative to the "
+                      f"session folder\nrecords = {shown!r}")
+        nb.code(source, out, figures)
 
 
 # -- public API ---------------------------------------------------------------------------------
@@ -538,24 +579,23 @@ def _build(session: DebugSession, art: dict, rel: _Paths, nbformat):
              if isinstance(created, (int, float)) and math.isfinite(created) else "—")
     rep = session.report()
     gates = session.gates()
-    kinds = {e["kind"] for e in session.events}
-    status = [[p.capitalize(), "done" if p in kinds else ("open" if gates[p] is None
-                                                                  else f"blocked: {gates[p]}")]
-              for p in PHASES]
+    status = [[p.capitalize(), f"blocked: {gates[p]}" if st == "blocked" else st]
+              for p, st in session.state.strip]
     title = data.get("title") or rel(art.get("script") or art.get("path") or "")
     nb.md(f"# model_debugger session {_c(session.id)}",
           f"{_t(title or '')} — created {stamp}. "
           f"Current phase: **{_t(rep['phase'])}**; fix allowed: {_t(rep['fix_allowed'])}; "
           f"queue: {_t(', '.join(str(q) for q in rep.get('queue') or []) or 'empty')}.",
           "Reproduce → Classify → Isolate → Fix → Verify. Re-run the reproduction with "
-          "`python repro.py` (written next to this notebook by `model-debugger export`). "
+          "`python repro.py` (written next to this notebook by "
+          + ("`%md_export`" if art.get("type") == "cell" else "`model-debugger export`") + "). "
           "Paths are relative to the folder the session ran in.",
           _table(["phase", "status"], status))
     _reproduce(nb, session, art, rel)
     _classify(nb, session, art, rel)
     _isolate(nb, session, rel)
-    _fix(nb, session, rel)
-    _verify(nb, session, rel)
+    _fix(nb, session, art, rel)
+    _verify(nb, session, art, rel)
     notebook = nb.v4.new_notebook(cells=nb.cells, metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
         "language_info": {"name": "python"},
@@ -583,8 +623,7 @@ def _targets(session: DebugSession, path: str | None, root: str | None) -> tuple
     """``(root, notebook, repro)``: absolute targets and the folder they must stay inside."""
     if path is None:  # the session's own folder
         folder = session.directory
-        notebook = os.path.join(folder, _default_name(session))
-        return folder, notebook, os.path.join(folder, "repro.py")
+        return folder, session.store.path(_default_name(session)), session.store.path(REPRO)
     if root is None:  # an explicit path: the folder it names is the one the user chose
         notebook = os.path.abspath(os.path.expanduser(path))
         root = os.path.dirname(notebook)
@@ -594,7 +633,7 @@ def _targets(session: DebugSession, path: str | None, root: str | None) -> tuple
         notebook = inside(root, path)
     if not notebook.endswith(".ipynb"):
         raise UnsafePath(f"{path!r}: the export path must end with .ipynb")
-    return root, notebook, os.path.join(os.path.dirname(notebook), "repro.py")
+    return root, notebook, os.path.join(os.path.dirname(notebook), REPRO)
 
 
 def export_files(session: DebugSession | str, path: str | None = None, *,

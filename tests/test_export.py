@@ -18,6 +18,7 @@ from model_debugger.export import (
     REDACTED,
     build_notebook,
     export,
+    export_files,
     export_notebook,
     redact,
     redact_args,
@@ -525,3 +526,125 @@ def test_two_fix_verify_cycles_are_numbered(tmp_path):
     assert "<code>train.py:9</code> (confirmed: yes)" in text
     assert "| before | 0.5 | 0.5 | — | 1/1 |" in text
     assert "'--fixed', 'fixed2.py', '--yes', '--seeds', '1'" in text
+
+
+# -- the runs each Verify compared, and notebook (cell) sessions --------------------------------
+def test_a_second_verify_plots_the_before_runs_it_reused(tmp_path, monkeypatch):
+    """Verify 2 measured the current code on runs it did not write again (here the kept first
+    fix's "after" runs under verify/1/): the record names them, and the export reads them."""
+    from model_debugger import export as exporting
+
+    s = _hand_built(tmp_path)  # Verify 1: partially resolved, the fix kept
+    s.record_findings([Finding("missing_zero_grad", "training_loop", True, "zero_grad is never "
+                               "called", {"file": "train.py", "line": 9}, {})])
+    s._append("fix", fix={"finding": "missing_zero_grad", "root_cause": "training_loop",
+                         "diff": "", "fixed": "fixed2.py", "copy": "fixes/2.py",
+                         "approved": True})
+    for seed in (7, 8):
+        _write_record(os.path.join(s.directory, "verify", "2", f"after-{seed}.jsonl"),
+                      [2.5, 1.0, 0.5, 0.25, 0.125, 0.0625])
+    s._append("verify", verification={
+        "verdict": "resolved", "category": "gradient_instability", "metric": "finite_fraction",
+        "direction": "higher", "before": {"values": [1.0, 0.8125], "mean": 0.906, "present": "1/2"},
+        "after": {"values": [1.0, 1.0], "mean": 1.0, "present": "0/2"}, "noise_band": 0.01,
+        "improvement": 0.094, "remaining_symptom": None, "remaining": [], "seeds": [7, 8],
+        "finding": "missing_zero_grad",
+        "records": {"before": {"7": "verify/1/after-7.jsonl", "8": "verify/1/after-8.jsonl"},
+                    "after": {"7": "verify/2/after-7.jsonl", "8": "verify/2/after-8.jsonl"}}})
+    drawn = []
+
+    def spy(before, after):
+        drawn.append(({k: len(r.steps) for k, r in before.items()},
+                      {k: len(r.steps) for k, r in after.items()}))
+        return real(before, after)
+
+    real = exporting._figures.before_after_loss_figure
+    monkeypatch.setattr(exporting._figures, "before_after_loss_figure", spy)
+    text = _texts(build_notebook(s))
+    second = text.split("### Verify 2")[1]
+    assert "before seed 7: verify/1/after-7.jsonl (reused, not run again)" in second
+    assert "after seed 8: verify/2/after-8.jsonl\n" in second
+    assert drawn[1] == ({7: 4, 8: 4}, {7: 6, 8: 6})  # Verify 1's after runs are the before
+    assert drawn[0] == ({7: 4, 8: 4}, {7: 4, 8: 4})
+
+
+PRELUDE = textwrap.dedent("""
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    X = torch.randn(32, 4)
+    y = X.sum(1, keepdim=True)
+    model = nn.Linear(4, 1)
+    warm = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):  # an earlier cell trains a little: not part of the reproduction
+        warm.zero_grad()
+        nn.functional.mse_loss(model(X), y).backward()
+        warm.step()
+""")
+CELL = textwrap.dedent("""
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)
+    for step in range(8):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(X), y)
+        loss.backward()
+        opt.step()
+""").lstrip()
+
+
+@pytest.fixture(scope="module")
+def cell_session(tmp_path_factory):
+    """A notebook session reproduced, fixed and verified in this process (the kernel)."""
+    pytest.importorskip("torch")
+    from model_debugger.artifacts import CellArtifact
+    from model_debugger.phases import plan_fix, reproduce, verify
+
+    root = tmp_path_factory.mktemp("kernel")
+    namespace = {"__name__": "__main__"}
+    exec(PRELUDE, namespace)  # the earlier cells, run by the user
+    s = DebugSession.create(str(root / ".model_debugger"), title="notebook")
+    artifact = CellArtifact(namespace, CELL, prelude=PRELUDE)
+    with open(os.devnull, "w") as sink:
+        rep = reproduce(s, artifact, runs=1, seed=0, stdout=sink)
+        assert rep.problem == "gradient_instability", rep
+        s.record_findings([Finding("lr_range", "hyperparameter", True, "lr 3 diverges",
+                                   {"file": s.store.path("runs/0/cell.py"), "line": 1},
+                                   {"lr": 3.0, "safe_lr": 0.05})])
+        s.record_fix(plan_fix(s, CELL.replace("lr=3.0", "lr=0.05")), approved=True)
+        verify(s, artifact, seeds=2, stdout=sink)
+    return s
+
+
+def test_a_cell_session_record_describes_the_kernel_run_and_its_magics(cell_session):
+    s = cell_session
+    nb = build_notebook(DebugSession.load(s.directory))
+    nbformat.validate(nb)
+    text = _texts(nb)
+    assert "The script" not in text and "child process" not in text and "None" not in text
+    assert "model_debugger.cli" not in text  # no command that never ran
+    assert "ran under instrumentation **in the kernel** (1 run(s), seed 0)" in text
+    assert "<code>model (torch_module)</code>" in text  # the state restored before each run
+    assert "for _ in range(3):  # an earlier cell trains a little" in text  # the prelude, shown
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert "%%reproduce --seed 0\n" + CELL.rstrip("\n") in code
+    fix = [c for c in code if c.startswith("%%fix --yes\n")]
+    assert len(fix) == 1 and "lr=0.05" in fix[0] and "lr=3.0" not in fix[0]
+    assert "%verify --seeds 2" in code
+    verify = text.split("## 5. Verify")[1]
+    assert "before seed 0: runs/0/record.jsonl (reused, not run again)" in verify
+    assert "before seed 1: verify/1/before-1.jsonl\n" in verify
+    assert "`%md_export`" in text
+
+
+def test_a_cell_session_repro_runs_the_earlier_cells_and_the_cell_stand_alone(cell_session,
+                                                                          tmp_path):
+    s = cell_session
+    out = export_files(s, str(tmp_path / "export" / "record.ipynb"), overwrite=True)  # %md_export
+    assert os.path.isfile(out["repro"]) and out["replaced"] == []
+    moved = tmp_path / "elsewhere"  # nothing of the session folder is needed
+    proc = subprocess.run([sys.executable, out["repro"], "--runs", "1", "--out", str(moved)],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "seed 0: gradient_instability (8 steps;" in proc.stdout  # the cell's steps only
+    mine = Run.load(str(moved / "record-0.jsonl")).series("loss")
+    kernel = Run.load(s.store.path("runs/0/record.jsonl")).series("loss")
+    assert mine.tolist() == kernel.tolist()  # the same numbers as in the kernel
