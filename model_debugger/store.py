@@ -149,6 +149,11 @@ class Store:
         return os.path.join(os.path.dirname(record), CELL)
 
     @staticmethod
+    def log_rel(ext: str) -> str:
+        """A minimal reproducer's copy of its log (``ext``: ``.csv``, ``.jsonl``, ...)."""
+        return "log" + ext
+
+    @staticmethod
     def findings_beside(record: str) -> str:
         """Where probes that ran beside ``record`` left their report."""
         return os.path.join(os.path.dirname(record), FINDINGS)
