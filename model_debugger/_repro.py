@@ -20,7 +20,7 @@ import os
 import re
 
 from .session import DebugSession
-from .store import ARTIFACT, CELL, REPRO
+from .store import ARTIFACT, CELL, REPRO, Store
 
 MAX_LOG_BYTES = 2_000_000
 
@@ -295,8 +295,6 @@ def copy_log(path: str, folder: str) -> str | None:
     Exports embed only this copy, never the recorded path. Folders, event files, symlinks and
     files over ``MAX_COPY_BYTES`` are not copied.
     """
-    from .safe_write import write_inside
-
     ext = os.path.splitext(path)[1].lower()
     if ext not in _LOG_EXTS or os.path.islink(path) or not os.path.isfile(path) \
             or os.path.getsize(path) > MAX_COPY_BYTES:
@@ -306,8 +304,8 @@ def copy_log(path: str, folder: str) -> str | None:
     from .redact import redact_log
 
     data = redact_log(data, ext)  # the session folder keeps no secret (issue #14, slice B)
-    name = "log" + ext
-    write_inside(folder, name, data, overwrite=True, mode=0o600)
+    name = Store.log_rel(ext)
+    Store(folder).write(name, data)  # atomic, 0600, no link followed
     return name
 
 

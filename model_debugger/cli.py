@@ -24,6 +24,7 @@ from ._validate import (
     check_seed,
 )
 from .session import SessionError
+from .store import ROOT
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--error", help="error text that came with a log (minimal reproducer)")
     d.add_argument("--probe-seconds", type=arg(check_budget, "--probe-seconds"), default=30.0,
                    help="time budget for Isolate probes (default 30; 0 skips Isolate)")
-    d.add_argument("--root", default=".model_debugger", type=arg(check_path, "--root"),
+    d.add_argument("--root", default=ROOT, type=arg(check_path, "--root"),
                    help="where sessions are saved")
     v = sub.add_parser(
         "verify", help="plan one fix for a session's confirmed finding, approve it, and verify it",
