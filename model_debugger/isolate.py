@@ -10,27 +10,11 @@ import json
 import os
 import time
 
-import numpy as np
-
 from .classify import classify
 from .records import Classification, Finding, Run
 from .signals import compute
 
 BUDGET_SECONDS = 30.0
-
-
-def _arrays(batches) -> tuple | None:
-    if not batches:
-        return None
-    try:
-        xs = np.concatenate([b[0][0].float().reshape(len(b[1]), -1).cpu().numpy() for b in batches])
-        ys = np.concatenate([b[1].cpu().numpy() for b in batches])
-    except (ValueError, RuntimeError, AttributeError, TypeError):
-        return None
-    # epochs over a small dataset repeat rows; data probes want each sample once
-    _, first = np.unique(xs, axis=0, return_index=True)
-    first.sort()
-    return xs[first], ys[first]
 
 
 def user_sources(run: Run, extra: list[str] = ()) -> dict[str, str]:
@@ -85,8 +69,7 @@ def build_context(run: Run, keeper=None, sources: dict | None = None,
         ctx.initial_state = keeper.initial_state
         ctx.optimizer = keeper.optimizer
         ctx.loss = keeper.loss
-        ctx.train_xy, ctx.val_xy = keeper.arrays() if keras else (
-            _arrays(keeper.train_batches), _arrays(keeper.val_batches))
+        ctx.train_xy, ctx.val_xy = keeper.arrays()
         ctx.train_batches, ctx.val_batches = keeper.train_batches, keeper.val_batches
         ctx.namespace, ctx.train_loader = keeper.namespace, keeper.train_loader
         ctx.trainer = trainer_for(keeper)

@@ -10,6 +10,8 @@ then, or until it is dropped itself).
 
 from __future__ import annotations
 
+import numpy as np
+
 from .spill import Spill, SpilledState, open_spill, threshold_bytes
 
 MAX_BATCHES = 32
@@ -116,6 +118,11 @@ class Keeper(SpilledState):
         self.model = self.namespace = self.train_loader = None
         self.train_batches, self.val_batches = [], []
 
+    def arrays(self) -> tuple:
+        """``(train_xy, val_xy)``: flattened NumPy samples for the data probes (rows
+        deduplicated), each None when the batches do not flatten to one matrix."""
+        return _arrays(self.train_batches), _arrays(self.val_batches)
+
     def on_optimizer(self, opt) -> None:
         if self.optimizer is None:
             self.optimizer = {"cls": type(opt), "name": type(opt).__name__,
@@ -158,6 +165,21 @@ class Keeper(SpilledState):
             batches.append((tuple(a.detach().cpu() for a in args), target.detach().cpu()))
             self._samples[split] += int(target.shape[0])
         return out
+
+
+def _arrays(batches) -> tuple | None:
+    """``(X, y)`` of kept ``(inputs, target)`` tensor batches: the first input flattened per
+    row, each distinct row once (epochs over a small dataset repeat rows)."""
+    if not batches:
+        return None
+    try:
+        xs = np.concatenate([b[0][0].float().reshape(len(b[1]), -1).cpu().numpy() for b in batches])
+        ys = np.concatenate([b[1].cpu().numpy() for b in batches])
+    except (ValueError, RuntimeError, AttributeError, TypeError):
+        return None
+    _, first = np.unique(xs, axis=0, return_index=True)
+    first.sort()
+    return xs[first], ys[first]
 
 
 def _positional(name: str, extra) -> dict:
