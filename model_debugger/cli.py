@@ -176,26 +176,27 @@ def _verify(ns):
 
 
 def _verify_locked(ns, session):
-    from .fix import FixRefused, plan_fix
+    from .artifacts import artifact_for
+    from .phases import FixRefused, plan_fix, verify
+    from .phases.verify import seeds_for
     from .session import GateError
-    from .verify import seeds_for, verify_script
 
     fixed = check_script(ns.fixed)  # missing, binary, not UTF-8, empty or a syntax error
     talk = sys.stderr if ns.json else sys.stdout
-    art = next((e for e in session.events if e["kind"] == "artifact"), {})
-    if art.get("type") != "script":
+    info = session.state.artifact
+    if info is None or info.type != "script":
         raise ValueError("this session was reproduced from a log: there is no script to rerun "
                          "(diagnose the training script to verify a fix)")
-    pending = session.pending_fix
+    pending = session.state.pending
     if pending is not None:  # an earlier verify was interrupted: finish it
-        kept = session.store.read(pending["copy"])
+        kept = session.store.read(pending.copy) if pending.copy else None
         if kept is None or kept.decode("utf-8", "surrogateescape") != fixed:
             raise ValueError("an approved fix is awaiting Verify and FIXED differs from it; "
-                             f"rerun with --fixed {pending.get('fixed')}")
-        print(f"Resuming the verification of the approved fix for {pending['finding']} ...",
+                             f"rerun with --fixed {pending.fixed}")
+        print(f"Resuming the verification of the approved fix for {pending.finding} ...",
               file=talk, flush=True)
-        verify_script(session, seeds_for(session, ns.seeds), max_seconds=ns.max_seconds,
-                      stdout=sys.stderr)
+        verify(session, artifact_for(session), seeds_for(session, ns.seeds),
+               max_seconds=ns.max_seconds, stdout=sys.stderr)
         return session
     try:
         plan = plan_fix(session, fixed, fixed_path=os.path.abspath(ns.fixed),
@@ -221,9 +222,9 @@ def _verify_locked(ns, session):
             sys.stdout.write(json.dumps({**session.report(), "refused": ["not approved"]}) + "\n")
         return None
     session.record_fix(plan, approved=True)
-    print(f"Verifying over seeds {seeds_for(session, ns.seeds)} ...", file=talk, flush=True)
-    verify_script(session, seeds_for(session, ns.seeds), max_seconds=ns.max_seconds,
-                  stdout=sys.stderr)
+    seeds = seeds_for(session, ns.seeds)
+    print(f"Verifying over seeds {seeds} ...", file=talk, flush=True)
+    verify(session, artifact_for(session), seeds, max_seconds=ns.max_seconds, stdout=sys.stderr)
     return session
 
 
