@@ -251,7 +251,7 @@ def findings(items: Iterable[Finding | Mapping], root: str | None = None, *,
     rows = tuple(("confirmed" if f.confirmed else "hypothesis", f.check, f.root_cause,
                   location(f.location, root), f.explanation) for f in found)
     confirmed = sum(f.confirmed for f in found)
-    return Doc(f"Isolate: {len(found)} findings ({confirmed} confirmed)",
+    return Doc(f"Isolate: {len(found)} finding{'s' * (len(found) != 1)} ({confirmed} confirmed)",
                (Table(("status", "check", "root cause", "file:line", "explanation"), rows,
                       "  [{0}] {1} ({2}) at {3}\n      {4}"),),
                "ok" if confirmed else "info")
@@ -296,7 +296,10 @@ def verification(v: Verification | Mapping | None) -> Doc | None:
     rows = []
     for name, side in (("before", v.before), ("after", v.after)):
         side = side if isinstance(side, Mapping) else {}
-        rows.append((name, side.get("values"), _g(side.get("mean")), side.get("present")))
+        values = side.get("values")
+        shown = "[" + ", ".join(_g(x) for x in values) + "]" if isinstance(values, list) else \
+            values
+        rows.append((name, shown, _g(side.get("mean")), side.get("present")))
     lines: list = [Table(("", "per seed", "mean", f"{v.category} present"), tuple(rows),
                          "  {0:6} {1} mean {2}; " + f"{v.category} in " + "{3}"),
                    f"  noise band {_g(v.get('noise_band'), '.3g')}, improvement "
