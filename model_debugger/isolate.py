@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import TYPE_CHECKING
 
 from .classify import classify
-from .records import Classification, Finding, Run
+from .records import Classification, Run
 from .signals import compute
+
+if TYPE_CHECKING:  # the probes package (every probe) is imported when first needed
+    from .probes import ProbeContext, ProbeReport
 
 BUDGET_SECONDS = 30.0
 
@@ -32,7 +36,7 @@ def user_sources(run: Run, extra: list[str] = ()) -> dict[str, str]:
 
 def build_context(run: Run, keeper=None, sources: dict | None = None,
                   budget: float = BUDGET_SECONDS,
-                  classification: Classification | dict | None = None):
+                  classification: Classification | dict | None = None) -> ProbeContext:
     """A ProbeContext from a record and (optionally) the capture's Keeper.
 
     Parameters
@@ -76,7 +80,7 @@ def build_context(run: Run, keeper=None, sources: dict | None = None,
     return ctx
 
 
-def probe(ctx, ids: list[str] | None = None):
+def probe(ctx: ProbeContext, ids: list[str] | None = None) -> ProbeReport:
     """Run the probes for the context's categories (or ``ids``).
 
     Returns
@@ -92,32 +96,16 @@ def probe(ctx, ids: list[str] | None = None):
     return run_probes(ctx, ids)
 
 
-def isolate(ctx, ids: list[str] | None = None) -> list[Finding]:
-    """compat: removed when phases/isolate lands. :func:`probe`'s ranked findings, with the
-    report's timings and measurements also written to ``ctx.extras`` (the one place that does)."""
-    report = probe(ctx, ids)
-    ctx.extras.update(report.extras())
-    return list(report.findings)
-
-
-def write_findings(path: str, report, extras: dict | None = None) -> None:
-    """Save a :class:`~model_debugger.probes.ProbeReport` next to a record (atomically).
-
-    ``report`` may also be a list of findings with the old ``extras`` dict (compat: removed when
-    phases/isolate lands).
-    """
-    from .probes import ProbeReport
-
-    if not isinstance(report, ProbeReport):
-        report = ProbeReport.from_json({"findings": [f.to_json() for f in report],
-                                        "extras": dict(extras or {})})
+def write_findings(path: str, report: ProbeReport) -> None:
+    """Save a :class:`~model_debugger.probes.ProbeReport` next to a record (atomically), every
+    field of it."""
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(report.to_json(), fh, default=str)
     os.replace(tmp, path)
 
 
-def read_report(path: str):
+def read_report(path: str) -> ProbeReport | None:
     """The :class:`~model_debugger.probes.ProbeReport` written by :func:`write_findings`, or
     None when there is none (or it cannot be read)."""
     from .probes import ProbeReport
@@ -128,9 +116,3 @@ def read_report(path: str):
             return ProbeReport.from_json(json.load(fh))
     except (OSError, json.JSONDecodeError, RecordError, TypeError, AttributeError):
         return None
-
-
-def read_findings(path: str) -> tuple[list[Finding], dict] | None:
-    """compat: removed when phases/isolate lands. :func:`read_report` as ``(findings, extras)``."""
-    report = read_report(path)
-    return None if report is None else (list(report.findings), report.extras())

@@ -205,6 +205,9 @@ def test_every_probe_module_is_discovered_and_registers_its_probe():
     owners = {cls.__module__.rsplit(".", 1)[-1] for cls in PROBES.values()
               if cls.__module__.startswith("model_debugger.probes.")}
     assert owners == modules  # no list of probe modules to edit: each file registers itself
+    order = [cls.__module__ for cls in PROBES.values()
+             if cls.__module__.startswith("model_debugger.probes.")]
+    assert order == sorted(order)  # registered (and so run) in module name order
 
 
 def test_unregistered_afterwards():
@@ -234,36 +237,16 @@ def test_probe_report_json_round_trip():
         report.seed_noise = None
 
 
-def test_findings_file_round_trip_and_the_compat_forms(tmp_path):
+def test_findings_file_round_trip(tmp_path):
     report, path = _report(), str(tmp_path / "findings.json")
     isolate.write_findings(path, report)
     assert isolate.read_report(path) == report
-    findings, extras = isolate.read_findings(path)  # compat: (findings, extras)
-    assert findings == list(report.findings)
-    assert extras == {"probe_seconds": report.probe_seconds, "seed_noise": report.seed_noise,
-                      "lr_range": report.lr_range}
-    # compat: a list and the old extras dict, any extra key kept out of the file
-    isolate.write_findings(path, list(report.findings), {**extras, "namespace": {"x": 1}})
-    assert isolate.read_report(path) == report
-    # a file written before the report existed
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"findings": [f.to_json() for f in report.findings], "extras": extras}, fh)
-    assert isolate.read_report(path) == report
+    with open(path, encoding="utf-8") as fh:
+        assert json.load(fh) == json.loads(json.dumps(report.to_json()))  # every field, as is
     # missing or broken: None, never an exception
     assert isolate.read_report(str(tmp_path / "none.json")) is None
     (tmp_path / "bad.json").write_text('{"findings": [{"check": ""}]}', encoding="utf-8")
     assert isolate.read_report(str(tmp_path / "bad.json")) is None
-
-
-def test_isolate_compat_adapter_fills_extras_from_the_report(planted):
-    ctx = build_context(_plateau(), sources={})
-    report = isolate.probe(ctx)
-    assert ctx.extras == {}  # the new call leaves the side dict alone
-    old = build_context(_plateau(), sources={})
-    findings = isolate.isolate(old)
-    assert [f.check for f in findings] == [f.check for f in report.findings]
-    assert set(old.extras["probe_seconds"]) == set(report.probe_seconds)
-    assert old.extras["seed_noise"] == {"cv": 0.01}
 
 
 # -- build_context follows the recorded classification ------------------------------------------

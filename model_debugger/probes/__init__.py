@@ -1,7 +1,7 @@
 """Isolate: one probe per module; importing this package registers them all.
 
-Every module here whose name does not start with ``_`` (except the framework modules ``base``
-and ``report``) is a probe and is imported in name order, so adding a probe is adding one file.
+Every module here whose name does not start with ``_`` (except the framework modules ``base``,
+``report`` and ``suggestions``) is a probe and is imported in name order, so adding a probe is adding one file.
 """
 
 import importlib as _importlib
@@ -16,11 +16,11 @@ from .base import (
     rank,
     register,
     run_probes,
-    suggestion_for,
 )
 from .report import SHARED, Measured, ProbeReport, ProbeResult
+from .suggestions import suggestion_for
 
-FRAMEWORK_MODULES = ("base", "report")
+FRAMEWORK_MODULES = ("base", "report", "suggestions")
 
 for _module in _pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_") and _module.name not in FRAMEWORK_MODULES:

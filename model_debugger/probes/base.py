@@ -65,10 +65,6 @@ class ProbeContext:
         probe.
     lint : list or None
         The static lint hits of ``source_files``, computed once (see ``probes._lint``).
-    extras : dict
-        compat: removed when phases/isolate lands. Filled by ``isolate.isolate`` from the
-        :class:`ProbeReport` (``probe_seconds``, ``seed_noise``, ``lr_range``) for the callers
-        that still read it there; no probe reads or writes it.
     deadline : float
         ``time.monotonic()`` by which the probes should be done.
     """
@@ -91,7 +87,6 @@ class ProbeContext:
     namespace: dict | None = None
     train_loader: Any = None
     lint: list | None = field(default=None, repr=False)
-    extras: dict = field(default_factory=dict)
     deadline: float = float("inf")
 
     @property
@@ -188,22 +183,6 @@ def register(cls: type[Probe]) -> type[Probe]:
         raise ValueError(f"probe id {cls.id!r} is empty or already registered")
     PROBES[cls.id] = cls
     return cls
-
-
-def suggestion_for(finding: Finding) -> str:
-    """The suggested fix for a finding, from the probe that made it or its lint rule.
-
-    A finding's ``check`` is a registered probe id (the probe words it) or the id of a rule the
-    lint probe reports (the rule entry carries its text); anything else gets
-    :data:`GENERIC_SUGGESTION`.
-    """
-    cls = PROBES.get(finding.check)
-    if cls is not None:
-        return cls().suggestion(finding)
-    from .lint import RULES
-
-    rule = RULES.get(finding.check)
-    return rule.suggestion if rule is not None else GENERIC_SUGGESTION
 
 
 def probes_for(category: str) -> list[str]:

@@ -78,19 +78,7 @@ class ProbeReport(Measured):
 
     @classmethod
     def from_json(cls, data: dict) -> ProbeReport:
-        """The report from :meth:`to_json`'s data (raises RecordError outside the vocabulary).
-
-        Data written before the report existed (``{"findings", "extras": {...}}``) is read too.
-        """
-        info = data.get("extras", data) if isinstance(data.get("extras"), dict) else data
+        """The report from :meth:`to_json`'s data (raises RecordError outside the vocabulary)."""
         return cls(findings=tuple(Finding.from_json(f) for f in data.get("findings", ())),
-                   probe_seconds=dict(info.get("probe_seconds") or {}),
-                   **{name: info.get(name) for name in SHARED})
-
-    def extras(self) -> dict:
-        """compat: removed when phases/isolate lands. The report as the old ``ctx.extras``
-        keys (``probe_seconds`` and each measured quantity)."""
-        out: dict = {"probe_seconds": dict(self.probe_seconds)}
-        out.update({name: getattr(self, name) for name in SHARED
-                    if getattr(self, name) is not None})
-        return out
+                   probe_seconds=dict(data.get("probe_seconds") or {}),
+                   **{name: data.get(name) for name in SHARED})
