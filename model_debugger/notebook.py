@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from .session import DebugSession, GateError
+from .session import DebugSession
 from .store import ROOT, Store
 
 EVIDENCE_TEXT_LIMIT = 20_000
@@ -230,4 +230,4 @@ def current_session(shell=None) -> NotebookSession:
     return magics.kernel
 
 
-__all__ = ["GateError", "NotebookSession", "current_session"]
+__all__ = ["NotebookSession", "current_session"]
