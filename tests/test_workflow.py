@@ -328,3 +328,67 @@ def test_each_phase_is_written_once():
         if path.name in ("notebook.py", "magics.py", "inprocess.py", "comm.py"):
             assert "record_reproduce(" not in text and "record_verification(" not in text, path
             assert "record_findings(" not in text, path
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every ``model_debugger`` module -> the package modules it imports (top level and inside
+    functions alike: a lazy import is still a dependency)."""
+    mods = {}
+    for path, _ in _sources():
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                for alias in node.names:
+                    cand = f"{mod}.{alias.name}"
+                    deps.add(cand if cand in mods else mod)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+        graph[name] = {d for d in deps if d in mods and d != name}
+    return graph
+
+
+def test_no_import_circle_in_the_package():
+    """No module imports (at any depth, even lazily) a module that imports it back. The package
+    root's extension entry points (``load_ipython_extension``) are the one allowed way in."""
+    graph = _import_graph()
+    graph["model_debugger"] = set()
+    seen: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for dep in sorted(graph[node]):
+            if seen.get(dep) == 1:
+                cycles.append(path[path.index(dep):] + [dep] if dep in path else [node, dep])
+            elif dep not in seen:
+                visit(dep, path + [dep])
+        seen[node] = 2
+
+    for name in sorted(graph):
+        if name not in seen:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_capture_and_probes_stay_below_the_workflow():
+    """capture imports nothing above records; probes import no classification or workflow."""
+    graph = _import_graph()
+    low = {"model_debugger.records", "model_debugger._validate", "model_debugger.safe_write",
+           "model_debugger.redact"}
+    for name, deps in graph.items():
+        if name.startswith("model_debugger.capture"):
+            assert {d for d in deps if not d.startswith("model_debugger.capture")} <= low, name
+        if name.startswith("model_debugger.probes"):
+            assert not deps & {"model_debugger.classify", "model_debugger.session",
+                               "model_debugger.phases", "model_debugger.diagnose"}, name
