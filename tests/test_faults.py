@@ -354,7 +354,7 @@ def test_a_rerun_into_the_same_record_replaces_it(tmp_path):
 
 def test_a_garbage_line_is_skipped_counted_and_reported(tmp_path):
     from model_debugger.cli import _print_human
-    from model_debugger.diagnose import _result_of, _verdict
+    from model_debugger.phases.reproduce import _result_of, _verdict
 
     script = _script(tmp_path, """
         for i in range(30):
