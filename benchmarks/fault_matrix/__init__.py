@@ -1,0 +1,1 @@
+"""The fault matrix: healthy base programs x fault operators, a runner, confusion tables."""
