@@ -143,7 +143,7 @@ def defining_signal(category: str, signals: dict,
     ----------
     category : str
     signals : dict
-        Signals of a run with the problem (see :func:`model_debugger.verify.measure`).
+        Signals of a run with the problem (see :func:`model_debugger.phases.verify.measure`).
     cited : list of str, optional
         The signals the classification cited: the compared signal is the first candidate that
         stands for one of them (a NaN is judged by ``finite_fraction``, a vanishing gradient by

@@ -92,7 +92,7 @@ class NotebookSession:
     def _sync(self, state) -> None:
         """Another DebugSession object of this process appended: read the events again."""
         if self._session is not None and state.events != self._session.state.events:
-            self._session._reload()
+            self._session.reload()
 
     @property
     def state(self):

@@ -366,7 +366,7 @@ class DebugSession:
         """
         payload = redact_value(data)
         with _SessionLock(self, kind, wait=APPEND_WAIT):
-            self._reload()
+            self.reload()
             event = {"seq": len(self._data["events"]), "time": time.time(), "kind": kind,
                      **payload}
             self._data["events"].append(event)
@@ -427,8 +427,9 @@ class DebugSession:
         """
         return _SessionLock(self, phase)
 
-    def _reload(self) -> None:
-        """Read the saved events again (another process may have appended since this loaded)."""
+    def reload(self) -> None:
+        """Read the saved events again (another process may have appended since this loaded);
+        a file that cannot be read leaves the session as it was."""
         try:
             with open(self.store.session_file, encoding="utf-8") as fh:
                 data = json.load(fh)
@@ -578,7 +579,7 @@ class DebugSession:
         """Record a fix plan awaiting approval (it survives a restart); the Fix gate must be
         open and the plan must address the current finding."""
         with _SessionLock(self, "fix", wait=APPEND_WAIT):
-            self._reload()
+            self.reload()
             plan = self._check_plan(plan)
             self._append("plan", plan=plan.to_json())
         return self.state.plan
@@ -603,15 +604,17 @@ class DebugSession:
     def approve(self) -> FixPlan:
         """Approve the recorded plan (:meth:`record_plan`): the same as ``record_fix(plan,
         approved=True)``."""
-        plan = self.state.plan
-        if plan is None:
-            raise GateError("fix refused: no plan to approve; put the changed code in a %%fix "
-                            "cell first")
-        self.record_fix(plan, approved=True)
+        with _SessionLock(self, "fix", wait=APPEND_WAIT):
+            self.reload()
+            plan = self.state.plan
+            if plan is None:
+                raise GateError("fix refused: no plan to approve; put the changed code in a "
+                                "%%fix cell first")
+            self.record_fix(plan, approved=True)
         return plan
 
     def record_fix(self, fix: dict | FixPlan, approved: bool) -> None:
-        """Record an approved fix plan (see :func:`model_debugger.fix.plan_fix`).
+        """Record an approved fix plan (see :func:`model_debugger.phases.fix.plan_fix`).
 
         Raises
         ------
@@ -620,7 +623,7 @@ class DebugSession:
             current one in the queue; the session is unchanged.
         """
         with _SessionLock(self, "fix", wait=APPEND_WAIT):  # gates and copy number: as saved
-            self._reload()
+            self.reload()
             plan = self._check_plan(fix)
             if not approved:
                 raise GateError("fix refused: the plan was not approved (approve it explicitly, "
@@ -709,7 +712,7 @@ class _SessionLock:
         except OSError:
             pass
         _held[self.key] = [fd, 1]
-        self.session._reload()
+        self.session.reload()
         return self.session
 
     def __exit__(self, *exc) -> bool:

@@ -171,6 +171,13 @@ class Store:
             data = data.encode("utf-8", "surrogateescape")
         return write_inside(self.directory, rel, data, overwrite=True, mode=0o600)
 
+    def write_code(self, rel: str, text: str) -> bool:
+        """Write Python source with its secrets redacted (:func:`~model_debugger.redact.
+        redact_code`): the session folder keeps no secret of the code it copies."""
+        from .redact import redact_code
+
+        return self.write(rel, redact_code(text))
+
     def read(self, rel: str, limit: int | None = None) -> bytes | None:
         """The bytes of a file of the folder (None when missing or reached through a link)."""
         try:

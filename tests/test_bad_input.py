@@ -22,12 +22,11 @@ from test_fix import LR_FIX, _edit, _f, _session
 
 from model_debugger import logs, notebook
 from model_debugger.cli import main
-from model_debugger.diagnose import diagnose_script
-from model_debugger.fix import FixRefused, plan_fix
-from model_debugger.inprocess import KernelArtifact
+from model_debugger.diagnose import diagnose_script, verify_script
 from model_debugger.logs import load_log
+from model_debugger.phases import FixRefused, plan_fix
+from model_debugger.phases.verify import seeds_for
 from model_debugger.session import DebugSession
-from model_debugger.verify import seeds_for, verify_script
 
 SEED = "0 <= seed < 2**32"
 RUNS = "from 1 to 100"
@@ -221,20 +220,23 @@ def test_verify_api_rejects_out_of_range_values(tmp_path):
         seeds_for(s, -1)
 
 
-def test_kernel_artifact_rejects_out_of_range_values(tmp_path):
+def test_the_phases_reject_out_of_range_values(tmp_path):
+    from model_debugger import phases
+    from model_debugger.artifacts import CellArtifact
+
     s = DebugSession.create(str(tmp_path / "sessions"), title="notebook")
-    art = KernelArtifact(s, {})
+    art = CellArtifact({}, "x = 1\n")
     with pytest.raises(ValueError, match="runs must be an integer from 1 to 100"):
-        art.reproduce("x = 1\n", runs=-1)
+        phases.reproduce(s, art, runs=-1)
     with pytest.raises(ValueError, match=r"seed must be an integer with 0 <= seed < 2\*\*32"):
-        art.reproduce("x = 1\n", seed=-1)
+        phases.reproduce(s, art, seed=-1)
     with pytest.raises(ValueError, match="budget must be a finite number of seconds >= 0"):
-        art.isolate(budget=-1)
+        phases.isolate(s, art, budget=-1)
     with pytest.raises(ValueError, match="unknown probe id 'nope'"):
-        art.isolate(["nope"])
+        phases.isolate(s, art, ["nope"])
     with pytest.raises(ValueError, match="each of seeds must be an integer with 0 <= seed"):
-        art.verify([-1])
-    assert s.reproduce is None, "nothing was recorded"
+        phases.verify(s, art, [-1])
+    assert s.events == [], "nothing was recorded"
 
 
 # -- magics in a real shell ------------------------------------------------------------------

@@ -167,7 +167,7 @@ def test_changes_are_pushed_as_events_with_the_gates(ns, shell, tmp_path):
 
 
 def test_an_event_appended_through_any_session_object_is_pushed(ns, shell, tmp_path):
-    from model_debugger.fix import plan_fix
+    from model_debugger.phases import plan_fix
 
     md_comm.register(shell)
     frontend = _hello(shell)

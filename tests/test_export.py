@@ -471,8 +471,8 @@ def test_real_fix_and_verify_export(real, tmp_path, monkeypatch):
     """The product's own Fix and Verify (plan_fix, record_fix, verify_script) on a copy."""
     import shutil
 
-    from model_debugger.fix import plan_fix
-    from model_debugger.verify import verify_script
+    from model_debugger.diagnose import verify_script
+    from model_debugger.phases import plan_fix
 
     monkeypatch.delenv(FAKE_ENV_NAME, raising=False)
     folder = tmp_path / "session"

@@ -219,7 +219,7 @@ def test_session_events_are_redacted_before_saving(tmp_path, monkeypatch):
 
 
 def test_fix_copy_and_plan_are_redacted_and_a_secret_is_not_a_change(tmp_path):
-    from model_debugger.fix import plan_fix
+    from model_debugger.phases import plan_fix
     from model_debugger.records import Finding
     from model_debugger.redact import write_private
 

@@ -13,10 +13,11 @@ import os
 
 import pytest
 
-from model_debugger.fix import plan_fix
-from model_debugger.inprocess import KernelArtifact, Snapshot
+from model_debugger import phases
+from model_debugger.artifacts import CellArtifact, Snapshot
+from model_debugger.phases import plan_fix
+from model_debugger.phases.verify import judge
 from model_debugger.session import DebugSession, GateError
-from model_debugger.verify import judge
 
 torch = pytest.importorskip("torch")
 
@@ -118,11 +119,30 @@ for group in opt.param_groups:
 """ + TRAIN
 
 
+class _Kernel:
+    """A kernel's session and the cell artifact of its last reproduction (what the magics
+    keep), calling the phases."""
+
+    def __init__(self, session, ns):
+        self.session, self.ns, self.cell = session, ns, None
+
+    def reproduce(self, code, runs=1, seed=None):
+        self.cell = CellArtifact(self.ns, code)
+        verdict = phases.reproduce(self.session, self.cell, runs=runs, seed=seed)
+        return verdict.to_json(), (self.cell.errors[0] if self.cell.errors else None)
+
+    def isolate(self, ids=None, budget=30.0):
+        return phases.isolate(self.session, self.cell, ids, budget)
+
+    def verify(self, seeds):
+        return phases.verify(self.session, self.cell, seeds).to_json()
+
+
 def _kernel(tmp_path, lr=3.0):
     ns: dict = {}
     exec(SETUP.replace("LR", str(lr)), ns)
     session = DebugSession.create(str(tmp_path / "s"))
-    return KernelArtifact(session, ns), ns
+    return _Kernel(session, ns), ns
 
 
 def test_snapshot_restores_a_model_ruined_by_the_code(tmp_path):

@@ -17,8 +17,8 @@ import comm
 import pytest
 
 from model_debugger import session as session_module
-from model_debugger.fix import plan_fix
 from model_debugger.notebook import NotebookSession
+from model_debugger.phases import plan_fix
 from model_debugger.records import ArtifactInfo, Classification, Evidence, Finding, Run
 from model_debugger.session import DebugSession, GateError
 from model_debugger.widgets import FindingsTable, GradientPanel, LossCurves, PhaseTracker
@@ -197,7 +197,7 @@ def test_unconfirmed_finding_keeps_button_disabled(tmp_path):
 
 
 def test_refused_plan_changes_nothing(tmp_path):
-    from model_debugger.fix import FixRefused
+    from model_debugger.phases import FixRefused
 
     ns = reproduced(tmp_path)
     isolated(ns.session)

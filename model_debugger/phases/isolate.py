@@ -9,6 +9,7 @@ instead of replacing them.
 
 from __future__ import annotations
 
+from .._validate import check_budget, check_probe_ids
 from ..artifacts.base import Captured, ProbeRequest, Version
 from ..records import Finding, Run
 from ..session import DebugSession
@@ -64,6 +65,7 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
     list of Finding
         The findings now recorded.
     """
+    budget, ids = check_budget(budget, "budget"), check_probe_ids(ids, "ids")
     with session.lock("isolate"):
         session.require("isolate")
         state = session.state

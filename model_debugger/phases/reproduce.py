@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 from collections import Counter
 
+from .._validate import check_budget, check_count, check_seed
 from ..artifacts.base import PLANNED_STOPS, ProbeRequest, Version
 from ..classify import classify
 from ..records import HEALTHY, ArtifactInfo, Reproduction, Run
@@ -180,10 +181,10 @@ def _verdict(results: list[dict], tried: list[str]) -> dict:
 def record_artifact(session: DebugSession, artifact, seed: int | None) -> None:
     """Keep the artifact's code in the session and record what it is."""
     fields, code, script = artifact.describe()
-    session.store.write(ARTIFACT, script)
+    session.store.write_code(ARTIFACT, script)
     copy = ARTIFACT
     if artifact.kind == "cell":
-        session.store.write(CELL, code)
+        session.store.write_code(CELL, code)
         copy = CELL
     known = {k: fields.pop(k) for k in ("type", "script", "args", "max_seconds", "cwd")
              if k in fields}
@@ -217,6 +218,9 @@ def reproduce(session: DebugSession, artifact, runs: int = 1, seed: int | None =
         The recorded verdict. A Ctrl-C saves what was recorded so far as ``interrupted``
         (classified when a training step was observed) and raises :class:`Interrupted`.
     """
+    runs = check_count(runs, "runs")
+    seed = check_seed(seed, "seed", runs)
+    probe_budget = check_budget(probe_budget, "probe_budget")
     record_artifact(session, artifact, seed)
     version = Version("reproduced", session.store.path(session.state.current))
     with session.lock("reproduce"):
