@@ -116,16 +116,15 @@ def stratified(all_pairs: list[tuple[str, str]], n: int, seed: int) -> list[tupl
 
 
 def jobs_for(args) -> list[dict]:
-    """The jobs to run: fault pairs, then healthy checks."""
+    """The jobs to run: the healthy checks, then the fault pairs."""
     base_paths = bases(args.bases)
     ops = args.operators
     all_pairs = pairs(base_paths, ops)
     chosen = stratified(all_pairs, args.sample, args.seed) if args.sample else all_pairs
-    jobs = [{"kind": "fault", "base": b, "operator": op, "seed": args.seed} for b, op in chosen]
-    for name in base_paths:
-        for s in args.healthy_seeds:
-            jobs.append({"kind": "healthy", "base": name, "operator": None, "seed": s})
-    return jobs
+    jobs = [{"kind": "healthy", "base": name, "operator": None, "seed": s}
+            for name in base_paths for s in args.healthy_seeds]
+    return jobs + [{"kind": "fault", "base": b, "operator": op, "seed": args.seed}
+                   for b, op in chosen]
 
 
 def job_key(row: dict) -> tuple:
