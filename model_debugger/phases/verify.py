@@ -24,7 +24,7 @@ from ..classify import classify
 from ..defining import DEFINING, LOG_SIGNALS, MIN_EFFECT, defining_signal
 from ..records import HEALTHY, Run, Verification
 from ..session import DebugSession
-from ..signals import compute
+from ..signals import compute, outcome_signals
 from ..store import Store
 from .isolate import current_version
 
@@ -41,10 +41,7 @@ def measure(run: Run) -> dict:
     from .reproduce import _result_of
 
     sig = compute(run)
-    steps = max(sig.get("steps", 0), 1)
-    sig["finite_fraction"] = (min(sig["first_nonfinite_step"], steps) / steps
-                              if "first_nonfinite_step" in sig else 1.0)
-    sig["completed"] = 0.0 if sig.get("error_kind") == "oom" else 1.0
+    sig.update(outcome_signals(sig))
     cls = classify(sig)
     res = _result_of(run, cls.primary)
     crashed = res["status"] == "not_observed" or (
@@ -87,8 +84,6 @@ def judge(category: str, before: list[dict], after: list[dict], noise: dict | No
         (DEFINING.get(category, (("steps", 1),))[0])
     b, a = _side(before, name, category), _side(after, name, category)
     band = max(NOISE_K * b["std"], NOISE_K * a["std"], MIN_EFFECT.get(name, 0.0))
-    if name in LOG_SIGNALS:
-        band = max(band, 0.5)  # half a decade
     if noise and name == "loss_relative_drop" and b["mean"] is not None and noise.get("cv"):
         band = max(band, float(noise["cv"]) * max(1.0 - b["mean"], 0.0))
     improvement = None
