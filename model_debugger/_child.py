@@ -102,8 +102,8 @@ def _probe(rec, ns, script: str) -> None:
         import json
 
         from .artifacts.base import ProbeRequest
-        from .isolate import user_sources, write_findings
         from .phases.isolate import probe_run
+        from .probing import user_sources, write_findings
         from .records import Run
         from .store import Store
 

@@ -23,10 +23,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import model_debugger
-from model_debugger import isolate
+from model_debugger import probing
 from model_debugger.capture import patches
-from model_debugger.isolate import build_context
 from model_debugger.probes import run_probes
+from model_debugger.probing import build_context
 from model_debugger.records import Run
 
 
@@ -156,7 +156,7 @@ def test_initial_weights_spill_to_disk_and_probes_restart_from_them(tmp_path, mo
     assert all(torch.equal(loaded[k], start[k]) for k in start)
 
     run = Run.load(path)
-    ctx = build_context(run, keeper, isolate.user_sources(run, [__file__]), 300.0)
+    ctx = build_context(run, keeper, probing.user_sources(run, [__file__]), 300.0)
     fresh = ctx.trainer.fresh_model()
     assert all(torch.equal(fresh.state_dict()[k], start[k]) for k in start)
     findings = run_probes(ctx, ["dead_units"]).findings

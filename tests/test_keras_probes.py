@@ -49,7 +49,7 @@ def problem(n=1024, seed=0):
 
 def captured(keras, lr: float, epochs: int = 3, val: bool = True, misaligned: bool = False):
     import model_debugger
-    from model_debugger.isolate import build_context
+    from model_debugger.probing import build_context
     from model_debugger.records import Run
 
     X, y = problem()

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 import model_debugger
-from model_debugger import defining, isolate, signals
-from model_debugger.isolate import build_context
+from model_debugger import defining, probing, signals
 from model_debugger.pitfalls import keras_lint, torch_lint
 from model_debugger.probes import (
     GENERIC_SUGGESTION,
@@ -29,6 +28,7 @@ from model_debugger.probes import (
     run_probes,
 )
 from model_debugger.probes.lint import RULES as LINT_RULES
+from model_debugger.probing import build_context
 from model_debugger.records import ROOT_CAUSES, Classification, Finding, Run
 from model_debugger.suggest import suggest
 
@@ -192,8 +192,8 @@ def test_a_registered_probe_runs_reports_and_suggests_with_no_other_edit(planted
     assert suggest(f) == _Planted.fix
     # the findings file keeps it (no whitelist of probe ids or keys)
     path = str(tmp_path / "findings.json")
-    isolate.write_findings(path, report)
-    back = isolate.read_report(path)
+    probing.write_findings(path, report)
+    back = probing.read_report(path)
     assert back == report and planted in back.probe_seconds and back.seed_noise == {"cv": 0.01}
 
 
@@ -239,14 +239,14 @@ def test_probe_report_json_round_trip():
 
 def test_findings_file_round_trip(tmp_path):
     report, path = _report(), str(tmp_path / "findings.json")
-    isolate.write_findings(path, report)
-    assert isolate.read_report(path) == report
+    probing.write_findings(path, report)
+    assert probing.read_report(path) == report
     with open(path, encoding="utf-8") as fh:
         assert json.load(fh) == json.loads(json.dumps(report.to_json()))  # every field, as is
     # missing or broken: None, never an exception
-    assert isolate.read_report(str(tmp_path / "none.json")) is None
+    assert probing.read_report(str(tmp_path / "none.json")) is None
     (tmp_path / "bad.json").write_text('{"findings": [{"check": ""}]}', encoding="utf-8")
-    assert isolate.read_report(str(tmp_path / "bad.json")) is None
+    assert probing.read_report(str(tmp_path / "bad.json")) is None
 
 
 # -- build_context follows the recorded classification ------------------------------------------
@@ -254,11 +254,11 @@ def test_build_context_uses_the_recorded_classification():
     healthy = syn.make_run(syn.healthy_steps(100))
     ctx = build_context(healthy, sources={})
     assert ctx.classification.primary == "healthy"
-    assert isolate.probe(ctx) == ProbeReport()  # nothing to isolate in this run on its own
+    assert probing.probe(ctx) == ProbeReport()  # nothing to isolate in this run on its own
     recorded = Classification("loss_not_decreasing")
     ctx = build_context(healthy, sources={}, classification=recorded)
     assert ctx.classification is recorded
-    report = isolate.probe(ctx)
+    report = probing.probe(ctx)
     ran = set(report.probe_seconds)
     expected = {p for p in probes_for("loss_not_decreasing") if PROBES[p]().applies(ctx)}
     assert ran == expected and {"gradient_flow", "detached_output"} <= ran

@@ -22,12 +22,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import model_debugger
-from model_debugger import isolate
-from model_debugger.isolate import build_context
+from model_debugger import probing
 from model_debugger.logs import load_log
 from model_debugger.probes import PROBES, Probe, ProbeContext, ProbeReport, register, run_probes
 from model_debugger.probes.late_onset import PROBE_HORIZON
 from model_debugger.probes.seed_variance import NOISY_CV
+from model_debugger.probing import build_context
 from model_debugger.records import Classification, Finding, Run
 
 HERE = os.path.abspath(__file__)
@@ -59,7 +59,7 @@ def captured(directory: Path, train, error: type[BaseException] | None = None,
             train()
     run = Run.load(path)
     assert run.ended
-    return build_context(run, rec.keeper, isolate.user_sources(run, [__file__]), budget)
+    return build_context(run, rec.keeper, probing.user_sources(run, [__file__]), budget)
 
 
 def report_of(ctx: ProbeContext, pid: str) -> ProbeReport:
@@ -395,7 +395,7 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     assert healthy.train_loader is not None
     assert HERE in healthy.source_files
     # nothing to isolate in a healthy run
-    assert isolate.probe(healthy) == ProbeReport()
+    assert probing.probe(healthy) == ProbeReport()
 
 
 @pytest.mark.parametrize("pid", list(PROBES))
@@ -600,7 +600,7 @@ def test_hardware_ecc_error_in_a_log_is_escalated(tmp_path):
     assert f.evidence["escalate"] is True
     assert "uncorrectable ECC" in f.evidence["error"]
     # through Isolate's own selection, the device finding ranks first
-    found = isolate.probe(ctx).findings
+    found = probing.probe(ctx).findings
     assert found and (found[0].check, found[0].root_cause) == ("hardware", "hardware")
 
 
@@ -779,7 +779,7 @@ def test_gradient_flow_a_nan_gradient_between_measured_steps_is_not_blamed_on_th
     run = Run.load(str(path))
     bad = run.first("nonfinite")
     assert (bad["what"], bad["step"], bad["module"], bad["in_weights"]) == ("loss", 6, "0", True)
-    ctx = build_context(run, rec.keeper, isolate.user_sources(run, [__file__]), BUDGET)
+    ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), BUDGET)
     [f] = [f for f in probe(ctx, "gradient_flow") if "in_weights" in f.evidence]
     assert f.root_cause == "hyperparameter" and f.evidence["in_weights"] is True
     assert "already non-finite" in f.explanation

@@ -88,7 +88,7 @@ class ScriptArtifact:
                            syspath=os.path.dirname(self.script), cwd=self.cwd,
                            probes=request, intervention=intervention, max_steps=max_steps)
         run = Run.load(record) if os.path.exists(record) else Run([])
-        from ..isolate import read_report
+        from ..probing import read_report
 
         return Captured(run, record, read_report(found), child=child,
                         sources=_sources(run, [self._path_of(version)]))
@@ -102,7 +102,7 @@ class ScriptArtifact:
 
 
 def _sources(run: Run, extra: list[str]) -> dict[str, str]:
-    from ..isolate import user_sources
+    from ..probing import user_sources
 
     return user_sources(run, extra)
 

@@ -25,7 +25,7 @@ def probe_run(run: Run, keeper, sources: dict, request: ProbeRequest):
         Ranked findings, probe timings and the measurements probes share (seed noise, the
         learning-rate sweep).
     """
-    from ..isolate import build_context, probe
+    from ..probing import build_context, probe
 
     ctx = build_context(run, keeper, sources, request.budget,
                         classification=request.classification)

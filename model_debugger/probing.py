@@ -1,7 +1,10 @@
-"""Isolate: build a probe context from a captured run and run the probes worth running.
+"""Probing: from a captured run (and its live objects) to a probe context, and its report.
 
-In-process (the CLI child, a notebook) the context holds live objects from the capture's Keeper;
-from a record alone (a killed run, a log) only record-based probes and the lint run.
+The bridge between capture and the probes, used where the live objects are (the script's child,
+the kernel) by :func:`model_debugger.phases.isolate.probe_run`. With a keeper the context holds
+live objects (the model, its initial weights, sample batches, a trainer); from a record alone (a
+killed run, a log) only record-based probes and the lint run. The report of probes that ran in a
+child travels beside its record (:func:`write_findings`, :func:`read_report`).
 """
 
 from __future__ import annotations
