@@ -425,7 +425,8 @@ def repro_source(session: DebugSession) -> str:
 
 def _cell_body(session: DebugSession, art: dict, seeds: list) -> str:
     """The cell template filled from the artifact event: its prelude and cell (the recorded
-    code, else the session's copies), redacted as code."""
+    code, else the session's copies), redacted as code.
+    """
     from .redact import redact, redact_code
 
     code = art.get("code") if isinstance(art.get("code"), str) else None

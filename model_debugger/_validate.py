@@ -152,7 +152,7 @@ def arg(check: Callable, *args) -> Callable[[str], object]:
 
 
 def _without_flag(message: str, args: tuple) -> str:
-    """argparse prefixes ``argument --flag:``; do not name the flag twice."""
+    """``message`` without its leading flag: argparse already prefixes ``argument --flag:``."""
     flag = next((a for a in args if isinstance(a, str)), None)
     if flag and message.startswith(flag + " "):
         return message[len(flag) + 1:]

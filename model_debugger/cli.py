@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verify(ns):
     """Plan, approve and verify: the session, or None when the plan is refused or not approved
-    (nothing saved)."""
+    (nothing saved).
+    """
     from .session import DebugSession
 
     if ns.seeds < 1:

@@ -93,7 +93,8 @@ def snapshot(kernel) -> dict:
 def export(kernel, args: dict) -> dict:
     """Export the kernel's session. ``args.path``: a notebook path inside the kernel's folder
     (the notebook's); default the session folder. ``args.overwrite``: replace existing files
-    (otherwise an existing target is an error)."""
+    (otherwise an existing target is an error).
+    """
     from .export import export_files
 
     if not kernel.has_session:
@@ -134,7 +135,8 @@ class Sidebar:
 
     def follow(self, session) -> None:
         """Push an event after every event appended to ``session`` (the kernel's, from now on);
-        the new session's snapshot is pushed at once."""
+        the new session's snapshot is pushed at once.
+        """
         if self._unsubscribe is not None:
             self._unsubscribe()
         self._unsubscribe = session.on_change(self.push)

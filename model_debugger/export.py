@@ -140,13 +140,15 @@ class _Notebook:
 
     def md(self, *parts: str) -> None:
         """Markdown built only from :func:`_t`/:func:`_c`/:func:`_fenced`/:func:`_table` values
-        (each redacted on its own) and our own fixed text: added as is."""
+        (each redacted on its own) and our own fixed text: added as is.
+        """
         text = "\n\n".join(p for p in parts if p)
         self.cells.append(self.v4.new_markdown_cell(text, id=self._id()))
 
     def code(self, source: str, text: str = "", figures=(), result: str | None = None) -> None:
         """``source`` is built from :func:`_cmd` and ``repr`` of :func:`_clean` values (added as
-        is: a pass over the Python would change what it does); outputs are plain text."""
+        is: a pass over the Python would change what it does); outputs are plain text.
+        """
         self.count += 1
         outputs = []
         if text:
@@ -210,14 +212,16 @@ def _run_row(i: int, seed, run: Run | None, category: str) -> list:
 
 def _magic(line: str, code: str | None = None) -> str:
     """A cell of our magics, as the kernel ran it: ``line`` is built from our own words and
-    numbers only; ``code`` (the user's cell) is redacted as code, so it still runs."""
+    numbers only; ``code`` (the user's cell) is redacted as code, so it still runs.
+    """
     return f"%{line}" if code is None else f"%%{line}\n{redact_code(code).rstrip(chr(10))}"
 
 
 def _cell_reproduce(nb: _Notebook, session: DebugSession, art: dict, rep: dict | None,
                     rel: _Paths) -> tuple[str, str]:
     """What a notebook session reproduced: the cell run in the kernel, its restored state and
-    the earlier cells it depends on; the ``%%reproduce`` cell that ran it."""
+    the earlier cells it depends on; the ``%%reproduce`` cell that ran it.
+    """
     code = art.get("code") if isinstance(art.get("code"), str) else ""
     prelude = art.get("prelude") if isinstance(art.get("prelude"), str) else ""
     restores = [str(r) for r in art.get("restores") or []]

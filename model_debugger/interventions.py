@@ -33,7 +33,8 @@ class Kind:
 
 def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
     """Multiply the learning rate of every parameter group by ``factor`` before each
-    optimizer's first step (``base_lr``/``initial_lr`` too, so a scheduler keeps the scale)."""
+    optimizer's first step (``base_lr``/``initial_lr`` too, so a scheduler keeps the scale).
+    """
     factor = float(params["factor"])
     if not factor > 0:
         raise ValueError(f"lr_scale needs a factor > 0, not {factor!r}")
@@ -129,7 +130,8 @@ def check(intervention: Intervention) -> Kind:
 @contextlib.contextmanager
 def installed(intervention: Intervention | None = None, max_steps: int | None = None):
     """Install ``intervention`` and a step budget for the run inside the block; everything is
-    removed on exit, whatever happened (each piece installs when its framework is imported)."""
+    removed on exit, whatever happened (each piece installs when its framework is imported).
+    """
     from .capture.imports import when_imported
 
     pieces: list[tuple[str, Callable]] = []

@@ -266,7 +266,8 @@ def _compiles(cell: str) -> None:
 
 def load(shell) -> DebuggerMagics:
     """Register the magics on ``shell`` (one instance, owning the kernel's session), and the
-    sidebar's comm target when in a kernel."""
+    sidebar's comm target when in a kernel.
+    """
     from . import comm
 
     magics = shell.magics_manager.registry.get(DebuggerMagics.__name__)
@@ -279,7 +280,8 @@ def load(shell) -> DebuggerMagics:
 
 def unload(shell) -> None:
     """Remove every magic this module registered, and drop the kernel's session (its files
-    stay on disk)."""
+    stay on disk).
+    """
     from . import comm
 
     manager = shell.magics_manager

@@ -108,7 +108,8 @@ class NotebookSession:
         """What the phases run for the session (:func:`model_debugger.artifacts.artifact_for`):
         the :class:`~model_debugger.artifacts.CellArtifact` this kernel reproduced (its
         namespace, snapshot and live objects), or one whose runs refuse with the reason (a
-        session loaded from disk, whose starting state lived in another kernel)."""
+        session loaded from disk, whose starting state lived in another kernel).
+        """
         from .artifacts import artifact_for
 
         return artifact_for(self.session, self._artifact)

@@ -101,7 +101,8 @@ def probe(ctx: ProbeContext, ids: list[str] | None = None) -> ProbeReport:
 
 def write_findings(path: str, report: ProbeReport) -> None:
     """Save a :class:`~model_debugger.probes.ProbeReport` next to a record (atomically), every
-    field of it."""
+    field of it.
+    """
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(report.to_json(), fh, default=str)
@@ -110,7 +111,8 @@ def write_findings(path: str, report: ProbeReport) -> None:
 
 def read_report(path: str) -> ProbeReport | None:
     """The :class:`~model_debugger.probes.ProbeReport` written by :func:`write_findings`, or
-    None when there is none (or it cannot be read)."""
+    None when there is none (or it cannot be read).
+    """
     from .probes import ProbeReport
     from .records import RecordError
 

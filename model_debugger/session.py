@@ -119,7 +119,8 @@ class State:
 
 def _unobserved(rep: Reproduction | None, cls: Classification | None) -> str | None:
     """Why nothing can be classified: the reproduction observed no training step (or was
-    interrupted before one); None when there is a classification or no reproduction yet."""
+    interrupted before one); None when there is a classification or no reproduction yet.
+    """
     if rep is None or cls is not None:
         return None
     if rep.status == "not_observed":
@@ -131,7 +132,8 @@ def _unobserved(rep: Reproduction | None, cls: Classification | None) -> str | N
 
 def replay(events: list[dict]) -> State:
     """Replay an event log into its :class:`State` (raises RecordError, KeyError, TypeError
-    on events that do not hold what their kind needs)."""
+    on events that do not hold what their kind needs).
+    """
     st: dict = {"resolved": [], "settled": [], "remaining": [], "evidence": []}
     for e in events:
         kind = e["kind"]
@@ -384,7 +386,8 @@ class DebugSession:
     def on_change(self, callback: Callable[[State], None]) -> Callable[[], None]:
         """Call ``callback(state)`` after every event appended to this session's folder (by
         any DebugSession of this process). A bound method is held weakly (a closed widget
-        does not stay alive for it). Returns a function that removes the callback."""
+        does not stay alive for it). Returns a function that removes the callback.
+        """
         ref = weakref.WeakMethod(callback) if hasattr(callback, "__self__") else \
             (lambda cb=callback: cb)
         entries = _observers.setdefault(self.store.directory, [])
@@ -429,7 +432,8 @@ class DebugSession:
 
     def reload(self) -> None:
         """Read the saved events again (another process may have appended since this loaded);
-        a file that cannot be read leaves the session as it was."""
+        a file that cannot be read leaves the session as it was.
+        """
         try:
             with open(self.store.session_file, encoding="utf-8") as fh:
                 data = json.load(fh)
@@ -577,7 +581,8 @@ class DebugSession:
 
     def record_plan(self, plan: dict | FixPlan) -> FixPlan:
         """Record a fix plan awaiting approval (it survives a restart); the Fix gate must be
-        open and the plan must address the current finding."""
+        open and the plan must address the current finding.
+        """
         with _SessionLock(self, "fix", wait=APPEND_WAIT):
             self.reload()
             plan = self._check_plan(plan)
@@ -603,7 +608,8 @@ class DebugSession:
 
     def approve(self) -> FixPlan:
         """Approve the recorded plan (:meth:`record_plan`): the same as ``record_fix(plan,
-        approved=True)``."""
+        approved=True)``.
+        """
         with _SessionLock(self, "fix", wait=APPEND_WAIT):
             self.reload()
             plan = self.state.plan

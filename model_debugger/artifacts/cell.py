@@ -188,7 +188,8 @@ class CellArtifact:
 
     def describe(self) -> tuple[dict, str, str]:
         """The artifact event's fields, the cell (what Fix diffs against), and the stand-alone
-        script (prelude + cell)."""
+        script (prelude + cell).
+        """
         if self.snapshot is None:
             self.snapshot = Snapshot(self.namespace)
         pre = self.prelude.rstrip() + "\n\n" if self.prelude.strip() else ""

@@ -123,7 +123,8 @@ def _is_backward(n) -> bool:
 
 def _bw_exprs(call: ast.Call, roots: set) -> list:
     """What a backward call differentiates: ``loss`` in ``loss.backward(gradient)``, and in
-    ``torch.autograd.backward(loss)`` / ``accelerator.backward(loss)``."""
+    ``torch.autograd.backward(loss)`` / ``accelerator.backward(loss)``.
+    """
     rd = _dotted(call.func.value) if isinstance(call.func, ast.Attribute) else None
     if isinstance(call.func, ast.Attribute) and not (rd and (
             rd.split(".")[0] in roots or re.search(_WRAPPERS, rd.lower()))):

@@ -193,7 +193,8 @@ def probes_for(category: str) -> list[str]:
 
 def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
     """Confirmed first, then findings for the primary category before secondaries, then by
-    strength of evidence (``evidence["strength"]``, 0..1)."""
+    strength of evidence (``evidence["strength"]``, 0..1).
+    """
     def key(f: Finding):
         cat = f.evidence.get("category")
         pos = categories.index(cat) if cat in categories else len(categories)

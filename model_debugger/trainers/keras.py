@@ -15,7 +15,8 @@ import numpy as np
 
 def from_keeper(keeper) -> KerasTrainer | None:
     """A trainer on a :class:`~model_debugger.capture.keras_keeper.KerasKeeper`'s objects
-    (validation data read first), or None for a model Keras cannot clone."""
+    (validation data read first), or None for a model Keras cannot clone.
+    """
     keeper.materialise_validation()
     try:
         return KerasTrainer(keeper.model, keeper.initial_state, keeper.optimizer, keeper.loss,
@@ -132,7 +133,8 @@ class KerasTrainer:
 
     def _cached_step(self, model, lr, opt_cls):
         """One optimizer and traced step per (model, rate, class): fitting the same copy again
-        continues with its optimizer state and costs no new trace."""
+        continues with its optimizer state and costs no new trace.
+        """
         key = (id(model), lr, opt_cls)
         cached = self._steps.get(key)
         if cached is None or cached[0]() is not model:
@@ -168,7 +170,8 @@ class KerasTrainer:
 
     def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """A geometric learning-rate sweep (as :meth:`TorchTrainer.sweep
-        <model_debugger.trainers.torch.TorchTrainer.sweep>`): rates and smoothed losses."""
+        <model_debugger.trainers.torch.TorchTrainer.sweep>`): rates and smoothed losses.
+        """
         model = self.fresh_model()
         opt = self.optimizer(model, lr_min)
         rng = np.random.default_rng(0)
@@ -213,7 +216,8 @@ class KerasTrainer:
 
     def per_sample_bytes(self, inputs) -> float:
         """Bytes of inputs plus every layer output per sample (functional / Sequential models;
-        otherwise inputs and the model output only)."""
+        otherwise inputs and the model output only).
+        """
         import keras
 
         model = self.fresh_model()

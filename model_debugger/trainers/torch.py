@@ -189,7 +189,8 @@ class TorchTrainer:
 
     def per_sample_bytes(self, inputs) -> float:
         """Bytes of inputs plus every module output (what backward keeps) per sample, measured
-        with one forward pass of a fresh copy."""
+        with one forward pass of a fresh copy.
+        """
         model = self.fresh_model()
         total = [sum(x.numel() * x.element_size() for x in inputs)]
 

@@ -12,7 +12,8 @@ import ipywidgets as W
 
 class Progress(W.HBox):
     """A bar and a label: :meth:`step` is a phase's ``progress(done, total)`` callback;
-    :meth:`track` moves it from a clock while a block runs."""
+    :meth:`track` moves it from a clock while a block runs.
+    """
 
     def __init__(self, description: str = "") -> None:
         self.bar = W.FloatProgress(value=0.0, min=0.0, max=1.0, description=description)

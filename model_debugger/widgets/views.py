@@ -56,7 +56,8 @@ def reproduce(verdict, error: BaseException | None = None, root: str | None = No
 
 def classification(report) -> View:
     """The classification of a report, a :class:`~model_debugger.session.State`, or a
-    :class:`~model_debugger.records.Classification`."""
+    :class:`~model_debugger.records.Classification`.
+    """
     cls, reason = _classification_of(report)
     doc = _v.classification(cls, reason)
     if cls is None and reason and "reproduce" in reason:
