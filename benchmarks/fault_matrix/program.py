@@ -18,6 +18,7 @@ Conventions (the way people write training code, not a property of one base):
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 
 TORCH_OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam",
@@ -163,8 +164,9 @@ class Program:
         return found
 
     # -- framework ------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def framework(self) -> str:
+        """``"torch"`` when the program imports torch, else ``"keras"``."""
         mods = set()
         for n in ast.walk(self.tree):
             if isinstance(n, ast.Import):
@@ -222,7 +224,15 @@ class Program:
         opt = self.optimizer()
         return self.assignment_of(name, before=opt.lineno if opt is not None else None)
 
+    @functools.cached_property
+    def _loss_objects(self) -> dict[str, ast.Call]:
+        return self._find_loss_objects()
+
     def loss_objects(self) -> dict[str, ast.Call]:
+        """Names bound to a loss constructor (``criterion = nn.MSELoss()``)."""
+        return self._loss_objects
+
+    def _find_loss_objects(self) -> dict[str, ast.Call]:
         """Names bound to a loss constructor (``criterion = nn.MSELoss()``)."""
         found = {}
         for n in self.nodes:
