@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _probe(rec, ns, script: str) -> None:
-    """Run the requested probes on the live objects the capture kept; the findings go next to
-    the record (``findings.json``).
+    """Run the requested probes on the live objects the capture kept.
+
+    The findings go next to the record (``findings.json``).
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:

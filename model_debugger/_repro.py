@@ -424,8 +424,9 @@ def repro_source(session: DebugSession) -> str:
 
 
 def _cell_body(session: DebugSession, art: dict, seeds: list) -> str:
-    """The cell template filled from the artifact event: its prelude and cell (the recorded
-    code, else the session's copies), redacted as code.
+    """The cell template filled from the artifact event.
+
+    Its prelude and cell (the recorded code, else the session's copies), redacted as code.
     """
     from .redact import redact, redact_code
 

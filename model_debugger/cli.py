@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _verify(ns):
-    """Plan, approve and verify: the session, or None when the plan is refused or not approved
-    (nothing saved).
+    """Plan, approve and verify: the session, or None when the plan is refused or not approved.
+
+    Nothing is saved when it is None.
     """
     from .session import DebugSession
 

@@ -91,9 +91,11 @@ def snapshot(kernel) -> dict:
 
 
 def export(kernel, args: dict) -> dict:
-    """Export the kernel's session. ``args.path``: a notebook path inside the kernel's folder
-    (the notebook's); default the session folder. ``args.overwrite``: replace existing files
-    (otherwise an existing target is an error).
+    """Export the kernel's session.
+
+    ``args.path``: a notebook path inside the kernel's folder (the notebook's); default the
+    session folder. ``args.overwrite``: replace existing files (otherwise an existing target is
+    an error).
     """
     from .export import export_files
 
@@ -115,8 +117,9 @@ COMMANDS = {"snapshot": lambda kernel, args: snapshot(kernel), "export": export}
 
 
 class Sidebar:
-    """The sidebar comms of one kernel session: a snapshot on hello, an event after every
-    event of the session, replies to requests.
+    """The sidebar comms of one kernel session.
+
+    A snapshot on hello, an event after every event of the session, replies to requests.
 
     Parameters
     ----------
@@ -134,8 +137,9 @@ class Sidebar:
             self.follow(kernel.session)
 
     def follow(self, session) -> None:
-        """Push an event after every event appended to ``session`` (the kernel's, from now on);
-        the new session's snapshot is pushed at once.
+        """Push an event after every event appended to ``session`` (the kernel's, from now on).
+
+        The new session's snapshot is pushed at once.
         """
         if self._unsubscribe is not None:
             self._unsubscribe()

@@ -139,15 +139,19 @@ class _Notebook:
         return f"md-{len(self.cells) + 1}"
 
     def md(self, *parts: str) -> None:
-        """Markdown built only from :func:`_t`/:func:`_c`/:func:`_fenced`/:func:`_table` values
-        (each redacted on its own) and our own fixed text: added as is.
+        """Add a markdown cell, as is.
+
+        ``parts`` are built only from :func:`_t`/:func:`_c`/:func:`_fenced`/:func:`_table`
+        values (each redacted on its own) and our own fixed text.
         """
         text = "\n\n".join(p for p in parts if p)
         self.cells.append(self.v4.new_markdown_cell(text, id=self._id()))
 
     def code(self, source: str, text: str = "", figures=(), result: str | None = None) -> None:
-        """``source`` is built from :func:`_cmd` and ``repr`` of :func:`_clean` values (added as
-        is: a pass over the Python would change what it does); outputs are plain text.
+        """Add a code cell with its outputs (plain text, figures, a result).
+
+        ``source`` is built from :func:`_cmd` and ``repr`` of :func:`_clean` values and added as
+        is (a pass over the Python would change what it does); outputs are plain text.
         """
         self.count += 1
         outputs = []
@@ -168,10 +172,10 @@ def _png(fig) -> str:
 
 
 def _load(session: DebugSession, *parts: str) -> Run | None:
-    """A record of the session folder (named as :mod:`~model_debugger.store` names it, e.g.
-    ``Store.run_rel(0)``, or by its parts), never through a symlink; None when missing.
+    """A record of the session folder, never read through a symlink; None when missing.
 
-    The file is read once through :meth:`Store.read` (no link followed) and parsed from those
+    It is named as :mod:`~model_debugger.store` names it (e.g. ``Store.run_rel(0)``) or by its
+    parts. The file is read once through :meth:`Store.read` (no link followed) and parsed from those
     bytes: no second open that a swapped-in symlink could redirect.
     """
     data = session.store.read("/".join(parts))
@@ -211,16 +215,20 @@ def _run_row(i: int, seed, run: Run | None, category: str) -> list:
 
 
 def _magic(line: str, code: str | None = None) -> str:
-    """A cell of our magics, as the kernel ran it: ``line`` is built from our own words and
-    numbers only; ``code`` (the user's cell) is redacted as code, so it still runs.
+    """A cell of our magics, as the kernel ran it.
+
+    ``line`` is built from our own words and numbers only; ``code`` (the user's cell) is
+    redacted as code, so it still runs.
     """
     return f"%{line}" if code is None else f"%%{line}\n{redact_code(code).rstrip(chr(10))}"
 
 
 def _cell_reproduce(nb: _Notebook, session: DebugSession, art: dict, rep: dict | None,
                     rel: _Paths) -> tuple[str, str]:
-    """What a notebook session reproduced: the cell run in the kernel, its restored state and
-    the earlier cells it depends on; the ``%%reproduce`` cell that ran it.
+    """What a notebook session reproduced.
+
+    The cell run in the kernel, its restored state and the earlier cells it depends on; the
+    ``%%reproduce`` cell that ran it.
     """
     code = art.get("code") if isinstance(art.get("code"), str) else ""
     prelude = art.get("prelude") if isinstance(art.get("prelude"), str) else ""
@@ -448,10 +456,10 @@ def _seed_key(seed) -> int | None:
 
 
 def _verify_records(session: DebugSession, n: int, v: dict) -> dict[str, dict[int, str | None]]:
-    """``{"before": {seed: record}, "after": {...}}``: which record each side's run of the
-    ``n``-th Verify came from, relative to the session folder (None: not known).
+    """Which record each side's run of the ``n``-th Verify came from.
 
-    Verify names them (``verification.records``), including the runs it reused from earlier
+    ``{"before": {seed: record}, "after": {...}}``, relative to the session folder (None: not
+    known). Verify names them (``verification.records``), including the runs it reused from earlier
     (a reproduction run, an earlier Verify's runs of the same code). A session from before
     records were named: the runs written under ``verify/<n>/``, and for the first Verify the
     reproduction run of each seed it reused.

@@ -107,8 +107,9 @@ def _error_step(run: Run) -> tuple[str, int] | None:
 def loss_figure(runs: Run | list[Run], labels: list[str] | None = None,
                 title: str = "Training loss per step", *, metrics: bool = False,
                 live: bool = False):
-    """Loss per optimizer step of one or more runs; validation losses as markers; the first
-    non-finite step and the error that ended a run (an OOM) marked.
+    """Loss per optimizer step of one or more runs, validation losses as markers.
+
+    The first non-finite step and the error that ended a run (an OOM) are marked.
 
     Parameters
     ----------

@@ -32,8 +32,10 @@ class Kind:
 
 
 def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
-    """Multiply the learning rate of every parameter group by ``factor`` before each
-    optimizer's first step (``base_lr``/``initial_lr`` too, so a scheduler keeps the scale).
+    """Multiply every parameter group's learning rate by ``factor`` before the first step.
+
+    Once per optimizer, at its first step; ``base_lr``/``initial_lr`` too, so a scheduler
+    keeps the scale.
     """
     factor = float(params["factor"])
     if not factor > 0:
@@ -129,8 +131,10 @@ def check(intervention: Intervention) -> Kind:
 
 @contextlib.contextmanager
 def installed(intervention: Intervention | None = None, max_steps: int | None = None):
-    """Install ``intervention`` and a step budget for the run inside the block; everything is
-    removed on exit, whatever happened (each piece installs when its framework is imported).
+    """Install ``intervention`` and a step budget for the run inside the block.
+
+    Everything is removed on exit, whatever happened (each piece installs when its framework is
+    imported).
     """
     from .capture.imports import when_imported
 

@@ -265,8 +265,9 @@ def _compiles(cell: str) -> None:
 
 
 def load(shell) -> DebuggerMagics:
-    """Register the magics on ``shell`` (one instance, owning the kernel's session), and the
-    sidebar's comm target when in a kernel.
+    """Register the magics on ``shell``, and the sidebar's comm target when in a kernel.
+
+    One instance of the magics owns the kernel's session.
     """
     from . import comm
 
@@ -279,8 +280,9 @@ def load(shell) -> DebuggerMagics:
 
 
 def unload(shell) -> None:
-    """Remove every magic this module registered, and drop the kernel's session (its files
-    stay on disk).
+    """Remove every magic this module registered, and drop the kernel's session.
+
+    The session's files stay on disk.
     """
     from . import comm
 

@@ -105,8 +105,9 @@ class NotebookSession:
 
     @property
     def artifact(self):
-        """What the phases run for the session (:func:`model_debugger.artifacts.artifact_for`):
-        the :class:`~model_debugger.artifacts.CellArtifact` this kernel reproduced (its
+        """What the phases run for the session (:func:`model_debugger.artifacts.artifact_for`).
+
+        The :class:`~model_debugger.artifacts.CellArtifact` this kernel reproduced (its
         namespace, snapshot and live objects), or one whose runs refuse with the reason (a
         session loaded from disk, whose starting state lived in another kernel).
         """
@@ -210,8 +211,9 @@ def _close(widget) -> None:
 
 
 def current_session(shell=None) -> NotebookSession:
-    """The kernel's notebook session: the one the model_debugger magics on ``shell`` (default:
-    the running IPython) own.
+    """The kernel's notebook session.
+
+    The one the model_debugger magics on ``shell`` (default: the running IPython) own.
 
     Raises
     ------

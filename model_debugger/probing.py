@@ -100,8 +100,9 @@ def probe(ctx: ProbeContext, ids: list[str] | None = None) -> ProbeReport:
 
 
 def write_findings(path: str, report: ProbeReport) -> None:
-    """Save a :class:`~model_debugger.probes.ProbeReport` next to a record (atomically), every
-    field of it.
+    """Save every field of a :class:`~model_debugger.probes.ProbeReport` next to a record.
+
+    Written atomically to ``path`` (a temporary file, then replaced).
     """
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -110,7 +111,8 @@ def write_findings(path: str, report: ProbeReport) -> None:
 
 
 def read_report(path: str) -> ProbeReport | None:
-    """The :class:`~model_debugger.probes.ProbeReport` written by :func:`write_findings`, or
+    """The :class:`~model_debugger.probes.ProbeReport` written by :func:`write_findings`.
+
     None when there is none (or it cannot be read).
     """
     from .probes import ProbeReport

@@ -88,8 +88,9 @@ class Run:
 
     @classmethod
     def parse(cls, data: str | bytes) -> Run:
-        """A record from its text or bytes (read once, e.g. through ``safe_write.read_inside``),
-        line by line exactly as :meth:`load` reads the file.
+        """A record from its text or bytes (read once, e.g. through ``safe_write.read_inside``).
+
+        Parsed line by line exactly as :meth:`load` reads the file.
         """
         if isinstance(data, bytes):
             data = data.decode("utf-8", errors="replace")

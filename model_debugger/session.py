@@ -118,8 +118,9 @@ class State:
 
 
 def _unobserved(rep: Reproduction | None, cls: Classification | None) -> str | None:
-    """Why nothing can be classified: the reproduction observed no training step (or was
-    interrupted before one); None when there is a classification or no reproduction yet.
+    """Why nothing can be classified; None when there is a classification or no reproduction.
+
+    The reproduction observed no training step (or was interrupted before one).
     """
     if rep is None or cls is not None:
         return None
@@ -131,8 +132,9 @@ def _unobserved(rep: Reproduction | None, cls: Classification | None) -> str | N
 
 
 def replay(events: list[dict]) -> State:
-    """Replay an event log into its :class:`State` (raises RecordError, KeyError, TypeError
-    on events that do not hold what their kind needs).
+    """Replay an event log into its :class:`State`.
+
+    Raises RecordError, KeyError or TypeError on events that do not hold what their kind needs.
     """
     st: dict = {"resolved": [], "settled": [], "remaining": [], "evidence": []}
     for e in events:
@@ -384,9 +386,11 @@ class DebugSession:
 
     # -- observers -------------------------------------------------------------------------
     def on_change(self, callback: Callable[[State], None]) -> Callable[[], None]:
-        """Call ``callback(state)`` after every event appended to this session's folder (by
-        any DebugSession of this process). A bound method is held weakly (a closed widget
-        does not stay alive for it). Returns a function that removes the callback.
+        """Call ``callback(state)`` after every event appended to this session's folder.
+
+        Events appended by any DebugSession of this process count. A bound method is held
+        weakly (a closed widget does not stay alive for it). Returns a function that removes
+        the callback.
         """
         ref = weakref.WeakMethod(callback) if hasattr(callback, "__self__") else \
             (lambda cb=callback: cb)
@@ -431,8 +435,9 @@ class DebugSession:
         return _SessionLock(self, phase)
 
     def reload(self) -> None:
-        """Read the saved events again (another process may have appended since this loaded);
-        a file that cannot be read leaves the session as it was.
+        """Read the saved events again (another process may have appended since this loaded).
+
+        A file that cannot be read leaves the session as it was.
         """
         try:
             with open(self.store.session_file, encoding="utf-8") as fh:
@@ -580,8 +585,9 @@ class DebugSession:
         return self._append("note", text=str(text))
 
     def record_plan(self, plan: dict | FixPlan) -> FixPlan:
-        """Record a fix plan awaiting approval (it survives a restart); the Fix gate must be
-        open and the plan must address the current finding.
+        """Record a fix plan awaiting approval (it survives a restart).
+
+        The Fix gate must be open and the plan must address the current finding.
         """
         with _SessionLock(self, "fix", wait=APPEND_WAIT):
             self.reload()
@@ -607,8 +613,9 @@ class DebugSession:
         return plan
 
     def approve(self) -> FixPlan:
-        """Approve the recorded plan (:meth:`record_plan`): the same as ``record_fix(plan,
-        approved=True)``.
+        """Approve the recorded plan (:meth:`record_plan`).
+
+        The same as ``record_fix(plan, approved=True)``.
         """
         with _SessionLock(self, "fix", wait=APPEND_WAIT):
             self.reload()

@@ -165,16 +165,19 @@ class Store:
 
     # -- IO ----------------------------------------------------------------------------------
     def write(self, rel: str, data: str | bytes) -> bool:
-        """Write a file of the folder atomically (0600, replacing, no symlink followed); True
-        when a file was replaced.
+        """Write a file of the folder atomically; True when a file was replaced.
+
+        The file is 0600, replaces an existing one, and no symlink is followed.
         """
         if isinstance(data, str):
             data = data.encode("utf-8", "surrogateescape")
         return write_inside(self.directory, rel, data, overwrite=True, mode=0o600)
 
     def write_code(self, rel: str, text: str) -> bool:
-        """Write Python source with its secrets redacted (:func:`~model_debugger.redact.
-        redact_code`): the session folder keeps no secret of the code it copies.
+        """Write Python source with its secrets redacted.
+
+        Redacted by :func:`~model_debugger.redact.redact_code`: the session folder keeps no
+        secret of the code it copies.
         """
         from .redact import redact_code
 
@@ -213,15 +216,19 @@ def session_file_of(path: str) -> str:
 
 
 def session_file_ok(root: str, folder: str) -> bool:
-    """True when ``folder/session.json`` is a regular file inside ``root`` reached through no
-    symlink (neither the file, nor the session folder, nor any folder above it up to ``root``).
+    """True when ``folder/session.json`` is a safe regular file inside ``root``.
+
+    Neither the file, nor the session folder, nor any folder above it up to ``root`` is a
+    symlink.
     """
     return regular_inside(root, os.path.relpath(os.path.join(folder, SESSION_FILE), root))
 
 
 def find_sessions(root: str, depth: int = SCAN_DEPTH) -> list[str]:
-    """Session folders (absolute) under ``root``: ``<dir>/.model_debugger/<id>/session.json``
-    in ``root`` and up to ``depth`` folder levels below it (hidden folders and virtual
+    """Session folders (absolute) under ``root``, in id order within each store.
+
+    ``<dir>/.model_debugger/<id>/session.json`` in ``root`` and up to ``depth`` folder levels
+    below it (hidden folders and virtual
     environments skipped; a session reached through a symlink is not listed), in id order
     within each store.
     """

@@ -26,8 +26,10 @@ _COLORS = {"info": "#333", "ok": "#1b5e20", "warning": "#8a6d00", "error": "#b00
 # -- the document model ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Table:
-    """Rows under a header; ``line`` formats one row as a text line (``str.format`` fields by
-    position), default: the cells joined by two spaces.
+    """Rows under a header.
+
+    ``line`` formats one row as a text line (``str.format`` fields by position); default: the
+    cells joined by two spaces.
     """
 
     header: tuple[str, ...]

@@ -138,15 +138,21 @@ class Artifact(Protocol):
     kind: str
 
     def describe(self) -> tuple[dict, str, str]:
-        """The artifact event's fields (``type``, ``script``, ``args``, ...), the reproduced
-        code (what Fix diffs against) and the stand-alone script kept as ``artifact.py``.
+        """What the session records of this artifact.
+
+        Returns
+        -------
+        tuple of (dict, str, str)
+            The artifact event's fields (``type``, ``script``, ``args``, ...), the reproduced
+            code (what Fix diffs against) and the stand-alone script kept as ``artifact.py``.
         """
 
     def run(self, version: Version, seed: int | None, record: str, *,
             probes: ProbeRequest | None = None, intervention: Intervention | None = None,
             max_steps: int | None = None, stdout=None) -> Captured:
-        """Run ``version`` once with ``seed`` under capture, the record streaming to ``record``;
-        each run starts from the same initial state.
+        """Run ``version`` once with ``seed`` under capture, the record streaming to ``record``.
+
+        Each run starts from the same initial state.
         """
 
     def reusable(self, version: Version) -> Captured | None:

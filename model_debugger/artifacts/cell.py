@@ -187,8 +187,9 @@ class CellArtifact:
         self.errors: list[BaseException | None] = []  # what ended each run (None: finished)
 
     def describe(self) -> tuple[dict, str, str]:
-        """The artifact event's fields, the cell (what Fix diffs against), and the stand-alone
-        script (prelude + cell).
+        """The artifact event's fields, the cell and the stand-alone script.
+
+        The cell is what Fix diffs against; the script is the prelude followed by the cell.
         """
         if self.snapshot is None:
             self.snapshot = Snapshot(self.namespace)

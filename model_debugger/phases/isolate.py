@@ -16,8 +16,9 @@ from ..session import DebugSession
 
 
 def probe_run(run: Run, keeper, sources: dict, request: ProbeRequest):
-    """Run the probes of ``request`` on one captured run (live objects from ``keeper``, or the
-    record alone when it is None).
+    """Run the probes of ``request`` on one captured run.
+
+    The probes use the live objects of ``keeper``, or the record alone when it is None.
 
     Returns
     -------

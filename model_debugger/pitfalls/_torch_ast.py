@@ -122,8 +122,10 @@ def _is_backward(n) -> bool:
 
 
 def _bw_exprs(call: ast.Call, roots: set) -> list:
-    """What a backward call differentiates: ``loss`` in ``loss.backward(gradient)``, and in
-    ``torch.autograd.backward(loss)`` / ``accelerator.backward(loss)``.
+    """What a backward call differentiates.
+
+    ``loss`` in ``loss.backward(gradient)``, and in ``torch.autograd.backward(loss)`` /
+    ``accelerator.backward(loss)``.
     """
     rd = _dotted(call.func.value) if isinstance(call.func, ast.Attribute) else None
     if isinstance(call.func, ast.Attribute) and not (rd and (

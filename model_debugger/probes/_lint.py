@@ -1,5 +1,7 @@
-"""Shared access to the static lint for probes: the pitfall pack of the framework the code uses,
-run once per context, filtered by rule and to the training loops that ran.
+"""Shared access to the static lint for probes.
+
+The pitfall pack of the framework the code uses, run once per context, filtered by rule and to
+the training loops that ran.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ def _ran_at(ctx: ProbeContext) -> dict[str, list[int]]:
 
 
 def _ran(hit, ran: dict[str, list[int]]) -> bool:
-    """False for a hit in a training loop that did not run: the capture recorded backward()
-    or step() elsewhere in the same file, never inside this loop (a pre-training loop behind
+    """False for a hit in a training loop that did not run.
+
+    The capture recorded backward() or step() elsewhere in the same file, never inside this
+    loop (a pre-training loop behind
     a flag, an old loop kept for reference). Hits outside training loops, or in files where
     nothing was recorded (the loop lives in another file, a log-only session), are kept.
     """

@@ -192,8 +192,10 @@ def probes_for(category: str) -> list[str]:
 
 
 def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
-    """Confirmed first, then findings for the primary category before secondaries, then by
-    strength of evidence (``evidence["strength"]``, 0..1).
+    """``findings`` ranked: confirmed first, then the primary category, then by strength.
+
+    Findings for the primary category (the first of ``categories``) come before secondaries;
+    strength of evidence is ``evidence["strength"]``, 0..1.
     """
     def key(f: Finding):
         cat = f.evidence.get("category")

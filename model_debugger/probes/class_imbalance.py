@@ -1,4 +1,4 @@
-"""Probe ``class_imbalance``: is one class so frequent that predicting it is a good enough answer?
+"""Probe ``class_imbalance``: whether one class is so frequent that predicting it is enough.
 
 Class frequencies come from the training targets (``ctx.train_xy[1]``: integer labels, 0/1 floats
 or one-hot rows) or, on a log-only session, from the record's last ``targets`` event (class counts,

@@ -1,4 +1,4 @@
-"""Probe ``constant_baseline``: does the model beat a predictor that ignores its input?
+"""Probe ``constant_baseline``: whether the model beats a predictor that ignores its input.
 
 The best constant predictor outputs the label prior (classification) or the target mean
 (regression); its loss is the label entropy (cross-entropy, in nats), the mean binary entropy

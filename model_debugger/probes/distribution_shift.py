@@ -1,4 +1,4 @@
-"""Probe ``distribution_shift``: do validation inputs come from the training distribution?
+"""Probe ``distribution_shift``: whether validation inputs come from the training distribution.
 
 Three measurements on the input arrays: a per-feature two-sample Kolmogorov-Smirnov statistic, a
 per-feature population stability index (10 quantile bins of the training values), and a

@@ -1,4 +1,4 @@
-"""Probe ``feature_scaling``: are the input features on wildly different scales?
+"""Probe ``feature_scaling``: whether the input features are on wildly different scales.
 
 Gradient descent on unscaled inputs is ill-conditioned: the weights of a feature measured in the
 thousands get gradients orders of magnitude larger than those of a feature measured in units, so

@@ -1,4 +1,4 @@
-"""``label_alignment``: do the labels carry information about the inputs?
+"""``label_alignment``: whether the labels carry information about the inputs.
 
 Fresh copies of the model are trained on real labels and on shuffled labels; on held-out rows, real
 labels must do clearly better. No difference means X and y are not aligned (a sort or merge that

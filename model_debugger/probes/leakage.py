@@ -1,4 +1,4 @@
-"""Probe ``leakage``: does the model see the answer, or is validation contaminated?
+"""Probe ``leakage``: whether the model sees the answer, or validation is contaminated.
 
 Three measurements, each reported as its own finding:
 

@@ -1,4 +1,4 @@
-"""``overfit_small_batch``: can a fresh copy of the model drive the loss to ~0 on 10 samples?
+"""``overfit_small_batch``: whether a fresh copy of the model drives the loss to ~0 on 10 samples.
 
 A model that cannot memorise 10 samples in 500 steps has a problem in the code (model, loss,
 optimizer settings), not in the amount of data. Retrying with larger learning rates tells a

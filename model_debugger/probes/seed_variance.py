@@ -1,4 +1,4 @@
-"""``seed_variance``: how much does the result move with the seed alone?
+"""``seed_variance``: how much the result moves with the seed alone.
 
 Three short trainings of a fresh copy, differing only in the seed (data order, dropout), give the
 noise band Verify compares against. A band wider than the effect being chased is itself a finding:

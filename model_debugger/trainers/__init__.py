@@ -59,9 +59,7 @@ class Trainer(Protocol):
 
     @property
     def adam(self) -> type:
-        """The framework's Adam class, for probes that train with a fixed, well-behaved
-        optimizer.
-        """
+        """The framework's Adam class (probes train with a fixed, well-behaved optimizer)."""
 
     @property
     def n(self) -> int:
@@ -93,13 +91,15 @@ class Trainer(Protocol):
 
     def steps_within(self, steps: int, batch_size: int = 64, floor: int = 30,
                      work: float = 2e7, seconds: float | None = None) -> int:
-        """How many of ``steps`` training steps a probe affords on this model (at least
-        ``floor``; timed against ``seconds`` only for large models).
+        """How many of ``steps`` training steps a probe affords on this model.
+
+        At least ``floor``; timed against ``seconds`` only for large models.
         """
 
     def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple:
-        """A geometric learning-rate sweep from the initial weights: ``(rates, smoothed
-        losses)`` as NumPy arrays, stopped where the loss diverges.
+        """A geometric learning-rate sweep from the initial weights.
+
+        ``(rates, smoothed losses)`` as NumPy arrays, stopped where the loss diverges.
         """
 
     def param_bytes(self) -> int:

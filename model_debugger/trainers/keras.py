@@ -14,8 +14,10 @@ import numpy as np
 
 
 def from_keeper(keeper) -> KerasTrainer | None:
-    """A trainer on a :class:`~model_debugger.capture.keras_keeper.KerasKeeper`'s objects
-    (validation data read first), or None for a model Keras cannot clone.
+    """A trainer on a keeper's objects, or None for a model Keras cannot clone.
+
+    The :class:`~model_debugger.capture.keras_keeper.KerasKeeper`'s validation data is read
+    first.
     """
     keeper.materialise_validation()
     try:
@@ -132,8 +134,9 @@ class KerasTrainer:
         return step
 
     def _cached_step(self, model, lr, opt_cls):
-        """One optimizer and traced step per (model, rate, class): fitting the same copy again
-        continues with its optimizer state and costs no new trace.
+        """One optimizer and traced step per (model, rate, class).
+
+        Fitting the same copy again continues with its optimizer state and costs no new trace.
         """
         key = (id(model), lr, opt_cls)
         cached = self._steps.get(key)
@@ -169,8 +172,9 @@ class KerasTrainer:
         return losses
 
     def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """A geometric learning-rate sweep (as :meth:`TorchTrainer.sweep
-        <model_debugger.trainers.torch.TorchTrainer.sweep>`): rates and smoothed losses.
+        """A geometric learning-rate sweep: rates and smoothed losses.
+
+        As :meth:`TorchTrainer.sweep <model_debugger.trainers.torch.TorchTrainer.sweep>`.
         """
         model = self.fresh_model()
         opt = self.optimizer(model, lr_min)
@@ -215,8 +219,10 @@ class KerasTrainer:
                        for w in self.model.weights))
 
     def per_sample_bytes(self, inputs) -> float:
-        """Bytes of inputs plus every layer output per sample (functional / Sequential models;
-        otherwise inputs and the model output only).
+        """Bytes of inputs plus every layer output per sample.
+
+        Every layer output for functional and Sequential models; otherwise inputs and the model
+        output only.
         """
         import keras
 

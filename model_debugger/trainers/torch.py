@@ -15,8 +15,10 @@ import torch
 
 
 def from_keeper(keeper) -> TorchTrainer | None:
-    """A trainer on a :class:`~model_debugger.capture.keeper.Keeper`'s objects, or None when
-    they cannot train a copy (a loss the functional API does not name, batches that do not stack).
+    """A trainer on a :class:`~model_debugger.capture.keeper.Keeper`'s objects, or None.
+
+    None when they cannot train a copy (a loss the functional API does not name, batches that
+    do not stack).
     """
     try:
         return TorchTrainer(keeper.model, keeper.initial_state, keeper.optimizer, keeper.loss,
@@ -188,8 +190,9 @@ class TorchTrainer:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def per_sample_bytes(self, inputs) -> float:
-        """Bytes of inputs plus every module output (what backward keeps) per sample, measured
-        with one forward pass of a fresh copy.
+        """Bytes of inputs plus every module output (what backward keeps) per sample.
+
+        Measured with one forward pass of a fresh copy.
         """
         model = self.fresh_model()
         total = [sum(x.numel() * x.element_size() for x in inputs)]

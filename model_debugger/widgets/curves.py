@@ -23,8 +23,9 @@ INTERVAL = 0.5  # seconds between redraws while following a record
 
 
 def curves_figure(run: Run, title: str = "Loss and metrics"):
-    """Train loss per step, validation losses and other metrics, failures marked: the figure
-    factory's loss figure with its metrics panel, live variant.
+    """Train loss per step, validation losses and other metrics, failures marked.
+
+    The figure factory's loss figure with its metrics panel, live variant.
     """
     return loss_figure(run, title=title, metrics=True, live=True)
 

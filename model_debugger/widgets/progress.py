@@ -11,8 +11,10 @@ import ipywidgets as W
 
 
 class Progress(W.HBox):
-    """A bar and a label: :meth:`step` is a phase's ``progress(done, total)`` callback;
-    :meth:`track` moves it from a clock while a block runs.
+    """A progress bar and a label.
+
+    :meth:`step` is a phase's ``progress(done, total)`` callback; :meth:`track` moves it from a
+    clock while a block runs.
     """
 
     def __init__(self, description: str = "") -> None:

@@ -55,8 +55,10 @@ def reproduce(verdict, error: BaseException | None = None, root: str | None = No
 
 
 def classification(report) -> View:
-    """The classification of a report, a :class:`~model_debugger.session.State`, or a
-    :class:`~model_debugger.records.Classification`.
+    """The view of a classification, or of the reason there is none yet.
+
+    ``report``: a JSON report holding ``classification`` and ``gates``, a
+    :class:`~model_debugger.session.State`, or a :class:`~model_debugger.records.Classification`.
     """
     cls, reason = _classification_of(report)
     doc = _v.classification(cls, reason)
