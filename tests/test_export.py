@@ -219,7 +219,7 @@ def test_repro_py_seeds_keras_and_its_backend(tmp_path):
 
 
 def test_importing_export_stays_light():
-    code = ("import sys, model_debugger, model_debugger.export, model_debugger._plots; "
+    code = ("import sys, model_debugger, model_debugger.export, model_debugger.figures; "
             "heavy = [m for m in ('torch', 'tensorflow', 'matplotlib', 'nbformat') "
             "if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -440,7 +440,7 @@ def test_redact_args_hides_the_value_after_a_secret_flag():
 
 
 def test_plots_draw_without_pyplot(tmp_path):
-    from model_debugger import _plots
+    from model_debugger import figures as _plots
 
     path = tmp_path / "r.jsonl"
     _write_record(str(path), [1.0, 0.5, "nan"], [1.0, 2.0, "inf"])
@@ -456,7 +456,7 @@ def test_plots_draw_without_pyplot(tmp_path):
         assert _valid_png(data) == (360, 640)
     # pyplot's global state stays untouched: checked in a fresh process (other tests in this
     # one may import pyplot themselves)
-    code = ("import sys\nfrom model_debugger import _plots\nfrom model_debugger.records import Run\n"
+    code = ("import sys\nfrom model_debugger import figures as _plots\nfrom model_debugger.records import Run\n"
             f"run = Run.load({str(path)!r})\n"
             "_plots.figure_png(_plots.loss_figure(run))\n"
             "_plots.figure_png(_plots.grad_norm_figure(run))\n"

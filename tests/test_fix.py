@@ -8,9 +8,9 @@ import pytest
 
 from model_debugger._change import hunks_of, touches, unrelated_groups
 from model_debugger.phases import FixRefused, plan_fix
+from model_debugger.probes.suggestions import suggestion_for as suggest
 from model_debugger.records import Classification, Evidence, Finding
 from model_debugger.session import DebugSession, GateError
-from model_debugger.suggest import suggest
 
 SCRIPT = '''import torch
 from torch import nn

@@ -121,7 +121,7 @@ def test_config_rejects_what_is_not_a_step_count(value):
 
 
 def test_gradient_plot_joins_the_measured_steps(tmp_path):
-    from model_debugger import _plots
+    from model_debugger import figures as _plots
 
     path = tmp_path / "r.jsonl"
     with capture(str(path), update_every=0, norm_every=3):

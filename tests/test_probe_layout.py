@@ -28,9 +28,9 @@ from model_debugger.probes import (
     run_probes,
 )
 from model_debugger.probes.lint import RULES as LINT_RULES
+from model_debugger.probes.suggestions import suggestion_for as suggest
 from model_debugger.probing import build_context
 from model_debugger.records import ROOT_CAUSES, Classification, Finding, Run
-from model_debugger.suggest import suggest
 
 PACKAGE = Path(model_debugger.__file__).parent
 
@@ -150,7 +150,6 @@ def test_a_lint_finding_of_an_unknown_rule_gets_the_generic_suggestion():
 ])
 def test_suggestions_worded_from_the_evidence_keep_their_text(finding, text):
     assert suggest(finding) == text
-    assert suggest(finding, session=object()) == text  # the session argument is ignored
 
 
 # -- adding a probe is one new file ------------------------------------------------------------
@@ -359,9 +358,6 @@ def test_the_defining_declaration_keeps_what_verify_used():
         "the validation loss should stop rising: val_loss_rise below 0.10 (now val_loss_rise=0.3)")
     assert defining.expected_effect(None) == \
         "the defining signal should move out of the problem range"
-    from model_debugger import suggest as old
-
-    assert old.DEFINING is defining.DEFINING and old.expected_effect is defining.expected_effect
 
 
 def test_trainers_follow_one_protocol():

@@ -14,11 +14,12 @@ import difflib
 
 from .._change import Hunk, framework_of, hunks_of, touches, unrelated_groups
 from .._validate import syntax_error
+from ..defining import expected_effect
+from ..probes.suggestions import suggestion_for
 from ..redact import redact_code
 from ..session import DebugSession, GateError
-from ..suggest import expected_effect, suggest
 
-__all__ = ["FixRefused", "plan_fix", "suggest", "Hunk"]
+__all__ = ["FixRefused", "Hunk", "plan_fix"]
 
 
 class FixRefused(GateError):
@@ -126,7 +127,7 @@ def plan_fix(session: DebugSession, fixed_source: str, *, original: str | None =
         "diff": diff,
         "hunks": [h.to_json() for h in hunks],
         "touches": sorted(kinds),
-        "suggestion": suggest(finding, session),
+        "suggestion": suggestion_for(finding),
         "expected": expected_effect(cls.to_json() if cls else None),
         "overrides": overrides,
         "fixed": fixed_path,
