@@ -116,6 +116,7 @@ from torch import nn
 
 torch.manual_seed(3)
 def make(n):
+    \"\"\"``n`` rows of 30 features; the label is the sign of feature 0 plus noise.\"\"\"
     X = torch.randn(n, 30)
     y = ((X[:, 0] + 0.8 * torch.randn(n)) > 0).long()
     return X, y
@@ -341,6 +342,7 @@ def notebooks() -> dict[str, nbformat.NotebookNode]:
 
 
 def main(argv: list[str]) -> int:
+    """Validate and write every example notebook next to this file; the exit status."""
     for name, nb in notebooks().items():
         nbformat.validate(nb)
         nbformat.write(nb, os.path.join(HERE, name))

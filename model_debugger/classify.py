@@ -1,7 +1,8 @@
 """Classification: a rule table over signals. Each rule cites the numbers it used.
 
 Rules are tried in table order; the first that fires is the primary category and later ones
-(of other categories) are ranked secondaries, so a hybrid (NaN and OOM) keeps both.
+(of other categories) are ranked secondaries, so a hybrid (NaN and OOM) keeps both. A rule takes
+the signal dict and returns ``(category, evidence)`` when it fires, else None.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def _ev(sig: dict, key: str, detail: str) -> Evidence:
 
 
 def nonfinite(sig: dict):
+    """``gradient_instability`` when a value went non-finite: the step and module where first.
+
+    And whether the weights were already non-finite (an earlier update put them there).
+    """
     if "first_nonfinite_step" not in sig:
         return None
     where = sig.get("nonfinite_module")
@@ -57,12 +62,17 @@ def nonfinite(sig: dict):
 
 
 def oom(sig: dict):
+    """``memory_issue`` when an out-of-memory error ended the run."""
     if sig.get("error_kind") != "oom":
         return None
     return "memory_issue", [_ev(sig, "error", "out of memory ended the run")]
 
 
 def exploding(sig: dict):
+    """``gradient_instability`` when the loss diverges or spikes after warm-up.
+
+    Or when the gradient norm grows while the loss does not fall.
+    """
     ev = []
     if "loss_initial" in sig and sig["loss_initial"] > 0:
         if sig["loss_final"] >= DIVERGE_RATIO * sig["loss_initial"]:
@@ -79,6 +89,10 @@ def exploding(sig: dict):
 
 
 def memory_growth(sig: dict):
+    """``memory_issue`` when GPU or process memory grows steadily after warm-up.
+
+    Process memory that levels off after the first epochs is a cache filling, not a leak.
+    """
     if sig.get("cuda_growth_mb", 0) >= RSS_GROWTH_MB and sig.get("cuda_growth_r2", 0) >= RSS_R2:
         return "memory_issue", [
             _ev(sig, "cuda_growth_mb", f"GPU memory allocated, growth after warm-up "
@@ -100,6 +114,7 @@ def memory_growth(sig: dict):
 
 
 def overfitting(sig: dict):
+    """``overfitting`` when validation loss rises from its minimum while training loss does not."""
     if sig.get("val_loss_rise", 0) >= VAL_RISE and sig["val_loss_min_index"] < sig["val_points"] - 1:
         if "train_loss_final" in sig and \
                 sig["train_loss_final"] > TRAIN_NOT_RISING * sig["train_loss_at_val_min"]:
@@ -116,6 +131,11 @@ def overfitting(sig: dict):
 
 
 def wrong_solution(sig: dict):
+    """``convergence_to_wrong_solution``: the loss falls, the metric stays trivial.
+
+    Trivial: an F1 that stays ~0, or an accuracy at the majority rate (with a falling loss, or a
+    loss at the constant predictor's).
+    """
     falls = sig.get("loss_relative_drop", 0) >= LOSS_FALLS
     for split in ("val", "train"):
         if f"{split}_f1_final" in sig and falls and sig[f"{split}_f1_max"] < 2 * TRIVIAL_F1 \
@@ -139,6 +159,10 @@ def wrong_solution(sig: dict):
 
 
 def vanishing(sig: dict):
+    """``gradient_instability`` when first-layer gradients are far below the last layer's.
+
+    Only while the loss barely moves.
+    """
     if sig.get("first_to_last_grad_ratio", 1.0) >= VANISH_RATIO:
         return None
     if sig.get("loss_relative_drop", 0) >= 4 * PLATEAU_DROP:
@@ -150,6 +174,10 @@ def vanishing(sig: dict):
 
 
 def not_decreasing(sig: dict):
+    """``loss_not_decreasing`` when the loss barely falls, or ends near the constant predictor's.
+
+    Needs enough loss points; a loss that rises is divergence (:func:`exploding`), not a plateau.
+    """
     if sig.get("loss_points", 0) < MIN_STEPS:
         return None
     if sig["loss_final"] >= DIVERGE_RATIO * max(sig["loss_initial"], 0):
@@ -192,6 +220,7 @@ def _update_size(sig: dict) -> list[Evidence]:
 
 
 def slow_data(sig: dict):
+    """``performance_issue`` when waiting for data takes a large share of each step."""
     if sig.get("data_wait_fraction", 0) < DATA_WAIT_FRACTION or \
             sig.get("data_wait_ms", 0) < DATA_WAIT_MS:
         return None
@@ -202,6 +231,7 @@ def slow_data(sig: dict):
 
 
 def gpu_idle(sig: dict):
+    """``performance_issue`` when the GPU sits mostly idle during long steps."""
     if sig.get("gpu_util_median", 100) >= GPU_IDLE_UTIL or sig.get("step_ms", 0) < GPU_IDLE_STEP_MS:
         return None
     return "performance_issue", [

@@ -125,10 +125,12 @@ class Run:
 
     @property
     def steps(self) -> list[dict]:
+        """The ``step`` events: one per optimizer step."""
         return self.of("step")
 
     @property
     def error(self) -> dict | None:
+        """The ``error`` event that ended the run, or None."""
         return self.first("error")
 
     @property
@@ -192,6 +194,7 @@ class Run:
 
     @property
     def seconds(self) -> float:
+        """Wall time of the run: the ``end`` event's, else the sum of the step times."""
         end = self.first("end")
         if end is not None:
             return float(end.get("seconds", 0.0))
@@ -261,6 +264,7 @@ class Evidence:
     detail: str
 
     def to_json(self) -> dict:
+        """The evidence as JSON (a non-finite value as its text)."""
         v = self.value
         if isinstance(v, float):
             v = v if math.isfinite(v) else str(v)
@@ -281,6 +285,7 @@ class Classification:
             _check(c, CATEGORIES, "secondary category")
 
     def to_json(self) -> dict:
+        """The classification as JSON."""
         return {"primary": self.primary, "secondary": list(self.secondary),
                 "evidence": [e.to_json() for e in self.evidence]}
 
@@ -313,6 +318,7 @@ class Finding:
         return (self.evidence or {}).get("category")
 
     def to_json(self) -> dict:
+        """The finding as JSON, every field."""
         return asdict(self)
 
     @classmethod
@@ -348,10 +354,12 @@ class ArtifactInfo:
         _check(self.type, ARTIFACT_KINDS, "artifact type")
 
     def to_json(self) -> dict:
+        """The artifact event's fields as JSON, recorded extras included."""
         return _to_json(self)
 
     @classmethod
     def from_json(cls, data: dict) -> ArtifactInfo:
+        """The artifact from its JSON (keys it does not know are kept as extras)."""
         known, extra = _split(cls, data)
         known["args"] = tuple(known.get("args") or ())
         return _build(cls, known, extra)
@@ -388,6 +396,7 @@ class Reproduction:
         return self.to_json().get(key, default)
 
     def to_json(self) -> dict:
+        """The verdict as JSON, recorded extras included."""
         out = _to_json(self)
         if out["reason"] is None:
             del out["reason"]
@@ -395,6 +404,7 @@ class Reproduction:
 
     @classmethod
     def from_json(cls, data: dict) -> Reproduction:
+        """The verdict from its JSON (raises RecordError outside the vocabulary)."""
         known, extra = _split(cls, data)
         return _build(cls, known, extra)
 
@@ -445,6 +455,7 @@ class FixPlan:
         return self.to_json()[key]
 
     def to_json(self) -> dict:
+        """The plan as JSON, recorded extras included."""
         out = _to_json(self)
         if out["source"] is None:
             del out["source"]
@@ -454,6 +465,7 @@ class FixPlan:
 
     @classmethod
     def from_json(cls, data: dict) -> FixPlan:
+        """The plan from its JSON (raises RecordError outside the vocabulary)."""
         known, extra = _split(cls, data)
         for k in ("hunks", "touches", "overrides"):
             known[k] = tuple(known.get(k) or ())
@@ -502,10 +514,12 @@ class Verification:
         return self.to_json()[key]
 
     def to_json(self) -> dict:
+        """The verification as JSON, recorded extras included."""
         return _to_json(self)
 
     @classmethod
     def from_json(cls, data: dict) -> Verification:
+        """The verification from its JSON (raises RecordError outside the vocabulary)."""
         known, extra = _split(cls, data)
         known["seeds"] = tuple(known.get("seeds") or ())
         known["remaining"] = tuple(known.get("remaining") or ())

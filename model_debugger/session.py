@@ -338,14 +338,17 @@ class DebugSession:
     # -- the log ---------------------------------------------------------------------------
     @property
     def id(self) -> str:
+        """The session id (its folder's name)."""
         return self._data["id"]
 
     @property
     def title(self) -> str:
+        """The session's title (empty when it has none)."""
         return str(self._data.get("title", ""))
 
     @property
     def created(self) -> float | None:
+        """When the session was created (seconds since the epoch), or None when not recorded."""
         return self._data.get("created")
 
     @property
@@ -470,10 +473,12 @@ class DebugSession:
 
     @property
     def classification(self) -> Classification | None:
+        """The recorded classification (None before Classify)."""
         return self.state.classification
 
     @property
     def findings(self) -> list[Finding]:
+        """The findings of the latest Isolate round, confirmed first."""
         return list(self.state.findings)
 
     @property

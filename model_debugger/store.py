@@ -93,10 +93,12 @@ class Store:
 
     @property
     def session_file(self) -> str:
+        """The absolute path of the folder's ``session.json`` (the event log)."""
         return os.path.join(self.directory, SESSION_FILE)
 
     @property
     def lock_file(self) -> str:
+        """The absolute path of the lock file that serialises appends to the session."""
         return os.path.join(self.directory, LOCK_FILE)
 
     def path(self, rel: str) -> str:
@@ -117,6 +119,7 @@ class Store:
         return self._folder("runs", i)
 
     def run_record(self, i: int) -> str:
+        """The record of Reproduce run ``i`` (its folder created)."""
         return os.path.join(self.run_dir(i), RECORD)
 
     def isolate_dir(self, n: int) -> str:
@@ -191,6 +194,7 @@ class Store:
             return None
 
     def exists(self, rel: str) -> bool:
+        """True when a file of the folder, named relative to it, exists."""
         return os.path.exists(self.path(rel))
 
     def private(self) -> None:

@@ -70,12 +70,14 @@ class ProbeRequest:
     classification: Classification | None = None
 
     def to_json(self) -> dict:
+        """The request as JSON (how a script's child process receives it)."""
         return {"budget": self.budget, "ids": list(self.ids) if self.ids is not None else None,
                 "classification": self.classification.to_json() if self.classification
                 else None}
 
     @classmethod
     def from_json(cls, data: dict) -> ProbeRequest:
+        """The request from :meth:`to_json`'s output."""
         cls_json = data.get("classification")
         return cls(float(data["budget"]), tuple(data["ids"]) if data.get("ids") is not None
                    else None, Classification.from_json(cls_json) if cls_json else None)
@@ -93,10 +95,12 @@ class Intervention:
     params: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
+        """The intervention as JSON: ``{"id", "params"}``."""
         return {"id": self.id, "params": dict(self.params)}
 
     @classmethod
     def from_json(cls, data: dict | str) -> Intervention:
+        """The intervention from its JSON, as a dict or as text."""
         data = json.loads(data) if isinstance(data, str) else data
         return cls(str(data["id"]), dict(data.get("params") or {}))
 
@@ -170,17 +174,21 @@ class Unrunnable:
         self.why = why
 
     def describe(self) -> tuple[dict, str, str]:  # pragma: no cover - never reproduced
+        """Never called: an unrunnable artifact is not reproduced."""
         raise NotImplementedError
 
     def run(self, *args, **kwargs) -> Captured:
+        """Refuse: raises :class:`~model_debugger.session.GateError` with the reason."""
         from ..session import GateError
 
         raise GateError(self.why)
 
     def reusable(self, version: Version) -> Captured | None:
+        """None: nothing ran here."""
         return None
 
     def holding(self) -> AbstractContextManager:
+        """A context that does nothing: no run changes anything."""
         return nullcontext()
 
 
@@ -193,4 +201,5 @@ class LogArtifact(Unrunnable):
         self.captured = Captured(run, path)
 
     def reusable(self, version: Version) -> Captured | None:
+        """The log's record, for the probes that read a record alone."""
         return self.captured

@@ -98,6 +98,7 @@ class ScriptArtifact:
         return None
 
     def holding(self) -> AbstractContextManager:
+        """A context that does nothing: each run is its own child process."""
         return nullcontext()
 
 

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 def make_data(n=4096):
-    # house-price-like features: rooms, area in m^2, age in years, distance in metres
+    """House-price-like features (rooms, area in m^2, age in years, distance in m) and prices."""
     rooms = torch.randint(1, 8, (n, 1)).float()
     area = rooms * 25 + 10 * torch.randn(n, 1)
     age = 50 * torch.rand(n, 1)
@@ -22,6 +22,8 @@ def make_data(n=4096):
 
 
 class PriceModel(nn.Module):
+    """An MLP from the 4 raw features to a price: one hidden layer of 32 ReLU units."""
+
     def __init__(self):
         super().__init__()
         self.hidden = nn.Linear(4, 32)
@@ -29,6 +31,7 @@ class PriceModel(nn.Module):
         self.out = nn.Linear(32, 1)
 
     def forward(self, x):
+        """The predicted price of each row of ``x``."""
         return self.out(self.act(self.hidden(x)))
 
 

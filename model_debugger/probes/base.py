@@ -95,6 +95,7 @@ class ProbeContext:
         return self.model is not None
 
     def time_left(self) -> float:
+        """Seconds left before :attr:`deadline` (negative once it has passed)."""
         return self.deadline - time.monotonic()
 
     def ref(self, kind: str) -> dict | None:

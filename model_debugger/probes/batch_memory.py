@@ -36,6 +36,7 @@ def gpu_free_bytes(message: str) -> float | None:
 
 
 def available_bytes() -> float | None:
+    """Memory the kernel reports available (``MemAvailable``), in bytes; None where unreadable."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -48,12 +49,15 @@ def available_bytes() -> float | None:
 
 @register
 class BatchMemory(Probe):
+    """After an out-of-memory error: activation memory per sample and the batch that fits."""
+
     id = "batch_memory"
     categories = ("memory_issue",)
     needs_live = True
     frameworks = ("torch", "keras")
 
     def suggestion(self, finding) -> str:
+        """The largest batch that fits, when it was measured; else the default suggestion."""
         fits = (finding.evidence or {}).get("largest_batch_that_fits")
         if fits:
             return (f"Lower the batch size to at most {fits} (or use gradient accumulation to "
@@ -61,6 +65,12 @@ class BatchMemory(Probe):
         return super().suggestion(finding)
 
     def run(self, ctx: ProbeContext):
+        """One finding when the run ended out of memory and a copy of the model can be measured.
+
+        Bytes per sample are measured with one forward pass of a fresh copy; the failing allocation
+        (from the error message) gives the batch it implies, the free memory the largest batch that
+        fits. Confirmed when the allocation exceeds the memory available.
+        """
         err = ctx.run.error
         tr = ctx.trainer
         if err is None or err.get("kind") != "oom" or tr is None or tr.n == 0:

@@ -59,9 +59,11 @@ class ClassImbalance(Probe):
            "resample; for a binary score, choose the decision threshold on validation data.")
 
     def applies(self, ctx: ProbeContext) -> bool:
+        """When there are training targets: as arrays, or a ``targets`` event in the record."""
         return super().applies(ctx) and (ctx.train_xy is not None or bool(ctx.run.of("targets")))
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
+        """One confirmed finding when the majority class holds >= 80% or the rarest class <= 5%."""
         sources = [(c, name) for c, name in ((_from_arrays(ctx), "arrays"),
                                               (_from_record(ctx), "record")) if c]
         if not sources:

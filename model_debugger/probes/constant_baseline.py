@@ -65,10 +65,12 @@ class ConstantBaseline(Probe):
     fix = "Raise the learning rate or train longer until the model beats the constant predictor."
 
     def applies(self, ctx: ProbeContext) -> bool:
+        """When the baseline is known: the capture's signal, or training targets to compute it."""
         has_signal = math.isfinite(_num(ctx.signals, "constant_predictor_loss"))
         return super().applies(ctx) and (has_signal or ctx.train_xy is not None)
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
+        """One finding when the final loss is >= 80% of the baseline's (confirmed at >= 95%)."""
         s = ctx.signals
         final, low = _num(s, "loss_final"), _num(s, "loss_min")
         base, source, kind = _num(s, "constant_predictor_loss"), "signal", "from the record"

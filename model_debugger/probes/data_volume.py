@@ -17,6 +17,8 @@ PARAMS_PER_SAMPLE = 10.0
 
 @register
 class DataVolume(Probe):
+    """Parameters per training sample, against a validation loss that rises."""
+
     id = "data_volume"
     categories = ("overfitting",)
     fix = ("Regularise the optimisation (weight decay, early stopping on the validation loss) or "
@@ -24,6 +26,11 @@ class DataVolume(Probe):
            "override for a data cause.")
 
     def run(self, ctx: ProbeContext):
+        """One confirmed finding when validation loss rose and parameters per sample are >= 10.
+
+        Samples per epoch come from the record's ``targets`` event and the epochs observed; the
+        parameter count from its ``model`` event.
+        """
         model = ctx.run.first("model")
         targets = ctx.run.of("targets")
         sig = ctx.signals

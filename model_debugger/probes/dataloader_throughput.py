@@ -12,6 +12,8 @@ BATCHES = 5
 
 @register
 class DataloaderThroughput(Probe):
+    """The data loader alone against the model step alone, timed on a few batches."""
+
     id = "dataloader_throughput"
     categories = ("performance_issue",)
     needs_live = True
@@ -20,12 +22,17 @@ class DataloaderThroughput(Probe):
            "tensors) or load in parallel with DataLoader(num_workers=N, persistent_workers=True).")
 
     def suggestion(self, finding) -> str:
+        """Worker processes first when the loader had none; else the class's fix."""
         if (finding.evidence or {}).get("num_workers") == 0:
             return ("Load batches in parallel: DataLoader(num_workers=N) with N up to the CPU "
                     "count, or vectorise the per-sample work.")
         return self.fix
 
     def run(self, ctx: ProbeContext):
+        """One confirmed finding when loading a batch takes longer than a training step on it.
+
+        Located at the user's collate function, the dataset's ``__getitem__`` or the dataset itself.
+        """
         loader = ctx.train_loader
         tr = ctx.trainer
         if loader is None or tr is None or tr.n == 0:

@@ -46,6 +46,8 @@ def unit_stats(model, inputs) -> dict[str, tuple[str, float]]:
 
 @register
 class DeadUnits(Probe):
+    """Dead (ReLU) or saturated (sigmoid/tanh) units per activation, trained and at init."""
+
     id = "dead_units"
     categories = ("loss_not_decreasing", "gradient_instability")
     needs_live = True
@@ -54,6 +56,12 @@ class DeadUnits(Probe):
            "lower the learning rate.")
 
     def run(self, ctx: ProbeContext):
+        """One confirmed finding for the worst layer with >= 50% of its units dead or saturated.
+
+        Measured on training rows after training and on a fresh copy: already so at initialisation
+        is an ``architecture`` cause, only after training a ``hyperparameter`` one (the learning
+        rate).
+        """
         tr = ctx.trainer
         if tr is None or tr.n == 0:
             return []

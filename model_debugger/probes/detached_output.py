@@ -8,12 +8,15 @@ from .base import Probe, ProbeContext, register
 
 @register
 class DetachedOutput(Probe):
+    """Whether gradients reach the weights: the recorded gradient norms, and the lint's hint."""
+
     id = "detached_output"
     categories = ("loss_not_decreasing",)
     fix = ("Remove the .detach()/.data/no_grad on the path from the model's output to the loss, "
            "so gradients reach the weights.")
 
     def run(self, ctx: ProbeContext):
+        """Confirmed when no optimizer step had a gradient; a lint hit alone is a hypothesis."""
         hits = lint_hits(ctx, "detached_output")
         steps = ctx.run.steps
         # a step without a "gn" key was not measured (a log); None means no gradient at all

@@ -35,9 +35,11 @@ class DistributionShift(Probe):
            "splitting, same preprocessing).")
 
     def applies(self, ctx: ProbeContext) -> bool:
+        """When both training and validation input arrays are available."""
         return super().applies(ctx) and ctx.train_xy is not None and ctx.val_xy is not None
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
+        """One finding when the splits differ, confirmed as the module docstring says."""
         x, v = st.as_matrix(ctx.train_xy[0]), st.as_matrix(ctx.val_xy[0])
         if x.shape[1] != v.shape[1] or len(x) < 2 or len(v) < 2:
             return []

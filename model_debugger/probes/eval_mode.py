@@ -8,11 +8,14 @@ from .base import Probe, ProbeContext, register
 
 @register
 class EvalModeNotReset(Probe):
+    """Optimizer steps taken in eval mode (recorded per step), and the lint's hint."""
+
     id = "eval_mode_not_reset"
     categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution")
     fix = "Call model.train() again after evaluation, before the next training steps."
 
     def run(self, ctx: ProbeContext):
+        """Confirmed when some optimizer steps ran in eval mode; a lint hit alone: a hypothesis."""
         hits = lint_hits(ctx, "eval_mode_not_reset")
         flags = [s.get("tm") for s in ctx.run.steps if s.get("tm") is not None]
         off = sum(1 for f in flags if f is False)

@@ -40,9 +40,11 @@ class FeatureScaling(Probe):
            "std per feature) before building the dataset.")
 
     def applies(self, ctx: ProbeContext) -> bool:
+        """When training input arrays are available."""
         return super().applies(ctx) and ctx.train_xy is not None
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
+        """One confirmed finding, naming the worst features, when a criterion above holds."""
         x = st.as_matrix(ctx.train_xy[0])
         x = np.where(np.isfinite(x), x, np.nan)
         if len(x) < 2 or np.isnan(x).all():

@@ -17,10 +17,13 @@ GROWTH = 100.0     # gradient norm growth before a NaN that points at the learni
 
 @register
 class GradientFlow(Probe):
+    """Per-layer gradient norms and the first non-finite value of the record."""
+
     id = "gradient_flow"
     categories = ("gradient_instability", "loss_not_decreasing")
 
     def suggestion(self, finding) -> str:
+        """Worded by the finding: the vanishing layers, a learning rate, or the unsafe operation."""
         vanishing = (finding.evidence or {}).get("vanishing_layers")
         if vanishing:
             return ("Use an activation and initialisation that keep gradients alive in "
@@ -33,6 +36,13 @@ class GradientFlow(Probe):
                 "log, add an epsilon), or lower the learning rate if the values grow first.")
 
     def run(self, ctx: ProbeContext):
+        """Findings on the first non-finite value and on layers whose gradients vanish.
+
+        A non-finite value that follows a growing gradient norm points at the learning rate; one
+        the forward pass produces while the weights are still finite, at an unsafe operation of
+        the module where it appeared. Vanishing: a layer's median gradient norm below 1e-3 of the
+        strongest layer's.
+        """
         out = []
         bad = ctx.run.first("nonfinite")
         if bad is not None:

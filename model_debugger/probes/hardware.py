@@ -19,12 +19,15 @@ _DEVICE_ERRORS = re.compile(
 
 @register
 class Hardware(Probe):
+    """Device failures: driver or ECC error text, a non-finite loss that does not replay."""
+
     id = "hardware"
     categories = ("*",)
     fix = ("Escalate: rerun on another device, check drivers and memory; do not patch the "
            "training code.")
 
     def run(self, ctx: ProbeContext):
+        """A confirmed finding, to escalate, for each of the two signatures found."""
         out = []
         err = ctx.run.error
         text = f"{err.get('type', '')}: {err.get('message', '')}" if err else ""

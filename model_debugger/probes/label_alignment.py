@@ -56,6 +56,8 @@ def constant_loss(name: str, target, ignore_index: int = -100) -> float | None:
 
 @register
 class LabelAlignment(Probe):
+    """Fresh copies trained on real and on shuffled labels, compared on held-out rows."""
+
     id = "label_alignment"
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "overfitting")
     needs_live = True
@@ -64,6 +66,11 @@ class LabelAlignment(Probe):
            "shuffle them together).")
 
     def run(self, ctx: ProbeContext):
+        """One confirmed finding when real labels do no better than shuffled ones.
+
+        Held-out losses are pooled over the folds. No verdict when a copy diverges, when the copies
+        never reach the constant predictor's loss, or when the fits do not fit the probe budget.
+        """
         tr = ctx.trainer
         if tr is None or tr.n < 64:
             return []

@@ -9,10 +9,13 @@ PROBE_HORIZON = 500  # probes train copies for at most this many steps
 
 @register
 class LateOnset(Probe):
+    """A failure that appears later than the steps a probe trains a copy for."""
+
     id = "late_onset"
     categories = ("gradient_instability", "memory_issue")
 
     def run(self, ctx: ProbeContext):
+        """An unconfirmed finding when the first non-finite value or the OOM came after step 500."""
         bad = ctx.run.first("nonfinite")
         err = ctx.run.error
         onset, what = None, None

@@ -62,6 +62,7 @@ class Leakage(Probe):
         return super().applies(ctx) and (ctx.train_xy is not None or has_val)
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
+        """The findings of each measurement that applies: (a) and (b) need arrays, (c) signals."""
         out = []
         if ctx.train_xy is not None and ctx.val_xy is not None:
             out += self._duplicates(ctx)

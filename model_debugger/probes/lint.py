@@ -51,14 +51,21 @@ RULES: dict[str, LintRule] = {r.id: r for r in (
 
 @register
 class Lint(Probe):
+    """Static lint hits that no measuring probe covers, reported as unconfirmed findings."""
+
     id = "lint"
     categories = ("*",)
 
     def suggestion(self, finding: Finding) -> str:
+        """The fix of the hit's rule (:data:`RULES`)."""
         rule = RULES.get((finding.evidence or {}).get("rule"))
         return rule.suggestion if rule is not None else GENERIC_SUGGESTION
 
     def run(self, ctx: ProbeContext):
+        """One unconfirmed finding per hit of a rule of :data:`RULES`.
+
+        On PyTorch, a rule with its own measuring probe is left to that probe.
+        """
         out = []
         for rule in RULES:
             if rule in PROBES and ctx.framework == "torch":

@@ -15,6 +15,8 @@ _EXPECTS_LOGITS = {"cross_entropy": ("probabilities", "log_probabilities"),
 
 @register
 class LossOutputMismatch(Probe):
+    """What the loss received on the first batch, against what it expects."""
+
     id = "loss_output_mismatch"
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "gradient_instability")
     fix = ("Remove the Softmax/LogSoftmax (or sigmoid) before a loss that expects raw logits "
@@ -22,6 +24,10 @@ class LossOutputMismatch(Probe):
            "(NLLLoss after LogSoftmax).")
 
     def run(self, ctx: ProbeContext):
+        """Confirmed when the recorded loss input is of a kind the loss does not expect.
+
+        E.g. probabilities fed to ``cross_entropy``; a lint hit alone is a hypothesis.
+        """
         hits = lint_hits(ctx, "loss_output_mismatch")
         seen = ctx.run.first("loss_input") or {}
         name, kind = seen.get("name"), seen.get("kind")

@@ -26,11 +26,14 @@ def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
 
 @register
 class LRRange(Probe):
+    """A learning-rate sweep from the initial weights; the user's rate placed in its bracket."""
+
     id = "lr_range"
     categories = ("gradient_instability", "loss_not_decreasing")
     frameworks = ("torch", "keras", "none")
 
     def suggestion(self, finding) -> str:
+        """The safe rate the sweep found, when it ran; else the default suggestion."""
         ev = finding.evidence or {}
         if ev.get("safe_lr"):
             return (f"Set the learning rate to about {ev['safe_lr']:.3g} (now {ev.get('lr', '?')}), "
@@ -38,6 +41,12 @@ class LRRange(Probe):
         return super().suggestion(finding)
 
     def run(self, ctx: ProbeContext):
+        """The sweep's bracket and the findings on the user's rate.
+
+        Returns a :class:`~model_debugger.probes.report.ProbeResult` sharing ``lr_range`` (the best,
+        diverging and safe rates). Without a trainer, the recorded rate is compared with the
+        optimizer's typical range (a hypothesis).
+        """
         tr = ctx.trainer
         if tr is None:
             return self._from_record(ctx)

@@ -8,6 +8,8 @@ from .base import Probe, ProbeContext, register
 
 @register
 class MissingZeroGrad(Probe):
+    """The ``zero_grad`` calls counted during the run, and the lint's hint."""
+
     id = "missing_zero_grad"
     categories = ("gradient_instability", "loss_not_decreasing", "convergence_to_wrong_solution")
     frameworks = ("torch", "none")  # Keras clears gradients itself
@@ -15,6 +17,10 @@ class MissingZeroGrad(Probe):
            "not accumulate across steps.")
 
     def run(self, ctx: ProbeContext):
+        """Confirmed when ``zero_grad`` was never called over several optimizer steps.
+
+        A lint hit alone is a hypothesis.
+        """
         hits = lint_hits(ctx, "missing_zero_grad")
         calls = ctx.run.first("calls") or {}
         steps = len(ctx.run.steps)

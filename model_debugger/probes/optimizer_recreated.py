@@ -12,6 +12,8 @@ MAX_STEPS_EACH = 2.0  # optimizer steps per optimizer built, on average, at most
 
 @register
 class OptimizerRecreated(Probe):
+    """Optimizers built during the run, counted against the optimizer steps, and the lint's hint."""
+
     id = "optimizer_recreated"
     categories = ("gradient_instability", "loss_not_decreasing", "convergence_to_wrong_solution")
     frameworks = ("torch", "none")  # Keras builds its optimizer once, in compile()
@@ -19,6 +21,10 @@ class OptimizerRecreated(Probe):
            "state, Adam's moments or SGD's momentum, must carry over from step to step).")
 
     def run(self, ctx: ProbeContext):
+        """Confirmed when >= 3 optimizers were built, at most 2 steps each on average.
+
+        Otherwise a lint hit is a hypothesis (with the counts that contradict it, when measured).
+        """
         hits = lint_hits(ctx, "optimizer_recreated")
         calls = ctx.run.first("calls") or {}
         built, steps = calls.get("optimizers_built"), calls.get("optimizer_steps") or 0

@@ -26,12 +26,18 @@ def _fit_10(tr, lr=None, steps=STEPS) -> tuple[float, float, int]:
 
 @register
 class OverfitSmallBatch(Probe):
+    """A fresh copy trained on 10 samples, then with larger learning rates if it cannot fit them."""
+
     id = "overfit_small_batch"
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = True
     frameworks = ("torch", "keras")
 
     def run(self, ctx: ProbeContext):
+        """One confirmed finding when the copy cannot fit the 10 samples.
+
+        ``hyperparameter`` when a larger learning rate fits them, else ``architecture``.
+        """
         tr = ctx.trainer
         if tr is None or tr.n < SAMPLES:
             return []

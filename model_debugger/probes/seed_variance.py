@@ -17,6 +17,8 @@ SEEDS, STEPS, NOISY_CV = 3, 60, 0.25
 
 @register
 class SeedVariance(Probe):
+    """Fresh copies trained under 3 seeds; the spread of their final losses."""
+
     id = "seed_variance"
     categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = True
@@ -24,6 +26,11 @@ class SeedVariance(Probe):
     fix = "Lower the learning rate or enlarge the batch, and judge changes across seeds."
 
     def run(self, ctx: ProbeContext):
+        """The seed noise band, with a confirmed finding when it is wide.
+
+        Returns a :class:`~model_debugger.probes.report.ProbeResult` sharing ``seed_noise`` (mean,
+        std, cv and the final losses); the finding when the coefficient of variation is >= 0.25.
+        """
         tr = ctx.trainer
         if tr is None or tr.n < 16:
             return []

@@ -29,6 +29,7 @@ try:  # jupyter_server >= 2
     from jupyter_server.auth.decorator import authorized
 except ImportError:  # pragma: no cover - jupyter_server 1.x
     def authorized(method):
+        """A no-op stand-in for ``authorized`` (jupyter_server 1.x has none)."""
         return method
 
 from ..store import Store, find_sessions, session_file_ok  # noqa: E402
@@ -114,9 +115,12 @@ class _Base(APIHandler):
 
 
 class SessionsHandler(_Base):
+    """``GET /model-debugger/sessions``: the sessions saved under the server root."""
+
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
+        """Reply ``{"root", "sessions"}``: one summary per session folder found."""
         root = _root(self)
         folders = await asyncio.get_running_loop().run_in_executor(None, find_sessions, root)
         items = [summary(root, f) for f in folders]
@@ -124,9 +128,12 @@ class SessionsHandler(_Base):
 
 
 class SessionHandler(_Base):
+    """``GET /model-debugger/sessions/<path>``: one session's report."""
+
     @tornado.web.authenticated
     @authorized
     async def get(self, path: str) -> None:
+        """Reply ``{"path", "report"}`` for the session folder ``path`` (relative to the root)."""
         root = _root(self)
         session = _load(root, path)
         self.finish(json.dumps({"path": _rel(root, session.directory),
@@ -134,9 +141,12 @@ class SessionHandler(_Base):
 
 
 class ExportHandler(_Base):
+    """``POST /model-debugger/export``: write a session's record notebook and ``repro.py``."""
+
     @tornado.web.authenticated
     @authorized
     async def post(self) -> None:
+        """Export the session the JSON body names (``session``, ``path``, ``overwrite``)."""
         root = _root(self)
         try:
             body = json.loads(self.request.body or b"{}")

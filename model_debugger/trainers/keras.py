@@ -65,6 +65,7 @@ class KerasTrainer:
 
     @property
     def lr(self) -> float:
+        """The user's learning rate (1e-3 when the optimizer names none)."""
         return float(self.hyper.get("lr", 1e-3))
 
     @property
@@ -76,6 +77,7 @@ class KerasTrainer:
 
     @property
     def n(self) -> int:
+        """Rows in the kept training sample."""
         return 0 if self.targets is None else int(self.targets.shape[0])
 
     def fresh_model(self):

@@ -59,6 +59,7 @@ class TorchTrainer:
 
     @property
     def lr(self) -> float:
+        """The user's learning rate (1e-3 when the optimizer names none)."""
         return float(self.hyper.get("lr", 1e-3))
 
     @property
@@ -68,6 +69,7 @@ class TorchTrainer:
 
     @property
     def n(self) -> int:
+        """Rows in the kept training sample."""
         return 0 if self.targets is None else int(self.targets.shape[0])
 
     def fresh_model(self):
@@ -79,6 +81,10 @@ class TorchTrainer:
         return m
 
     def optimizer(self, model, lr: float | None = None, cls=None):
+        """A new optimizer of the user's class and settings on ``model`` (``lr``/``cls`` override).
+
+        Only the rate carries over when the settings do not fit the class.
+        """
         hyper = dict(self.hyper)
         if lr is not None:
             hyper["lr"] = lr
