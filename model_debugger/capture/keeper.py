@@ -56,6 +56,10 @@ class Keeper(SpilledState):
         self.loss_input: dict | None = None
 
     def on_model(self, model, namespace: dict | None) -> None:
+        """Keep the first model seen, its namespace and a CPU copy of its initial state.
+
+        A state above the spill threshold is written to a temporary file instead (:mod:`.spill`).
+        """
         import torch
 
         if self.model is not None:
@@ -119,11 +123,14 @@ class Keeper(SpilledState):
         self.train_batches, self.val_batches = [], []
 
     def arrays(self) -> tuple:
-        """``(train_xy, val_xy)``: flattened NumPy samples for the data probes (rows
-        deduplicated), each None when the batches do not flatten to one matrix."""
+        """``(train_xy, val_xy)``: flattened NumPy samples for the data probes.
+
+        Rows are deduplicated; each is None when its batches do not flatten to one matrix.
+        """
         return _arrays(self.train_batches), _arrays(self.val_batches)
 
     def on_optimizer(self, opt) -> None:
+        """Keep the first optimizer's class, name and hyperparameters (``defaults``)."""
         if self.optimizer is None:
             self.optimizer = {"cls": type(opt), "name": type(opt).__name__,
                               "hyper": dict(opt.defaults)}
@@ -168,8 +175,11 @@ class Keeper(SpilledState):
 
 
 def _arrays(batches) -> tuple | None:
-    """``(X, y)`` of kept ``(inputs, target)`` tensor batches: the first input flattened per
-    row, each distinct row once (epochs over a small dataset repeat rows)."""
+    """``(X, y)`` of kept ``(inputs, target)`` tensor batches.
+
+    The first input is flattened per row; each distinct row appears once (epochs over a small
+    dataset repeat rows).
+    """
     if not batches:
         return None
     try:

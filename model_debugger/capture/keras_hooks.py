@@ -196,8 +196,11 @@ class FitHooks:
 
 
 class LoopHooks:
-    """Custom loops: ``Model.__call__`` remembers the last eager input, ``Loss.__call__`` pairs
-    it with the targets while a gradient tape records (training) or not (validation)."""
+    """Custom loops: the model's last eager input, paired with the targets by the loss.
+
+    ``Model.__call__`` remembers the last eager input; ``Loss.__call__`` pairs it with the
+    targets, as training while a gradient tape records, else as validation.
+    """
 
     def _wrap_model_call(self, original):
         link = self._link

@@ -1,5 +1,6 @@
-"""Keras 3 (TensorFlow backend) instrumentation: one :class:`KerasInstrument` per Recorder, built
-from one mixin per training style; every patch is a handle held by the
+"""Keras 3 (TensorFlow backend) instrumentation: one :class:`KerasInstrument` per Recorder.
+
+It is built from one mixin per training style; every patch is a handle held by the
 :class:`~.instrument.Instrument` base and undone when the capture closes.
 
 The record has the same schema as the PyTorch instrument's (``step``, ``metric``, ``nonfinite``,
@@ -110,8 +111,11 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         return self._tf.autograph.experimental.do_not_convert(fn)
 
     def _let_go(self) -> None:
-        """After every patch is gone (models trained under capture retrace without the probes):
-        let go of the user's objects; what Isolate needs stays in :attr:`keeper`."""
+        """After every patch is gone, let go of the user's objects.
+
+        Models trained under capture retrace without the probes; what Isolate needs stays in
+        :attr:`keeper`.
+        """
         self._last_x = self._fitting = self._call = self._target = self._root = None
         self._pending = None
         self._models.clear()

@@ -75,6 +75,10 @@ class LabelStats:
         self.moments = np.zeros(2)
 
     def observe(self, y) -> None:
+        """Add one batch of targets ``y``: class counts (cross-entropy) or sum and sum of squares.
+
+        Class targets with more than the class limit, or labels outside it, are skipped.
+        """
         if self.loss is None or y is None:
             return
         y = np.asarray(y)
@@ -171,6 +175,11 @@ class KerasKeeper(SpilledState):
         self._epoch: int | None = None
 
     def on_model(self, model, namespace: dict | None) -> None:
+        """Keep the first model seen, its namespace and a host copy of its initial weights.
+
+        Weights above the spill threshold go to a temporary file (:mod:`.spill`); an unbuilt model's
+        weights are taken later.
+        """
         if self.model is not None:
             return
         self.model = model
@@ -212,6 +221,7 @@ class KerasKeeper(SpilledState):
         self.train_batches, self.val_batches = [], []
 
     def on_optimizer(self, opt, hyper: dict) -> None:
+        """Keep the first optimizer's class, name, hyperparameters and config."""
         if self.optimizer is None:
             try:
                 config = opt.get_config()

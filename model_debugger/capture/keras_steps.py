@@ -210,8 +210,10 @@ class StepHooks:
             return None
 
     def _localize(self) -> str | None:
-        """The first layer holding non-finite weights, or producing non-finite output on the
-        last batch (functional and Sequential models)."""
+        """The first layer holding non-finite weights or giving non-finite output on the last batch.
+
+        Functional and Sequential models only.
+        """
         model = self._root() if self._root else None
         if model is None:
             return None

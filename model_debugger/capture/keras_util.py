@@ -1,5 +1,8 @@
-"""Helpers of the Keras instrument: user code locations (autograph-aware), layer names, import
-state and XLA detection. Importing this module imports neither tensorflow nor keras."""
+"""Helpers of the Keras instrument.
+
+User code locations (autograph-aware), layer names, import state and XLA detection. Importing
+this module imports neither tensorflow nor keras.
+"""
 
 from __future__ import annotations
 
@@ -31,11 +34,13 @@ def layer_of(var) -> str:
 
 
 def initializing(name: str) -> bool:
+    """True while module ``name`` is still being imported (its spec says ``_initializing``)."""
     spec = getattr(sys.modules.get(name), "__spec__", None)
     return bool(getattr(spec, "_initializing", False))
 
 
 def in_xla() -> bool:
+    """True when the current TensorFlow graph is compiled by XLA (False when unknown)."""
     try:
         from tensorflow.python.framework import ops
         from tensorflow.python.ops import control_flow_util

@@ -67,6 +67,7 @@ class StdoutTee:
         return self
 
     def write(self, text: str) -> int:
+        """Forward ``text``; until :meth:`finish`, parse its complete lines for metrics."""
         n = self._inner.write(text)
         if self._on_line is None:  # finished: forward only
             return n if n is not None else len(text)
@@ -79,6 +80,7 @@ class StdoutTee:
         return n if n is not None else len(text)
 
     def flush(self) -> None:
+        """Flush the stream written to."""
         self._inner.flush()
 
     def finish(self) -> None:

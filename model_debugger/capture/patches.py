@@ -29,6 +29,7 @@ class Link:
         self.target = target
 
     def __call__(self):
+        """The instrument, or None once the link is cut."""
         return self.target
 
     def cut(self) -> None:

@@ -68,9 +68,12 @@ def on_host(t) -> bool:
 
 
 def ratio_stride(params: list) -> int:
-    """1 (every weight), or :data:`UR_STRIDE` when copying them all would cost over
-    :data:`UR_FULL_BYTES` of RAM: the ratio is then measured on every 17th weight of each
-    tensor (a prime stride: not one column of each row), a copy of 6% of the weights."""
+    """The stride of the weights the update ratio is measured on: 1, or :data:`UR_STRIDE`.
+
+    :data:`UR_STRIDE` when copying every weight would cost over :data:`UR_FULL_BYTES` of RAM:
+    the ratio is then measured on every 17th weight of each tensor (a prime stride: not one
+    column of each row), a copy of 6% of the weights.
+    """
     size = sum(p.numel() * p.element_size() for p in params)
     return UR_STRIDE if size > UR_FULL_BYTES else 1
 

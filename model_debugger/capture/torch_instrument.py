@@ -1,6 +1,7 @@
-"""PyTorch instrumentation: one :class:`TorchInstrument` per Recorder, built from one mixin per
-concern; every hook and patch is a handle held by the :class:`~.instrument.Instrument` base and
-removed when the capture closes.
+"""PyTorch instrumentation: one :class:`TorchInstrument` per Recorder.
+
+It is built from one mixin per concern; every hook and patch is a handle held by the
+:class:`~.instrument.Instrument` base and removed when the capture closes.
 
 What is patched while a capture is active (and restored afterwards), and where it is handled:
 
@@ -105,8 +106,10 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                 self.patch(functional, name, lambda nxt, name=name: self._wrap_loss(nxt, name))
 
     def _let_go(self) -> None:
-        """After every hook is gone: let go of the user's objects; what Isolate needs stays in
-        :attr:`keeper`."""
+        """After every hook is gone, let go of the user's objects.
+
+        What Isolate needs stays in :attr:`keeper`.
+        """
         self._let_go_model()
         self._let_go_optimizer()
         self._let_go_loss()

@@ -1,5 +1,6 @@
-"""Model hooks of the PyTorch instrument (mixed into ``TorchInstrument``): which model trains,
-its inputs, and where a non-finite value comes from.
+"""Model hooks of the PyTorch instrument (mixed into ``TorchInstrument``).
+
+Which model trains, its inputs, and where a non-finite value comes from.
 
 What they record:
 

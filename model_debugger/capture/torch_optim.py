@@ -174,8 +174,10 @@ class OptimizerHooks:
         return plan
 
     def _histograms(self, params) -> None:
-        """``hist`` events of the first :data:`HIST_PARAMS` gradients (see
-        :func:`~.torch_grads.histogram`)."""
+        """Emit ``hist`` events of the first :data:`HIST_PARAMS` gradients.
+
+        One per gradient, as :func:`~.torch_grads.histogram` bins it.
+        """
         for p in params[:HIST_PARAMS]:
             fields = histogram(p.grad)
             if fields is not None:

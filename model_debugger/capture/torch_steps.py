@@ -144,7 +144,7 @@ class StepRows:
         return step
 
     def _window(self, per_module: dict) -> dict:
-        """This step's modules in ``mgn`` (bounded, see :mod:`.norms`)."""
+        """The per-module norms this step records in ``mgn`` (a bounded window: :mod:`.norms`)."""
         out = norms_window(per_module, self._mgn_at)
         if out is not per_module:
             if not self._mgn_at:
