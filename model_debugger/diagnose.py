@@ -21,7 +21,8 @@ __all__ = ["Interrupted", "diagnose_log", "diagnose_script", "isolate_session",
 
 def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
                     seed: int | None = None, max_seconds: float | None = None,
-                    root: str = ROOT, stdout=None, probe_seconds: float = 30.0) -> DebugSession:
+                    root: str = ROOT, stdout=None, probe_seconds: float = 30.0,
+                    intervene_seconds: float = 0.0) -> DebugSession:
     """Reproduce ``script`` ``runs`` times under capture, classify, isolate; save a session.
 
     Parameters
@@ -42,6 +43,9 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
         Where the script's own output goes (default: stderr).
     probe_seconds : float
         Budget for Isolate probes (0 skips Isolate).
+    intervene_seconds : float
+        Budget for confirming findings by intervention (re-runs with the suspected cause
+        undone; 0: off).
 
     Returns
     -------
@@ -58,7 +62,8 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
     script = os.path.abspath(script)
     session = DebugSession.create(root, title=os.path.basename(script))
     artifact = ScriptArtifact(script, args or [], max_seconds)
-    reproduce(session, artifact, runs=runs, seed=seed, probe_budget=probe_seconds, stdout=stdout)
+    reproduce(session, artifact, runs=runs, seed=seed, probe_budget=probe_seconds, stdout=stdout,
+              intervene_seconds=intervene_seconds)
     return session
 
 

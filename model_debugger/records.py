@@ -524,3 +524,25 @@ class Verification:
         known["seeds"] = tuple(known.get("seeds") or ())
         known["remaining"] = tuple(known.get("remaining") or ())
         return _build(cls, known, extra)
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One change installed in a re-run (the user's code is never edited).
+
+    ``id`` names an entry of :data:`model_debugger.interventions.INTERVENTIONS`; ``params`` are
+    its arguments (JSON). Isolate re-runs the artifact with one intervention per hypothesis.
+    """
+
+    id: str
+    params: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        """The intervention as JSON: ``{"id", "params"}``."""
+        return {"id": self.id, "params": dict(self.params)}
+
+    @classmethod
+    def from_json(cls, data: dict | str) -> Intervention:
+        """The intervention from its JSON, as a dict or as text."""
+        data = json.loads(data) if isinstance(data, str) else data
+        return cls(str(data["id"]), dict(data.get("params") or {}))

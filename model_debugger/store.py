@@ -130,6 +130,16 @@ class Store:
         """The record of the ``n``-th Isolate re-run (its folder created)."""
         return os.path.join(self.isolate_dir(n), RECORD)
 
+    @staticmethod
+    def intervention_rel(n: int, label: str, seed: int) -> str:
+        """A confirmation re-run's record of Isolate round ``n``, relative to the folder.
+
+        ``label`` is ``baseline`` or the intervention's id.
+        """
+        if not label.replace("_", "").isalnum():
+            raise ValueError(f"not a record label: {label!r}")
+        return f"isolate/{int(n)}/{label}-{int(seed)}.jsonl"
+
     def verify_dir(self, n: int) -> str:
         """The folder of the ``n``-th Verify (created)."""
         return self._folder("verify", n)

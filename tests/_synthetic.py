@@ -122,7 +122,8 @@ def healthy_steps(n: int = 100, **extra) -> list[dict]:
 class CannedArtifact:
     """An Artifact whose runs replay canned records (``runs[label]``: a Run, or a function of
     the seed returning one): the phases run against it exactly as against a script or a cell,
-    with no training. ``label`` is the Version's (``reproduced``, ``current``, ``fixed``)."""
+    with no training. ``label`` is the Version's (``reproduced``, ``current``, ``fixed``), or
+    ``label+intervention`` for a run with that intervention (default: the label's run)."""
 
     kind = "script"
 
@@ -139,8 +140,9 @@ class CannedArtifact:
             stdout=None, max_seconds=None):
         from model_debugger.artifacts import Captured
 
-        self.calls.append((version.label, seed))
-        made = self.runs[version.label]
+        key = version.label if intervention is None else f"{version.label}+{intervention.id}"
+        self.calls.append((key, seed))
+        made = self.runs.get(key, self.runs[version.label])
         run = made(seed) if callable(made) else made
         with open(record, "w", encoding="utf-8") as fh:
             for e in run.events:

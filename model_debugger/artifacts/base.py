@@ -10,12 +10,11 @@ the approved fix), a seed and where the record goes; it may ask for probes on th
 
 from __future__ import annotations
 
-import json
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..records import Classification, Run
+from ..records import Classification, Intervention, Run
 
 
 class PlannedStop(KeyboardInterrupt):
@@ -81,28 +80,6 @@ class ProbeRequest:
         cls_json = data.get("classification")
         return cls(float(data["budget"]), tuple(data["ids"]) if data.get("ids") is not None
                    else None, Classification.from_json(cls_json) if cls_json else None)
-
-
-@dataclass(frozen=True)
-class Intervention:
-    """One change installed in a re-run (the user's code is never edited).
-
-    ``id`` names an entry of :data:`model_debugger.interventions.INTERVENTIONS`; ``params`` are
-    its arguments (JSON). Isolate re-runs the artifact with one intervention per hypothesis.
-    """
-
-    id: str
-    params: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        """The intervention as JSON: ``{"id", "params"}``."""
-        return {"id": self.id, "params": dict(self.params)}
-
-    @classmethod
-    def from_json(cls, data: dict | str) -> Intervention:
-        """The intervention from its JSON, as a dict or as text."""
-        data = json.loads(data) if isinstance(data, str) else data
-        return cls(str(data["id"]), dict(data.get("params") or {}))
 
 
 @dataclass

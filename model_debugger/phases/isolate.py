@@ -41,7 +41,7 @@ def current_version(session: DebugSession) -> Version:
 
 def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
             budget: float = 30.0, stdout=None, progress=None, probed: Captured | None = None,
-            seed: int | None = None) -> list[Finding]:
+            seed: int | None = None, intervene_seconds: float = 0.0) -> list[Finding]:
     """Probe the current code under the recorded classification; record the findings.
 
     Parameters
@@ -60,6 +60,10 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
         the recorded classification): its findings are used as they are.
     seed : int, optional
         Seed of a re-run (default: the session's seed).
+    intervene_seconds : float
+        When > 0, each finding that names an intervention is tested by re-running the artifact
+        with it and without it (:func:`model_debugger.phases.confirm.confirm`), within this
+        many seconds: confirmed only when the defining signal moves beyond the seed noise.
 
     Returns
     -------
@@ -67,6 +71,7 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
         The findings now recorded.
     """
     budget, ids = check_budget(budget, "budget"), check_probe_ids(ids, "ids")
+    intervene_seconds = check_budget(intervene_seconds, "intervene_seconds")
     with session.lock("isolate"):
         session.require("isolate")
         state = session.state
@@ -91,7 +96,13 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
             if report is None:  # the child left no findings (killed): the record alone
                 live = False
                 report = probe_run(kept.run, None, kept.sources, request)
-        session.record_findings(list(report.findings), added=ids is not None,
+        findings = list(report.findings)
+        if intervene_seconds > 0 and artifact.kind in ("script", "cell"):
+            from .confirm import confirm
+
+            findings = confirm(session, artifact, findings, version, state.isolations + 1,
+                               intervene_seconds, stdout=stdout)
+        session.record_findings(findings, added=ids is not None,
                                 probe_seconds=dict(report.probe_seconds), live=live,
                                 noise=report.seed_noise, lr_range=report.lr_range)
     return session.findings

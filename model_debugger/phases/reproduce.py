@@ -193,7 +193,8 @@ def record_artifact(session: DebugSession, artifact, seed: int | None) -> None:
 
 
 def reproduce(session: DebugSession, artifact, runs: int = 1, seed: int | None = None,
-              probe_budget: float = 0.0, stdout=None) -> Reproduction:
+              probe_budget: float = 0.0, stdout=None,
+              intervene_seconds: float = 0.0) -> Reproduction:
     """Run ``artifact`` ``runs`` times under capture; record Reproduce, Classify (and Isolate).
 
     Parameters
@@ -211,6 +212,8 @@ def reproduce(session: DebugSession, artifact, runs: int = 1, seed: int | None =
         showed the recorded classification, else in a re-run of the run that showed it.
     stdout : file, optional
         Where a script's own output goes.
+    intervene_seconds : float
+        Passed to Isolate: seconds for confirming findings by intervention (0: off).
 
     Returns
     -------
@@ -273,7 +276,8 @@ def reproduce(session: DebugSession, artifact, runs: int = 1, seed: int | None =
             reuse = first if first is not None and first.report is not None and \
                 _same_classes(per_run[0][0], recorded) else None
             isolate(session, artifact, budget=probe_budget, stdout=stdout, probed=reuse,
-                    seed=None if seed is None else seed + index)
+                    seed=None if seed is None else seed + index,
+                    intervene_seconds=intervene_seconds)
     return session.state.reproduction
 
 

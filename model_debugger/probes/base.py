@@ -140,6 +140,16 @@ class Probe:
         """Measure; return findings, or a :class:`ProbeResult` with a shared quantity too."""
         raise NotImplementedError
 
+    def intervention(self, finding: Finding):
+        """The change that would undo this finding's cause in a re-run, or None.
+
+        Isolate re-runs the artifact with it (:mod:`model_debugger.phases.confirm`): the finding
+        is confirmed by experiment when the category's defining signal moves beyond the seed
+        noise. Returns an :class:`~model_debugger.artifacts.base.Intervention` or None (a cause
+        no re-run can undo, or none written yet).
+        """
+        return None
+
     def suggestion(self, finding: Finding) -> str:
         """The suggested fix for one of this probe's findings (text shown with the plan).
 

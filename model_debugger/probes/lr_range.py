@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..records import Intervention
 from ..thresholds import GRAD_GROWTH
 from .base import Probe, ProbeContext, register
 from .report import ProbeResult
@@ -20,8 +21,14 @@ TOO_LOW = 100.0  # user lr this many times below the best rate
 
 
 def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
-    """Return (learning rates, smoothed losses) of one geometric sweep on the trainer."""
-    return tr.sweep(LR_MIN, LR_MAX, STEPS)
+    """Return (learning rates, smoothed losses) of one geometric sweep on the trainer.
+
+    The sweep reaches at least ten times the user's rate: a rate above the usual range is
+    judged inside the bracket, never beyond its end.
+    """
+    user = float(tr.hyper.get("lr") or 0.0)
+    top = max(LR_MAX, 10 * user) if math.isfinite(user) else LR_MAX
+    return tr.sweep(LR_MIN, top, STEPS)
 
 
 @register
@@ -39,6 +46,17 @@ class LRRange(Probe):
             return (f"Set the learning rate to about {ev['safe_lr']:.3g} (now {ev.get('lr', '?')}), "
                     "the rate the sweep from the initial weights found safe.")
         return super().suggestion(finding)
+
+    def intervention(self, finding):
+        """Scale the learning rate to the safe rate the sweep found (None without one)."""
+        ev = finding.evidence or {}
+        try:
+            safe, lr = float(ev["safe_lr"]), float(ev["lr"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not (safe > 0 and lr > 0) or math.isclose(safe, lr, rel_tol=0.5):
+            return None
+        return Intervention("lr_scale", {"factor": safe / lr})
 
     def run(self, ctx: ProbeContext):
         """The sweep's bracket and the findings on the user's rate.

@@ -20,3 +20,12 @@ def suggestion_for(finding: Finding) -> str:
 
     rule = RULES.get(finding.check)
     return rule.suggestion if rule is not None else GENERIC_SUGGESTION
+
+
+def intervention_for(finding: Finding):
+    """The intervention that would undo a finding's cause in a re-run, or None.
+
+    See :meth:`~model_debugger.probes.Probe.intervention`.
+    """
+    cls = PROBES.get(finding.check)
+    return cls().intervention(finding) if cls is not None else None

@@ -1,0 +1,122 @@
+"""Confirmation by intervention: undo the suspected cause in a re-run, see if the symptom moves.
+
+A hypothesis (a probe's finding) names the change that would undo its cause
+(:meth:`~model_debugger.probes.Probe.intervention`). The artifact is re-run for a bounded number
+of steps with that one intervention and without it, over the same seeds, from the same initial
+state; the finding is confirmed when the signal that defined its category moves beyond the seed
+noise band (the judgement Verify uses), and refuted when it does not. The finding then carries the
+intervention and the before/after numbers. The user's code is never modified: interventions are
+patches inside the re-run (:mod:`model_debugger.interventions`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from ..artifacts.base import Version
+from ..records import Finding, Intervention
+from ..session import DebugSession
+from ..store import Store
+from .verify import judge, measure
+
+SEEDS = 2  # re-runs per side: the noise band needs a spread
+MAX_STEPS = 200  # optimizer steps per re-run (the symptom must show within them)
+
+
+def _budget_left(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
+def confirm(session: DebugSession, artifact, findings: list[Finding], version: Version,
+            n: int, budget: float, seeds: list[int] | None = None,
+            max_steps: int | None = MAX_STEPS, stdout=None) -> list[Finding]:
+    """Test each finding that names an intervention; the findings with their verdicts.
+
+    Parameters
+    ----------
+    session : DebugSession
+        The session (its classification names the category and the cited signals).
+    artifact : Artifact
+        What to re-run.
+    findings : list of Finding
+        The probes' findings, in rank order (the most likely tested first).
+    version : Version
+        The code to re-run (the session's current code).
+    n : int
+        The Isolate round: the re-runs' records go under ``isolate/<n>/``.
+    budget : float
+        Seconds for every re-run together; hypotheses left when it is spent stay as the probes
+        judged them (marked untested).
+    seeds : list of int, optional
+        Default: ``SEEDS`` seeds from the session's seed.
+    max_steps : int, optional
+        The step budget of each re-run.
+
+    Returns
+    -------
+    list of Finding
+        The same findings; each tested one is ``confirmed`` exactly when its intervention moved
+        the defining signal beyond the noise band, with ``evidence["intervention"]`` holding the
+        intervention, the compared signal, the before/after values and the band.
+    """
+    from ..probes.suggestions import intervention_for
+
+    state = session.state
+    base = state.artifact.seed if state.artifact is not None and state.artifact.seed is not None \
+        else 0
+    seeds = list(seeds) if seeds is not None else [base + i for i in range(SEEDS)]
+    deadline = time.monotonic() + budget
+    session.store.isolate_dir(n)
+    cls = state.classification
+    baseline: list[dict] | None = None
+    out: list[Finding] = []
+    for finding in findings:
+        intervention = intervention_for(finding)
+        category = finding.category or (cls.primary if cls else None)
+        if intervention is None or category in (None, "healthy") or _budget_left(deadline) <= 0:
+            out.append(finding)
+            continue
+
+        def runs(label: str, change: Intervention | None) -> list[dict]:
+            measured = []
+            for seed in seeds:
+                rel = Store.intervention_rel(n, label, seed)
+                cap = artifact.run(version, seed, session.store.path(rel), intervention=change,
+                                   max_steps=max_steps, stdout=stdout)
+                measured.append(measure(cap.run))
+            return measured
+
+        with artifact.holding():
+            if baseline is None:
+                baseline = runs("baseline", None)
+            after = runs(intervention.id, intervention)
+        cited = [e.signal for e in cls.evidence] if cls and cls.primary == category else None
+        judged = judge(category, baseline, after, None, cited)
+        moved = judged["improvement"] is not None and judged["improvement"] > judged["noise_band"]
+        gone = judged["after"]["present_count"] == 0
+        result = {"id": intervention.id, "params": dict(intervention.params),
+                  "metric": judged["metric"], "direction": judged["direction"],
+                  "before": judged["before"]["values"], "after": judged["after"]["values"],
+                  "before_mean": judged["before"]["mean"], "after_mean": judged["after"]["mean"],
+                  "noise_band": judged["noise_band"], "improvement": judged["improvement"],
+                  "symptom_gone": gone, "seeds": seeds, "max_steps": max_steps,
+                  "moved": moved}
+        word = "moved" if moved else "did not move"
+        explanation = (f"{finding.explanation} Re-running with {intervention.id} "
+                       f"{_params(intervention)} {word} {judged['metric']} beyond the noise band "
+                       f"({_num(judged['before']['mean'])} -> {_num(judged['after']['mean'])}, "
+                       f"band {judged['noise_band']:.3g}, {len(seeds)} seeds)"
+                       f"{'; the symptom is gone' if moved and gone else ''}.")
+        out.append(replace(finding, confirmed=moved, explanation=explanation,
+                           evidence={**finding.evidence, "intervention": result,
+                                     "confirmed_by": "intervention"}))
+    return out
+
+
+def _params(intervention: Intervention) -> str:
+    return "(" + ", ".join(f"{k}={_num(v)}" for k, v in intervention.params.items()) + ")"
+
+
+def _num(value) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
