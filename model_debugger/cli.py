@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--error", help="error text that came with a log (minimal reproducer)")
     d.add_argument("--probe-seconds", type=arg(check_budget, "--probe-seconds"), default=30.0,
                    help="time budget for Isolate probes (default 30; 0 skips Isolate)")
+    d.add_argument("--intervene-seconds", type=arg(check_budget, "--intervene-seconds"),
+                   default=0.0, help="time budget for confirming findings by intervention: "
+                   "re-runs with the suspected cause undone (default 0: off)")
     d.add_argument("--root", default=ROOT, type=arg(check_path, "--root"),
                    help="where sessions are saved")
     v = sub.add_parser(
@@ -82,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print one JSON report on stdout")
     i.add_argument("--probe-seconds", type=arg(check_budget, "--probe-seconds"), default=30.0,
                    help="time budget for the probes (default 30)")
+    i.add_argument("--intervene-seconds", type=arg(check_budget, "--intervene-seconds"),
+                   default=0.0, help="time budget for confirming findings by intervention "
+                   "(default 0: off)")
     e = sub.add_parser("export", help="write the session as a record notebook plus repro.py",
                        description="Write an nbformat v4 notebook recording every phase and a "
                                    "standalone repro.py (secrets redacted).")
@@ -119,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         elif ns.command == "isolate":
             from .diagnose import isolate_session
 
-            session = isolate_session(DebugSession.load(ns.session), ns.probe_seconds)
+            session = isolate_session(DebugSession.load(ns.session), ns.probe_seconds,
+                                      intervene_seconds=ns.intervene_seconds)
         elif ns.command == "export":
             from .export import export_files
 
@@ -145,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 session = diagnose_script(ns.script, args, runs=ns.runs, seed=ns.seed,
                                           max_seconds=ns.max_seconds, root=ns.root,
-                                          probe_seconds=ns.probe_seconds)
+                                          probe_seconds=ns.probe_seconds,
+                                          intervene_seconds=ns.intervene_seconds)
     except (ValueError, SessionError, OSError) as exc:
         print(f"model-debugger: error: {exc}", file=sys.stderr)
         return 2

@@ -68,9 +68,10 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
 
 
 def isolate_session(session: DebugSession, probe_seconds: float = 30.0,
-                    stdout=None) -> DebugSession:
+                    stdout=None, intervene_seconds: float = 0.0) -> DebugSession:
     """Isolate again on the session's current code (after a partially resolved fix)."""
-    isolate(session, artifact_for(session), budget=probe_seconds, stdout=stdout)
+    isolate(session, artifact_for(session), budget=probe_seconds, stdout=stdout,
+            intervene_seconds=intervene_seconds)
     return session
 
 
