@@ -81,7 +81,84 @@ def _scale_lr_keras(params: dict, keras) -> Callable[[], None]:
     return install(keras.Model, "fit", factory)
 
 
+def _standardize_torch(params: dict, torch) -> Callable[[], None]:
+    """Standardise the tensor the model is called with, per feature.
+
+    The statistics of the first batch are used for every later call, training or validation.
+    Only the outermost call of a module with parameters is changed (the model, not its layers
+    nor a loss module): a global forward pre-hook counts the call depth, a forward hook that
+    always runs counts it down.
+    """
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    depth = [0]
+    stats: dict = {}
+
+    def pre(module, args):
+        depth[0] += 1
+        if depth[0] != 1 or not args or not isinstance(args[0], torch.Tensor) or \
+                next(module.parameters(), None) is None:  # a loss module: not the model
+            return None
+        x = args[0]
+        if not x.is_floating_point() or x.ndim < 2 or x.shape[0] < 2:
+            return None
+        if x.shape[1:] not in stats:
+            with torch.no_grad():
+                mean = x.detach().mean(dim=0, keepdim=True)
+                std = x.detach().std(dim=0, keepdim=True)
+                std = torch.where(std > 1e-8, std, torch.ones_like(std))
+            stats[x.shape[1:]] = (mean, std)
+        mean, std = stats[x.shape[1:]]
+        return ((x - mean.to(x.device, x.dtype)) / std.to(x.device, x.dtype), *args[1:])
+
+    def post(module, args, output):
+        depth[0] = max(0, depth[0] - 1)
+
+    handles = [register_module_forward_pre_hook(pre),
+               register_module_forward_hook(post, always_call=True)]
+
+    def undo() -> None:
+        for h in handles:
+            h.remove()
+
+    return undo
+
+
+def _standardize_keras(params: dict, keras) -> Callable[[], None]:
+    """Standardise the arrays ``fit`` is given, per feature, by the training inputs' statistics.
+
+    The validation data given to ``fit`` gets the same transform.
+    """
+    import numpy as np
+
+    from .capture.patches import install
+
+    def scale(x, mean, std):
+        return (np.asarray(x, dtype="float32") - mean) / std
+
+    def factory(fit):
+        def patched(model, x=None, y=None, *args, **kwargs):
+            if isinstance(x, np.ndarray) and x.dtype.kind == "f" and x.ndim >= 2:
+                mean, std = x.mean(axis=0), x.std(axis=0)
+                std = np.where(std > 1e-8, std, 1.0)
+                x = scale(x, mean, std)
+                val = kwargs.get("validation_data")
+                if isinstance(val, tuple) and len(val) >= 2 and isinstance(val[0], np.ndarray):
+                    kwargs["validation_data"] = (scale(val[0], mean, std), *val[1:])
+            return fit(model, x, y, *args, **kwargs)
+        return patched
+
+    return install(keras.Model, "fit", factory)
+
+
 INTERVENTIONS: dict[str, Kind] = {
+    "standardize_inputs": Kind("standardize_inputs",
+                               "standardise the model's inputs per feature (first-batch stats)",
+                               ("torch", "keras"),
+                               {"torch": _standardize_torch, "keras": _standardize_keras}),
     "lr_scale": Kind("lr_scale", "multiply the learning rate by params['factor']",
                      ("torch", "keras"), {"torch": _scale_lr_torch, "keras": _scale_lr_keras}),
 }

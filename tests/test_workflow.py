@@ -440,3 +440,44 @@ def test_a_finding_whose_intervention_changes_nothing_is_refuted(tmp_path):
     assert moved.confirmed and moved.evidence["intervention"]["symptom_gone"]
     spent = confirm(s, good, [lr], Version("current", s.store.path("artifact.py")), 3, 0.0)[0]
     assert spent == lr  # no budget: untested, as the probe judged it
+
+
+SCALED = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    X = torch.randn(256, 4) * torch.tensor([1.0, 10.0, 1000.0, 0.01]) + 500.0
+    y = X[:, :1] * 0.001
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    seen = []
+    model[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].detach().clone()))
+    loss_fn = nn.MSELoss()
+    targets = []
+    loss_fn.register_forward_pre_hook(lambda m, a: targets.append(a[1].detach().clone()))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for i in range(0, 256, 32):
+        opt.zero_grad()
+        loss = loss_fn(model(X[i:i + 32]), y[i:i + 32])
+        loss.backward()
+        opt.step()
+""")
+
+
+def test_standardized_inputs_reach_the_model_and_nothing_else(tmp_path):
+    ns: dict = {}
+    art = CellArtifact(ns, SCALED)
+    v = Version("reproduced", str(tmp_path / "copy.py"))
+    plain = art.run(v, 0, str(tmp_path / "a.jsonl"))
+    assert plain.error is None and float(ns["seen"][0].std(0).max()) > 100
+    fixed = art.run(v, 0, str(tmp_path / "b.jsonl"),
+                     intervention=Intervention("standardize_inputs"))
+    assert fixed.error is None
+    first = ns["seen"][0]
+    assert first.mean(0).abs().max() < 1e-3 and (first.std(0) - 1).abs().max() < 1e-3
+    import torch
+
+    assert torch.equal(ns["targets"][0], ns["y"][:32])  # the loss got the raw target
+    later = ns["seen"][1]  # the same transform (first-batch stats), not re-standardised
+    assert later.mean(0).abs().max() > 1e-3
+    art.run(v, 0, str(tmp_path / "c.jsonl"))  # removed after the run
+    assert float(ns["seen"][0].std(0).max()) > 100

@@ -78,9 +78,9 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
             out.append(finding)
             continue
 
-        def runs(label: str, change: Intervention | None) -> list[dict]:
+        def runs(label: str, change: Intervention | None, which: list[int]) -> list[dict]:
             measured = []
-            for seed in seeds:
+            for seed in which:
                 rel = Store.intervention_rel(n, label, seed)
                 cap = artifact.run(version, seed, session.store.path(rel), intervention=change,
                                    max_steps=max_steps, stdout=stdout)
@@ -89,10 +89,18 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
 
         with artifact.holding():
             if baseline is None:
-                baseline = runs("baseline", None)
-            after = runs(intervention.id, intervention)
+                baseline = runs("baseline", None, seeds)
+            shown = [s for s, m in zip(seeds, baseline, strict=True) if category in m["categories"]]
+            if not shown:  # the bounded re-run does not show the symptom: nothing to test
+                out.append(replace(finding, evidence={**finding.evidence, "intervention": {
+                    "id": intervention.id, "params": dict(intervention.params),
+                    "untested": f"{category} did not show in {len(seeds)} re-runs of "
+                                f"{max_steps} steps"}}))
+                continue
+            after = runs(intervention.id, intervention, shown)
+        before = [m for s, m in zip(seeds, baseline, strict=True) if s in shown]
         cited = [e.signal for e in cls.evidence] if cls and cls.primary == category else None
-        judged = judge(category, baseline, after, None, cited)
+        judged = judge(category, before, after, None, cited)
         moved = judged["improvement"] is not None and judged["improvement"] > judged["noise_band"]
         gone = judged["after"]["present_count"] == 0
         result = {"id": intervention.id, "params": dict(intervention.params),
@@ -100,22 +108,40 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                   "before": judged["before"]["values"], "after": judged["after"]["values"],
                   "before_mean": judged["before"]["mean"], "after_mean": judged["after"]["mean"],
                   "noise_band": judged["noise_band"], "improvement": judged["improvement"],
-                  "symptom_gone": gone, "seeds": seeds, "max_steps": max_steps,
-                  "moved": moved}
+                  "symptom_gone": gone, "seeds": shown, "max_steps": max_steps,
+                  "moved": moved, "verdict": judged["verdict"],
+                  "after_categories": judged["after"]["categories"]}
         word = "moved" if moved else "did not move"
-        explanation = (f"{finding.explanation} Re-running with {intervention.id} "
+        new = [c for c in judged["after"]["categories"] if c not in (category, "healthy")]
+        explanation = (f"{finding.explanation} Re-running with {intervention.id}"
                        f"{_params(intervention)} {word} {judged['metric']} beyond the noise band "
                        f"({_num(judged['before']['mean'])} -> {_num(judged['after']['mean'])}, "
-                       f"band {judged['noise_band']:.3g}, {len(seeds)} seeds)"
-                       f"{'; the symptom is gone' if moved and gone else ''}.")
+                       f"band {judged['noise_band']:.3g}, seeds {shown})"
+                       f"{'; the symptom is gone' if moved and gone else ''}"
+                       f"{'; but the re-runs show ' + ', '.join(sorted(set(new))) if new else ''}.")
         out.append(replace(finding, confirmed=moved, explanation=explanation,
                            evidence={**finding.evidence, "intervention": result,
-                                     "confirmed_by": "intervention"}))
+                                     "confirmed_by": "intervention",
+                                     "strength": _strength(finding, moved, gone, new)}))
     return out
 
 
+def _strength(finding: Finding, moved: bool, gone: bool, new: list[str]) -> float:
+    """The strength of a finding tested by intervention (the probe ranking reads it).
+
+    An intervention that removed the symptom and brought nothing new is the strongest evidence
+    there is; one that moved the signal but left the symptom, or brought another problem, less;
+    one that did not move it, none.
+    """
+    if not moved:
+        return 0.0
+    return 1.0 if gone and not new else 0.9 if gone else 0.7
+
+
 def _params(intervention: Intervention) -> str:
-    return "(" + ", ".join(f"{k}={_num(v)}" for k, v in intervention.params.items()) + ")"
+    if not intervention.params:
+        return ""
+    return " (" + ", ".join(f"{k}={_num(v)}" for k, v in intervention.params.items()) + ")"
 
 
 def _num(value) -> str:

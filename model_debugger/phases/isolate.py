@@ -98,10 +98,13 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
                 report = probe_run(kept.run, None, kept.sources, request)
         findings = list(report.findings)
         if intervene_seconds > 0 and artifact.kind in ("script", "cell"):
+            from ..probes import rank
             from .confirm import confirm
 
             findings = confirm(session, artifact, findings, version, state.isolations + 1,
                                intervene_seconds, stdout=stdout)
+            cls = state.classification
+            findings = rank(findings, [cls.primary, *cls.secondary])  # tested ones by result
         session.record_findings(findings, added=ids is not None,
                                 probe_seconds=dict(report.probe_seconds), live=live,
                                 noise=report.seed_noise, lr_range=report.lr_range)

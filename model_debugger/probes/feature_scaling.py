@@ -39,6 +39,12 @@ class FeatureScaling(Probe):
     fix = ("Standardise the input features with statistics of the training split ((x - mean) / "
            "std per feature) before building the dataset.")
 
+    def intervention(self, finding: Finding):
+        """Standardise the model's inputs per feature in the re-run."""
+        from ..records import Intervention
+
+        return Intervention("standardize_inputs")
+
     def applies(self, ctx: ProbeContext) -> bool:
         """When training input arrays are available."""
         return super().applies(ctx) and ctx.train_xy is not None
