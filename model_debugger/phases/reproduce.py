@@ -282,9 +282,12 @@ def reproduce(session: DebugSession, artifact, runs: int = 1, seed: int | None =
 
 
 def _same_classes(a, b) -> bool:
-    """Whether two classifications name the same categories (the probes they run)."""
-    return a is not None and b is not None and \
-        (a.primary, tuple(a.secondary)) == (b.primary, tuple(b.secondary))
+    """Whether two classifications share their primary category.
+
+    The probes that explain it ran under the same question; secondaries may differ from run to
+    run.
+    """
+    return a is not None and b is not None and a.primary == b.primary
 
 
 def _exists(path: str) -> bool:
