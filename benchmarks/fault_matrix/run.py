@@ -20,6 +20,9 @@ seed=S, probe_seconds=30)`` in a child process, timed). A row is appended to ``-
   expected line (the line that makes the faulty object);
 - false alarm: a healthy base not classified ``healthy``.
 
+Each row also keeps the last two lines the bare run printed (``bare_tail``: the base's own
+validation metric), so a reader can tell a missed fault from a fault that did little harm.
+
 The tables (per operator, per base, per expected category with the confusion of categories,
 totals, and diagnosis time against the bare run) are printed at the end. Nothing here tunes the
 product: the matrix measures it.
@@ -162,10 +165,12 @@ def run_job(job: dict, probe_seconds: float, bare_timeout: float, diagnose_timeo
             bare = subprocess.run([sys.executable, str(script)], cwd=tmp, env=ENV,
                                   capture_output=True, text=True, timeout=bare_timeout)
             row["bare_rc"] = bare.returncode
+            row["bare_tail"] = bare.stdout.strip().splitlines()[-2:]
             row["bare_error"] = (bare.stderr.strip().splitlines() or [""])[-1][-300:] \
                 if bare.returncode else None
         except subprocess.TimeoutExpired:
             row["bare_rc"], row["bare_error"] = None, f"timeout after {bare_timeout:.0f}s"
+            row["bare_tail"] = []
         row["bare_seconds"] = round(time.perf_counter() - t0, 2)
         report_path = Path(tmp) / "report.json"
         t0 = time.perf_counter()
