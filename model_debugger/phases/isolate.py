@@ -10,9 +10,10 @@ instead of replacing them.
 from __future__ import annotations
 
 from .._validate import check_budget, check_probe_ids
-from ..artifacts.base import Captured, ProbeRequest, Version
+from ..artifacts.base import Captured, ProbeRequest
 from ..records import Finding, Run
 from ..session import DebugSession
+from .versions import current_version
 
 
 def probe_run(run: Run, keeper, sources: dict, request: ProbeRequest):
@@ -31,12 +32,6 @@ def probe_run(run: Run, keeper, sources: dict, request: ProbeRequest):
     ctx = build_context(run, keeper, sources, request.budget,
                         classification=request.classification)
     return probe(ctx, list(request.ids) if request.ids is not None else None)
-
-
-def current_version(session: DebugSession) -> Version:
-    """The session's current code: the reproduced code, or the last kept fix."""
-    state = session.state
-    return Version("current", session.store.path(state.current), state.current_source)
 
 
 def isolate(session: DebugSession, artifact, ids: list[str] | None = None,

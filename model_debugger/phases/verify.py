@@ -26,7 +26,8 @@ from ..records import HEALTHY, Run, Verification
 from ..session import DebugSession
 from ..signals import compute, outcome_signals
 from ..store import Store
-from .isolate import current_version
+from .outcome import _result_of
+from .versions import current_version, fixed_version
 
 DEFAULT_SEEDS = 3
 NOISE_K = 2.0  # the band is this many standard deviations of the per-seed values
@@ -38,8 +39,6 @@ def measure(run: Run) -> dict:
     A run that recorded no training step, or whose process died without closing its record,
     counts as crashed (never as a healthy run).
     """
-    from .reproduce import _result_of
-
     sig = compute(run)
     sig.update(outcome_signals(sig))
     cls = classify(sig)
@@ -195,7 +194,7 @@ def verify(session: DebugSession, artifact, seeds: int | list[int] | None = None
         n = state.verifications + 1
         session.store.verify_dir(n)
         before_v = current_version(session)
-        after_v = Version("fixed", session.store.path(fix.copy), fix.fixed)
+        after_v = fixed_version(session)
         info = state.artifact
         same_limit = max_seconds is None or (info is not None and max_seconds == info.max_seconds)
         known = known_runs(session) if same_limit else {}
