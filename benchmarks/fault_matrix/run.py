@@ -328,7 +328,34 @@ def tables(rows: list[dict]) -> str:
                      for r in faults)
     failed = sum(1 for r in rows if r.get("got") is None)
     parts.append(f"Fault programs: {dict(broken)}; diagnoses without a report: {failed}.\n")
+    parts.append(_missed_table(rows))
     return "\n".join(parts)
+
+
+def _last_line(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    if row.get("bare_rc") not in (0,):
+        return f"(exit {row.get('bare_rc')}) {row.get('bare_error') or ''}"[:90]
+    tail = row.get("bare_tail") or []
+    return (tail[-1] if tail else "").replace("|", "/")[:90]
+
+
+def _missed_table(rows: list[dict]) -> str:
+    """Faults diagnosed ``healthy``: the mutant's last printed line against the base's own."""
+    healthy = {}
+    for r in rows:
+        if r["kind"] == "healthy" and r.get("bare_tail"):
+            healthy.setdefault(r["base"], r)
+    missed = [r for r in rows if r["kind"] == "fault" and "bare_tail" in r
+              and (r.get("got") or {}).get("primary") == "healthy"]
+    if not missed:
+        return ""
+    body = [[r["operator"], r["base"], r["expected"]["category"], _last_line(r),
+             _last_line(healthy.get(r["base"]))] for r in sorted(
+                 missed, key=lambda r: (r["expected"]["category"], r["operator"], r["base"]))]
+    return _table("Faults diagnosed healthy: the mutant's last printed line vs the healthy base's",
+                  ["operator", "base", "expected", "mutant (bare run)", "healthy base"], body)
 
 
 # -- main --------------------------------------------------------------------------------------
