@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from .base import SampleTrainer
+
 
 def from_keeper(keeper) -> KerasTrainer | None:
     """A trainer on a keeper's objects, or None for a model Keras cannot clone.
@@ -27,7 +29,7 @@ def from_keeper(keeper) -> KerasTrainer | None:
         return None
 
 
-class KerasTrainer:
+class KerasTrainer(SampleTrainer):
     """Train and evaluate copies of a captured Keras model.
 
     Parameters
@@ -64,21 +66,11 @@ class KerasTrainer:
         self._steps: dict = {}
 
     @property
-    def lr(self) -> float:
-        """The user's learning rate (1e-3 when the optimizer names none)."""
-        return float(self.hyper.get("lr", 1e-3))
-
-    @property
     def adam(self):
         """The Adam class, for probes that train with a fixed, well-behaved optimizer."""
         import keras
 
         return keras.optimizers.Adam
-
-    @property
-    def n(self) -> int:
-        """Rows in the kept training sample."""
-        return 0 if self.targets is None else int(self.targets.shape[0])
 
     def fresh_model(self):
         """A clone of the model with its initial weights."""

@@ -13,6 +13,8 @@ import math
 import numpy as np
 import torch
 
+from .base import SampleTrainer
+
 
 def from_keeper(keeper) -> TorchTrainer | None:
     """A trainer on a :class:`~model_debugger.capture.keeper.Keeper`'s objects, or None.
@@ -27,7 +29,7 @@ def from_keeper(keeper) -> TorchTrainer | None:
         return None
 
 
-class TorchTrainer:
+class TorchTrainer(SampleTrainer):
     """Train and evaluate copies of a captured model.
 
     Parameters
@@ -58,19 +60,9 @@ class TorchTrainer:
         self.val_inputs, self.val_targets = _stack(val_batches) if val_batches else (None, None)
 
     @property
-    def lr(self) -> float:
-        """The user's learning rate (1e-3 when the optimizer names none)."""
-        return float(self.hyper.get("lr", 1e-3))
-
-    @property
     def adam(self):
         """The Adam class, for probes that train with a fixed, well-behaved optimizer."""
         return torch.optim.Adam
-
-    @property
-    def n(self) -> int:
-        """Rows in the kept training sample."""
-        return 0 if self.targets is None else int(self.targets.shape[0])
 
     def fresh_model(self):
         """A deep copy of the model with its initial weights, on the CPU, in train mode."""
