@@ -189,23 +189,11 @@ class KerasTrainer(SampleTrainer):
                 break
         return lrs[:len(losses)], np.array(losses)
 
-    def steps_within(self, steps: int, batch_size: int = 64, floor: int = 30,
-                     work: float = 2e7, seconds: float | None = None) -> int:
-        """How many of ``steps`` training steps a probe affords on this model (see TorchTrainer)."""
-        params = max(int(self.model.count_params()), 1)
-        per_step = max(params * min(batch_size, max(self.n, 1)), 1)
-        count = max(floor, min(steps, int(steps * work / per_step)))
-        if seconds is None or per_step <= work:
-            return count
-        import time
+    warm_up = True  # a Keras step traces on its first call
 
-        model = self.fresh_model()
-        inputs, target = self.subset(slice(0, min(batch_size, self.n)))
-        self.fit(model, inputs, target, 1, batch_size=batch_size)  # the trace
-        t0 = time.perf_counter()
-        self.fit(model, inputs, target, 2, batch_size=batch_size)
-        took = max((time.perf_counter() - t0) / 2, 1e-6)
-        return max(5, min(count, int(seconds / took)))
+    def param_count(self) -> int:
+        """Parameters of the model."""
+        return int(self.model.count_params())
 
     def param_bytes(self) -> int:
         """Bytes of the model's weights."""

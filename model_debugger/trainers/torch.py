@@ -130,27 +130,9 @@ class TorchTrainer(SampleTrainer):
                 check(model)
         return losses
 
-    def steps_within(self, steps: int, batch_size: int = 64, floor: int = 30,
-                     work: float = 2e7, seconds: float | None = None) -> int:
-        """How many of ``steps`` training steps a probe affords on this model (at least ``floor``).
-
-        The cost of a step is taken as parameters x batch size, so a probe on a large model
-        shortens itself deterministically (the same count on a busy or an idle machine). Only
-        for models beyond ``work`` is one step timed, to keep the probe within ``seconds``.
-        """
-        params = sum(p.numel() for p in self.model.parameters())
-        per_step = max(params * min(batch_size, max(self.n, 1)), 1)
-        count = max(floor, min(steps, int(steps * work / per_step)))
-        if seconds is None or per_step <= work:
-            return count
-        import time
-
-        model = self.fresh_model()
-        inputs, target = self.subset(slice(0, min(batch_size, self.n)))
-        t0 = time.perf_counter()
-        self.fit(model, inputs, target, 2, batch_size=batch_size)
-        took = max((time.perf_counter() - t0) / 2, 1e-6)
-        return max(5, min(count, int(seconds / took)))
+    def param_count(self) -> int:
+        """Parameters of the model."""
+        return sum(p.numel() for p in self.model.parameters())
 
     def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """A geometric learning-rate sweep from the initial weights: rates and smoothed losses.
