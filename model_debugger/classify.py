@@ -13,10 +13,13 @@ from .records import HEALTHY, Classification, Evidence
 
 # thresholds (named so tests can probe both sides): declared once in the leaf module
 from .thresholds import (  # noqa: F401 - re-exported for tests
+    ACC_GAP,
     BASELINE_MARGIN,
     DATA_WAIT_FRACTION,
     DATA_WAIT_MS,
     DIVERGE_RATIO,
+    GAP_RATIO,
+    GAP_SHARE,
     GPU_IDLE_STEP_MS,
     GPU_IDLE_UTIL,
     GRAD_GROWTH,
@@ -82,6 +85,15 @@ def exploding(sig: dict):
                 sig["loss_spike"] >= (sig.get("constant_predictor_loss") or 0.1):
             ev += [_ev(sig, "loss_initial", "median of the first steps"),
                    _ev(sig, "loss_spike", f"highest loss after warm-up, >= {SPIKE_RATIO}x initial")]
+    if not ev and sig.get("loss_peak_ratio", 0) >= SPIKE_RATIO and \
+            sig["loss_initial"] >= 2 * sig["loss_first"] and \
+            sig["loss_max"] >= (sig.get("constant_predictor_loss") or 0.1):
+        # blown up within the first steps, and it lasted: the early median holds the blow-up
+        # (one transient spike during warm-up leaves the early median alone)
+        ev += [_ev(sig, "loss_first", "first loss reading, before the updates took effect"),
+               _ev(sig, "loss_initial", "median of the first steps (>= 2x the first reading)"),
+               _ev(sig, "loss_max", f"highest loss, >= {SPIKE_RATIO:g}x the first (the updates "
+                   "drove it up)")]
     if sig.get("grad_norm_growth", 0) >= GRAD_GROWTH and \
             sig.get("loss_relative_drop", 0) < GROWTH_WITH_LEARNING:
         ev.append(_ev(sig, "grad_norm_growth", f"max/initial global gradient norm >= {GRAD_GROWTH:g}"))
@@ -127,6 +139,34 @@ def overfitting(sig: dict):
             ev += [_ev(sig, "train_loss_at_val_min", "train loss when validation was best"),
                    _ev(sig, "train_loss_final", "train loss not rising meanwhile")]
         return "overfitting", ev
+    return None
+
+
+def generalisation_gap(sig: dict):
+    """``overfitting`` when the training set is fitted far better than the validation set.
+
+    Read at the end of the run (no rise from a minimum needed): a training accuracy (or the
+    lowest its loss allows) well above the validation accuracy, or a validation loss several
+    times the training loss by a margin that matters against the constant predictor's loss.
+    """
+    if sig.get("loss_relative_drop", 0) < LOSS_FALLS:
+        return None  # nothing was learned: not a fit that fails to transfer
+    if sig.get("acc_gap", 0) >= ACC_GAP:
+        bound = "train_acc_bound" in sig
+        return "overfitting", [
+            _ev(sig, "train_acc_bound" if bound else "train_acc_final",
+                "lowest training accuracy the final loss allows" if bound else
+                f"'{sig['train_acc_name']}' at the end"),
+            _ev(sig, "val_acc_final", f"'{sig['val_acc_name']}' at the end"),
+            _ev(sig, "acc_gap", f"training minus validation accuracy (>= {ACC_GAP:g})")]
+    base = sig.get("constant_predictor_loss")
+    if sig.get("gap_ratio", 0) >= GAP_RATIO and base and \
+            sig["gap_final"] >= GAP_SHARE * base:
+        return "overfitting", [
+            _ev(sig, "train_loss_final", "training loss at the end"),
+            _ev(sig, "val_loss_final", f"'{sig['val_loss_name']}' at the end"),
+            _ev(sig, "gap_ratio", f"validation / training loss (>= {GAP_RATIO:g})"),
+            _ev(sig, "constant_predictor_loss", f"the gap is >= {GAP_SHARE:g} x this baseline")]
     return None
 
 
@@ -178,11 +218,17 @@ def not_decreasing(sig: dict):
 
     Needs enough loss points; a loss that rises is divergence (:func:`exploding`), not a plateau.
     """
+    base = sig.get("constant_predictor_loss")
     if sig.get("loss_points", 0) < MIN_STEPS:
-        return None
+        if sig.get("loss_points", 0) < 2 or not base or sig["loss_final"] < BASELINE_MARGIN * base:
+            return None
+        return "loss_not_decreasing", [  # a short run can still show it learned nothing
+            _ev(sig, "steps", "optimizer steps in the whole run"),
+            _ev(sig, "loss_final", "median of the last steps"),
+            _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / mean "
+                f"(final loss >= {BASELINE_MARGIN} x this)")]
     if sig["loss_final"] >= DIVERGE_RATIO * max(sig["loss_initial"], 0):
         return None  # a rising loss is divergence (gradient_instability), not a plateau
-    base = sig.get("constant_predictor_loss")
     converged = base is not None and sig["loss_final"] < 0.5 * base
     if sig["loss_relative_drop"] < PLATEAU_DROP and not converged:
         return "loss_not_decreasing", [
@@ -242,8 +288,8 @@ def gpu_idle(sig: dict):
 
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
-    nonfinite, oom, exploding, memory_growth, overfitting, wrong_solution, vanishing,
-    not_decreasing, slow_data, gpu_idle,
+    nonfinite, oom, exploding, memory_growth, overfitting, wrong_solution, generalisation_gap,
+    vanishing, not_decreasing, slow_data, gpu_idle,
 )
 
 

@@ -24,6 +24,8 @@ SIGNALS: dict[str, str] = {
     "loss_max": "highest finite loss",
     "loss_spike": "highest finite loss after a 10% warm-up",
     "loss_relative_drop": "(loss_initial - loss_final) / |loss_initial|",
+    "loss_first": "the first finite loss reading (the model before its updates took effect)",
+    "loss_peak_ratio": "loss_max / loss_first: how far the updates drove the loss above its start",
     "constant_predictor_loss": "loss of the best input-independent predictor (label prior/mean)",
     "majority_rate": "share of the most frequent class in the training targets",
     "first_nonfinite_step": "first step with a non-finite loss, gradient or weight",
@@ -64,6 +66,9 @@ SIGNALS: dict[str, str] = {
     "train_loss_final": "last training loss (per epoch)",
     "gap_at_val_min": "validation minus training loss when validation was best",
     "gap_final": "validation minus training loss at the end",
+    "gap_ratio": "validation / training loss at the end (same loss, same units)",
+    "train_acc_bound": "lowest training accuracy the final loss allows (each error costs >= ln 2)",
+    "acc_gap": "training accuracy (or its bound) minus the last validation accuracy",
     **{f"{split}_{kind}_{what}": f"{meaning} of the {split} {word}"
        for split in ("val", "train")
        for kind, word in (("acc", "accuracy"), ("f1", "F1 score"))
@@ -117,16 +122,36 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
     if counts and loss in ("cross_entropy", "nll_loss"):
         p = np.asarray(counts, dtype=float)
         p = p[p > 0] / p.sum()
-        return float(-(p * np.log(p)).sum()), float(p.max())
+        return float(-(p * np.log(p)).sum()) + 0.0, float(p.max())
     mean, var = targets.get("mean"), targets.get("var")
     if mean is None:
         return None, None
-    if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits") and 0 < mean < 1:
+    if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits") and 0 <= mean <= 1:
+        if mean in (0.0, 1.0):  # one class only: a constant predicts it perfectly
+            return 0.0, 1.0
         return float(-(mean * math.log(mean) + (1 - mean) * math.log(1 - mean))), max(mean,
                                                                                          1 - mean)
     if loss == "mse_loss":
         return float(var), None
+    if loss in ("l1_loss", "smooth_l1_loss", "huber_loss") and var is not None:
+        return _robust_baseline(loss, math.sqrt(max(var, 0.0))), None
     return None, None
+
+
+def _robust_baseline(loss: str, sd: float) -> float:
+    """Expected L1 or Huber/Smooth-L1 loss (delta 1) of predicting the target mean.
+
+    Exact for normally distributed targets of standard deviation ``sd`` (only the first two
+    moments of the targets are recorded).
+    """
+    if sd <= 0:
+        return 0.0
+    if loss == "l1_loss":
+        return sd * math.sqrt(2 / math.pi)
+    a = 1.0 / sd  # |residual| < 1 is the quadratic part, in units of sd
+    pdf = math.exp(-a * a / 2) / math.sqrt(2 * math.pi)
+    inside = math.erf(a / math.sqrt(2))  # P(|u| < a)
+    return 0.5 * sd * sd * (inside - 2 * a * pdf) + 2 * sd * pdf - 0.5 * (1 - inside)
 
 
 def _per_epoch_train_loss(run: Run) -> np.ndarray:
@@ -196,6 +221,9 @@ def compute(run: Run) -> dict:
         s["loss_spike"] = float(fl[len(fl) // 10:].max())  # after a 10% warm-up
         s["loss_relative_drop"] = (s["loss_initial"] - s["loss_final"]) / max(
             abs(s["loss_initial"]), 1e-12)
+        s["loss_first"] = float(fl[0])
+        if fl[0] > 0:
+            s["loss_peak_ratio"] = float(fl.max() / fl[0])
     targets = run.of("targets")
     s["constant_predictor_loss"], s["majority_rate"] = constant_predictor(
         targets[-1] if targets else None)
@@ -282,6 +310,8 @@ def compute(run: Run) -> dict:
             s["train_loss_at_val_min"], s["train_loss_final"] = float(t[best]), float(t[-1])
             s["gap_at_val_min"] = float(v[best] - t[best])
             s["gap_final"] = float(v[-1] - t[-1])
+            if t[-1] > 0:
+                s["gap_ratio"] = float(v[-1] / t[-1])
     for split in ("val", "train"):
         for kind in ("acc", "f1"):
             m = run.metric_by_role(split, kind)
@@ -295,4 +325,27 @@ def compute(run: Run) -> dict:
             s[f"{split}_{kind}_max"] = float(values.max())
             s[f"{split}_{kind}_gain"] = float(values[-1] - values[0])
             s[f"{split}_{kind}_points"] = len(values)
+    _accuracy_gap(s, targets[-1] if targets else None)
     return s
+
+
+def _accuracy_gap(s: dict, targets: dict | None) -> None:
+    """Training accuracy (or the lowest the final loss allows) against the validation accuracy.
+
+    Under a cross-entropy loss every misclassified example costs at least ``ln 2`` (its true
+    class has probability <= 1/2), so a mean loss ``L`` bounds the training error by
+    ``L / ln 2``: a training loss near zero means a training accuracy near one, printed or not.
+    """
+    if "val_acc_final" not in s:
+        return
+    train = s.get("train_acc_final")
+    loss = (targets or {}).get("loss")
+    if train is None and loss in _CLASSIFICATION_LOSSES and "loss_final" in s:
+        train = max(0.0, 1.0 - max(s["loss_final"], 0.0) / math.log(2))
+        s["train_acc_bound"] = train
+    if train is not None:
+        s["acc_gap"] = float(train - s["val_acc_final"])
+
+
+_CLASSIFICATION_LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy",
+                          "binary_cross_entropy_with_logits")

@@ -27,7 +27,7 @@ from model_debugger import capture  # noqa: E402
 from model_debugger.capture import active_recorder  # noqa: E402
 from model_debugger.capture.imports import _finder  # noqa: E402
 from model_debugger.capture.torch_losses import _ALL_BATCHES, _SAMPLE_EVERY  # noqa: E402
-from model_debugger.records import Run  # noqa: E402
+from model_debugger.records import Run, metric_role  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -547,6 +547,35 @@ def test_metrics_from_log_tensorboard_and_stdout(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(3, 0.25), (4, 0.125)]
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("epoch 7 train loss 0.098 val accuracy 0.99", {"train_loss": 0.098, "val_accuracy": 0.99}),
+    ("epoch 3: mean train loss 0.0498, test acc 0.9533",
+     {"mean_train_loss": 0.0498, "test_acc": 0.9533}),
+    ("epoch 8  loss 0.0663  val_loss 0.0350  val_acc 0.985",
+     {"loss": 0.0663, "val_loss": 0.035, "val_acc": 0.985}),
+    ("step 160: loss 0.006, lr 2.00e-03, val_acc 1.000", {"loss": 0.006, "lr": 0.002,
+                                                           "val_acc": 1.0}),
+    ("loaded 50 files in 3 batches", {}),  # counts are not metrics
+    ("train loss nan", {"train_loss": float("nan")}),
+])
+def test_stdout_metrics_printed_as_name_space_value(line, expected):
+    from model_debugger.capture.metrics import parse_metric_line
+
+    got = parse_metric_line(line)[1]
+    assert got.keys() == expected.keys()
+    for k, v in expected.items():
+        assert got[k] == pytest.approx(v, nan_ok=True)
+
+
+def test_stdout_tee_reads_a_print_of_separate_arguments(tmp_path):
+    path = tmp_path / "record.jsonl"
+    with capture(str(path)):
+        print("epoch", 2, "train loss", 0.25, "val accuracy", 0.875)
+    got = {e["name"]: e["value"] for e in Run.load(str(path)).of("metric")}
+    assert got == {"train_loss": 0.25, "val_accuracy": 0.875}
+    assert metric_role("val_accuracy") == ("val", "acc")
 
 
 def test_log_is_a_noop_outside_capture():

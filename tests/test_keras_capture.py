@@ -170,6 +170,31 @@ def test_custom_loops_eager_and_tf_function():
     assert len(keeper.train_batches) == 2 and keeper.train_batches[0][0][0].shape == (32, 8)
 
 
+def test_targets_of_a_loss_that_only_runs_inside_a_tf_function():
+    """A loop that never runs eagerly still records its label prior (the baselines need it)."""
+    X, y = data(128)
+    with capture() as rec:
+        model = mlp()
+        optimizer = keras.optimizers.Adam(1e-2)
+        loss_fn = ce()
+
+        @tf.function
+        def train_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        for i in range(0, 128, 32):
+            train_step(X[i:i + 32], y[i:i + 32])
+    run = Run(rec.events)
+    assert len(run.steps) == 4
+    targets = run.of("targets")[-1]
+    assert targets["loss"] == "cross_entropy" and targets["n"] == 128
+    assert targets["counts"] == np.bincount(y, minlength=len(targets["counts"])).tolist()
+
+
 def test_first_nonfinite_step_and_layer():
     X, y = data(256)
     model = mlp()

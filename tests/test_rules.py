@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from model_debugger import classify as C
-from model_debugger.records import HEALTHY, Classification, metric_role
+from model_debugger.records import HEALTHY, Classification, Run, metric_role
 from model_debugger.signals import compute, constant_predictor
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -69,7 +69,8 @@ def classify_and_check(sig: dict) -> Classification:
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "exploding", "memory_growth", "overfitting",
-                     "wrong_solution", "vanishing", "not_decreasing", "slow_data", "gpu_idle"]
+                     "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing",
+                     "slow_data", "gpu_idle"]
 
 
 # -- nonfinite -------------------------------------------------------------------------------
@@ -747,8 +748,20 @@ def test_constant_predictor_bce(loss):
 
 @pytest.mark.parametrize("mean", [0.0, 1.0])
 def test_constant_predictor_bce_degenerate_targets(mean):
+    # one class only: predicting it always is perfect, and is the majority rate
     assert constant_predictor({"loss": "binary_cross_entropy", "mean": mean, "var": 0.0}) == \
-        (None, None)
+        (0.0, 1.0)
+
+
+@pytest.mark.parametrize("loss", ["l1_loss", "smooth_l1_loss", "huber_loss"])
+@pytest.mark.parametrize("sd", [0.05, 0.7, 4.0])
+def test_constant_predictor_robust_losses_match_sampled_normal_targets(loss, sd):
+    y = np.random.default_rng(0).normal(2.0, sd, 400_000)
+    r = y - y.mean()
+    sampled = np.abs(r).mean() if loss == "l1_loss" else \
+        np.where(np.abs(r) < 1, 0.5 * r * r, np.abs(r) - 0.5).mean()
+    base, majority = constant_predictor({"loss": loss, "mean": 2.0, "var": sd * sd})
+    assert base == pytest.approx(sampled, rel=0.01) and majority is None
 
 
 def test_constant_predictor_mse_is_target_variance():
@@ -756,7 +769,7 @@ def test_constant_predictor_mse_is_target_variance():
         (pytest.approx(2.5), None)
 
 
-@pytest.mark.parametrize("targets", [None, {}, {"loss": "l1_loss", "mean": 1.0, "var": 1.0},
+@pytest.mark.parametrize("targets", [None, {}, {"loss": "kl_div", "mean": 1.0, "var": 1.0},
                                      {"loss": "cross_entropy", "mean": 0.3, "var": 0.2}])
 def test_constant_predictor_unknown(targets):
     assert constant_predictor(targets) == (None, None)
@@ -799,3 +812,97 @@ def test_wrong_solution_a_useful_f1_outranks_accuracy_below_the_majority_rate():
                        syn.metric("val_f1", [0.1, 0.3, 0.55]))
     sig, cls = quiet(C.wrong_solution, run)
     assert sig["val_acc_final"] < sig["majority_rate"] and cls.primary == HEALTHY
+
+
+# -- exploding: a blow-up within the first steps ---------------------------------------------
+
+
+def _early_blowup(peak: float, lasting: bool = True) -> Run:
+    """Starts at 1.0, is driven to ``peak`` within the first steps, then settles back."""
+    loss = syn.decay(100, 1.0, 0.1)
+    loss[1:12 if lasting else 2] = peak
+    return syn.make_run(syn.steps_events(loss), syn.targets_counts([50, 50]))
+
+
+def test_exploding_fires_on_a_lasting_blowup_in_the_first_steps():
+    sig, _ = fires(C.exploding, _early_blowup(3 * C.SPIKE_RATIO), "gradient_instability",
+                   {"loss_first", "loss_max"})
+    assert sig["loss_peak_ratio"] == pytest.approx(3 * C.SPIKE_RATIO)
+
+
+def test_exploding_quiet_below_the_peak_ratio():
+    sig, _ = quiet(C.exploding, _early_blowup(0.8 * C.SPIKE_RATIO))
+    assert sig["loss_peak_ratio"] < C.SPIKE_RATIO
+
+
+def test_exploding_quiet_on_one_transient_step_at_the_start():
+    sig, _ = quiet(C.exploding, _early_blowup(3 * C.SPIKE_RATIO, lasting=False))
+    assert sig["loss_peak_ratio"] >= C.SPIKE_RATIO and sig["loss_initial"] < 2 * sig["loss_first"]
+
+
+# -- generalisation_gap ----------------------------------------------------------------------
+
+
+def _gap_run(train_final: float, val_acc: float | None = None, val_loss: float | None = None,
+             train_acc: float | None = None, counts=(50, 50)) -> Run:
+    loss = syn.decay(100, 0.7, train_final)
+    events = [syn.steps_events(loss, ep=np.repeat(np.arange(10), 10)), syn.targets_counts(counts)]
+    if val_acc is not None:
+        events.append(syn.metric("val_acc", np.linspace(0.6, val_acc, 10)))
+    if val_loss is not None:
+        events.append(syn.metric("val_loss", np.linspace(0.69, val_loss, 10)))
+    if train_acc is not None:
+        events.append(syn.metric("acc", np.linspace(0.6, train_acc, 10)))
+    return syn.make_run(*events)
+
+
+def test_gap_fires_when_a_near_zero_training_loss_meets_a_poor_validation_accuracy():
+    # a mean cross-entropy of 0.001 allows at most 0.14% training errors
+    sig, _ = fires(C.generalisation_gap, _gap_run(0.001, val_acc=0.70), "overfitting",
+                   {"train_acc_bound", "val_acc_final", "acc_gap"})
+    assert sig["train_acc_bound"] == pytest.approx(1 - sig["loss_final"] / math.log(2))
+
+
+def test_gap_quiet_when_the_bound_leaves_room_for_the_validation_accuracy():
+    # a training loss of 0.2 allows 29% errors: a validation accuracy of 0.8 is no gap
+    sig, cls = quiet(C.generalisation_gap, _gap_run(0.2, val_acc=0.80))
+    assert sig["acc_gap"] < C.ACC_GAP and cls.primary == HEALTHY
+
+
+def test_gap_reads_a_printed_training_accuracy_over_the_bound():
+    sig, _ = fires(C.generalisation_gap, _gap_run(0.3, val_acc=0.75, train_acc=0.99),
+                   "overfitting", {"train_acc_final", "val_acc_final", "acc_gap"})
+    assert "train_acc_bound" not in sig
+    quiet(C.generalisation_gap, _gap_run(0.3, val_acc=0.90, train_acc=0.99))
+
+
+def test_gap_fires_on_a_validation_loss_far_above_the_training_loss():
+    sig, _ = fires(C.generalisation_gap, _gap_run(0.05, val_loss=0.5), "overfitting",
+                   {"train_loss_final", "val_loss_final", "gap_ratio"}, primary=False)
+    assert sig["gap_ratio"] >= C.GAP_RATIO
+
+
+def test_gap_quiet_when_the_loss_gap_is_small_against_the_baseline():
+    # 4x apart, but both near zero: 0.006 is nothing against a baseline of ln 2
+    sig, _ = quiet(C.generalisation_gap, _gap_run(0.001, val_loss=0.006))
+    assert sig["gap_ratio"] >= C.GAP_RATIO and sig["gap_final"] < C.GAP_SHARE * math.log(2)
+
+
+def test_gap_quiet_when_nothing_was_learned():
+    run = syn.make_run(syn.steps_events(np.full(100, 0.69)), syn.targets_counts([50, 50]),
+                       syn.metric("val_acc", np.full(10, 0.3)), syn.metric("acc", np.full(10, 0.9)))
+    quiet(C.generalisation_gap, run)
+
+
+# -- not_decreasing: runs too short for a curve ----------------------------------------------
+
+
+def test_not_decreasing_fires_on_a_short_run_that_never_beat_the_constant_predictor():
+    run = syn.make_run(syn.steps_events([2.30, 2.29, 2.27, 2.25]),
+                       syn.targets_counts([10] * 10))  # baseline ln 10 = 2.303
+    fires(C.not_decreasing, run, "loss_not_decreasing", {"steps", "constant_predictor_loss"})
+
+
+def test_not_decreasing_quiet_on_a_short_run_below_the_constant_predictor():
+    run = syn.make_run(syn.steps_events([2.30, 1.5, 0.9, 0.5]), syn.targets_counts([10] * 10))
+    quiet(C.not_decreasing, run)

@@ -56,10 +56,11 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBU
 DIAGNOSE = """
 import json, sys
 from model_debugger.diagnose import diagnose_script
-script, seed, root, out, probe = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], \
-    float(sys.argv[5])
+script, seed, root, out, probe, intervene = sys.argv[1], int(sys.argv[2]), sys.argv[3], \
+    sys.argv[4], float(sys.argv[5]), float(sys.argv[6])
 with open(out + ".stdout", "w") as sink:
-    session = diagnose_script(script, seed=seed, root=root, stdout=sink, probe_seconds=probe)
+    session = diagnose_script(script, seed=seed, root=root, stdout=sink, probe_seconds=probe,
+                              intervene_seconds=intervene)
 with open(out, "w") as fh:
     json.dump(session.report(), fh, default=str)
 """
@@ -143,7 +144,8 @@ def _git_commit() -> str:
         return ""
 
 
-def run_job(job: dict, probe_seconds: float, bare_timeout: float, diagnose_timeout: float) -> dict:
+def run_job(job: dict, probe_seconds: float, bare_timeout: float, diagnose_timeout: float,
+            intervene_seconds: float = 0.0) -> dict:
     """Write the program, run it bare, diagnose it; return the scored row."""
     source = (BASES / f"{job['base']}.py").read_text()
     row = dict(job)
@@ -177,7 +179,8 @@ def run_job(job: dict, probe_seconds: float, bare_timeout: float, diagnose_timeo
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", DIAGNOSE, str(script), str(job["seed"]),
-                 str(Path(tmp) / "sessions"), str(report_path), str(probe_seconds)],
+                 str(Path(tmp) / "sessions"), str(report_path), str(probe_seconds),
+                 str(intervene_seconds)],
                 cwd=tmp, env=ENV, capture_output=True, text=True, timeout=diagnose_timeout)
             row["diagnose_rc"] = proc.returncode
             row["diagnose_error"] = (proc.stderr.strip().splitlines() or [""])[-1][-300:] \
@@ -188,6 +191,7 @@ def run_job(job: dict, probe_seconds: float, bare_timeout: float, diagnose_timeo
         row["diagnose_seconds"] = round(time.perf_counter() - t0, 2)
         report = json.loads(report_path.read_text()) if report_path.exists() else None
         row.update(score(report, row["expected"], str(script)))
+    row["intervene_seconds"] = intervene_seconds
     row["commit"] = _git_commit()
     row["time"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return row
@@ -388,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("fault_matrix_results.jsonl"))
     ap.add_argument("--probe-seconds", type=float, default=30.0)
+    ap.add_argument("--intervene-seconds", type=float, default=0.0,
+                    help="confirmation by intervention: seconds of re-runs per diagnosis (0: off)")
     ap.add_argument("--bare-timeout", type=float, default=300.0)
     ap.add_argument("--diagnose-timeout", type=float, default=900.0)
     ap.add_argument("--report", action="store_true", help="only print the tables of --out")
@@ -411,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
 
     def one(job: dict) -> dict:
-        row = run_job(job, args.probe_seconds, args.bare_timeout, args.diagnose_timeout)
+        row = run_job(job, args.probe_seconds, args.bare_timeout, args.diagnose_timeout,
+                      args.intervene_seconds)
         with lock, open(args.out, "a") as fh:
             fh.write(json.dumps(row, default=str) + "\n")
         got = (row.get("got") or {}).get("primary")

@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 
 from .keras_keeper import describe_loss, split_batch, to_numpy
-from .keras_util import user_location
+from .keras_util import in_xla, user_location
 
 _PROGRESS = re.compile(r"/step\b|━|\d+/\d+ \[")  # Keras progress bar lines, not user metrics
 
@@ -221,12 +221,45 @@ class LoopHooks:
         def __call__(loss, y_true, y_pred, *args, **kwargs):
             out = original(loss, y_true, y_pred, *args, **kwargs)
             inst = link()
-            if inst is not None and not inst._fit_depth and inst._tf.executing_eagerly():
-                inst.guard(inst._on_loss_call)(loss, y_true, y_pred)
+            if inst is not None and not inst._fit_depth:
+                if inst._tf.executing_eagerly():
+                    inst.guard(inst._on_loss_call)(loss, y_true, y_pred)
+                else:
+                    inst.guard(inst._on_traced_loss_call)(loss, y_true)
             return out
 
         __call__.__wrapped__ = original
         return __call__
+
+    def _describe_loss(self, loss) -> bool:
+        """Remember the training loss (its kind names the constant-predictor baseline)."""
+        if self.keeper.loss is None:
+            desc = describe_loss(loss)
+            if desc is None:
+                return False
+            self.keeper.loss = desc
+            self.labels.loss, self.labels.keras = desc["name"], desc["keras"]
+            self.ref("loss_fn", user_location(sys._getframe()), name=desc["keras"])
+        return self.keeper.loss.get("object") is loss
+
+    def _on_traced_loss_call(self, loss, y_true) -> None:
+        """A loss traced inside a ``tf.function`` training step: count its targets when it runs.
+
+        The targets leave the graph through ``tf.py_function`` (as the step's norms do), so the
+        label prior / target moments are known for loops that never run eagerly.
+        """
+        from tensorflow.python.eager import record
+
+        if not record.could_possibly_record() or in_xla() or not self._describe_loss(loss):
+            return
+        link = self._link  # the py_function outlives the capture in TensorFlow's registry
+
+        def observe(y):
+            inst = link()
+            if inst is not None:
+                inst.guard(inst.labels.observe)(y.numpy())
+
+        self._tf.py_function(observe, [y_true], [])
 
     def _on_loss_call(self, loss, y_true, y_pred) -> None:
         from tensorflow.python.eager import record
@@ -238,14 +271,7 @@ class LoopHooks:
                     and getattr(x, "shape", (None,))[:1] == y.shape[:1]:
                 self.keeper.val_batches.append(((to_numpy(x),), y))
             return
-        if self.keeper.loss is None:
-            desc = describe_loss(loss)
-            if desc is None:
-                return
-            self.keeper.loss = desc
-            self.labels.loss, self.labels.keras = desc["name"], desc["keras"]
-            self.ref("loss_fn", user_location(sys._getframe()), name=desc["keras"])
-        if self.keeper.loss.get("object") is not loss:
+        if not self._describe_loss(loss):
             return
         y = to_numpy(y_true)
         self.labels.observe(y)

@@ -1,6 +1,8 @@
 """Metric sources that need no change to the user's code.
 
-- numbers printed on stdout as ``name=value`` or ``name: value`` (``epoch 3`` sets the epoch);
+- numbers printed on stdout as ``name=value`` or ``name: value``, or as ``name value`` when the
+  name ends in a metric word (``val accuracy 0.95``, ``test acc 0.93``, ``loss 0.41``; ``epoch 3``
+  sets the epoch);
 - ``torch.utils.tensorboard.SummaryWriter.add_scalar`` / ``add_scalars``.
 """
 
@@ -14,6 +16,15 @@ _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|NaN|Inf)"
 _PAIR = re.compile(r"(?<![\w.])([A-Za-z_][\w./-]*?)\s*(?:=|:)\s*(" + _NUM + r")(?![\w.:])")
 _EPOCH = re.compile(r"\bepoch\s*[\[:=#]?\s*(\d+)", re.IGNORECASE)
 _CONTEXT = {"epoch", "step", "iter", "iteration", "batch", "it", "global_step"}
+# ``name value`` with a space: the name's last word must be one of these (a printed count like
+# ``files 3`` is not a metric), optionally after split words (``val accuracy``, ``mean train loss``)
+_METRIC_WORDS = {"loss", "acc", "accuracy", "f1", "auc", "mse", "rmse", "mae", "error", "err",
+                 "ppl", "perplexity", "precision", "recall", "lr", "r2", "iou", "dice", "top1",
+                 "top5", "score", "nll", "bce"}
+_QUALIFIERS = {"train", "training", "val", "valid", "validation", "test", "eval", "dev", "mean",
+               "avg", "average", "running", "batch", "epoch", "macro", "micro", "weighted"}
+_SPACED_HINT = re.compile(r"(?i)(?:" + "|".join(sorted(_METRIC_WORDS)) + r")[ \t]+[-+.\d]")
+_TOKEN = re.compile(r"(?P<num>(?<![\w.])(?:" + _NUM + r")(?![\w.:]))|(?P<word>[A-Za-z_][\w./-]*)|\S")
 
 
 def parse_metric_line(line: str) -> tuple[int | None, dict[str, float]]:
@@ -44,7 +55,38 @@ def parse_metric_line(line: str) -> tuple[int | None, dict[str, float]]:
                 epoch = int(float(value)) if math.isfinite(float(value)) else None
             continue
         found[key] = float(value)
+    for key, value in _spaced_pairs(line):
+        found.setdefault(key, value)
     return epoch, found
+
+
+def _spaced_pairs(line: str) -> list[tuple[str, float]]:
+    """``name value`` pairs separated by blanks only, whose name ends in a metric word.
+
+    Split words directly before the name join it with ``_``: ``val accuracy 0.95`` is
+    ``val_accuracy``.
+    """
+    tokens = list(_TOKEN.finditer(line))
+    out = []
+    for i, tok in enumerate(tokens):
+        if tok.group("num") is None or i == 0:
+            continue
+        words = []
+        j = i - 1
+        while j >= 0 and tokens[j].group("word") is not None and \
+                not line[tokens[j].end():tokens[j + 1].start()].strip() and \
+                tokens[j].end() < tokens[j + 1].start():
+            word = tokens[j].group("word").strip("./-").lower()
+            if not words:
+                if word.split("_")[-1] not in _METRIC_WORDS:
+                    break
+            elif word not in _QUALIFIERS:
+                break
+            words.insert(0, word)
+            j -= 1
+        if words:
+            out.append(("_".join(words), float(tok.group("num"))))
+    return out
 
 
 class StdoutTee:
@@ -75,7 +117,7 @@ class StdoutTee:
         if "\n" in self._buf:
             *lines, self._buf = self._buf.split("\n")
             for line in lines:
-                if "=" in line or ":" in line:
+                if "=" in line or ":" in line or _SPACED_HINT.search(line):
                     self._on_line(line)
         return n if n is not None else len(text)
 
