@@ -31,6 +31,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     RSS_R2,
     RSS_STILL_GROWING,
     SPIKE_RATIO,
+    START_RATIO,
     TRAIN_NOT_RISING,
     TRIVIAL_F1,
     TRIVIAL_METRIC_MARGIN,
@@ -94,6 +95,15 @@ def exploding(sig: dict):
                _ev(sig, "loss_initial", "median of the first steps (>= 2x the first reading)"),
                _ev(sig, "loss_max", f"highest loss, >= {SPIKE_RATIO:g}x the first (the updates "
                    "drove it up)")]
+    base = sig.get("constant_predictor_loss")
+    if not ev and base and sig.get("loss_first", 0) >= START_RATIO * base:
+        # an untrained model should do about as well as a constant: outputs far too large
+        # (initialisation, output scale) make errors, and so gradients, far too large
+        ev += [_ev(sig, "loss_first", "first loss reading, before the updates took effect"),
+               _ev(sig, "constant_predictor_loss", f"loss of predicting the label prior / mean "
+                   f"(the first loss is >= {START_RATIO:g}x this)")]
+        if "grad_norm_initial" in sig:
+            ev.append(_ev(sig, "grad_norm_initial", "median global gradient norm at the start"))
     if sig.get("grad_norm_growth", 0) >= GRAD_GROWTH and \
             sig.get("loss_relative_drop", 0) < GROWTH_WITH_LEARNING:
         ev.append(_ev(sig, "grad_norm_growth", f"max/initial global gradient norm >= {GRAD_GROWTH:g}"))
@@ -187,8 +197,15 @@ def wrong_solution(sig: dict):
             continue  # a class-balanced score that is not trivial outranks accuracy
         if f"{split}_acc_final" in sig and sig.get("majority_rate") is not None:
             trivial = sig[f"{split}_acc_final"] <= sig["majority_rate"] + TRIVIAL_METRIC_MARGIN
+            # fell to the prior's loss (it learned the prior, nothing else); a loss that never
+            # moved is a plateau (not_decreasing), whatever the accuracy
             near_baseline = sig.get("constant_predictor_loss") is not None and \
-                sig.get("loss_final", 0) >= BASELINE_MARGIN * sig["constant_predictor_loss"]
+                sig.get("loss_final", 0) >= BASELINE_MARGIN * sig["constant_predictor_loss"] \
+                and sig.get("loss_relative_drop", 0) >= PLATEAU_DROP
+            train = sig.get("train_acc_final", sig.get("train_acc_bound"))
+            if split == "val" and train is not None and sig.get("acc_gap", 0) >= ACC_GAP and \
+                    train > sig["majority_rate"] + TRIVIAL_METRIC_MARGIN:
+                continue  # the training set is fitted, not trivially: a generalisation gap
             if trivial and (falls or near_baseline):
                 return "convergence_to_wrong_solution", [
                     _ev(sig, "loss_relative_drop", "the loss falls" if falls else

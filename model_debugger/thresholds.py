@@ -14,6 +14,7 @@ PLATEAU_DROP = 0.05          # less than 5% loss decrease over the run is a plat
 BASELINE_MARGIN = 0.95       # final loss above 95% of the constant predictor's loss
 DIVERGE_RATIO = 2.0          # final loss at least twice the initial loss
 SPIKE_RATIO = 10.0           # a finite loss 10x the initial one
+START_RATIO = 10.0           # an untrained model's loss 10x the constant predictor's
 GRAD_GROWTH = 1e3            # max gradient norm / initial gradient norm
 GROWTH_WITH_LEARNING = 0.5   # ... counts only while the loss has not fallen by half (zero-init)
 VANISH_RATIO = 1e-3          # first-layer / last-layer median gradient norm

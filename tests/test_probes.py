@@ -475,6 +475,30 @@ def test_lr_range_too_high(tmp_path):
     assert ev["safe_lr"] <= ev["diverge_lr"] / 10 * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("primary,user,expect", [
+    ("gradient_instability", 1.0, True),     # unstable run, 10x the safe rate: a hypothesis
+    ("gradient_instability", 0.2, False),    # 2x the safe rate: below UNSAFE, nothing said
+    ("healthy", 1.0, False),                 # a stable run at that rate: nothing to explain
+])
+def test_lr_range_unstable_run_above_the_safe_rate_is_a_hypothesis(primary, user, expect):
+    from types import SimpleNamespace
+
+    from model_debugger.probes.lr_range import UNSAFE, LRRange
+    from model_debugger.probes.suggestions import intervention_for
+
+    ctx = SimpleNamespace(signals={"loss_relative_drop": 0.5}, ref=lambda kind: None,
+                          classification=Classification(primary, (), ()))
+    found = LRRange()._judge(ctx, SimpleNamespace(lr=user), best_lr=0.3, diverge_lr=2.0,
+                             safe_lr=0.1)
+    assert bool(found) == expect
+    if expect:
+        [f] = found
+        assert not f.confirmed and f.root_cause == "hyperparameter"
+        assert user / f.evidence["safe_lr"] >= UNSAFE
+        change = intervention_for(f)  # what a re-run at the safe rate installs
+        assert change.id == "lr_scale" and change.params["factor"] == pytest.approx(0.1 / user)
+
+
 def test_lr_range_too_low(tmp_path):
     ctx = captured(tmp_path, train_lr_too_low)
     assert ctx.signals["loss_relative_drop"] < 0.2

@@ -452,13 +452,23 @@ def test_wrong_solution_accuracy_beyond_margin_is_quiet():
     assert cls.primary == HEALTHY
 
 
-def test_wrong_solution_accuracy_with_loss_at_constant_predictor_fires():
+def test_wrong_solution_accuracy_with_loss_fallen_to_constant_predictor_fires():
+    # fell a little, to the prior's loss: it learned the prior and nothing else
     base, _ = constant_predictor({"loss": "cross_entropy", "counts": MAJORITY_COUNTS})
-    run = _acc_run(0.6, loss=np.full(100, base))
+    start = base / (1 - 0.5 * (C.PLATEAU_DROP + C.LOSS_FALLS))
+    run = _acc_run(0.6, loss=syn.two_level(100, start, base))
     sig, cls = fires(C.wrong_solution, run, "convergence_to_wrong_solution",
                      {"loss_relative_drop", "val_acc_final", "majority_rate"})
-    assert sig["loss_relative_drop"] < C.LOSS_FALLS
+    assert C.PLATEAU_DROP <= sig["loss_relative_drop"] < C.LOSS_FALLS
     assert "loss_not_decreasing" in cls.secondary
+
+
+def test_wrong_solution_quiet_when_the_loss_never_moved_from_the_baseline():
+    # nothing learned at all: a plateau (zero_grad misplaced, lr far too low), not a wrong fit
+    base, _ = constant_predictor({"loss": "cross_entropy", "counts": MAJORITY_COUNTS})
+    sig, cls = quiet(C.wrong_solution, _acc_run(0.6, loss=np.full(100, base)))
+    assert sig["loss_relative_drop"] < C.PLATEAU_DROP
+    assert cls.primary == "loss_not_decreasing"
 
 
 def test_wrong_solution_accuracy_with_flat_loss_below_baseline_is_quiet():
@@ -906,3 +916,33 @@ def test_not_decreasing_fires_on_a_short_run_that_never_beat_the_constant_predic
 def test_not_decreasing_quiet_on_a_short_run_below_the_constant_predictor():
     run = syn.make_run(syn.steps_events([2.30, 1.5, 0.9, 0.5]), syn.targets_counts([10] * 10))
     quiet(C.not_decreasing, run)
+
+
+def test_exploding_fires_when_the_untrained_loss_is_far_above_the_constant_predictor():
+    loss = syn.decay(100, 40.0, 2.0)  # targets of variance 1: an untrained MSE of 40
+    run = syn.make_run(syn.steps_events(loss, gn=np.full(100, 500.0)),
+                       syn.targets_moments(0.0, 1.0))
+    sig, _ = fires(C.exploding, run, "gradient_instability",
+                   {"loss_first", "constant_predictor_loss", "grad_norm_initial"})
+    assert sig["loss_first"] >= C.START_RATIO * sig["constant_predictor_loss"]
+
+
+def test_exploding_quiet_when_the_untrained_loss_is_near_the_constant_predictor():
+    run = syn.make_run(syn.steps_events(syn.decay(100, 3.0, 0.2)), syn.targets_moments(0.0, 1.0))
+    sig, cls = quiet(C.exploding, run)
+    assert sig["loss_first"] < C.START_RATIO * sig["constant_predictor_loss"]
+    assert cls.primary == HEALTHY
+
+
+def test_validation_at_chance_with_the_training_set_fitted_is_a_gap_not_a_wrong_solution():
+    # train loss ~0 (training accuracy >= 0.99 by the bound), validation at the majority rate
+    sig, cls = quiet(C.wrong_solution, _gap_run(0.002, val_acc=0.5, counts=(50, 50)))
+    assert sig["train_acc_bound"] > 0.99 and cls.primary == "overfitting"
+
+
+def test_one_class_training_labels_fitted_perfectly_are_a_wrong_solution():
+    # the training set has one class: fitting it is trivial (the majority rate is 1)
+    run = _gap_run(0.001, val_acc=0.59, counts=(100, 0))
+    sig, cls = fires(C.wrong_solution, run, "convergence_to_wrong_solution",
+                     {"val_acc_final", "majority_rate"})
+    assert sig["majority_rate"] == 1.0

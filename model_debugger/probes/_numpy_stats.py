@@ -18,8 +18,8 @@ REGRESSION_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 
 
 def data_location(ctx) -> dict | None:
-    """Where the data enters the loss: the ``loss_fn`` reference, else ``backward``, else None."""
-    return ctx.ref("loss_fn") or ctx.ref("backward")
+    """Where the data enters training: Keras ``fit``, else the loss call, else ``backward``."""
+    return ctx.ref("fit") or ctx.ref("loss_fn") or ctx.ref("backward")
 
 
 def loss_name(ctx) -> str | None:

@@ -122,6 +122,9 @@ class Probe:
         Frameworks it supports.
     fix : str
         The suggested fix for its findings (see :meth:`suggestion`).
+    data_role : {"inputs", "targets"} or None
+        Which half of the training data its ``data`` findings are about: their location is
+        traced back to where that half was made (:func:`~model_debugger.provenance.data_origin`).
     """
 
     id: str = ""
@@ -129,6 +132,7 @@ class Probe:
     needs_live: bool = False
     frameworks: tuple[str, ...] = ("torch", "keras", "none")
     fix: str = GENERIC_SUGGESTION
+    data_role: str | None = None
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Whether the probe can run on this context."""
@@ -168,7 +172,15 @@ class Probe:
 
     def finding(self, root_cause: str, confirmed: bool, explanation: str,
                 location: dict | None = None, **evidence) -> Finding:
-        """Build a Finding for this probe."""
+        """Build a Finding for this probe.
+
+        A ``data`` finding seen where the data was used (the loss call, ``fit``) is located
+        where that data was made (:func:`~model_debugger.provenance.data_origin`).
+        """
+        if root_cause == "data":
+            from ..provenance import data_origin
+
+            location = data_origin(location, self.data_role)
         return Finding(self.id, root_cause, confirmed, explanation, location,
                        {k: _jsonable(v) for k, v in evidence.items()})
 

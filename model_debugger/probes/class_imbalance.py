@@ -53,6 +53,7 @@ class ClassImbalance(Probe):
     """Measure class frequencies and relate them to the accuracy the run reached."""
 
     id = "class_imbalance"
+    data_role = "targets"
     categories = ("convergence_to_wrong_solution", "loss_not_decreasing")
     needs_live = False
     fix = ("Weight the loss by inverse class frequency (CrossEntropyLoss(weight=...)) or "

@@ -34,6 +34,7 @@ class FeatureScaling(Probe):
     """Find input features whose scale is far from the others'."""
 
     id = "feature_scaling"
+    data_role = "inputs"
     categories = ("gradient_instability", "loss_not_decreasing")
     needs_live = False
     fix = ("Standardise the input features with statistics of the training split ((x - mean) / "

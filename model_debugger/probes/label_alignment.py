@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
 
 ROWS = 1536
@@ -126,7 +127,7 @@ class LabelAlignment(Probe):
             f"out once over {FOLDS} folds). The labels carry no information about the inputs: "
             "X and y are misaligned (a sort, merge or shuffle that moved one without the other) "
             "or the labels are noise.",
-            ctx.ref("loss_fn") or ctx.ref("backward"), heldout_loss_real=real,
+            st.data_location(ctx), heldout_loss_real=real,
             heldout_loss_shuffled=mean_shuffled, heldout_loss_each_shuffle=shuffled,
             train_fit_loss=pooled(0, 1), constant_loss=base, rows=n, folds=FOLDS,
             strength=0.85)]

@@ -18,6 +18,7 @@ from .report import ProbeResult
 
 LR_MIN, LR_MAX, STEPS = 1e-7, 10.0, 120
 TOO_LOW = 100.0  # user lr this many times below the best rate
+UNSAFE = 3.0  # an unstable run at this many times the safe rate: the rate is a hypothesis
 
 
 def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
@@ -114,6 +115,19 @@ class LRRange(Probe):
                 f"from the initial weights ({diverge_lr:.3g}); updates overshoot, the loss and "
                 f"gradients grow until they overflow. A safe rate is about {safe_lr:.3g}.",
                 ctx.ref("optimizer"), strength=0.8, **common)]
+        unstable_run = ctx.classification is not None and \
+            ctx.classification.primary == "gradient_instability"
+        if unstable_run and user >= UNSAFE * safe_lr:
+            # the run blew up although a short sweep from the initial weights did not: a
+            # hypothesis only; a re-run at the safe rate (the intervention) tells
+            return [self.finding(
+                "hyperparameter", False,
+                f"The run was unstable at a learning rate of {user:g}, {user / safe_lr:.3g}x the "
+                f"safe rate of a sweep from the initial weights ({safe_lr:.3g}; it diverged "
+                f"{'at ' + format(diverge_lr, '.3g') if diverge_lr else 'nowhere in the sweep'}"
+                "). A short sweep can miss a blow-up that builds over many steps; a re-run at the "
+                "safe rate would confirm it.",
+                ctx.ref("optimizer"), strength=0.45, **common)]
         if user * TOO_LOW <= best_lr and stuck:
             slow, fast = _heldout_at(tr, ctx, user), _heldout_at(tr, ctx, safe_lr)
             confirmed = fast < 0.9 * slow

@@ -5,7 +5,7 @@ were not, so row i's label belongs to another customer.
 expect-category: convergence_to_wrong_solution
 expect-root-cause: data
 expect-check: label_alignment
-expect-line: model.fit(
+expect-line: usage = usage[np.argsort(customer_id)]
 expect-backward: model.fit(
 fault: data (X sorted by id, y left in file order)
 """

@@ -3,7 +3,7 @@
 expect-category: loss_not_decreasing
 expect-root-cause: data
 expect-check: label_alignment
-expect-line: nn.functional.cross_entropy
+expect-line: features = features[order]
 """
 import numpy as np
 import torch

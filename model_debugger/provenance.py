@@ -1,0 +1,371 @@
+"""Where the training data was made: a def-use trace back from where the capture saw it used.
+
+The capture sees data where it is *used*: the loss call (``criterion(pred, yb)``), the ``fit``
+line. A data fault (scaled inputs, shuffled labels, a filtered split) is usually *made* earlier:
+the line that built the arrays or the dataset. :func:`data_origin` reads the user's file (never
+runs it), takes the data arguments of the call at the use line, and follows each name back to
+the assignment that bound it, through loop targets (``for xb, yb in loader``) and pure wrappers
+(``DataLoader(train_set)``, ``TensorDataset(X, y)``, ``ds.shuffle(...).batch(...)``), stopping
+at the first line that computes something: that line made the data the model trained on.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+
+# calls that only wrap data made elsewhere: the trace goes on through their arguments
+_WRAPPERS = {"DataLoader", "TensorDataset", "iter", "enumerate", "zip", "tqdm", "list", "tuple",
+             "from_tensor_slices", "from_tensors", "batch", "shuffle", "prefetch", "repeat",
+             "cache", "as_tensor", "tensor", "Tensor", "asarray", "array", "float", "long",
+             "to", "cuda", "cpu", "astype", "Dataset", "DataFrame", "values", "to_numpy",
+             "numpy", "reshape", "view", "squeeze", "unsqueeze", "copy", "clone", "from_numpy",
+             "convert_to_tensor", "constant", "FloatTensor", "LongTensor", "double", "int"}
+_MAX_HOPS = 12
+_FIT_CALLS = {"fit", "train_on_batch", "fit_generator"}
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(path: str, mtime: float) -> ast.Module | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return ast.parse(fh.read(), path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def data_origin(location: dict | None, role: str | None = None) -> dict | None:
+    """The location that made the data used at ``location``, or ``location`` unchanged.
+
+    Parameters
+    ----------
+    location : dict or None
+        ``{"file", "line"}`` where the capture saw the data used (a loss call, a ``fit`` call).
+    role : {"inputs", "targets"}, optional
+        Which half of the data the finding is about: where a wrapper or a ``fit`` call takes
+        inputs and targets together (``TensorDataset(X, y)``), the trace follows the first
+        for inputs and the last for targets; without a role it follows each and keeps the
+        most recent line.
+
+    Returns
+    -------
+    dict or None
+        ``{"file", "line", "used_at"}`` when a definition earlier in the same file made the data
+        (``used_at`` keeps the use line); else the location given.
+    """
+    if not location or not isinstance(location.get("line"), int) or not location.get("file"):
+        return location
+    path = location["file"]
+    try:
+        tree = _parse(path, os.path.getmtime(path))
+    except OSError:
+        return location
+    if tree is None:
+        return location
+    line = _origin_line(tree, location["line"], role)
+    if line is None or line == location["line"]:
+        return location
+    return {**location, "line": line, "used_at": location["line"]}
+
+
+def _origin_line(tree: ast.Module, line: int, role: str | None) -> int | None:
+    stmt = _statement_at(tree, line)
+    if stmt is None:
+        return None
+    scope = _scope_of(tree, stmt)
+    fit, inputs, targets = _data_arguments(stmt, scope)
+    if fit and "" in (inputs + targets if role is None else
+                      inputs if role == "inputs" else targets):
+        return line  # computed on the fit line
+    seeds = inputs if role == "inputs" else targets if role == "targets" else inputs + targets
+    best: tuple[int, int] | None = None  # (went through a loop over data, line)
+    for name in dict.fromkeys(n for n in seeds if n):
+        origin, looped = _trace(tree, scope, name, stmt.lineno, role)
+        if origin is None:
+            continue
+        key = (int(looped), origin)
+        if best is None or key > best:
+            best = key
+    return best[1] if best is not None else None
+
+
+def _prediction_call(scope: list[ast.AST], name: str, before: int) -> ast.Call | None:
+    """The model call whose output ``name`` holds (the prediction is not the data), or None.
+
+    That is a name bound to a call of an object that a call made (``out = model(xb)`` after
+    ``model = Net()``).
+    """
+    value = _latest_value(scope, name, before)
+    if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
+        return None
+    return value if isinstance(_latest_value(scope, value.func.id, before), ast.Call) else None
+
+
+def _latest_value(scope: list[ast.AST], name: str, before: int) -> ast.AST | None:
+    for body in scope:
+        found = [b for b in _bindings(body, name, before) if isinstance(b[1], ast.Assign)]
+        if found:
+            return max(found, key=lambda b: b[0])[2]
+    return None
+
+
+def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[str], list[str]]:
+    """``(is a fit call, input names, target names)`` at a use line.
+
+    A ``fit`` call's first and second arguments (``""`` for one computed on that line). Else the
+    loss call's arguments: a model called inline (``criterion(model(xb), yb)``), or a name that
+    holds a model's output, gives the inputs; the other names are the targets.
+    """
+    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
+    for call in calls:
+        if isinstance(call.func, ast.Attribute) and call.func.attr in _FIT_CALLS:
+            names = [a.id if isinstance(a, ast.Name) else "" for a in call.args[:2]]
+            return True, names[:1], names[1:]
+    inputs: list[str] = []
+    targets: list[str] = []
+    loss_call = next((c for c in calls if len(c.args) >= 2), None)  # outermost: the loss
+    for a in loss_call.args if loss_call is not None else ():
+        inline = _called(a)
+        if inline is not None:  # the model called inline: its argument is the input
+            inputs += [r for r in map(_root, inline.args) if r]
+            continue
+        root = _root(a) if isinstance(a, (ast.Name, ast.Subscript, ast.Attribute)) else None
+        if root is None:
+            continue
+        pred = _prediction_call(scope, root, stmt.lineno)
+        if pred is not None:
+            inputs += [r for r in map(_root, pred.args) if r]
+        else:
+            targets.append(root)  # X[i:i + 32]: X, not the index
+    return False, inputs, [t for t in targets if t not in inputs]
+
+
+def _called(node: ast.AST) -> ast.Call | None:
+    """The call of a plain name at the base of ``model(x)``, ``model(x).squeeze(1)``, ...."""
+    while isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name):
+                return node
+            node = node.func
+        else:
+            node = node.value
+    return None
+
+
+def _statement_at(tree: ast.Module, line: int) -> ast.stmt | None:
+    """The innermost simple statement spanning ``line``."""
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno) \
+                and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                          ast.For, ast.While, ast.With, ast.If, ast.Try)):
+            if found is None or node.lineno >= found.lineno:
+                found = node
+    return found
+
+
+def _root(node: ast.AST) -> str | None:
+    """The variable at the root of ``x``, ``x[i]``, ``x.attr``, ``x.reshape(...)[:, 0]``."""
+    while True:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, (ast.Subscript, ast.Attribute, ast.Starred)):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        else:
+            return None
+
+
+def _names(node: ast.AST) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+
+
+def _scope_of(tree: ast.Module, stmt: ast.stmt) -> list[ast.AST]:
+    """The enclosing function bodies of ``stmt``, innermost first, then the module."""
+    chain: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.lineno <= stmt.lineno <= (node.end_lineno or node.lineno):
+            chain.append(node)
+    chain.sort(key=lambda n: -n.lineno)
+    return [*chain, tree]
+
+
+def _bindings(scope: ast.AST, name: str, before: int) -> list[tuple[int, ast.AST, ast.AST]]:
+    """``(line, binding statement, bound value)`` for ``name`` in ``scope`` before ``before``.
+
+    Nested functions and classes are not looked into.
+    """
+    out = []
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+        if getattr(node, "lineno", before) >= before:
+            continue
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                value = _value_for(target, node.value, name)
+                if value is not None:
+                    out.append((node.lineno, node, value))
+                elif isinstance(target, (ast.Subscript, ast.Attribute)) and \
+                        _root(target) == name:  # X[:, 0] = ...: changed in place, here
+                    out.append((node.lineno, node, node.value))
+        elif isinstance(node, ast.AugAssign) and not isinstance(node.target, ast.Name) and \
+                _root(node.target) == name:
+            out.append((node.lineno, node, node.value))
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
+                _mutates(node.value, name):
+            out.append((node.lineno, node, node.value))
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None and \
+                isinstance(node.target, ast.Name) and node.target.id == name:
+            out.append((node.lineno, node, node.value))
+        elif isinstance(node, (ast.For, ast.comprehension)) and name in _target_names(node.target):
+            out.append((getattr(node, "lineno", node.iter.lineno), node, node.iter))
+    return out
+
+
+def _mutates(call: ast.Call, name: str) -> bool:
+    """A bare call that changes ``name`` in place: ``rng.shuffle(y)``, ``y.sort()``, ``X.mul_(k)``."""
+    func = call.func
+    fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if fname in ("shuffle", "sort", "fill", "put", "resize") or \
+            (fname.endswith("_") and not fname.startswith("_")):
+        if isinstance(func, ast.Attribute) and _root(func.value) == name and fname != "shuffle":
+            return True
+        return any(_root(a) == name for a in call.args[:1])
+    return False
+
+
+def _target_names(target: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _value_for(target: ast.AST, value: ast.AST, name: str) -> ast.AST | None:
+    """The part of ``value`` bound to ``name`` by ``target`` (tuple unpacking pairs them)."""
+    if isinstance(target, ast.Name):
+        return value if target.id == name else None
+    if isinstance(target, (ast.Tuple, ast.List)):
+        if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
+            for t, v in zip(target.elts, value.elts, strict=True):
+                got = _value_for(t, v, name)
+                if got is not None:
+                    return got
+            return None
+        return value if name in _target_names(target) else None
+    return None
+
+
+def _trace(tree: ast.Module, scope: list[ast.AST], name: str, before: int,
+           role: str | None = None, hops: int = 0) -> tuple[int | None, bool]:
+    """Follow ``name`` back: ``(line that made it, whether a loop over data was crossed)``."""
+    if hops > _MAX_HOPS:
+        return None, False
+    for body in scope:
+        found = _bindings(body, name, before)
+        if found:
+            break
+        if _is_parameter(body, name):
+            return _through_callers(tree, body, name, role, hops)
+    else:
+        return None, False  # an import, a builtin: not followed
+    line, node, value = max(found, key=lambda b: b[0])
+    loop = isinstance(node, ast.For)
+    if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.For)) or \
+            (isinstance(node, ast.Assign) and _value_for(node.targets[0], node.value, name) is None
+             and not any(_value_for(t, node.value, name) is not None for t in node.targets)):
+        return line, False  # changed in place on this line
+    inner = _unwrapped(value, role)
+    if inner is None and not loop:
+        return line, False  # this line computes the data
+    names = [n for n in _names(value if inner is None else inner) if n != name] or \
+        ([name] if loop or inner is not None else [])
+    if role is not None and len(names) == 2 and inner is not None:
+        names = names[:1] if role == "inputs" else names[1:]  # (inputs, targets) wrapped together
+    results = []
+    for other in names:
+        origin, looped = _trace(tree, _scope_of(tree, node), other, line, role, hops + 1)
+        if origin is not None and origin != line:
+            results.append((origin, loop or looped))
+    if results:
+        return max(results, key=lambda r: r[0])  # the latest change to any part of the data
+    return (None, False) if loop else (line, False)
+
+
+def _is_parameter(body: ast.AST, name: str) -> bool:
+    if not isinstance(body, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    a = body.args
+    return name in [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+
+
+def _through_callers(tree: ast.Module, func: ast.AST, name: str, role: str | None,
+                     hops: int) -> tuple[int | None, bool]:
+    """A parameter: follow the argument the function's callers in this file pass for it.
+
+    Only a function called by its plain name, from a single call site (a helper called from
+    several places has no one origin), is followed.
+    """
+    params = [p.arg for p in (*func.args.posonlyargs, *func.args.args)]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and
+             isinstance(n.func, ast.Name) and n.func.id == func.name]
+    if len(calls) != 1:
+        return None, False
+    call = calls[0]
+    arg = next((k.value for k in call.keywords if k.arg == name), None)
+    if arg is None and name in params and params.index(name) < len(call.args):
+        arg = call.args[params.index(name)]
+    root = _root(arg) if arg is not None else None
+    if root is None:
+        return None, False
+    stmt = _statement_at(tree, call.lineno)
+    if stmt is None:
+        return None, False
+    return _trace(tree, _scope_of(tree, stmt), root, stmt.lineno, role, hops + 1)
+
+
+def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
+    """What a pure wrapper wraps (``DataLoader(ds, ...)`` -> ``ds``).
+
+    None when ``value`` computes something (arithmetic, a subscript, a call that is not a
+    wrapper). With a ``role``, a contiguous slice (``X[:3000]``, a split) is a wrapper too: it
+    keeps the rows' scale and label mix, so what made them lies further back; without one (row
+    counts, duplicates, alignment) the slice is what changed the data.
+    """
+    if isinstance(value, ast.Name):
+        return value
+    if role is not None and isinstance(value, ast.Subscript) and _is_split(value.slice):
+        return _unwrapped(value.value, role)
+    if isinstance(value, (ast.Tuple, ast.List)):  # (x, y) handed on together
+        inner = [_unwrapped(e, role) for e in value.elts]
+        if not inner or any(i is None for i in inner):
+            return None
+        return ast.Tuple(elts=[e for i in inner for e in
+                               (i.elts if isinstance(i, ast.Tuple) else [i])], ctx=ast.Load())
+    if isinstance(value, ast.Call):
+        func = value.func
+        fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if fname not in _WRAPPERS:
+            return None
+        parts = list(value.args)
+        if isinstance(func, ast.Attribute):
+            parts.append(func.value)  # ds.shuffle(100).batch(32): the receiver is the data
+        inner = [_unwrapped(p, role) for p in parts if not isinstance(p, ast.Constant)]
+        if not inner or any(i is None for i in inner):
+            return None
+        return ast.Tuple(elts=[e for i in inner for e in
+                               (i.elts if isinstance(i, ast.Tuple) else [i])], ctx=ast.Load())
+    if isinstance(value, ast.Attribute):  # df.values, batch.x
+        return _unwrapped(value.value, role)
+    return None
+
+
+def _is_split(index: ast.AST) -> bool:
+    """A contiguous row range: ``[:n]``, ``[n:]``, ``[a:b]`` (no step, no mask, no index array)."""
+    return isinstance(index, ast.Slice) and index.step is None and all(
+        bound is None or isinstance(bound, (ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp))
+        for bound in (index.lower, index.upper))

@@ -1,0 +1,199 @@
+"""Data findings located where the data was made: the def-use trace of ``provenance``.
+
+Each program marks the line the capture would report (``# <use>``) and the line that made the
+data (``# <made>``); the trace must go from one to the other, in several styles.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from model_debugger.provenance import data_origin
+
+
+def _origin(tmp_path, source: str, role: str | None = None) -> tuple[int | None, int, int]:
+    source = textwrap.dedent(source)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    use = next(i for i, line in enumerate(lines, 1) if "# <use>" in line)
+    made = next((i for i, line in enumerate(lines, 1) if "# <made>" in line), use)
+    got = data_origin({"file": str(path), "line": use}, role)
+    return got["line"], made, use
+
+
+TORCH_LOOP = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    X = torch.randn(100, 3)
+    y = torch.randint(0, 2, (100,))
+    X_tr, y_tr = X[:80] * 1000.0, y[:80]  # <made>
+    loader = DataLoader(TensorDataset(X_tr, y_tr), batch_size=16, shuffle=True)
+    model = torch.nn.Linear(3, 2)
+    criterion = torch.nn.CrossEntropyLoss()
+    for epoch in range(2):
+        for xb, yb in loader:
+            out = model(xb)
+            loss = criterion(out, yb)  # <use>
+            loss.backward()
+"""
+
+
+def test_loss_call_traced_through_the_loop_and_the_wrappers(tmp_path):
+    got, made, use = _origin(tmp_path, TORCH_LOOP)
+    assert got == made != use
+
+
+def test_in_place_changes_are_where_the_data_was_made(tmp_path):
+    got, made, _ = _origin(tmp_path, """
+        import numpy as np
+        from torch.utils.data import DataLoader, TensorDataset
+
+        def main():
+            features = np.load("x.npy")
+            labels = np.load("y.npy")
+            features[:, 0] = labels  # <made>
+            ds = TensorDataset(features, labels)
+            for batch_x, batch_y in DataLoader(ds, batch_size=8):
+                loss = loss_fn(net(batch_x), batch_y)  # <use>
+    """)
+    assert got == made
+
+
+def test_an_in_place_shuffle_of_the_labels(tmp_path):
+    got, made, _ = _origin(tmp_path, """
+        import numpy as np
+        X, y = np.load("x.npy"), np.load("y.npy")
+        np.random.shuffle(y)  # <made>
+        model.fit(X, y, epochs=3)  # <use>
+    """, role="targets")
+    assert got == made
+
+
+@pytest.mark.parametrize("role,marker", [("targets", "y"), ("inputs", "X")])
+def test_keras_fit_follows_the_half_the_finding_is_about(tmp_path, role, marker):
+    source = """
+        import numpy as np
+        X = np.load("x.npy") / 255.0  # <X>
+        y = np.load("y.npy")[::-1]  # <y>
+        model.compile(loss="sparse_categorical_crossentropy")
+        model.fit(X, y, epochs=3, validation_split=0.2)  # <use>
+    """.replace(f"# <{marker}>", "# <made>")
+    got, made, _ = _origin(tmp_path, source, role=role)
+    assert got == made
+
+
+def test_an_argument_computed_on_the_fit_line_was_made_there(tmp_path):
+    got, made, use = _origin(tmp_path, """
+        X, y = load()
+        model.fit(X * 1000, y, epochs=3)  # <use>
+    """, role="inputs")
+    assert got == use == made
+
+
+def test_tf_data_pipeline_methods_are_wrappers(tmp_path):
+    got, made, _ = _origin(tmp_path, """
+        import tensorflow as tf
+        x, y = load()
+        y = 1 - y  # <made>
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(100).batch(32)
+        for xb, yb in ds:
+            with tf.GradientTape() as tape:
+                loss = loss_object(yb, model(xb))  # <use>
+    """)
+    assert got == made
+
+
+def test_data_sampled_each_step_stops_at_the_sampling_line(tmp_path):
+    got, made, _ = _origin(tmp_path, """
+        import torch
+        tokens, labels = make_data()
+        model = TinyTransformer(vocab=64)
+        for step in range(100):
+            idx = torch.randint(0, len(tokens), (32,))
+            xb, yb = tokens[idx], labels[idx]  # <made>
+            logits = model(xb)
+            loss = F.cross_entropy(logits, yb)  # <use>
+    """)
+    assert got == made
+
+
+def test_a_parameter_is_followed_to_the_one_call_site(tmp_path):
+    got, made, _ = _origin(tmp_path, """
+        import tensorflow as tf
+        points, labels = load()
+        points = points * 1000.0  # <made>
+        ds = tf.data.Dataset.from_tensor_slices((points[:1600], labels[:1600])).batch(64)
+
+        @tf.function
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_object(y, model(x, training=True))  # <use>
+            return loss
+
+        for epoch in range(3):
+            for xb, yb in ds:
+                train_step(xb, yb)
+    """, role="inputs")
+    assert got == made
+
+
+def test_a_parameter_of_a_helper_called_from_several_places_is_not_followed(tmp_path):
+    got, _, use = _origin(tmp_path, """
+        def run_epoch(model, loader, criterion):
+            for xb, yb in loader:
+                loss = criterion(model(xb), yb)  # <use>
+
+        run_epoch(net, train_loader, ce)
+        run_epoch(net, other_loader, ce)
+    """)
+    assert got == use
+
+
+def test_a_file_that_cannot_be_read_keeps_the_location(tmp_path):
+    assert data_origin({"file": str(tmp_path / "gone.py"), "line": 3}) == \
+        {"file": str(tmp_path / "gone.py"), "line": 3}
+    bad = tmp_path / "bad.py"
+    bad.write_text("def (:\n")
+    assert data_origin({"file": str(bad), "line": 1})["line"] == 1
+    assert data_origin(None) is None
+
+
+def test_the_use_line_is_kept_in_the_location(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(TORCH_LOOP))
+    use = next(i for i, line in enumerate(textwrap.dedent(TORCH_LOOP).splitlines(), 1)
+               if "# <use>" in line)
+    got = data_origin({"file": str(path), "line": use})
+    assert got["used_at"] == use and got["file"] == str(path)
+
+
+def test_a_misaligned_pair_is_located_at_the_later_change_of_either_half(tmp_path):
+    got, made, _ = _origin(tmp_path, """
+        import numpy as np
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        features = np.load("x.npy")
+        labels = np.load("y.npy")
+        features = features[np.argsort(dates)]  # <made>
+        X, y = torch.from_numpy(features), torch.from_numpy(labels)
+        loader = DataLoader(TensorDataset(X, y), batch_size=50, shuffle=True)
+        model = Net()
+        for xb, yb in loader:
+            loss = F.cross_entropy(model(xb), yb)  # <use>
+    """)
+    assert got == made
+
+
+def test_index_names_are_not_the_data(tmp_path):
+    got, made, _ = _origin(tmp_path, """
+        X = torch.randn(512, 8)
+        y = torch.randint(0, 4, (512,))  # <made>
+        model = Net()
+        for i in range(0, len(X), 32):
+            loss = F.cross_entropy(model(X[i:i + 32]), y[i:i + 32])  # <use>
+    """)
+    assert got == made
