@@ -18,6 +18,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     DATA_WAIT_FRACTION,
     DATA_WAIT_MS,
     DIVERGE_RATIO,
+    FLOOR_SHARE,
     GAP_RATIO,
     GAP_SHARE,
     GPU_IDLE_STEP_MS,
@@ -32,6 +33,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     RSS_STILL_GROWING,
     SPIKE_RATIO,
     START_RATIO,
+    TAIL_DROP,
     TRAIN_NOT_RISING,
     TRIVIAL_F1,
     TRIVIAL_METRIC_MARGIN,
@@ -262,6 +264,48 @@ def not_decreasing(sig: dict):
     return None
 
 
+PLATEAU_SIGNAL = "loss_floor_share"  # cited only by :func:`plateau`: its mark
+
+
+def plateau(sig: dict):
+    """``loss_not_decreasing``, tentatively: the loss ends well above zero.
+
+    A loss can settle at 40-95% of the constant predictor's because the task is hard (noisy
+    labels) or because something holds it up (frozen layers, heavy dropout, a rate far too low).
+    Signals cannot tell which, an experiment can: this classification stands only when Isolate
+    confirms a cause by experiment (:func:`tentative`, :func:`without_cause`).
+    """
+    share = sig.get(PLATEAU_SIGNAL)
+    if share is None or sig.get("loss_points", 0) < 4 * MIN_STEPS or \
+            not FLOOR_SHARE <= share < BASELINE_MARGIN or \
+            sig.get("loss_tail_drop", 0.0) >= TAIL_DROP:  # still learning fast: not settled
+        return None
+    ev = [_ev(sig, "loss_final", "median of the last steps"),
+          _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / mean"),
+          _ev(sig, PLATEAU_SIGNAL, f"the loss ends at >= {FLOOR_SHARE:g} x the constant "
+              "predictor's (tentative: it stands only if an experiment finds what holds it up)")]
+    if "loss_tail_drop" in sig:
+        ev.append(_ev(sig, "loss_tail_drop", f"fall over the second half of the run (< "
+                      f"{TAIL_DROP:g}: settled, or falling slowly)"))
+    return "loss_not_decreasing", ev
+
+
+def tentative(cls: Classification | None) -> bool:
+    """Whether ``cls`` rests on :func:`plateau` alone (it needs a cause confirmed by experiment)."""
+    return cls is not None and cls.primary == "loss_not_decreasing" and \
+        any(e.signal == PLATEAU_SIGNAL for e in cls.evidence) and \
+        not any(e.signal == "loss_relative_drop" for e in cls.evidence)
+
+
+def without_cause(cls: Classification) -> Classification:
+    """A tentative plateau no experiment explained: ``healthy``, saying what was tested."""
+    return Classification(HEALTHY, tuple(c for c in cls.secondary if c != HEALTHY), (
+        *[e for e in cls.evidence if e.signal != PLATEAU_SIGNAL],
+        Evidence(PLATEAU_SIGNAL, next(e.value for e in cls.evidence if e.signal == PLATEAU_SIGNAL),
+                 "the loss settled there, but no probe or re-run found anything holding it up: "
+                 "taken as this task's floor")))
+
+
 def _update_size(sig: dict) -> list[Evidence]:
     """How large the optimizer's steps are against the weights, as supporting evidence.
 
@@ -306,7 +350,7 @@ def gpu_idle(sig: dict):
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, exploding, memory_growth, overfitting, wrong_solution, generalisation_gap,
-    vanishing, not_decreasing, slow_data, gpu_idle,
+    vanishing, not_decreasing, plateau, slow_data, gpu_idle,
 )
 
 

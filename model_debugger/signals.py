@@ -26,6 +26,8 @@ SIGNALS: dict[str, str] = {
     "loss_relative_drop": "(loss_initial - loss_final) / |loss_initial|",
     "loss_first": "the first finite loss reading (the model before its updates took effect)",
     "loss_peak_ratio": "loss_max / loss_first: how far the updates drove the loss above its start",
+    "loss_tail_drop": "relative fall of the loss over the second half of the run",
+    "loss_floor_share": "loss_final / constant_predictor_loss: where the loss settled",
     "constant_predictor_loss": "loss of the best input-independent predictor (label prior/mean)",
     "majority_rate": "share of the most frequent class in the training targets",
     "first_nonfinite_step": "first step with a non-finite loss, gradient or weight",
@@ -222,11 +224,16 @@ def compute(run: Run) -> dict:
         s["loss_relative_drop"] = (s["loss_initial"] - s["loss_final"]) / max(
             abs(s["loss_initial"]), 1e-12)
         s["loss_first"] = float(fl[0])
+        if len(fl) >= 20:
+            mid, _ = _head_tail(fl[len(fl) // 2:])
+            s["loss_tail_drop"] = (mid - s["loss_final"]) / max(abs(mid), 1e-12)
         if fl[0] > 0:
             s["loss_peak_ratio"] = float(fl.max() / fl[0])
     targets = run.of("targets")
     s["constant_predictor_loss"], s["majority_rate"] = constant_predictor(
         targets[-1] if targets else None)
+    if s["constant_predictor_loss"] and "loss_final" in s:
+        s["loss_floor_share"] = s["loss_final"] / s["constant_predictor_loss"]
 
     bad = run.first("nonfinite")
     bad_idx = [i for i, st in enumerate(run.steps) if isinstance(st.get("loss"), str)]

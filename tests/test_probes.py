@@ -238,6 +238,39 @@ def train_lr_too_low():
             opt.step()
 
 
+def train_frozen_layers():
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    frozen_net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                               nn.Linear(64, 2))
+    for p in frozen_net[:4].parameters():
+        p.requires_grad = False  # <frozen>
+    opt = torch.optim.Adam(frozen_net.parameters(), lr=1e-2)
+    for _epoch in range(4):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            loss = F.cross_entropy(frozen_net(X[i:i + 64]), y[i:i + 64])
+            loss.backward()
+            opt.step()
+
+
+def train_heavy_dropout():
+    torch.manual_seed(9)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] + X[:, 1] - X[:, 2] > 0).long()
+    dropout_net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(),
+                             nn.Dropout(0.9),  # <heavy-dropout>
+                             nn.Linear(64, 2))
+    opt = torch.optim.Adam(dropout_net.parameters(), lr=1e-2)
+    for _epoch in range(4):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            loss = F.cross_entropy(dropout_net(X[i:i + 64]), y[i:i + 64])
+            loss.backward()
+            opt.step()
+
+
 def train_deep_sigmoid():
     torch.manual_seed(7)
     X = torch.randn(512, 16)
@@ -497,6 +530,29 @@ def test_lr_range_unstable_run_above_the_safe_rate_is_a_hypothesis(primary, user
         assert user / f.evidence["safe_lr"] >= UNSAFE
         change = intervention_for(f)  # what a re-run at the safe rate installs
         assert change.id == "lr_scale" and change.params["factor"] == pytest.approx(0.1 / user)
+
+
+def test_frozen_parameters_confirmed_by_training_an_unfrozen_copy(tmp_path):
+    ctx = captured(tmp_path, train_frozen_layers)
+    f = confirmed_one(ctx, "frozen_parameters", "architecture")
+    assert_at(f, "frozen")
+    ev = f.evidence
+    assert ev["frozen_share"] > 0.9  # every layer but the output
+    assert ev["heldout_unfrozen"] < 0.8 * ev["heldout_frozen"]
+
+
+def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):
+    ctx = captured(tmp_path, train_heavy_dropout)
+    f = confirmed_one(ctx, "dropout_rate", "architecture")
+    assert_at(f, "heavy-dropout")
+    ev = f.evidence
+    assert ev["rate"] == pytest.approx(0.9) and ev["layer"] == "2"
+    assert ev["heldout_without"] < 0.8 * ev["heldout_with"]
+
+
+def test_frozen_and_dropout_probes_quiet_on_a_model_that_trains_everything(healthy):
+    assert probe(healthy, "frozen_parameters") == []
+    assert probe(healthy, "dropout_rate") == []
 
 
 def test_lr_range_too_low(tmp_path):

@@ -69,7 +69,7 @@ def classify_and_check(sig: dict) -> Classification:
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "exploding", "memory_growth", "overfitting",
-                     "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing",
+                     "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing", "plateau",
                      "slow_data", "gpu_idle"]
 
 
@@ -581,7 +581,51 @@ def test_not_decreasing_fires_when_loss_stalls_at_constant_predictor():
 def test_not_decreasing_quiet_when_loss_beats_constant_predictor():
     sig, cls = quiet(C.not_decreasing, _baseline_run(0.9 * C.BASELINE_MARGIN))
     assert sig["loss_final"] < C.BASELINE_MARGIN * sig["constant_predictor_loss"]
-    assert cls.primary == HEALTHY
+    # flat at 0.86x the baseline: only the tentative plateau, which an experiment must back
+    assert cls.primary == "loss_not_decreasing" and C.tentative(cls)
+    assert C.without_cause(cls).primary == HEALTHY
+
+
+# -- plateau (tentative) ---------------------------------------------------------------------
+
+
+def _settled(share: float, tail_fall: float = 0.0, n: int = 200) -> Run:
+    """Falls from ln 2 to ``share`` x ln 2 in the first half, then falls ``tail_fall`` more."""
+    base = math.log(2)
+    first = np.linspace(base, share * base / (1 - tail_fall), n // 2)
+    second = np.linspace(share * base / (1 - tail_fall), share * base, n - n // 2)
+    return syn.make_run(syn.steps_events(np.concatenate([first, second])),
+                        syn.targets_counts([50, 50]))
+
+
+def test_plateau_fires_tentatively_when_the_loss_settles_well_above_zero():
+    sig, cls = fires(C.plateau, _settled(0.6), "loss_not_decreasing",
+                     {"loss_floor_share", "loss_tail_drop"})
+    assert C.tentative(cls)
+    revised = C.without_cause(cls)
+    assert revised.primary == HEALTHY
+    assert [e.signal for e in revised.evidence].count("loss_floor_share") == 1
+
+
+def test_plateau_fires_on_a_slow_fall_and_is_quiet_while_learning_fast():
+    sig, _ = fires(C.plateau, _settled(0.6, tail_fall=0.5 * C.TAIL_DROP), "loss_not_decreasing",
+                   {"loss_floor_share", "loss_tail_drop"})
+    assert 0 < sig["loss_tail_drop"] < C.TAIL_DROP
+    sig, _ = quiet(C.plateau, _settled(0.6, tail_fall=1.5 * C.TAIL_DROP))
+    assert sig["loss_tail_drop"] >= C.TAIL_DROP
+
+
+def test_plateau_quiet_below_the_floor_share():
+    sig, cls = quiet(C.plateau, _settled(0.5 * C.FLOOR_SHARE))
+    assert cls.primary == HEALTHY and not C.tentative(cls)
+
+
+def test_a_plateau_with_the_strong_rule_is_not_tentative():
+    # the loss never moved at all: not_decreasing's own evidence, not an experiment's question
+    run = syn.make_run(syn.steps_events(np.full(200, 0.6 * math.log(2))),
+                       syn.targets_counts([50, 50]))
+    cls = classify_and_check(compute(run))
+    assert cls.primary == "loss_not_decreasing" and not C.tentative(cls)
 
 
 def _cuda_run(growth_mb: float, rss_flat: bool = True):

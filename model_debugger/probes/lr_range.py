@@ -12,7 +12,8 @@ import math
 import numpy as np
 
 from ..records import Intervention
-from ..thresholds import GRAD_GROWTH
+from ..thresholds import FLOOR_SHARE, GRAD_GROWTH
+from ._heldout import heldout_loss
 from .base import Probe, ProbeContext, register
 from .report import ProbeResult
 
@@ -128,12 +129,13 @@ class LRRange(Probe):
                 "). A short sweep can miss a blow-up that builds over many steps; a re-run at the "
                 "safe rate would confirm it.",
                 ctx.ref("optimizer"), strength=0.45, **common)]
-        if user * TOO_LOW <= best_lr and stuck:
+        settled_high = sig.get("loss_floor_share", 0.0) >= FLOOR_SHARE
+        if (user * TOO_LOW <= best_lr and stuck) or (settled_high and UNSAFE * user <= safe_lr):
             slow, fast = _heldout_at(tr, ctx, user), _heldout_at(tr, ctx, safe_lr)
             confirmed = fast < 0.9 * slow
             return [self.finding(
                 "hyperparameter", confirmed,
-                f"The learning rate {user:g} is over {TOO_LOW:g}x below the rate where the loss "
+                f"The learning rate {user:g} is {best_lr / user:.3g}x below the rate where the loss "
                 f"falls fastest in a sweep ({best_lr:.3g}); each update barely moves the weights, "
                 f"so the loss plateaus. Trained at {safe_lr:.3g} instead, a copy reaches a "
                 f"held-out loss of {fast:.4g} vs {slow:.4g} at {user:g}"
@@ -163,12 +165,4 @@ class LRRange(Probe):
 
 def _heldout_at(tr, ctx: ProbeContext, lr: float) -> float:
     """Held-out loss of a fresh copy trained at ``lr`` on 70% of the sample."""
-    n = min(tr.n, 768)
-    idx = tr.randperm(tr.n, 1)[:n]
-    inputs, target = tr.subset(idx)
-    cut = int(0.7 * n)
-    steps = tr.steps_within(100, seconds=min(2.0, ctx.time_left() / 10))
-    model = tr.fresh_model()
-    tr.fit(model, tuple(x[:cut] for x in inputs), target[:cut], steps, lr=lr, seed=0)
-    value = tr.evaluate(model, tuple(x[cut:] for x in inputs), target[cut:])
-    return value if math.isfinite(value) else float("inf")
+    return heldout_loss(tr, ctx, lr=lr)

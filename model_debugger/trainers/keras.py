@@ -195,6 +195,45 @@ class KerasTrainer(SampleTrainer):
         """Parameters of the model."""
         return int(self.model.count_params())
 
+    def frozen_share(self) -> float:
+        """Share of the model's weights (by count) in layers that do not train.
+
+        Normalisation statistics (``moving_mean``/``moving_variance``) never train and are not
+        counted.
+        """
+        total = frozen = 0
+        for layer in _leaves(self.model):
+            size = sum(int(np.prod(w.shape)) for w in layer.weights
+                       if "moving" not in getattr(w, "path", getattr(w, "name", "")))
+            total += size
+            frozen += 0 if layer.trainable else size
+        return frozen / total if total else 0.0
+
+    def dropout_rates(self) -> dict[str, float]:
+        """The rate of every ``Dropout`` layer, by layer name."""
+        import keras
+
+        return {layer.name: float(layer.rate) for layer in _leaves(self.model)
+                if isinstance(layer, keras.layers.Dropout)}
+
+    @staticmethod
+    def unfreeze(model):
+        """Make every layer of ``model`` (a clone, not yet trained) train; returns it."""
+        for layer in _leaves(model):
+            layer.trainable = True
+        model.trainable = True
+        return model
+
+    @staticmethod
+    def without_dropout(model):
+        """Set every ``Dropout`` of ``model`` (a clone, not yet trained) to rate 0; returns it."""
+        import keras
+
+        for layer in _leaves(model):
+            if isinstance(layer, keras.layers.Dropout):
+                layer.rate = 0.0
+        return model
+
     def param_bytes(self) -> int:
         """Bytes of the model's weights."""
         return int(sum(np.prod(w.shape) * np.dtype(w.dtype).itemsize
@@ -223,6 +262,19 @@ class KerasTrainer(SampleTrainer):
     def evaluate(self, model, inputs, target) -> float:
         """Mean loss of ``model`` on the given rows (inference mode)."""
         return float(self._loss(model, inputs, target, False))
+
+
+def _leaves(model) -> list:
+    """The layers of a (nested) Keras model that hold no layers themselves."""
+    out, stack = [], list(getattr(model, "layers", []))
+    while stack:
+        layer = stack.pop(0)
+        inner = getattr(layer, "layers", None)
+        if inner:
+            stack[:0] = list(inner)
+        else:
+            out.append(layer)
+    return out
 
 
 def _named(obj, name):

@@ -134,6 +134,32 @@ class TorchTrainer(SampleTrainer):
         """Parameters of the model."""
         return sum(p.numel() for p in self.model.parameters())
 
+    def frozen_share(self) -> float:
+        """Share of the model's parameters (by count) that do not train (``requires_grad`` off)."""
+        total = self.param_count()
+        frozen = sum(p.numel() for p in self.model.parameters() if not p.requires_grad)
+        return frozen / total if total else 0.0
+
+    def dropout_rates(self) -> dict[str, float]:
+        """The drop probability of every dropout module, by module name."""
+        return {name or "model": float(m.p) for name, m in self.model.named_modules()
+                if isinstance(m, torch.nn.modules.dropout._DropoutNd)}
+
+    @staticmethod
+    def unfreeze(model):
+        """Make every parameter of ``model`` (a copy) train; returns it."""
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+
+    @staticmethod
+    def without_dropout(model):
+        """Set every dropout of ``model`` (a copy) to drop nothing; returns it."""
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+                m.p = 0.0
+        return model
+
     def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """A geometric learning-rate sweep from the initial weights: rates and smoothed losses.
 

@@ -1,0 +1,69 @@
+"""Held-out loss of a fresh copy trained on the kept sample: the A/B experiment several probes run.
+
+A probe that suspects a setting (the rate, frozen layers, dropout) trains two fresh copies from
+the initial weights on the same 70% of the sample, one as the user set it up and one with the
+suspected setting undone, and compares their loss on the other 30%: an experiment on copies,
+never on the user's model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+ROWS = 768  # rows of the kept sample used
+SPLIT = 0.7
+
+
+def heldout_loss(tr, ctx, lr: float | None = None, change: Callable | None = None,
+                 steps: int = 100, seconds: float = 2.0) -> float:
+    """Held-out loss of a fresh copy (``change(copy)`` applied first) trained at ``lr``.
+
+    Parameters
+    ----------
+    tr : Trainer
+        The framework trainer over the kept sample.
+    ctx : ProbeContext
+        For the time left (the probe budget).
+    lr : float, optional
+        Learning rate (default: the user's).
+    change : callable, optional
+        ``change(model) -> model`` applied to the fresh copy before training.
+    steps : int
+        Training steps at most (fewer on a large model, see ``steps_within``).
+    seconds : float
+        Time the training may take at most (shortened when the budget runs low).
+
+    Returns
+    -------
+    float
+        The mean loss on the held-out rows; ``inf`` when training went non-finite.
+    """
+    n = min(tr.n, ROWS)
+    idx = tr.randperm(tr.n, 1)[:n]
+    inputs, target = tr.subset(idx)
+    cut = int(SPLIT * n)
+    steps = tr.steps_within(steps, seconds=min(seconds, ctx.time_left() / 10))
+    model = tr.fresh_model()
+    if change is not None:
+        model = change(model)
+    tr.fit(model, tuple(x[:cut] for x in inputs), target[:cut], steps, lr=lr, seed=0)
+    value = tr.evaluate(model, tuple(x[cut:] for x in inputs), target[cut:])
+    return value if math.isfinite(value) else float("inf")
+
+
+def source_line(ctx, pattern, near: dict | None = None) -> dict | None:
+    """A line of the user's sources matching ``pattern`` (a compiled regex), or None.
+
+    With ``near`` (a location, e.g. where the model was built), the match in that file closest
+    to it; else the first match.
+    """
+    hits = [{"file": path, "line": i}
+            for path, text in (ctx.source_files or {}).items()
+            for i, line in enumerate(text.splitlines(), 1)
+            if pattern.search(line) and not line.lstrip().startswith("#")]
+    if near and isinstance(near.get("line"), int):
+        same = [h for h in hits if h["file"] == near.get("file")]
+        if same:
+            return min(same, key=lambda h: abs(h["line"] - near["line"]))
+    return hits[0] if hits else None

@@ -1,0 +1,51 @@
+"""``frozen_parameters``: most of the model does not train (``requires_grad``/``trainable`` off).
+
+Measured on the live model, then tested by experiment: two fresh copies trained on the same rows,
+one as set up and one with every parameter training; the finding is confirmed when the
+unfrozen copy reaches a clearly lower held-out loss.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ._heldout import heldout_loss, source_line
+from .base import Probe, ProbeContext, register
+
+FROZEN = 0.5    # share of the parameters that do not train
+BETTER = 0.8    # unfrozen held-out loss below this share of the frozen copy's: confirmed
+_FREEZE = re.compile(r"requires_grad\s*=\s*False|requires_grad_\(\s*False|trainable\s*=\s*False")
+
+
+@register
+class FrozenParameters(Probe):
+    """Most parameters frozen, and a copy with them training learns clearly better."""
+
+    id = "frozen_parameters"
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
+    needs_live = True
+    fix = ("Let the frozen layers train (remove the requires_grad=False / trainable=False), or "
+           "unfreeze them after a few epochs when fine-tuning.")
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        """With a trainer over the kept sample."""
+        return super().applies(ctx) and ctx.trainer is not None and ctx.trainer.n >= 16
+
+    def run(self, ctx: ProbeContext):
+        """One finding when >= 50% of the parameters are frozen; confirmed by the experiment."""
+        tr = ctx.trainer
+        share = tr.frozen_share()
+        if share < FROZEN:
+            return []
+        frozen = heldout_loss(tr, ctx)
+        unfrozen = heldout_loss(tr, ctx, change=tr.unfreeze)
+        confirmed = unfrozen < BETTER * frozen
+        return [self.finding(
+            "architecture", confirmed,
+            f"{share:.0%} of the model's parameters do not train. Two fresh copies trained on "
+            f"the same rows reach a held-out loss of {unfrozen:.4g} with every parameter "
+            f"training and {frozen:.4g} as set up"
+            + (": the frozen layers hold the loss up." if confirmed else
+               ": no clearly better, so freezing is not what holds the loss up."),
+            source_line(ctx, _FREEZE, ctx.ref("model")) or ctx.ref("model"), strength=0.8 if confirmed else 0.15,
+            frozen_share=share, heldout_frozen=frozen, heldout_unfrozen=unfrozen)]
