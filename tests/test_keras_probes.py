@@ -138,3 +138,49 @@ def test_misaligned_labels_are_found_on_the_keras_copy(tk):
     # located where the labels were made (the permutation), seen used at the fit call
     assert "permutation(y)" in lines[f.location["line"] - 1]
     assert "model.fit(" in lines[f.location["used_at"] - 1]
+
+
+def _keras_layers_case(keras, frozen: bool, rate: float):
+    """A Keras MLP with its hidden layers frozen (or not) and a dropout of ``rate``."""
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    X, y = problem()
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        hidden = keras.layers.Dense(64, activation="relu")
+        hidden2 = keras.layers.Dense(6, activation="relu")  # a narrow layer before the dropout
+        layered = keras.Sequential([keras.Input((10,)), hidden, hidden2,
+                                    keras.layers.Dropout(rate),  # <keras-dropout>
+                                    keras.layers.Dense(2)])
+        if frozen:
+            hidden.trainable = hidden2.trainable = False  # <keras-frozen>
+        layered.compile(optimizer=keras.optimizers.Adam(1e-2),
+                        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        layered.fit(X, y, batch_size=64, epochs=2, verbose=0)
+    source = {HERE: open(HERE, encoding="utf-8").read()}
+    return build_context(Run(rec.events), rec.keeper, source, budget=60.0)
+
+
+@pytest.mark.parametrize("frozen,rate,pid,tag", [
+    (True, 0.1, "frozen_parameters", "keras-frozen"),
+    (False, 0.9, "dropout_rate", "keras-dropout"),
+])
+def test_frozen_layers_and_heavy_dropout_confirmed_on_keras_copies(tk, frozen, rate, pid, tag):
+    from model_debugger.probes import run_probes
+
+    ctx = _keras_layers_case(tk, frozen, rate)
+    assert ctx.trainer.frozen_share() > (0.5 if frozen else -1) and \
+        max(ctx.trainer.dropout_rates().values()) == pytest.approx(rate)
+    [f] = run_probes(ctx, [pid]).findings
+    assert (f.check, f.root_cause, f.confirmed) == (pid, "architecture", True), f
+    assert f.location == {"file": HERE, "line": line_of(tag)}
+
+
+def test_frozen_and_dropout_probes_quiet_on_a_keras_model_that_trains_everything(tk):
+    from model_debugger.probes import run_probes
+
+    ctx = _keras_layers_case(tk, False, 0.1)
+    assert ctx.trainer.frozen_share() == 0.0
+    assert run_probes(ctx, ["frozen_parameters", "dropout_rate"]).findings == ()

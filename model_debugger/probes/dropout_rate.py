@@ -14,7 +14,8 @@ from .base import Probe, ProbeContext, register
 
 HIGH = 0.5      # a drop rate at or above this is suspect
 BETTER = 0.8    # held-out loss without dropout below this share of the copy's with it: confirmed
-_RATE = re.compile(r"Dropout\w*\(\s*(?:(?:p|rate)\s*=\s*)?0?\.[5-9]")
+_RATE = re.compile(r"Dropout\w*\(\s*(?:(?:p|rate)\s*=\s*)?0?\.[5-9]")  # a literal high rate
+_ANY = re.compile(r"Dropout\w*\(")
 
 
 @register
@@ -47,5 +48,6 @@ class DropoutRate(Probe):
             f"{kept:.4g} with it"
             + (": the dropout keeps the model from fitting." if confirmed else
                ": no clearly better, so dropout is not what holds the loss up."),
-            source_line(ctx, _RATE, ctx.ref("model")) or ctx.ref("model"), strength=0.75 if confirmed else 0.15,
+            source_line(ctx, _RATE, ctx.ref("model")) or source_line(ctx, _ANY, ctx.ref("model"))
+            or ctx.ref("model"), strength=0.75 if confirmed else 0.15,
             layer=layer, rate=rate, rates=rates, heldout_with=kept, heldout_without=dropped)]
