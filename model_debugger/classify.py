@@ -350,7 +350,7 @@ def gpu_idle(sig: dict):
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, exploding, memory_growth, overfitting, wrong_solution, generalisation_gap,
-    vanishing, not_decreasing, plateau, slow_data, gpu_idle,
+    vanishing, not_decreasing, slow_data, gpu_idle, plateau,
 )
 
 
@@ -365,7 +365,7 @@ def classify(sig: dict) -> Classification:
     fired: list[tuple[str, list[Evidence]]] = []
     for rule in RULES:
         out = rule(sig)
-        if out is not None:
+        if out is not None and (rule is not plateau or not fired):  # tentative: only alone
             fired.append(out)
     if not fired:
         ev = [Evidence("steps", sig.get("steps", 0), "optimizer steps observed")]

@@ -69,8 +69,8 @@ def classify_and_check(sig: dict) -> Classification:
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "exploding", "memory_growth", "overfitting",
-                     "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing", "plateau",
-                     "slow_data", "gpu_idle"]
+                     "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing",
+                     "slow_data", "gpu_idle", "plateau"]
 
 
 # -- nonfinite -------------------------------------------------------------------------------
@@ -990,3 +990,15 @@ def test_one_class_training_labels_fitted_perfectly_are_a_wrong_solution():
     sig, cls = fires(C.wrong_solution, run, "convergence_to_wrong_solution",
                      {"val_acc_final", "majority_rate"})
     assert sig["majority_rate"] == 1.0
+
+
+def test_a_tentative_plateau_never_joins_another_rules_verdict():
+    # slow data and a loss at 0.6x the baseline: the data wait is the verdict, alone
+    loss = np.concatenate([np.linspace(math.log(2), 0.6 * math.log(2), 100),
+                           np.full(100, 0.6 * math.log(2))])
+    run = syn.make_run(syn.steps_events(loss, dt=np.full(200, 0.1), dw=np.full(200, 0.08)),
+                       syn.targets_counts([50, 50]))
+    sig = compute(run)
+    assert C.plateau(sig) is not None
+    cls = classify_and_check(sig)
+    assert cls.primary == "performance_issue" and "loss_not_decreasing" not in cls.secondary

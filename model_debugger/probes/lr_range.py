@@ -129,7 +129,9 @@ class LRRange(Probe):
                 "). A short sweep can miss a blow-up that builds over many steps; a re-run at the "
                 "safe rate would confirm it.",
                 ctx.ref("optimizer"), strength=0.45, **common)]
-        settled_high = sig.get("loss_floor_share", 0.0) >= FLOOR_SHARE
+        settled_high = sig.get("loss_floor_share", 0.0) >= FLOOR_SHARE and \
+            ctx.classification is not None and \
+            ctx.classification.primary == "loss_not_decreasing"
         if (user * TOO_LOW <= best_lr and stuck) or (settled_high and UNSAFE * user <= safe_lr):
             slow, fast = _heldout_at(tr, ctx, user), _heldout_at(tr, ctx, safe_lr)
             confirmed = fast < 0.9 * slow
