@@ -60,25 +60,48 @@ def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
 
 
 def _scale_lr_keras(params: dict, keras) -> Callable[[], None]:
-    """Multiply a Keras optimizer's learning rate by ``factor`` when ``fit`` starts."""
+    """Multiply a Keras optimizer's learning rate by ``factor``, once per optimizer.
+
+    When ``fit`` starts, and at an optimizer's first ``apply_gradients`` in a custom loop (a
+    ``tf.GradientTape`` step, traced or eager: the rate variable is changed eagerly, once).
+    """
     from .capture.patches import install
 
     factor = float(params["factor"])
     if not factor > 0:
         raise ValueError(f"lr_scale needs a factor > 0, not {factor!r}")
 
-    def factory(fit):
+    def scale(opt) -> None:
+        if opt is None or getattr(opt, "_model_debugger_scaled", False):
+            return
+        lr = getattr(opt, "_learning_rate", None)
+        if hasattr(lr, "assign"):  # a variable (a schedule object is left alone)
+            import tensorflow as tf
+
+            with tf.init_scope():  # eagerly, even while a tf.function is being traced
+                lr.assign(float(lr.numpy()) * factor)
+            opt._model_debugger_scaled = True
+
+    def fit_factory(fit):
         def patched(model, *args, **kwargs):
-            opt = getattr(model, "optimizer", None)
-            if opt is not None and not getattr(opt, "_model_debugger_scaled", False):
-                lr = opt.learning_rate
-                if hasattr(lr, "assign"):
-                    lr.assign(float(lr.numpy()) * factor)
-                    opt._model_debugger_scaled = True
+            scale(getattr(model, "optimizer", None))
             return fit(model, *args, **kwargs)
         return patched
 
-    return install(keras.Model, "fit", factory)
+    def apply_factory(apply_gradients):
+        def patched(opt, *args, **kwargs):
+            scale(opt)
+            return apply_gradients(opt, *args, **kwargs)
+        return patched
+
+    undo = [install(keras.Model, "fit", fit_factory),
+            install(keras.optimizers.Optimizer, "apply_gradients", apply_factory)]
+
+    def remove() -> None:
+        for fn in reversed(undo):
+            fn()
+
+    return remove
 
 
 def _standardize_torch(params: dict, torch) -> Callable[[], None]:

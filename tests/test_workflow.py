@@ -530,3 +530,46 @@ def test_a_plateau_held_up_by_frozen_layers_stands(tmp_path):
     f = next(f for f in s.state.findings if f.confirmed)
     assert (f.check, f.root_cause) == ("frozen_parameters", "architecture"), s.state.findings
     assert "requires_grad_(False)" in script.read_text().splitlines()[f.location["line"] - 1]
+
+
+KERAS_TAPE = textwrap.dedent("""\
+    import os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import numpy as np
+    import tensorflow as tf
+    import keras
+    keras.utils.set_random_seed(0)
+    X = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
+    y = (X[:, 0] > 0).astype("float32")[:, None]
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1)])
+    loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+    optimizer = keras.optimizers.Adam(0.01)
+
+    @tf.function
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    for i in range(0, 256, 32):
+        train_step(X[i:i + 32], y[i:i + 32])
+    print(f"final_lr={float(optimizer.learning_rate.numpy()):.6g}")
+""")
+
+
+def test_lr_scale_reaches_a_keras_custom_loop_once(tmp_path):
+    pytest.importorskip("tensorflow")
+    script = tmp_path / "tape.py"
+    script.write_text(KERAS_TAPE)
+    art = ScriptArtifact(str(script))
+    v = Version("reproduced", str(script))
+    scaled = art.run(v, 0, str(tmp_path / "a.jsonl"),
+                     intervention=Intervention("lr_scale", {"factor": 0.1}))
+    plain = art.run(v, 0, str(tmp_path / "b.jsonl"))
+    lr = {name: run.run.metrics()["final_lr"][-1][2] for name, run in
+          (("scaled", scaled), ("plain", plain))}
+    assert lr["plain"] == pytest.approx(0.01) and lr["scaled"] == pytest.approx(0.001), lr
+    assert len(scaled.run.steps) == len(plain.run.steps) == 8
