@@ -184,3 +184,33 @@ def test_frozen_and_dropout_probes_quiet_on_a_keras_model_that_trains_everything
     ctx = _keras_layers_case(tk, False, 0.1)
     assert ctx.trainer.frozen_share() == 0.0
     assert run_probes(ctx, ["frozen_parameters", "dropout_rate"]).findings == ()
+
+
+@pytest.mark.parametrize("activation,from_logits,confirmed", [
+    ("softmax", True, True),    # probabilities into a loss that expects logits
+    (None, False, True),        # logits into a loss that expects probabilities (clipped)
+    (None, True, False),        # logits, from_logits=True: as it should be
+    ("softmax", False, False),  # probabilities, from_logits=False: as it should be
+])
+def test_keras_output_activation_against_the_loss_is_measured(tk, activation, from_logits,
+                                                              confirmed):
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    X, y = problem()
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        head = tk.Sequential([tk.Input((10,)), tk.layers.Dense(16, activation="relu"),
+                              tk.layers.Dense(3, activation=activation)])
+        head.compile(optimizer="adam", loss=tk.losses.SparseCategoricalCrossentropy(
+            from_logits=from_logits))
+        head.fit(X, y, batch_size=64, epochs=1, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=60.0)
+    found = [f for f in run_probes(ctx, ["loss_output_mismatch"]).findings if f.confirmed]
+    assert bool(found) == confirmed, found
+    if confirmed:
+        assert found[0].root_cause == "architecture"
+        assert ("from_logits=True" in found[0].explanation) == (not from_logits)

@@ -271,6 +271,19 @@ def train_heavy_dropout():
             opt.step()
 
 
+def train_nll_on_logits():
+    torch.manual_seed(10)
+    X = torch.randn(512, 8)
+    y = (X[:, 0] > 0).long()
+    raw_net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))  # <raw-logits>
+    opt = torch.optim.SGD(raw_net.parameters(), lr=0.05)
+    for i in range(0, 512, 64):
+        opt.zero_grad()
+        loss = F.nll_loss(raw_net(X[i:i + 64]), y[i:i + 64])  # no log_softmax: raw logits
+        loss.backward()
+        opt.step()
+
+
 def train_deep_sigmoid():
     torch.manual_seed(7)
     X = torch.randn(512, 16)
@@ -553,6 +566,13 @@ def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):
 def test_frozen_and_dropout_probes_quiet_on_a_model_that_trains_everything(healthy):
     assert probe(healthy, "frozen_parameters") == []
     assert probe(healthy, "dropout_rate") == []
+
+
+def test_nll_loss_fed_raw_logits_is_measured(tmp_path):
+    ctx = captured(tmp_path, train_nll_on_logits)
+    [f] = [f for f in probe(ctx, "loss_output_mismatch") if f.confirmed]
+    assert f.root_cause == "architecture" and f.evidence["input_kind"] == "logits"
+    assert "log-probabilities" in f.explanation
 
 
 def test_lr_range_too_low(tmp_path):

@@ -9,8 +9,52 @@ from __future__ import annotations
 from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
 
+# loss -> the kinds of input it must not receive (the capture's ``loss_input`` kinds)
 _EXPECTS_LOGITS = {"cross_entropy": ("probabilities", "log_probabilities"),
-                   "binary_cross_entropy_with_logits": ("unit_interval",)}
+                   "binary_cross_entropy_with_logits": ("unit_interval",),
+                   "nll_loss": ("logits", "probabilities"),  # expects log-probabilities
+                   "binary_cross_entropy": ("logits",),     # expects probabilities
+                   "cross_entropy_on_probabilities": ("logits", "log_probabilities")}
+_EXPECTED = {"cross_entropy": "raw scores (logits)", "nll_loss": "log-probabilities",
+             "binary_cross_entropy_with_logits": "raw scores (logits)",
+             "binary_cross_entropy": "probabilities",
+             "cross_entropy_on_probabilities": "probabilities"}
+ROWS = 256
+
+
+def output_kind(out) -> dict:
+    """What a model output is: logits, probabilities, log-probabilities or values in [0, 1]."""
+    import numpy as np
+
+    x = np.asarray(out, dtype=np.float64).reshape(len(out), -1)
+    lo, hi = float(x.min()), float(x.max())
+    dev = None
+    if x.shape[1] > 1:
+        dev = float(np.abs(x.sum(1) - 1).max())
+        if lo >= 0 and dev < 1e-3:
+            return {"kind": "probabilities", "min": lo, "max": hi, "row_sum_dev": dev}
+        m = x.max(1, keepdims=True)
+        dev_log = float(np.abs(m[:, 0] + np.log(np.exp(x - m).sum(1))).max())
+        if hi <= 0 and dev_log < 1e-3:
+            return {"kind": "log_probabilities", "min": lo, "max": hi, "row_sum_dev": dev_log}
+        kind = "unit_interval" if lo >= 0 and hi <= 1 else "logits"  # multi-label sigmoids
+        return {"kind": kind, "min": lo, "max": hi, "row_sum_dev": dev}
+    kind = "unit_interval" if lo >= 0 and hi <= 1 else "logits"
+    return {"kind": kind, "min": lo, "max": hi, "row_sum_dev": dev}
+
+
+def _keras_seen(ctx: ProbeContext) -> dict:
+    """The Keras model's output on kept rows, named by what its compiled loss expects."""
+    tr, loss = ctx.trainer, ctx.loss or {}
+    if ctx.framework != "keras" or tr is None or tr.inputs is None or not loss.get("name"):
+        return {}
+    name = loss["name"]
+    if name == "cross_entropy" and not loss.get("from_logits"):
+        name = "cross_entropy_on_probabilities"
+    if name not in _EXPECTS_LOGITS:
+        return {}
+    out = tr.model(tr._x(tuple(x[:ROWS] for x in tr.inputs)), training=False)
+    return {"name": name, **output_kind(out)}
 
 
 @register
@@ -29,7 +73,7 @@ class LossOutputMismatch(Probe):
         E.g. probabilities fed to ``cross_entropy``; a lint hit alone is a hypothesis.
         """
         hits = lint_hits(ctx, "loss_output_mismatch")
-        seen = ctx.run.first("loss_input") or {}
+        seen = ctx.run.first("loss_input") or _keras_seen(ctx)
         name, kind = seen.get("name"), seen.get("kind")
         measured = kind in _EXPECTS_LOGITS.get(name, ())
         if not hits and not measured:
@@ -38,11 +82,16 @@ class LossOutputMismatch(Probe):
         if measured:
             return [self.finding(
                 "architecture", True,
-                f"{name} expects raw scores (logits) but receives {kind.replace('_', ' ')} "
-                f"(measured on the first batch: min {seen.get('min'):.3g}, max "
-                f"{seen.get('max'):.3g}, rows summing to 1 within {seen.get('row_sum_dev', 0):.2g})."
-                " The loss squashes them again, gradients shrink and learning stalls. Remove the "
-                "final softmax/sigmoid from the model.",
+                f"{name.replace('_on_probabilities', '')} expects {_EXPECTED[name]} but "
+                f"receives {kind.replace('_', ' ')} (measured: min {seen.get('min'):.3g}, max "
+                f"{seen.get('max'):.3g}"
+                + (f", rows summing to 1 within {seen['row_sum_dev']:.2g}"
+                   if seen.get("row_sum_dev") is not None else "") + "). "
+                + ("The loss squashes them again, gradients shrink and learning stalls. Remove "
+                   "the final softmax/sigmoid from the model, or tell the loss it gets "
+                   "probabilities." if "logits" in _EXPECTED[name] else
+                   "The loss reads them as probabilities (clipped to [0, 1]): add the output "
+                   "activation, or tell the loss it gets logits (from_logits=True)."),
                 where, loss=name, input_kind=kind, **{k: seen[k] for k in ("min", "max")
                                                       if k in seen}, strength=0.95)]
         return [self.finding("architecture", False, hits[0].message + " (the loss input was not "
