@@ -11,8 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from .base import Probe, ProbeContext
+
 ROWS = 768  # rows of the kept sample used
 SPLIT = 0.7
+BETTER = 0.8  # the changed copy's held-out loss below this share of the other's: confirmed
 
 
 def heldout_loss(tr, ctx, lr: float | None = None, change: Callable | None = None,
@@ -67,3 +70,24 @@ def source_line(ctx, pattern, near: dict | None = None) -> dict | None:
         if same:
             return min(same, key=lambda h: abs(h["line"] - near["line"]))
     return hits[0] if hits else None
+
+
+class SettingExperiment(Probe):
+    """A probe that suspects one setting of the live model and tests it on two fresh copies.
+
+    Subclasses measure the setting, then call :meth:`compare` with the change that undoes it.
+    """
+
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
+    needs_live = True
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        """With a trainer over the kept sample."""
+        return super().applies(ctx) and ctx.trainer is not None and ctx.trainer.n >= 16
+
+    @staticmethod
+    def compare(ctx: ProbeContext, change: Callable) -> tuple[float, float, bool]:
+        """``(held-out loss as set up, with the change, whether the change is clearly better)``."""
+        as_set = heldout_loss(ctx.trainer, ctx)
+        changed = heldout_loss(ctx.trainer, ctx, change=change)
+        return as_set, changed, changed < BETTER * as_set

@@ -9,27 +9,20 @@ from __future__ import annotations
 
 import re
 
-from ._heldout import heldout_loss, source_line
-from .base import Probe, ProbeContext, register
+from ._heldout import SettingExperiment, source_line
+from .base import ProbeContext, register
 
 HIGH = 0.5      # a drop rate at or above this is suspect
-BETTER = 0.8    # held-out loss without dropout below this share of the copy's with it: confirmed
 _RATE = re.compile(r"Dropout\w*\(\s*(?:(?:p|rate)\s*=\s*)?0?\.[5-9]")  # a literal high rate
 _ANY = re.compile(r"Dropout\w*\(")
 
 
 @register
-class DropoutRate(Probe):
+class DropoutRate(SettingExperiment):
     """A drop rate >= 0.5, and a copy without dropout learns clearly better."""
 
     id = "dropout_rate"
-    categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
-    needs_live = True
     fix = "Lower the dropout rate (0.1-0.3 is usual) or remove the layer."
-
-    def applies(self, ctx: ProbeContext) -> bool:
-        """With a trainer over the kept sample."""
-        return super().applies(ctx) and ctx.trainer is not None and ctx.trainer.n >= 16
 
     def run(self, ctx: ProbeContext):
         """One finding for the strongest dropout; confirmed by the experiment."""
@@ -38,9 +31,7 @@ class DropoutRate(Probe):
         if not rates or max(rates.values()) < HIGH:
             return []
         layer, rate = max(rates.items(), key=lambda kv: kv[1])
-        kept = heldout_loss(tr, ctx)
-        dropped = heldout_loss(tr, ctx, change=tr.without_dropout)
-        confirmed = dropped < BETTER * kept
+        kept, dropped, confirmed = self.compare(ctx, tr.without_dropout)
         return [self.finding(
             "architecture", confirmed,
             f"Dropout drops {rate:.0%} of the units in '{layer}'. Two fresh copies trained on "

@@ -9,27 +9,20 @@ from __future__ import annotations
 
 import re
 
-from ._heldout import heldout_loss, source_line
-from .base import Probe, ProbeContext, register
+from ._heldout import SettingExperiment, source_line
+from .base import ProbeContext, register
 
 FROZEN = 0.5    # share of the parameters that do not train
-BETTER = 0.8    # unfrozen held-out loss below this share of the frozen copy's: confirmed
 _FREEZE = re.compile(r"requires_grad\s*=\s*False|requires_grad_\(\s*False|trainable\s*=\s*False")
 
 
 @register
-class FrozenParameters(Probe):
+class FrozenParameters(SettingExperiment):
     """Most parameters frozen, and a copy with them training learns clearly better."""
 
     id = "frozen_parameters"
-    categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
-    needs_live = True
     fix = ("Let the frozen layers train (remove the requires_grad=False / trainable=False), or "
            "unfreeze them after a few epochs when fine-tuning.")
-
-    def applies(self, ctx: ProbeContext) -> bool:
-        """With a trainer over the kept sample."""
-        return super().applies(ctx) and ctx.trainer is not None and ctx.trainer.n >= 16
 
     def run(self, ctx: ProbeContext):
         """One finding when >= 50% of the parameters are frozen; confirmed by the experiment."""
@@ -37,9 +30,7 @@ class FrozenParameters(Probe):
         share = tr.frozen_share()
         if share < FROZEN:
             return []
-        frozen = heldout_loss(tr, ctx)
-        unfrozen = heldout_loss(tr, ctx, change=tr.unfreeze)
-        confirmed = unfrozen < BETTER * frozen
+        frozen, unfrozen, confirmed = self.compare(ctx, tr.unfreeze)
         return [self.finding(
             "architecture", confirmed,
             f"{share:.0%} of the model's parameters do not train. Two fresh copies trained on "
