@@ -90,20 +90,21 @@ def exploding(sig: dict):
                    _ev(sig, "loss_spike", f"highest loss after warm-up, >= {SPIKE_RATIO}x initial")]
     if not ev and sig.get("loss_peak_ratio", 0) >= SPIKE_RATIO and \
             sig["loss_initial"] >= 2 * sig["loss_first"] and \
+            sig["loss_initial"] >= (sig.get("constant_predictor_loss") or 0.0) and \
             sig["loss_max"] >= (sig.get("constant_predictor_loss") or 0.1):
         # blown up within the first steps, and it lasted: the early median holds the blow-up
         # (one transient spike during warm-up leaves the early median alone)
-        ev += [_ev(sig, "loss_first", "first loss reading, before the updates took effect"),
-               _ev(sig, "loss_initial", "median of the first steps (>= 2x the first reading)"),
+        ev += [_ev(sig, "loss_first", "first loss readings, before the updates took effect"),
+               _ev(sig, "loss_initial", "median of the first steps (>= 2x the first readings)"),
                _ev(sig, "loss_max", f"highest loss, >= {SPIKE_RATIO:g}x the first (the updates "
                    "drove it up)")]
-    base = sig.get("constant_predictor_loss")
-    if not ev and base and sig.get("loss_first", 0) >= START_RATIO * base:
-        # an untrained model should do about as well as a constant: outputs far too large
-        # (initialisation, output scale) make errors, and so gradients, far too large
-        ev += [_ev(sig, "loss_first", "first loss reading, before the updates took effect"),
-               _ev(sig, "constant_predictor_loss", f"loss of predicting the label prior / mean "
-                   f"(the first loss is >= {START_RATIO:g}x this)")]
+    uninformed = sig.get("loss_uninformed")
+    if not ev and uninformed and sig.get("loss_first", 0) >= START_RATIO * uninformed:
+        # an untrained model scores about as well as one that knows nothing: outputs far too
+        # large (initialisation, output scale) make errors, and so gradients, far too large
+        ev += [_ev(sig, "loss_first", "first loss readings, before the updates took effect"),
+               _ev(sig, "loss_uninformed", f"loss of uniform scores / a zero output (the first "
+                   f"loss is >= {START_RATIO:g}x this)")]
         if "grad_norm_initial" in sig:
             ev.append(_ev(sig, "grad_norm_initial", "median global gradient norm at the start"))
     if sig.get("grad_norm_growth", 0) >= GRAD_GROWTH and \

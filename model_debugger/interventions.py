@@ -72,15 +72,19 @@ def _scale_lr_keras(params: dict, keras) -> Callable[[], None]:
         raise ValueError(f"lr_scale needs a factor > 0, not {factor!r}")
 
     def scale(opt) -> None:
+        opt = getattr(opt, "inner_optimizer", opt)  # a LossScaleOptimizer drives its inner one
         if opt is None or getattr(opt, "_model_debugger_scaled", False):
             return
-        lr = getattr(opt, "_learning_rate", None)
-        if hasattr(lr, "assign"):  # a variable (a schedule object is left alone)
-            import tensorflow as tf
+        opt._model_debugger_scaled = True  # first: a second trace (replica) must not scale again
+        try:
+            lr = getattr(opt, "_learning_rate", None)
+            if hasattr(lr, "assign"):  # a variable (a schedule object is left alone)
+                import tensorflow as tf
 
-            with tf.init_scope():  # eagerly, even while a tf.function is being traced
-                lr.assign(float(lr.numpy()) * factor)
-            opt._model_debugger_scaled = True
+                with tf.init_scope():  # eagerly, even while a tf.function is being traced
+                    lr.assign(float(lr.numpy()) * factor)
+        except Exception:  # noqa: BLE001 - an intervention must never break the user's step
+            pass
 
     def fit_factory(fit):
         def patched(model, *args, **kwargs):

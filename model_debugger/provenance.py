@@ -15,13 +15,17 @@ import ast
 import functools
 import os
 
-# calls that only wrap data made elsewhere: the trace goes on through their arguments
-_WRAPPERS = {"DataLoader", "TensorDataset", "iter", "enumerate", "zip", "tqdm", "list", "tuple",
-             "from_tensor_slices", "from_tensors", "batch", "shuffle", "prefetch", "repeat",
-             "cache", "as_tensor", "tensor", "Tensor", "asarray", "array", "float", "long",
-             "to", "cuda", "cpu", "astype", "Dataset", "DataFrame", "values", "to_numpy",
-             "numpy", "reshape", "view", "squeeze", "unsqueeze", "copy", "clone", "from_numpy",
-             "convert_to_tensor", "constant", "FloatTensor", "LongTensor", "double", "int"}
+# functions that only wrap data made elsewhere: the trace follows their first argument (the
+# pairing ones: every argument, inputs first, targets last)
+_DATA_FUNCS = {"DataLoader", "iter", "enumerate", "tqdm", "list", "tuple", "as_tensor", "tensor",
+               "Tensor", "asarray", "array", "Dataset", "DataFrame", "from_numpy",
+               "convert_to_tensor", "constant", "FloatTensor", "LongTensor"}
+_PAIRING = {"TensorDataset", "from_tensor_slices", "from_tensors", "zip"}
+# methods that only re-wrap their receiver: the trace follows the receiver, not the arguments
+# (``xb.to(device)``, ``ds.shuffle(BUF).batch(BATCH)``)
+_DATA_METHODS = {"batch", "shuffle", "prefetch", "repeat", "cache", "to", "cuda", "cpu", "astype",
+                 "to_numpy", "numpy", "reshape", "view", "squeeze", "unsqueeze", "copy", "clone",
+                 "float", "long", "double", "int", "values", "detach", "contiguous"}
 _MAX_HOPS = 12
 _FIT_CALLS = {"fit", "train_on_batch", "fit_generator"}
 
@@ -31,7 +35,7 @@ def _parse(path: str, mtime: float) -> ast.Module | None:
     try:
         with open(path, encoding="utf-8") as fh:
             return ast.parse(fh.read(), path)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return None
 
 
@@ -63,7 +67,10 @@ def data_origin(location: dict | None, role: str | None = None) -> dict | None:
         return location
     if tree is None:
         return location
-    line = _origin_line(tree, location["line"], role)
+    try:
+        line = _origin_line(tree, location["line"], role)
+    except Exception:  # noqa: BLE001 - a trace that fails keeps the use line, never the finding
+        return location
     if line is None or line == location["line"]:
         return location
     return {**location, "line": line, "used_at": location["line"]}
@@ -284,8 +291,6 @@ def _trace(tree: ast.Module, scope: list[ast.AST], name: str, before: int,
         return line, False  # this line computes the data
     names = [n for n in _names(value if inner is None else inner) if n != name] or \
         ([name] if loop or inner is not None else [])
-    if role is not None and len(names) == 2 and inner is not None:
-        names = names[:1] if role == "inputs" else names[1:]  # (inputs, targets) wrapped together
     results = []
     for other in names:
         origin, looped = _trace(tree, _scope_of(tree, node), other, line, role, hops + 1)
@@ -349,12 +354,19 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
     if isinstance(value, ast.Call):
         func = value.func
         fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        if fname not in _WRAPPERS:
+        if isinstance(func, ast.Attribute) and fname in _DATA_METHODS:
+            return _unwrapped(func.value, role)  # x.to(device): the receiver is the data
+        if fname in _PAIRING:
+            parts = [a for a in value.args if not isinstance(a, ast.Constant)]
+            if len(parts) == 1 and isinstance(parts[0], (ast.Tuple, ast.List)):
+                parts = list(parts[0].elts)  # from_tensor_slices((x, y))
+            if role is not None and len(parts) >= 2:  # the half the finding is about
+                parts = parts[:1] if role == "inputs" else parts[-1:]
+        elif fname in _DATA_FUNCS:
+            parts = value.args[:1]  # DataLoader(ds, BATCH): the dataset, not the settings
+        else:
             return None
-        parts = list(value.args)
-        if isinstance(func, ast.Attribute):
-            parts.append(func.value)  # ds.shuffle(100).batch(32): the receiver is the data
-        inner = [_unwrapped(p, role) for p in parts if not isinstance(p, ast.Constant)]
+        inner = [_unwrapped(p, role) for p in parts]
         if not inner or any(i is None for i in inner):
             return None
         return ast.Tuple(elts=[e for i in inner for e in

@@ -24,10 +24,11 @@ SIGNALS: dict[str, str] = {
     "loss_max": "highest finite loss",
     "loss_spike": "highest finite loss after a 10% warm-up",
     "loss_relative_drop": "(loss_initial - loss_final) / |loss_initial|",
-    "loss_first": "the first finite loss reading (the model before its updates took effect)",
+    "loss_first": "median of the first 3 loss readings (the model before its updates took effect)",
     "loss_peak_ratio": "loss_max / loss_first: how far the updates drove the loss above its start",
     "loss_tail_drop": "relative fall of the loss over the second half of the run",
     "loss_floor_share": "loss_final / constant_predictor_loss: where the loss settled",
+    "loss_uninformed": "loss of an untrained model that knows nothing (uniform scores, zero output)",
     "constant_predictor_loss": "loss of the best input-independent predictor (label prior/mean)",
     "majority_rate": "share of the most frequent class in the training targets",
     "first_nonfinite_step": "first step with a non-finite loss, gradient or weight",
@@ -119,6 +120,9 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
     """
     if not targets:
         return None, None
+    if targets.get("reduction") == "sum":  # summed over the batch: another scale, no baseline
+        return None, constant_predictor({k: v for k, v in targets.items()
+                                         if k != "reduction"})[1]
     loss = targets.get("loss")
     counts = targets.get("counts")
     if counts and loss in ("cross_entropy", "nll_loss"):
@@ -138,6 +142,25 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
     if loss in ("l1_loss", "smooth_l1_loss", "huber_loss") and var is not None:
         return _robust_baseline(loss, math.sqrt(max(var, 0.0))), None
     return None, None
+
+
+def uninformed_loss(targets: dict | None) -> float | None:
+    """The loss of an untrained model that knows nothing: uniform class scores, or zero output.
+
+    ``ln C`` (cross-entropy over C classes), ``ln 2`` (binary cross-entropy), ``mean^2 + var``
+    (MSE). A freshly initialised network starts near it; far above it, its outputs are far too
+    large. None for other losses and for summed losses (another scale).
+    """
+    if not targets or targets.get("reduction") == "sum":
+        return None
+    loss = targets.get("loss")
+    if loss in ("cross_entropy", "nll_loss") and targets.get("counts"):
+        return math.log(max(len(targets["counts"]), 2))
+    if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
+        return math.log(2)
+    if loss == "mse_loss" and targets.get("mean") is not None and targets.get("var") is not None:
+        return float(targets["mean"]) ** 2 + float(targets["var"])
+    return None
 
 
 def _robust_baseline(loss: str, sd: float) -> float:
@@ -223,17 +246,21 @@ def compute(run: Run) -> dict:
         s["loss_spike"] = float(fl[len(fl) // 10:].max())  # after a 10% warm-up
         s["loss_relative_drop"] = (s["loss_initial"] - s["loss_final"]) / max(
             abs(s["loss_initial"]), 1e-12)
-        s["loss_first"] = float(fl[0])
+        s["loss_first"] = float(np.median(fl[:3]))  # the untrained model (3 readings: noise)
         if len(fl) >= 20:
             mid, _ = _head_tail(fl[len(fl) // 2:])
             s["loss_tail_drop"] = (mid - s["loss_final"]) / max(abs(mid), 1e-12)
-        if fl[0] > 0:
-            s["loss_peak_ratio"] = float(fl.max() / fl[0])
+        if s["loss_first"] > 0:
+            s["loss_peak_ratio"] = float(fl.max() / s["loss_first"])
     targets = run.of("targets")
     s["constant_predictor_loss"], s["majority_rate"] = constant_predictor(
         targets[-1] if targets else None)
     if s["constant_predictor_loss"] and "loss_final" in s:
         s["loss_floor_share"] = s["loss_final"] / s["constant_predictor_loss"]
+    uninformed = uninformed_loss(targets[-1] if targets else None)
+    if uninformed:
+        s["loss_uninformed"] = uninformed
+    scaled = run.first("accumulation") is not None  # the step loss may be loss / k
 
     bad = run.first("nonfinite")
     bad_idx = [i for i, st in enumerate(run.steps) if isinstance(st.get("loss"), str)]
@@ -317,7 +344,7 @@ def compute(run: Run) -> dict:
             s["train_loss_at_val_min"], s["train_loss_final"] = float(t[best]), float(t[-1])
             s["gap_at_val_min"] = float(v[best] - t[best])
             s["gap_final"] = float(v[-1] - t[-1])
-            if t[-1] > 0:
+            if t[-1] > 0 and not scaled:
                 s["gap_ratio"] = float(v[-1] / t[-1])
     for split in ("val", "train"):
         for kind in ("acc", "f1"):
@@ -332,7 +359,7 @@ def compute(run: Run) -> dict:
             s[f"{split}_{kind}_max"] = float(values.max())
             s[f"{split}_{kind}_gain"] = float(values[-1] - values[0])
             s[f"{split}_{kind}_points"] = len(values)
-    _accuracy_gap(s, targets[-1] if targets else None)
+    _accuracy_gap(s, None if scaled else targets[-1] if targets else None)
     return s
 
 

@@ -515,6 +515,22 @@ def test_target_statistics_and_eval_loss():
     assert event["var"] == pytest.approx(float(every.var(unbiased=False)), rel=1e-4)
 
 
+def test_summed_losses_and_gradient_accumulation_are_recorded(tmp_path):
+    path = tmp_path / "record.jsonl"
+    with capture(str(path)):
+        model = nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            for _ in range(2):  # two micro-batches per optimizer step
+                x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+                (F.cross_entropy(model(x), y, reduction="sum") / 2).backward()
+            opt.step()
+    run = Run.load(str(path))
+    assert run.of("targets")[-1]["reduction"] == "sum"
+    assert run.first("accumulation")["backwards"] == 2 and len(run.steps) == 3
+
+
 # -- metrics -------------------------------------------------------------------------------------
 def test_metrics_from_log_tensorboard_and_stdout(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -558,6 +574,10 @@ def test_metrics_from_log_tensorboard_and_stdout(tmp_path):
     ("step 160: loss 0.006, lr 2.00e-03, val_acc 1.000", {"loss": 0.006, "lr": 0.002,
                                                            "val_acc": 1.0}),
     ("loaded 50 files in 3 batches", {}),  # counts are not metrics
+    ("New best val loss 0.32 at epoch 5", {}),  # a best-so-far, not this epoch's value
+    ("ema loss 0.2, target loss 0.05", {}),
+    ("Train loss 0.3 | Val loss 0.4", {"train_loss": 0.3, "val_loss": 0.4}),
+    ("Epoch 1/10", {}),
     ("train loss nan", {"train_loss": float("nan")}),
 ])
 def test_stdout_metrics_printed_as_name_space_value(line, expected):

@@ -197,3 +197,38 @@ def test_index_names_are_not_the_data(tmp_path):
             loss = F.cross_entropy(model(X[i:i + 32]), y[i:i + 32])  # <use>
     """)
     assert got == made
+
+
+@pytest.mark.parametrize("role,marker", [("inputs", "X"), ("targets", "y")])
+def test_settings_and_module_paths_are_not_data(tmp_path, role, marker):
+    """``xb.to(device)``, ``torch.utils.data.TensorDataset``, ``.batch(BATCH)``: the trace
+    follows the data, never the device, the module or the batch size."""
+    source = """
+        import torch
+        device = torch.device("cpu")
+        BATCH = 32
+        X = torch.load("x.pt") * 255.0  # <X>
+        y = torch.tensor(labels) - 1  # <y>
+        ds = torch.utils.data.TensorDataset(X, y)
+        loader = torch.utils.data.DataLoader(ds, BATCH, shuffle=True)
+        model = Net().to(device)
+        for xb, yb in loader:
+            xb, yb = xb.to(device), yb.to(device)
+            loss = criterion(model(xb), yb)  # <use>
+    """.replace(f"# <{marker}>", "# <made>")
+    got, made, _ = _origin(tmp_path, source, role=role)
+    assert got == made
+
+
+def test_a_tf_data_pipeline_with_settings_follows_the_arrays(tmp_path):
+    got, made, _ = _origin(tmp_path, """
+        import tensorflow as tf
+        BUF, BATCH = 1000, 32
+        x = load_images() / 127.5 - 1.0  # <made>
+        y = load_labels()
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(BUF).batch(BATCH)
+        for xb, yb in ds:
+            with tf.GradientTape() as tape:
+                loss = loss_object(yb, model(xb))  # <use>
+    """, role="inputs")
+    assert got == made

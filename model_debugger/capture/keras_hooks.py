@@ -257,7 +257,7 @@ class LoopHooks:
         def observe(y):
             inst = link()
             if inst is not None:
-                inst.guard(inst.labels.observe)(y.numpy())
+                inst.guard(lambda: inst.labels.observe(y.numpy()))()
 
         self._tf.py_function(observe, [y_true], [])
 

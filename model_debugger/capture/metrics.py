@@ -84,6 +84,10 @@ def _spaced_pairs(line: str) -> list[tuple[str, float]]:
                 break
             words.insert(0, word)
             j -= 1
+        before = tokens[j] if j >= 0 else None
+        if words and before is not None and before.group("word") is not None and \
+                not line[before.end():tokens[j + 1].start()].strip():
+            continue  # "best val loss 0.3", "ema loss 0.2": another quantity than the metric
         if words:
             out.append(("_".join(words), float(tok.group("num"))))
     return out

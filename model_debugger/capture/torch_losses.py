@@ -142,6 +142,8 @@ class LossStats:
             return
         self.reduce()
         data = {"loss": t["loss"], "n": t["n"]}
+        if t.get("reduction"):
+            data["reduction"] = t["reduction"]
         if t["sampled"] < t["n"]:
             data["sampled"] = t["sampled"]  # the statistics below come from this many targets
         if t["counts"] is not None:
@@ -181,6 +183,8 @@ class LossHooks:
                     inst._last_loss_call = (name, target, kwargs, input.shape)
                     inst.losses.count(name, input, target, out)
                 else:
+                    if kwargs.get("reduction") == "sum" and torch.is_grad_enabled():
+                        inst.losses.targets["reduction"] = "sum"  # not on the baselines' scale
                     inst.losses.observe(name, input, target, out)
                     inst._keep_loss(name, input, target, args, kwargs)
             except Exception:  # noqa: BLE001 - observation must never break training

@@ -201,6 +201,9 @@ class OptimizerHooks:
                 ratio = None
         losses = [v for v in self._pending_losses if v is not None]
         self._pending_losses = []
+        if len(losses) > 1 and not getattr(self, "_accumulation_seen", False):
+            self._accumulation_seen = True  # the recorded loss may be scaled (loss / k)
+            self.rec.emit("accumulation", step=self.rec.step, backwards=len(losses))
         loss = sum(losses) / len(losses) if losses else None
         gn, parts = self._step_norms
         self._step_norms = (None, None)

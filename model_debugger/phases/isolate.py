@@ -100,20 +100,28 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
                                intervene_seconds, stdout=stdout)
             cls = state.classification
             findings = rank(findings, [cls.primary, *cls.secondary])  # tested ones by result
-        _settle_plateau(session, findings, round_of_probes=ids is None)
+        if ids is None:
+            _settle_plateau(session, findings, set(report.probe_seconds))
         session.record_findings(findings, added=ids is not None,
                                 probe_seconds=dict(report.probe_seconds), live=live,
                                 noise=report.seed_noise, lr_range=report.lr_range)
     return session.findings
 
 
-def _settle_plateau(session: DebugSession, findings: list[Finding], round_of_probes: bool) -> None:
-    """Re-classify a tentative plateau ``healthy`` when no finding confirmed a cause.
+EXPERIMENTS = ("frozen_parameters", "dropout_rate", "lr_range")  # what could hold a loss up
 
-    The loss then settled at the task's floor (:func:`~model_debugger.classify.plateau`).
+
+def _settle_plateau(session: DebugSession, findings: list[Finding], ran: set[str]) -> None:
+    """Re-classify a tentative plateau ``healthy`` when the experiments found no cause.
+
+    The loss then settled at the task's floor (:func:`~model_debugger.classify.plateau`). Only
+    a confirmed finding about that category counts, and only when at least one experiment that
+    could find what holds a loss up ran; otherwise the tentative verdict stays, untested.
     """
     from ..classify import tentative, without_cause
 
     cls = session.state.classification
-    if round_of_probes and tentative(cls) and not any(f.confirmed for f in findings):
+    if not tentative(cls) or not ran & set(EXPERIMENTS):
+        return
+    if not any(f.confirmed and f.category in (None, cls.primary) for f in findings):
         session.record_classification(without_cause(cls), dict(session.state.signals))

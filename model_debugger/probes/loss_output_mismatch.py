@@ -54,6 +54,8 @@ def _keras_seen(ctx: ProbeContext) -> dict:
     if name not in _EXPECTS_LOGITS:
         return {}
     out = tr.model(tr._x(tuple(x[:ROWS] for x in tr.inputs)), training=False)
+    if isinstance(out, (list, tuple, dict)):  # several outputs: which one the loss reads is unknown
+        return {}
     return {"name": name, **output_kind(out)}
 
 
