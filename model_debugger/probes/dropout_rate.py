@@ -12,14 +12,14 @@ import re
 from ._heldout import SettingExperiment, source_line
 from .base import ProbeContext, register
 
-HIGH = 0.5      # a drop rate at or above this is suspect
+HIGH = 0.7      # a drop rate at or above this is suspect (0.5 is a common, healthy choice)
 _RATE = re.compile(r"Dropout\w*\(\s*(?:(?:p|rate)\s*=\s*)?0?\.[5-9]")  # a literal high rate
 _ANY = re.compile(r"Dropout\w*\(")
 
 
 @register
 class DropoutRate(SettingExperiment):
-    """A drop rate >= 0.5, and a copy without dropout learns clearly better."""
+    """A drop rate >= 0.7, and a copy without dropout learns clearly better."""
 
     id = "dropout_rate"
     fix = "Lower the dropout rate (0.1-0.3 is usual) or remove the layer."
