@@ -231,8 +231,8 @@ def _bindings(scope: ast.AST, name: str, before: int) -> list[tuple[int, ast.AST
         elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None and \
                 isinstance(node.target, ast.Name) and node.target.id == name:
             out.append((node.lineno, node, node.value))
-        elif isinstance(node, (ast.For, ast.comprehension)) and name in _target_names(node.target):
-            out.append((getattr(node, "lineno", node.iter.lineno), node, node.iter))
+        elif isinstance(node, ast.For) and name in _target_names(node.target):
+            out.append((node.lineno, node, node.iter))  # comprehension variables stay local
     return out
 
 
