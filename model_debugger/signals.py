@@ -69,7 +69,6 @@ SIGNALS: dict[str, str] = {
     "train_loss_final": "last training loss (per epoch)",
     "gap_at_val_min": "validation minus training loss when validation was best",
     "gap_final": "validation minus training loss at the end",
-    "gap_ratio": "validation / training loss at the end (same loss, same units)",
     "train_acc_bound": "lowest training accuracy the final loss allows (each error costs >= ln 2)",
     "acc_gap": "training accuracy (or its bound) minus the last validation accuracy",
     **{f"{split}_{kind}_{what}": f"{meaning} of the {split} {word}"
@@ -344,8 +343,6 @@ def compute(run: Run) -> dict:
             s["train_loss_at_val_min"], s["train_loss_final"] = float(t[best]), float(t[-1])
             s["gap_at_val_min"] = float(v[best] - t[best])
             s["gap_final"] = float(v[-1] - t[-1])
-            if t[-1] > 0 and not scaled:
-                s["gap_ratio"] = float(v[-1] / t[-1])
     for split in ("val", "train"):
         for kind in ("acc", "f1"):
             m = run.metric_by_role(split, kind)
