@@ -55,6 +55,23 @@ def metric_role(name: str) -> tuple[str, str] | None:
     return None
 
 
+# where metric values come from, most direct first (``metric`` events' ``source``)
+METRIC_SOURCES = ("trainer", "keras", "tensorboard", "log", "stdout", "auto")
+_SOURCE_RANK = {s: i for i, s in enumerate(METRIC_SOURCES)}
+
+# Under a trainer: the user's lines that stand for what the trainer's loop did, in order of
+# preference (kinds of ``ref`` events; see ``capture/torch_trainers.py``)
+TRAINER_REFS = {
+    "lightning": {"backward": ("training_step",), "loss_fn": ("training_step",),
+                  "step": ("optimizer", "configure_optimizers"),
+                  "optimizer": ("configure_optimizers",)},
+    "transformers": {"backward": ("trainer_args", "trainer"),
+                     "step": ("trainer_args", "trainer"),
+                     "optimizer": ("trainer_args", "trainer"),
+                     "loss_fn": ("model", "trainer")},
+}
+
+
 @dataclass
 class Run:
     """Everything one captured run recorded, loaded from its JSON-lines stream.
@@ -157,11 +174,21 @@ class Run:
         return names, arr
 
     def metrics(self) -> dict[str, list[tuple[int, int, float]]]:
-        """``{name: [(step, epoch, value), ...]}`` from every metric source."""
+        """``{name: [(step, epoch, value), ...]}``, each name from its most direct source.
+
+        One quantity can be seen twice (an HF log dict through the trainer's callback and
+        printed on stdout; a validation loss logged and computed under ``no_grad``): the
+        points of a name come from one source only, the first of :data:`METRIC_SOURCES`.
+        """
+        best: dict[str, int] = {}
+        for e in self.of("metric"):
+            rank = _SOURCE_RANK.get(e.get("source"), len(METRIC_SOURCES))
+            best[e["name"]] = min(rank, best.get(e["name"], rank))
         out: dict[str, list] = {}
         for e in self.of("metric"):
-            out.setdefault(e["name"], []).append((e.get("step", 0), e.get("epoch", 0),
-                                                  as_float(e["value"])))
+            if _SOURCE_RANK.get(e.get("source"), len(METRIC_SOURCES)) == best[e["name"]]:
+                out.setdefault(e["name"], []).append((e.get("step", 0), e.get("epoch", 0),
+                                                      as_float(e["value"])))
         return out
 
     def metric_by_role(self, split: str, kind: str) -> tuple[str, np.ndarray] | None:
@@ -170,19 +197,42 @@ class Run:
         User-reported metrics win over ``auto`` ones (validation losses seen under no_grad).
         """
         metrics = self.metrics()
-        sources = {e["name"]: e.get("source") for e in self.of("metric")}
+        sources: dict[str, str] = {}
+        for e in self.of("metric"):  # each name's most direct source (the one metrics() kept)
+            src = e.get("source")
+            old = sources.get(e["name"])
+            if old is None or _SOURCE_RANK.get(src, 99) < _SOURCE_RANK.get(old, 99):
+                sources[e["name"]] = src
         names = [n for n in metrics if metric_role(n) == (split, kind)]
         if not names:
             return None
-        names.sort(key=lambda n: (sources.get(n) == "auto", -len(metrics[n]), n))
+        # a single printed value does not outrank a curve (a progress bar's last frame)
+        names.sort(key=lambda n: (len(metrics[n]) < 2, sources.get(n) == "auto",
+                                  -len(metrics[n]), n))
         name = names[0]
         return name, _per_epoch(metrics[name])
 
     def refs(self) -> dict[str, dict]:
-        """First code reference of each kind: ``{"backward": {"file", "line"}, ...}``."""
+        """First code reference of each kind: ``{"backward": {"file", "line"}, ...}``.
+
+        Under a trainer (a ``trainer`` event), what the trainer did for the user was seen at
+        the ``trainer.fit(...)`` / ``trainer.train()`` line; such a reference points at the
+        user's line that decides it instead (:data:`TRAINER_REFS`).
+        """
         out: dict[str, dict] = {}
         for e in self.of("ref"):
             out.setdefault(e["kind"], {"file": e["file"], "line": e["line"]})
+        trainer = self.first("trainer")
+        fit = (trainer or {}).get("fit")
+        if fit:
+            where = (fit.get("file"), fit.get("line"))
+            for kind, instead in TRAINER_REFS.get(trainer.get("kind"), {}).items():
+                ref = out.get(kind)
+                if ref is not None and (ref["file"], ref["line"]) == where:
+                    better = next((out[k] for k in instead if k in out and
+                                   (out[k]["file"], out[k]["line"]) != where), None)
+                    if better is not None:
+                        out[kind] = {**better, "via": "trainer"}
         return out
 
     @property

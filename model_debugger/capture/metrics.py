@@ -1,6 +1,7 @@
 """Metric sources that need no change to the user's code.
 
-- numbers printed on stdout as ``name=value`` or ``name: value``, or as ``name value`` when the
+- numbers printed on stdout as ``name=value``, ``name: value`` or ``'name': 'value'`` (a printed
+  dict, such as Hugging Face's Trainer logs), or as ``name value`` when the
   name ends in a metric word (``val accuracy 0.95``, ``test acc 0.93``, ``loss 0.41``; ``epoch 3``
   sets the epoch);
 - ``torch.utils.tensorboard.SummaryWriter.add_scalar`` / ``add_scalars``.
@@ -14,6 +15,8 @@ from collections.abc import Callable
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|NaN|Inf)"
 _PAIR = re.compile(r"(?<![\w.])([A-Za-z_][\w./-]*?)\s*(?:=|:)\s*(" + _NUM + r")(?![\w.:])")
+# a printed dict: ``{'loss': '0.6942', 'grad_norm': 0.29}`` (Hugging Face's Trainer logs)
+_QUOTED = re.compile(r"""(['"])([A-Za-z_][\w./-]*)\1\s*:\s*(['"]?)(""" + _NUM + r""")\3(?![\w.])""")
 _EPOCH = re.compile(r"\bepoch\s*[\[:=#]?\s*(\d+)", re.IGNORECASE)
 _CONTEXT = {"epoch", "step", "iter", "iteration", "batch", "it", "global_step"}
 # ``name value`` with a space: the name's last word must be one of these (a printed count like
@@ -55,6 +58,11 @@ def parse_metric_line(line: str) -> tuple[int | None, dict[str, float]]:
                 epoch = int(float(value)) if math.isfinite(float(value)) else None
             continue
         found[key] = float(value)
+    for _, name, _, value in _QUOTED.findall(line):
+        key = name.lower()
+        if key in _CONTEXT or key.endswith(("_runtime", "_per_second")) or key == "total_flos":
+            continue  # counters and timings of a trainer's log dict
+        found.setdefault(key, float(value))
     for key, value in _spaced_pairs(line):
         found.setdefault(key, value)
     return epoch, found

@@ -9,13 +9,16 @@ What is patched while a capture is active (and restored afterwards), and where i
   ``backward()`` line, a non-finite loss; in a loop without an optimizer each backward is a step;
 - global optimizer step pre/post hooks and ``Optimizer.__init__`` (:mod:`.torch_optim`):
   where optimizers are built, gradient norms, histograms, update/weight ratio, one row a step;
+  ``clip_grad._clip_grads_with_norm_`` (same module): the norms before a clip;
 - the step rows themselves, their timing and memory readings (:mod:`.torch_steps`);
 - the model's forward pre-hook, model discovery, non-finite localization (:mod:`.torch_model`);
 - ``DataLoader.__iter__`` (:mod:`.torch_data`): data-wait time and epochs;
 - loss functionals, ``F.cross_entropy``, ``F.mse_loss``, ... (:mod:`.torch_losses`): target
   statistics for the constant-predictor baseline, and validation losses computed under
   ``no_grad``;
-- ``zero_grad`` of optimizers and modules (here): counted for the ``calls`` event.
+- ``zero_grad`` of optimizers and modules (here): counted for the ``calls`` event;
+- Lightning's and Hugging Face's ``Trainer`` (:mod:`.torch_trainers`), once imported: a callback
+  for the metrics they log, their sanity checks and their accumulation's loss scale.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossHooks
 from .torch_model import ModelHooks
 from .torch_optim import OptimizerHooks
 from .torch_steps import StepRows
+from .torch_trainers import TrainerHooks
 
 _BACKWARD_MODE_AFTER = 64  # backward() calls without an optimizer step: a loop without one
 
@@ -54,7 +58,8 @@ def _call_chain(frame) -> tuple:
     return key
 
 
-class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks, Instrument):
+class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks, TrainerHooks,
+                      Instrument):
     """Instruments PyTorch training for one Recorder.
 
     Parameters
@@ -83,6 +88,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._init_step_state()
         self._init_data_state()
         self._init_loss_state()
+        self._init_trainer_state()
         self._guarded_before_backward = self.guard(self._before_backward)
 
     # -- attach / close --------------------------------------------------------------------
@@ -97,6 +103,10 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self.hold(optim_mod.register_optimizer_step_pre_hook(self.guard(self._pre_step)))
         self.hold(optim_mod.register_optimizer_step_post_hook(self.guard(self._post_step)))
         self.patch(optim_mod.Optimizer, "__init__", self._wrap_opt_init)
+        from torch.nn.utils import clip_grad
+
+        if hasattr(clip_grad, "_clip_grads_with_norm_"):  # torch >= 2.6
+            self.patch(clip_grad, "_clip_grads_with_norm_", self._wrap_clip)
         self.patch(DataLoader, "__iter__", self._wrap_loader_iter)
         for owner in (optim_mod.Optimizer, torch.nn.Module):
             self.patch(owner, "zero_grad", self._wrap_zero_grad)
@@ -104,6 +114,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         for name in CLASS_LOSSES + BINARY_LOSSES + REG_LOSSES:
             if hasattr(functional, name):
                 self.patch(functional, name, lambda nxt, name=name: self._wrap_loss(nxt, name))
+        self._attach_trainers()
 
     def _let_go(self) -> None:
         """After every hook is gone, let go of the user's objects.

@@ -8,7 +8,11 @@ What they record:
 - the global step pre-hook: the ``step`` call site (``ref``), on the steps that
   ``norm_every``/``hist_every``/``update_every`` pick, the gradient norms (global and per
   module; a non-finite gradient norm is a ``nonfinite`` event with ``what="grad"``), ``hist``
-  events and a copy of the weights;
+  events and a copy of the weights; for ``step(closure)`` (Lightning, LBFGS) all of this
+  happens once the closure has run its backward;
+- ``clip_grad_norm_`` (through ``_clip_grads_with_norm_``): the clip's coefficient, so that the
+  norms recorded are those before the clip (the clipped total is the row's ``gnc``) and one
+  ``clip`` event per ``max_norm`` (at most three);
 - the global step post-hook: the update/weight ratio, and the step's row (see
   :mod:`.torch_steps`) with the mean of the losses seen since the last step.
 
@@ -57,12 +61,17 @@ class OptimizerHooks:
         self._last_opt = None
         self._opt_counts: dict[int, int] = {}  # id(optimizer) -> its steps in this capture
         self._ur_stride = 1  # every UR_STRIDE-th weight is compared for a large model
+        self._clip = None  # (parameter ids, max_norm, total norm) of a clip since the last step
+        self._clips_seen: set[float] = set()  # max_norm values with a ``clip`` event
+        self._step_clipped = None  # the clipped global norm of the step in progress
+        self._guarded_on_clip = self.guard(self._on_clip)
 
     def _let_go_optimizer(self) -> None:
         self._last_opt = None
         self._before = None
         self._before_params = None
         self._step_norms = (None, None)
+        self._clip = None
         self._plans.clear()
 
     # -- construction ----------------------------------------------------------------------
@@ -97,7 +106,7 @@ class OptimizerHooks:
     def _params(self, opt) -> list:
         return [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
 
-    def _pre_step(self, opt, args, kwargs) -> None:
+    def _pre_step(self, opt, args, kwargs) -> tuple | None:
         nest = self._nest
         if nest is not None and nest[0] is opt and nest[1] == self._backwards:
             nest[2] += 1  # a subclass's step() calling super().step(): both are hooked
@@ -118,13 +127,37 @@ class OptimizerHooks:
         self._opt_counts[key] = n + 1
         cfg = self.cfg
         self._step_norms = (UNMEASURED, None)  # none kept from a step whose optimizer raised
+        self._step_clipped = None
         self._before = None
         norms = self._norm_every == 1 or n % self._norm_every == 0
         self._rss_due = norms  # reading /proc right after a step costs ~40 us in cold caches
-        hist = cfg.hist_every and n % cfg.hist_every == 0
-        update = cfg.update_every and n % cfg.update_every == 0
+        hist = bool(cfg.hist_every and n % cfg.hist_every == 0)
+        update = bool(cfg.update_every and n % cfg.update_every == 0)
         if not (norms or hist or update or not self._param_names):
-            return  # nothing to measure on this step: the parameters are not even listed
+            return None  # nothing to measure on this step: the parameters are not even listed
+        # ``args`` are the step's own, the optimizer first: ``step(closure)`` has it second
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if not callable(closure):
+            self._measure(opt, norms, hist, update)
+            return None
+        # step(closure): the gradients of this step exist once the closure ran its backward
+        # (Lightning, LBFGS); measure after its first call, not before the stale ones
+        measure = self.guard(self._measure)
+        first = [True]
+
+        def closure_then_measure(*a, **k):
+            out = closure(*a, **k)
+            if first[0]:
+                first[0] = False
+                measure(opt, norms, hist, update)
+            return out
+
+        if len(args) > 1:
+            return (args[0], closure_then_measure, *args[2:]), kwargs
+        return args, {**kwargs, "closure": closure_then_measure}
+
+    def _measure(self, opt, norms: bool, hist: bool, update: bool) -> None:
+        """Read this step's gradients (norms, histograms) and copy the weights it will update."""
         params = self._params(opt)
         if not self._param_names and params:
             self._discover(sys._getframe(), params)
@@ -153,12 +186,61 @@ class OptimizerHooks:
         self._norms_on_host = not rest
         norms = grad_norms([p.grad for p in params], host, rest)
         total = math.sqrt(sum([n * n for n in norms]))
+        clip, self._clip = self._clip, None
+        if clip is not None:  # clipped since the backward: the norms before it are the truth
+            norms, total = self._unclipped(params, norms, total, clip)
         if not math.isfinite(total) and not self._nonfinite_seen:
             self._nonfinite_seen = True
             bad = [m for m, v in per_module(modules, norms).items() if not math.isfinite(v)]
             self.rec.emit("nonfinite", step=self.rec.step, what="grad", value=str(total),
                           module=bad[-1] if bad else None)
         return total, ((modules, norms) if self.cfg.module_norms else None)
+
+    def _unclipped(self, params, norms, total, clip) -> tuple[list[float], float]:
+        """The per-parameter norms and their total before ``clip_grad_norm_`` scaled them.
+
+        The clip multiplied every gradient it covered by one coefficient,
+        ``min(max_norm / (total_norm + 1e-6), 1)``: dividing by it undoes the clip exactly,
+        whatever the norm type it measured. The clipped total is kept for the step's row.
+        """
+        ids, max_norm, total_norm = clip
+        try:
+            coef = min(max_norm / (float(total_norm) + 1e-6), 1.0)
+        except (TypeError, ValueError, RuntimeError, ZeroDivisionError):
+            return norms, total
+        self._step_clipped = total
+        if not (math.isfinite(coef) and coef > 0):  # a non-finite total: nothing to undo
+            return norms, total
+        norms = [v / coef if id(p) in ids else v for p, v in zip(params, norms)]
+        return norms, math.sqrt(sum([v * v for v in norms]))
+
+    def _wrap_clip(self, original):
+        """``torch.nn.utils.clip_grad._clip_grads_with_norm_``: where every norm clip scales.
+
+        ``clip_grad_norm_`` calls it through its module, so a clip is seen however the user,
+        Lightning or Accelerate imported ``clip_grad_norm_``.
+        """
+        link = self._link
+
+        def _clip_grads_with_norm_(parameters, max_norm, total_norm, *args, **kwargs):
+            inst = link()
+            if inst is not None:
+                if not isinstance(parameters, (list, tuple)) and \
+                        not hasattr(parameters, "grad"):
+                    parameters = list(parameters)  # a generator is read once: keep it
+                inst._guarded_on_clip(parameters, max_norm, total_norm)
+            return original(parameters, max_norm, total_norm, *args, **kwargs)
+
+        _clip_grads_with_norm_.__wrapped__ = original
+        return _clip_grads_with_norm_
+
+    def _on_clip(self, parameters, max_norm, total_norm) -> None:
+        params = [parameters] if hasattr(parameters, "grad") else parameters
+        self._clip = ({id(p) for p in params}, float(max_norm), total_norm)
+        if float(max_norm) not in self._clips_seen and len(self._clips_seen) < 3:
+            self._clips_seen.add(float(max_norm))
+            self.rec.emit("clip", max_norm=float(max_norm),
+                          location=user_location(sys._getframe()))
 
     def _plan(self, params) -> tuple[list[int], list[int], list[str]]:
         """How to measure this list of parameters, worked out once per list."""
@@ -204,7 +286,13 @@ class OptimizerHooks:
         if len(losses) > 1 and not getattr(self, "_accumulation_seen", False):
             self._accumulation_seen = True  # the recorded loss may be scaled (loss / k)
             self.rec.emit("accumulation", step=self.rec.step, backwards=len(losses))
-        loss = sum(losses) / len(losses) if losses else None
+        if not losses:
+            loss = None
+        elif self._sum_losses:  # a trainer divided each micro-batch's loss by the steps
+            loss = sum(losses)
+        else:
+            loss = sum(losses) / len(losses)
         gn, parts = self._step_norms
         self._step_norms = (None, None)
-        self._emit_step(loss, gn, parts, ratio)
+        clipped, self._step_clipped, self._clip = self._step_clipped, None, None
+        self._emit_step(loss, gn, parts, ratio, clipped)

@@ -6,7 +6,8 @@ kept as a row of numbers and written as a ``step`` event in batches (:meth:`Step
 - ``i``, ``ep``, ``loss``, ``dt`` (seconds since the last step ended), ``dw`` (of which waiting
   for data), ``tm`` (the model's training flag);
 - ``gn`` and ``mgn`` (global and per-module gradient norms, a bounded window of modules per step,
-  see :mod:`.norms`), ``ur`` (update/weight ratio) when they were measured;
+  see :mod:`.norms`), ``ur`` (update/weight ratio) when they were measured; the norms are those
+  before a ``clip_grad_norm_``, and ``gnc`` is the global norm after it;
 - memory: ``rss`` on the steps whose norms are measured, ``cuda``/``cuda_peak`` (allocated
   bytes) every step on a GPU, ``gpu_util`` every :data:`GPU_UTIL_EVERY` steps.
 
@@ -54,7 +55,7 @@ class StepRows:
         self._cuda = torch.cuda.is_available()
         self._gpu_util = self._cuda  # until NVML turns out to be missing
 
-    def _emit_step(self, loss, gn, parts=None, ratio=None) -> None:
+    def _emit_step(self, loss, gn, parts=None, ratio=None, clipped=None) -> None:
         """Keep one step's numbers as a row; rows become ``step`` events in :meth:`_drain`."""
         now = time.perf_counter()
         dt = now - self._last_step_end if self._last_step_end is not None else None
@@ -72,7 +73,7 @@ class StepRows:
         rss = rss_bytes() if self._rss_due else None
         self._rss_due = True
         self._rows.append((self.rec.step, self.rec.epoch, loss, gn, parts, dt, self._data_wait,
-                           rss, ratio, None if root is None else root.training, cuda))
+                           rss, ratio, None if root is None else root.training, cuda, clipped))
         self._data_wait = 0.0
         self.rec.step += 1
         if self._norm_auto and self.rec.step >= self._retune_at:
@@ -124,13 +125,16 @@ class StepRows:
                 kept[:0] = rows[done:]
                 raise
 
-    def _step_event(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda) -> dict:
+    def _step_event(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda,
+                    clipped) -> dict:
         """One kept row as the fields of a ``step`` event."""
         step = {"i": i, "ep": ep, "loss": num(loss), "dt": dt, "dw": dw}
         if rss is not None:
             step["rss"] = rss
         if gn is not UNMEASURED:  # left out: not measured (norm_every); None: no gradient
             step["gn"] = num(gn)
+        if clipped is not None:  # gn is the norm before clip_grad_norm_, gnc after it
+            step["gnc"] = num(clipped)
         if parts:
             step["mgn"] = {k: num(v) for k, v in self._window(per_module(*parts)).items()}
         if ratio is not None:

@@ -1,0 +1,283 @@
+"""Capture inside the trainers people use: Lightning, Hugging Face ``Trainer``, Accelerate.
+
+Every number in the record is checked against what the trainer itself computed or logged
+(Lightning's ``callback_metrics`` and ``on_before_optimizer_step``, HF's ``state.log_history``),
+or against the test's own reference (the losses ``training_step`` returned, the norm
+``clip_grad_norm_`` returned). Tiny models built from configs; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pl = pytest.importorskip("pytorch_lightning")
+transformers = pytest.importorskip("transformers")
+accelerate = pytest.importorskip("accelerate")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
+
+from model_debugger import capture  # noqa: E402
+from model_debugger.records import Run  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that ends with ``# <marker>``."""
+    with open(HERE, encoding="utf-8") as fh:
+        hits = [i for i, line in enumerate(fh, 1) if line.rstrip().endswith(f"# <{marker}>")]
+    assert len(hits) == 1, (marker, hits)
+    return hits[0]
+
+
+def close(a, b, rel=1e-5) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-9)
+
+
+def norm(params) -> float:
+    return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params
+                                if p.grad is not None)))
+
+
+def run_of(rec) -> Run:
+    return Run(events=list(rec.events))
+
+
+# -- clip_grad_norm_ in a plain loop ---------------------------------------------------------
+def test_a_clipped_loop_records_the_norm_before_the_clip_and_after_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 4) * 5, torch.randn(64, 1) * 20
+    returned, after = [], []
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(12):
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            params = (p for p in model.parameters())  # a generator, read once by the clip
+            returned.append(float(torch.nn.utils.clip_grad_norm_(params, 1.0)))  # <clip>
+            after.append(norm(model.parameters()))
+            opt.step()
+    run = run_of(rec)
+    steps = run.steps
+    assert len(steps) == 12
+    assert all(r > 1.0 for r in returned)  # every step was clipped
+    for s, r, a in zip(steps, returned, after):
+        assert close(s["gn"], r), (s["gn"], r)  # the norm before the clip
+        assert close(s["gnc"], a)  # and after it
+        assert s["gnc"] <= 1.0 + 1e-5
+    clip = run.first("clip")
+    assert clip["max_norm"] == 1.0 and clip["location"]["line"] == line_of("clip")
+
+
+def test_an_unclipped_loop_has_no_clipped_norm():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 3)).pow(2).mean().backward()
+            opt.step()
+    assert all("gnc" not in s for s in run_of(rec).steps)
+    assert run_of(rec).first("clip") is None
+
+
+# -- Lightning ---------------------------------------------------------------------------------
+class LitNet(pl.LightningModule):
+    def __init__(self, lr=0.05):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        self.lr = lr
+        self.train_losses: list[float] = []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):  # <training_step>
+        x, t = batch
+        loss = F.cross_entropy(self(x), t)
+        self.train_losses.append(loss.item())
+        self.log("train_loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, t = batch
+        out = self(x)
+        self.log_dict({"val_loss": F.cross_entropy(out, t),
+                       "val_acc": (out.argmax(1) == t).float().mean()})
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.lr)  # <pl_optimizer>
+
+
+class Truth(pl.Callback):
+    """What Lightning itself saw: the gradient norm before clipping, its validation metrics."""
+
+    def __init__(self):
+        self.norms: list[float] = []
+        self.val: list[dict] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.norms.append(norm(pl_module.parameters()))
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.val.append({k: float(v) for k, v in trainer.callback_metrics.items()
+                             if k.startswith("val_")})
+
+
+def _loaders():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 8, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    train = DataLoader(TensorDataset(x[:136], y[:136]), batch_size=16, shuffle=True,
+                       generator=torch.Generator().manual_seed(1))
+    val = DataLoader(TensorDataset(x[136:], y[136:]), batch_size=32)
+    return train, val
+
+
+def test_lightning_steps_norms_losses_and_logged_metrics_agree_with_lightning(tmp_path):
+    torch.manual_seed(0)
+    train, val = _loaders()
+    module, truth = LitNet(), Truth()
+    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", logger=False, callbacks=[truth],
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path),
+                         accumulate_grad_batches=2, gradient_clip_val=0.05,
+                         num_sanity_val_steps=2)
+    init, log = pl.Trainer.__init__, pl.LightningModule.log
+    with capture(update_every=0, hist_every=0) as rec:
+        trainer.fit(module, train, val)  # <pl_fit>
+    assert pl.Trainer.__init__ is init and pl.LightningModule.log is log  # all undone
+    run = run_of(rec)
+    steps = run.steps
+    # one row per optimizer step, not per micro-batch
+    assert len(steps) == trainer.global_step == 3 * math.ceil(9 / 2)
+    # gradient norms: this step's, before the clip (Lightning clips inside the closure)
+    assert len(truth.norms) == len(steps)
+    for s, true in zip(steps, truth.norms):
+        assert close(s["gn"], true), (s["gn"], true)
+        assert s["gnc"] <= 0.05 + 1e-6
+    # the loss as training_step computed it, not divided by accumulate_grad_batches
+    assert run.first("loss_scaled")["accumulate"] == 2
+    per_epoch = [module.train_losses[i:i + 9] for i in range(0, 27, 9)]
+    windows = [ep[j:j + 2] for ep in per_epoch for j in range(0, 9, 2)]
+    for s, w in zip(steps, windows):
+        assert close(s["loss"], sum(w) / 2), (s["loss"], w)  # Lightning divides by 2 always
+    # metrics from self.log / log_dict, as Lightning reduced them; the sanity check is no epoch
+    metrics = run.metrics()
+    assert [v for _, _, v in metrics["val_loss"]] == pytest.approx([m["val_loss"] for m in
+                                                                     truth.val])
+    assert [v for _, _, v in metrics["val_acc"]] == pytest.approx([m["val_acc"] for m in
+                                                                    truth.val])
+    assert len(metrics["train_loss"]) == 27  # on_step: every batch
+    assert len(metrics["train_loss_epoch"]) == 3
+    assert [v for _, _, v in metrics["train_loss"]] == pytest.approx(module.train_losses)
+    assert len(metrics["eval_loss"]) == 3  # the automatic one skipped the sanity pass too
+    assert run.epochs == 3
+    assert run.metric_by_role("val", "loss")[0] == "val_loss"
+    # where the evidence points: the user's hooks, not trainer.fit(...)
+    refs = run.refs()
+    assert refs["backward"]["line"] == line_of("training_step")
+    assert refs["step"]["line"] == line_of("pl_optimizer")
+    assert refs["optimizer"]["line"] == line_of("pl_optimizer")
+    assert run.first("trainer")["fit"]["line"] == line_of("pl_fit")
+
+
+# -- Hugging Face Trainer ----------------------------------------------------------------------
+class Tokens(Dataset):
+    def __init__(self, n, seed, vocab=40, length=10):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(5, vocab, (n, length), generator=g)
+        self.labels = (self.ids[:, 0] > vocab // 2).long()
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]),
+                "labels": self.labels[i]}
+
+
+def test_hf_trainer_steps_norms_losses_and_logs_agree_with_its_log_history(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=16, num_labels=2)
+    init = Trainer.__init__
+    with capture(update_every=0, hist_every=0) as rec:
+        model = BertForSequenceClassification(cfg)
+        args = TrainingArguments(  # <hf_args>
+            output_dir=str(tmp_path), num_train_epochs=2, per_device_train_batch_size=8,
+            gradient_accumulation_steps=2, learning_rate=5e-3, max_grad_norm=0.5,
+            logging_steps=1, eval_strategy="epoch", save_strategy="no", report_to=[],
+            use_cpu=True, seed=0, disable_tqdm=True)
+        trainer = Trainer(model=model, args=args, train_dataset=Tokens(64, 1),
+                          eval_dataset=Tokens(32, 2))
+        trainer.train()
+    assert Trainer.__init__ is init
+    run = run_of(rec)
+    steps = run.steps
+    history = trainer.state.log_history
+    assert len(steps) == trainer.state.global_step == 2 * 4
+    logged = {h["step"]: h for h in history if "grad_norm" in h}
+    assert len(logged) == len(steps)
+    for s in steps:
+        h = logged[s["i"] + 1]  # HF counts steps from 1
+        assert close(s["gn"], h["grad_norm"], rel=1e-4), (s["gn"], h["grad_norm"])
+        assert s["gnc"] <= 0.5 + 1e-5  # clipped: HF's default hides growth under 1.0
+        assert close(s["loss"], h["loss"], rel=1e-4), (s["loss"], h["loss"])
+    assert run.first("loss_scaled")["accumulate"] == 2
+    metrics = run.metrics()
+    evals = [h["eval_loss"] for h in history if "eval_loss" in h]
+    assert [v for _, _, v in metrics["eval_loss"]] == pytest.approx(evals)
+    # from the trainer's callback (exact), not the rounded dicts it also printed
+    assert [v for _, _, v in metrics["grad_norm"]] == [logged[s]["grad_norm"] for s in
+                                                       sorted(logged)]
+    assert any(e["source"] == "stdout" for e in run.of("metric") if e["name"] == "grad_norm")
+    assert run.epochs == 2
+    refs = run.refs()
+    for kind in ("backward", "step", "optimizer"):
+        assert refs[kind]["line"] == line_of("hf_args"), (kind, refs[kind])
+
+
+# -- Accelerate --------------------------------------------------------------------------------
+def test_accelerate_accumulation_records_the_users_loss():
+    from accelerate import Accelerator
+
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = nn.Linear(6, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = DataLoader(TensorDataset(torch.randn(48, 6), torch.randn(48, 1)), batch_size=8)
+    model, opt, data = accelerator.prepare(model, opt, data)
+    losses = []
+    with capture(update_every=0, hist_every=0) as rec:
+        for x, y in data:
+            with accelerator.accumulate(model):
+                loss = F.mse_loss(model(x), y)
+                losses.append(loss.item())
+                accelerator.backward(loss)  # <accelerate_backward>
+                opt.step()
+                opt.zero_grad()
+    run = run_of(rec)
+    assert len(run.steps) == 3
+    for s, (a, b) in zip(run.steps, zip(losses[::2], losses[1::2])):
+        assert close(s["loss"], (a + b) / 2)
+    assert run.refs()["backward"]["line"] == line_of("accelerate_backward")
+
+
+def test_lightning_training_step_location_is_its_def_line():
+    from model_debugger.capture.torch_trainers import _code_location
+
+    loc = _code_location(LitNet.training_step)
+    assert loc["line"] == line_of("training_step")
+    assert _code_location(inspect.getsource) is None  # not the user's code
