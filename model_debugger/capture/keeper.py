@@ -34,6 +34,9 @@ class Keeper(SpilledState):
     loss : dict or None
         ``{"name", "kwargs", "input_shape"}`` of the training loss.
     train_batches, val_batches : list of (inputs, target)
+        ``inputs`` is a tuple of tensors: the positional ones, then those passed by keyword.
+    input_names : tuple of str or None
+        The keywords of the trailing ``inputs`` (empty for a model called positionally).
     train_loader : DataLoader or None
     zero_grad_calls : int
     """
@@ -49,6 +52,9 @@ class Keeper(SpilledState):
         self.loss = None
         self.train_batches: list = []
         self.val_batches: list = []
+        # keywords of the batch inputs after the positional ones (``input_ids``, ...), see
+        # ``_batch_tensors``: the same for every kept batch
+        self.input_names: tuple | None = None
         self._samples = {"train": 0, "val": 0}
         self._epoch: dict[str, int] = {}
         self.train_loader = None
@@ -121,6 +127,7 @@ class Keeper(SpilledState):
         self._initial_state = None
         self.model = self.namespace = self.train_loader = None
         self.train_batches, self.val_batches = [], []
+        self.input_names = None
 
     def arrays(self) -> tuple:
         """``(train_xy, val_xy)``: flattened NumPy samples for the data probes.
@@ -166,12 +173,46 @@ class Keeper(SpilledState):
         batches = self.train_batches if training else self.val_batches
         if len(batches) >= MAX_BATCHES:
             return out
-        args, _kw = model_input
-        if args and hasattr(args[0], "shape") and target.dim() and \
-                args[0].shape[:1] == target.shape[:1]:
-            batches.append((tuple(a.detach().cpu() for a in args), target.detach().cpu()))
+        kept = _batch_tensors(model_input, target)
+        if kept is None:
+            return out
+        tensors, names = kept
+        if self.input_names is None:
+            self.input_names = names
+        if names == self.input_names:  # one call signature for every kept batch
+            batches.append((tensors, target.detach().cpu()))
             self._samples[split] += int(target.shape[0])
         return out
+
+
+def _batch_tensors(model_input, target) -> tuple[tuple, tuple] | None:
+    """The model's batch inputs as one tuple of tensors and the keywords of the trailing ones.
+
+    ``model(x)`` gives ``((x,), ())``; ``model(input_ids=..., attention_mask=..., labels=...)``
+    (Hugging Face) gives ``((ids, mask), ("input_ids", "attention_mask"))``: keyword tensors
+    with the batch's rows, except the target itself (the loss is computed from the output).
+    None when there is no batch input (no tensor with the target's rows).
+    """
+    if not target.dim():
+        return None
+    args, kwargs = model_input
+    rows = target.shape[:1]
+    positional = []
+    for a in args:
+        if not (hasattr(a, "shape") and a.shape[:1] == rows):
+            break  # a non-batch positional argument ends what can be replayed
+        positional.append(a.detach().cpu())
+    if len(positional) < len(args):
+        return None if not positional else (tuple(positional), ())
+    names, named = [], []
+    for key, v in (kwargs or {}).items():
+        if hasattr(v, "shape") and getattr(v, "dim", lambda: 0)() and v.shape[:1] == rows and \
+                not (v is target or (v.shape == target.shape and bool((v == target).all()))):
+            names.append(str(key))
+            named.append(v.detach().cpu())
+    if not positional and not named:
+        return None
+    return tuple(positional) + tuple(named), tuple(names)
 
 
 def _arrays(batches) -> tuple | None:

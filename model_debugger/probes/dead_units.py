@@ -8,8 +8,11 @@ DEAD = 0.5  # share of units dead or saturated in one layer
 ROWS = 256
 
 
-def unit_stats(model, inputs) -> dict[str, tuple[str, float]]:
-    """Per activation module: ("dead"|"saturated", share of units) on the given inputs."""
+def unit_stats(model, inputs, forward=None) -> dict[str, tuple[str, float]]:
+    """Per activation module: ("dead"|"saturated", share of units) on the given inputs.
+
+    ``forward(model, inputs)`` calls the model as the user did (default: ``model(*inputs)``).
+    """
     import torch
 
     stats, handles = {}, []
@@ -36,7 +39,10 @@ def unit_stats(model, inputs) -> dict[str, tuple[str, float]]:
     try:
         model.eval()
         with torch.no_grad():
-            model(*inputs)
+            if forward is None:
+                model(*inputs)
+            else:
+                forward(model, inputs)
     finally:
         model.train(was)
         for h in handles:
@@ -72,8 +78,8 @@ class DeadUnits(Probe):
         inputs, _ = tr.subset(slice(0, ROWS))
         import copy
 
-        after = unit_stats(copy.deepcopy(ctx.model).to("cpu"), inputs)
-        before = unit_stats(tr.fresh_model(), inputs)
+        after = unit_stats(copy.deepcopy(ctx.model).to("cpu"), inputs, tr.forward)
+        before = unit_stats(tr.fresh_model(), inputs, tr.forward)
         bad = {n: s for n, s in after.items() if s[1] >= DEAD}
         if not bad:
             return []

@@ -56,15 +56,20 @@ class GradientFlow(Probe):
                 ratio = med / top
                 dead = [n for n, r in zip(names, ratio) if np.isfinite(r) and r < VANISH]
                 if dead and names.index(dead[0]) < len(names) - 1:
+                    blown = _blown_up(ctx)
                     out.append(self.finding(
-                        "architecture", True,
+                        "architecture", not blown,
                         f"Gradients vanish towards the input: the median gradient norm of "
                         f"{dead[:4]} is below {VANISH:g}x that of the strongest layer, so the "
                         "early layers barely learn. Saturating activations (sigmoid/tanh) stacked "
-                        "deep, or poor initialisation, shrink the gradient at every layer.",
+                        "deep, or poor initialisation, shrink the gradient at every layer." + (
+                            f" The run blew up ({', '.join(blown)}): small gradients cannot "
+                            "explain a loss that grew, and saturated units after large updates "
+                            "give them; not the cause of this run's symptom." if blown else ""),
                         ctx.ref("model") or ctx.ref("backward"),
                         layer_median_norms={n: float(m) for n, m in zip(names, med)},
-                        vanishing_layers=dead, min_ratio=float(np.nanmin(ratio)), strength=0.9))
+                        vanishing_layers=dead, min_ratio=float(np.nanmin(ratio)),
+                        strength=0.3 if blown else 0.9))
         return out
 
     def _nonfinite(self, ctx: ProbeContext, bad: dict):
@@ -101,6 +106,24 @@ class GradientFlow(Probe):
                 ", whose weights were already non-finite: an earlier update put them there"
                 if in_weights else "") + ".", ctx.ref("backward"),
             strength=0.4, in_weights=in_weights, **common)
+
+
+# evidence of a classification that the loss or the gradients grew (classify.exploding, nonfinite)
+BLOW_UP_SIGNALS = ("loss_final", "loss_spike", "loss_max", "grad_norm_growth", "loss_uninformed",
+                   "first_nonfinite_step")
+
+
+def _blown_up(ctx: ProbeContext) -> list[str]:
+    """The signals by which Classify saw this run blow up (empty: it did not).
+
+    Vanishing gradients are a cause of a loss that does not move; when the primary category was
+    decided by a growing loss or gradient, they are at most its consequence.
+    """
+    cls = ctx.classification
+    signals = [e.signal for e in getattr(cls, "evidence", ())]
+    if "first_to_last_grad_ratio" in signals:
+        return []
+    return [s for s in signals if s in BLOW_UP_SIGNALS]
 
 
 def _module_location(ctx: ProbeContext, name: str) -> dict | None:

@@ -24,7 +24,8 @@ def from_keeper(keeper) -> TorchTrainer | None:
     """
     try:
         return TorchTrainer(keeper.model, keeper.initial_state, keeper.optimizer, keeper.loss,
-                            keeper.train_batches, keeper.val_batches)
+                            keeper.train_batches, keeper.val_batches,
+                            getattr(keeper, "input_names", None) or ())
     except (AttributeError, TypeError, RuntimeError, ValueError):
         return None
 
@@ -44,12 +45,17 @@ class TorchTrainer(SampleTrainer):
         ``{"name": functional name, "kwargs": {...}, "out_shape": tuple or None}``.
     train_batches, val_batches : list of (inputs tuple, target) pairs
         Samples seen by the loss during training / validation.
+    input_names : tuple of str
+        Keywords of the last ``len(input_names)`` inputs: a model called as
+        ``model(input_ids=..., attention_mask=...)`` (Hugging Face) is called so again.
     """
 
     framework = "torch"
 
-    def __init__(self, model, initial_state, optimizer, loss, train_batches, val_batches=()):
+    def __init__(self, model, initial_state, optimizer, loss, train_batches, val_batches=(),
+                 input_names=()):
         self.model = model
+        self.input_names = tuple(input_names)
         self.initial_state = initial_state
         self.opt_cls = optimizer.get("cls") or torch.optim.Adam
         self.hyper = dict(optimizer.get("hyper") or {"lr": 1e-3})
@@ -86,9 +92,16 @@ class TorchTrainer(SampleTrainer):
         except TypeError:
             return cls(model.parameters(), lr=hyper.get("lr", 1e-3))
 
+    def forward(self, model, inputs):
+        """``model`` called on ``inputs`` as the user's code called it (keywords included)."""
+        k = len(self.input_names)
+        if not k:
+            return model(*inputs)
+        return model(*inputs[:len(inputs) - k], **dict(zip(self.input_names, inputs[-k:])))
+
     def loss(self, model, inputs, target) -> torch.Tensor:
-        """The user's loss on ``model(*inputs)``, the output reshaped as the loss saw it."""
-        out = _main_output(model(*inputs), self.loss_input_shape)
+        """The user's loss on the model's output, the output reshaped as the loss saw it."""
+        out = _main_output(self.forward(model, inputs), self.loss_input_shape)
         if self.loss_input_shape is not None and tuple(out.shape[1:]) != \
                 tuple(self.loss_input_shape):
             out = out.reshape(out.shape[0], *self.loss_input_shape)
@@ -211,7 +224,7 @@ class TorchTrainer(SampleTrainer):
         handles = [m.register_forward_hook(hook) for m in model.modules()]
         try:
             with torch.no_grad():
-                model(*inputs)
+                self.forward(model, inputs)
         finally:
             for h in handles:
                 h.remove()
