@@ -126,6 +126,9 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
     """
     calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
     for call in calls:
+        loader = _trainer_data(call, scope, stmt.lineno)
+        if loader is not None:  # the loader / dataset carries inputs and targets together
+            return (True, [""], [""]) if loader == "" else (False, [loader], [loader])
         if isinstance(call.func, ast.Attribute) and call.func.attr in _FIT_CALLS:
             names = [a.id if isinstance(a, ast.Name) else "" for a in call.args[:2]]
             return True, names[:1], names[1:]
@@ -146,6 +149,35 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
         else:
             targets.append(root)  # X[i:i + 32]: X, not the index
     return False, inputs, [t for t in targets if t not in inputs]
+
+
+_TRAINER_DATA = ("train_dataloaders", "train_dataset", "datamodule")
+
+
+def _trainer_data(call: ast.Call, scope: list[ast.AST], before: int) -> str | None:
+    """The training data handed to a trainer by this call: a name, ``""`` (made inline), None.
+
+    Lightning's ``trainer.fit(model, train_loader, ...)`` (the receiver built by a
+    ``...Trainer(...)`` call) takes the model first and the data second; HF's
+    ``Trainer(..., train_dataset=ds)`` and Lightning's ``train_dataloaders=`` /
+    ``datamodule=`` name it by keyword.
+    """
+    for kw in call.keywords:
+        if kw.arg in _TRAINER_DATA:
+            return kw.value.id if isinstance(kw.value, ast.Name) else ""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr == "fit" and len(call.args) >= 2):
+        return None
+    receiver = func.value
+    if isinstance(receiver, ast.Name):
+        receiver = _latest_value(scope, receiver.id, before)
+    made_by = receiver.func if isinstance(receiver, ast.Call) else None
+    name = made_by.attr if isinstance(made_by, ast.Attribute) else \
+        made_by.id if isinstance(made_by, ast.Name) else ""
+    if not name.endswith("Trainer"):
+        return None
+    data = call.args[1]
+    return data.id if isinstance(data, ast.Name) else ""
 
 
 def _called(node: ast.AST) -> ast.Call | None:
@@ -362,6 +394,9 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
                 parts = list(parts[0].elts)  # from_tensor_slices((x, y))
             if role is not None and len(parts) >= 2:  # the half the finding is about
                 parts = parts[:1] if role == "inputs" else parts[-1:]
+            elif role is None and len(parts) >= 2 and _same_split(parts):
+                # TensorDataset(X[:n], y[:n]): one split of every part keeps them aligned
+                parts = [p.value for p in parts]
         elif fname in _DATA_FUNCS:
             parts = value.args[:1]  # DataLoader(ds, BATCH): the dataset, not the settings
         else:
@@ -373,7 +408,40 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
                                (i.elts if isinstance(i, ast.Tuple) else [i])], ctx=ast.Load())
     if isinstance(value, ast.Attribute):  # df.values, batch.x
         return _unwrapped(value.value, role)
+    if isinstance(value, (ast.ListComp, ast.GeneratorExp)) and len(value.generators) == 1 and \
+            not value.generators[0].ifs and _repacks(value.elt):
+        # [{"input_ids": i, "labels": t} for i, t in zip(ids, labels)]: rows re-packed as they
+        # are, so the data is what the comprehension iterates over
+        return _unwrapped(value.generators[0].iter, role)
     return None
+
+
+_REPACK = (ast.Name, ast.Dict, ast.Tuple, ast.List, ast.Constant, ast.Load, ast.Starred,
+           ast.Attribute, ast.keyword)
+
+
+def _repacks(elt: ast.AST) -> bool:
+    """Whether a comprehension's element only arranges its loop variables (no computation).
+
+    Calls that wrap a value (``torch.tensor(x)``) or only take another's shape
+    (``torch.ones_like(ids)``, an attention mask) keep the values as they are.
+    """
+    for n in ast.walk(elt):
+        if isinstance(n, ast.Call):
+            f = n.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if not (name in _DATA_FUNCS or name in _DATA_METHODS or name.endswith("_like")):
+                return False
+        elif not isinstance(n, _REPACK):
+            return False
+    return True
+
+
+def _same_split(parts: list[ast.AST]) -> bool:
+    """Every part is the same contiguous row range of something (``X[:n]``, ``y[:n]``)."""
+    if not all(isinstance(p, ast.Subscript) and _is_split(p.slice) for p in parts):
+        return False
+    return len({ast.dump(p.slice) for p in parts}) == 1
 
 
 def _is_split(index: ast.AST) -> bool:

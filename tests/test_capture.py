@@ -654,6 +654,53 @@ def test_nonfinite_loss_from_a_finite_forward_is_replayed_through_the_loss(befor
     assert event["module"] is None and event["replay"] == "nonfinite"
 
 
+class Positions(nn.Module):
+    """Token embeddings plus position embeddings indexed by a slice of a buffer (as in BERT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(20, 8), nn.Embedding(16, 8)
+        self.register_buffer("position_ids", torch.arange(16)[None], persistent=False)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, ids):
+        hidden = self.tok(ids) + self.pos(self.position_ids[:, :ids.shape[1]])
+        return self.head(hidden.mean(1))
+
+
+def test_a_nonfinite_loss_is_localized_without_breaking_the_backward_that_follows():
+    """The replay must not write to a buffer the pending backward saved (an index tensor)."""
+    torch.manual_seed(0)
+    model = Positions()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with capture(update_every=0) as rec:
+        for i in range(3):
+            ids, y = torch.randint(0, 20, (4, 6)), torch.randn(4, 1)
+            if i == 1:
+                y[0] = float("nan")  # a NaN target: the loss is NaN, then the replay runs
+            opt.zero_grad()
+            F.mse_loss(model(ids), y).backward()  # raised "modified by an inplace operation"
+            opt.step()
+    (event,) = [e for e in rec.events if e["t"] == "nonfinite"]
+    assert event["step"] == 1 and event["in_batch"] == {"target": 1, "rows": 4}
+    assert len([e for e in rec.events if e["t"] == "step"]) == 3
+
+
+def test_a_nonfinite_batch_input_is_named_in_the_nonfinite_event():
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with capture(update_every=0) as rec:
+        for i in range(2):  # the model is found at the first backward, its inputs seen next
+            x = torch.randn(5, 3)
+            if i:
+                x[2, 1] = float("inf")
+            opt.zero_grad()
+            F.mse_loss(model(x), torch.zeros(5, 1)).backward()
+            opt.step()
+    (event,) = [e for e in rec.events if e["t"] == "nonfinite"]
+    assert event["step"] == 1 and event["in_batch"] == {"inputs": 1, "rows": 5}
+
+
 def test_first_nonfinite_from_weights_names_step_and_module():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),

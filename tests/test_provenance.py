@@ -232,3 +232,89 @@ def test_a_tf_data_pipeline_with_settings_follows_the_arrays(tmp_path):
                 loss = loss_object(yb, model(xb))  # <use>
     """, role="inputs")
     assert got == made
+
+
+LIGHTNING_FIT = """
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    inputs = torch.randn(100, 3)
+    targets = (inputs[:, 0] > 0).long()
+    targets = targets[torch.randperm(100)]  # <made>
+    train = DataLoader(TensorDataset(inputs, targets), batch_size=16)
+    trainer = pl.Trainer(max_epochs=2)
+    trainer.fit(Net(), train)  # <use>
+"""
+
+
+def test_a_lightning_fit_hands_over_its_second_argument_not_the_model(tmp_path):
+    got, made, use = _origin(tmp_path, LIGHTNING_FIT, "targets")
+    assert got == made != use
+
+
+def test_a_keras_fit_still_takes_inputs_first(tmp_path):
+    source = """
+        import numpy as np
+        x = np.random.rand(10, 3) * 1000  # <made>
+        y = np.random.rand(10)
+        model.fit(x, y, epochs=2)  # <use>
+    """
+    got, made, _ = _origin(tmp_path, source, "inputs")
+    assert got == made
+
+
+HF_ROWS = """
+    import torch
+    from transformers import Trainer
+
+    token_ids = torch.randint(5, 60, (400, 12))
+    scores = token_ids[:, :4].float().mean(1)
+    scores[::37] = float("nan")  # <made>
+    rows = [{"input_ids": ids, "labels": s} for ids, s in zip(token_ids, scores)]
+    Trainer(model=model, args=args, train_dataset=rows).train()  # <use>
+"""
+
+
+def test_hf_train_dataset_traced_through_rows_repacked_by_a_comprehension(tmp_path):
+    got, made, use = _origin(tmp_path, HF_ROWS, "targets")
+    assert got == made != use
+    got, _, _ = _origin(tmp_path, HF_ROWS, "inputs")
+    assert got == 5  # token_ids, the inputs half of the zip
+
+
+def test_a_comprehension_that_computes_is_where_the_data_was_made(tmp_path):
+    source = """
+        raw = load()
+        rows = [x / 255 for x in raw]  # <made>
+        Trainer(model=model, train_dataset=rows).train()  # <use>
+    """
+    got, made, _ = _origin(tmp_path, source, "inputs")
+    assert got == made
+
+
+def test_one_split_of_both_halves_keeps_them_aligned(tmp_path):
+    source = """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        x = torch.randn(100, 3)
+        y = (x[:, 0] > 0).long()
+        y = y[torch.randperm(100)]  # <made>
+        loader = DataLoader(TensorDataset(x[:80], y[:80]), batch_size=8)
+        trainer.fit(Net(), loader)  # <use>
+    """
+    got, made, _ = _origin(tmp_path, source)  # no role: label alignment
+    assert got == made
+
+
+def test_different_splits_of_the_halves_are_where_they_were_paired(tmp_path):
+    source = """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        x = torch.randn(100, 3)
+        y = (x[:, 0] > 0).long()
+        loader = DataLoader(TensorDataset(x[:80], y[20:]), batch_size=8)  # <made>
+        trainer.fit(Net(), loader)  # <use>
+    """
+    got, made, _ = _origin(tmp_path, source)
+    assert got == made

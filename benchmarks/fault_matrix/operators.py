@@ -204,8 +204,8 @@ def scale_value(p: Program, node: ast.AST, factor: float, **flags) -> Edit:
 # -- finders shared by operators ---------------------------------------------------------------
 def lr_argument(p: Program) -> tuple[ast.Call, ast.AST | None, str]:
     """The optimizer call, its learning-rate node (None if defaulted), and the keyword name."""
-    opt = need(p.optimizer(), "no optimizer constructor")
-    name = "lr" if p.is_torch else "learning_rate"
+    opt = need(p.optimizer() or p.trainer_args(), "no optimizer constructor")
+    name = "lr" if p.is_torch and call_name(opt) != "TrainingArguments" else "learning_rate"
     kw = keyword(opt, name)
     if kw is not None:
         return opt, kw.value, name

@@ -191,6 +191,10 @@ class Program:
                 return c
         return None
 
+    def trainer_args(self) -> ast.Call | None:
+        """Hugging Face's ``TrainingArguments(...)``: the optimizer's settings under its Trainer."""
+        return next(iter(self.calls("TrainingArguments")), None)
+
     def optimizer_name(self) -> str | None:
         opt = self.optimizer()
         if opt is None:

@@ -185,6 +185,21 @@ class Keeper(SpilledState):
         return out
 
 
+def same_values(a, b) -> bool:
+    """Whether tensor ``a`` holds ``b``'s values (NaN equal to NaN; the HF ``labels`` input)."""
+    if a is b:
+        return True
+    try:
+        if a.numel() != b.numel():
+            return False
+        a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+        both_nan = a.isnan() & b.isnan() if a.is_floating_point() and b.is_floating_point() \
+            else False
+        return bool(((a == b) | both_nan).all())
+    except (RuntimeError, TypeError, AttributeError):
+        return False
+
+
 def _batch_tensors(model_input, target) -> tuple[tuple, tuple] | None:
     """The model's batch inputs as one tuple of tensors and the keywords of the trailing ones.
 
@@ -207,7 +222,7 @@ def _batch_tensors(model_input, target) -> tuple[tuple, tuple] | None:
     names, named = [], []
     for key, v in (kwargs or {}).items():
         if hasattr(v, "shape") and getattr(v, "dim", lambda: 0)() and v.shape[:1] == rows and \
-                not (v is target or (v.shape == target.shape and bool((v == target).all()))):
+                not same_values(v, target):
             names.append(str(key))
             named.append(v.detach().cpu())
     if not positional and not named:

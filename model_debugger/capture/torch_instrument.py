@@ -30,7 +30,7 @@ import torch
 
 from .codeloc import is_user_file, user_location
 from .instrument import Instrument
-from .keeper import Keeper
+from .keeper import Keeper, same_values
 from .torch_data import DataHooks
 from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossHooks
 from .torch_model import ModelHooks
@@ -142,6 +142,40 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                           backward=self._backwards, optimizer_steps=self._opt_steps,
                           optimizers_built=self._optimizers_built, most_built_at=built_at)
 
+    def _nonfinite_batch(self) -> dict | None:
+        """Which part of the batch that gave the first non-finite loss held non-finite values.
+
+        ``{"inputs": rows, "target": rows, "rows": batch rows}`` (rows with at least one NaN or
+        inf), or None when the model's inputs and the loss's target were finite: then the
+        model made the value, not the data.
+        """
+        def bad_rows(tensors) -> int:
+            worst = 0
+            for t in tensors:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim():
+                    worst = max(worst, int((~torch.isfinite(t.detach())).reshape(
+                        t.shape[0], -1).any(1).sum()))
+            return worst
+
+        out = {}
+        target = self._last_loss_call[1] if self._last_loss_call is not None else None
+        if self._last_input is not None:
+            args, kwargs = self._last_input
+            inputs = [*args, *(kwargs or {}).values()]
+            if isinstance(target, torch.Tensor):  # HF's labels= input is the loss's target
+                inputs = [t for t in inputs if not (isinstance(t, torch.Tensor) and
+                                                    same_values(t, target))]
+            n = bad_rows(inputs)
+            if n:
+                out["inputs"] = n
+        if target is not None:
+            n = bad_rows([target])
+            if n:
+                out["target"] = n
+            if out and isinstance(target, torch.Tensor) and target.dim():
+                out["rows"] = int(target.shape[0])
+        return out or None
+
     def _wrap_zero_grad(self, original):
         link = self._link
 
@@ -215,9 +249,11 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             self._discover(sys._getframe(), None)
         if value is not None and not math.isfinite(value) and not self._nonfinite_seen:
             self._nonfinite_seen = True
+            in_batch = self._nonfinite_batch()
             self.rec.emit("nonfinite", step=self.rec.step, what="loss", value=str(value),
                           module=self._localize(), replay=self._replay,
-                          **({"in_weights": True} if self._in_weights else {}))
+                          **({"in_weights": True} if self._in_weights else {}),
+                          **({"in_batch": in_batch} if in_batch else {}))
         self._backwards += 1
         if self._mode == "backward":
             self._emit_step(value, None)

@@ -61,6 +61,9 @@ def replay_first_nonfinite(model, args, kwargs) -> tuple[str | None, object]:
         torch.set_rng_state(rng)
         with torch.no_grad():
             for n, b in model.named_buffers():
-                if n in buffers:
+                # only what the replay changed (BatchNorm's running statistics): an in-place
+                # write bumps a buffer's version, and one the pending backward saved (BERT's
+                # position_ids, an embedding's index) would then fail to back-propagate
+                if n in buffers and not torch.equal(b, buffers[n]):
                     b.copy_(buffers[n])
     return (found[0] if found else None), out

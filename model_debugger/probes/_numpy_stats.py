@@ -18,7 +18,17 @@ REGRESSION_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 
 
 def data_location(ctx) -> dict | None:
-    """Where the data enters training: Keras ``fit``, else the loss call, else ``backward``."""
+    """Where the data enters training.
+
+    Keras ``fit``; under a trainer the line that hands it the data (Lightning's
+    ``trainer.fit(model, loader)``, HF's ``Trainer(train_dataset=...)``); else the loss call,
+    else ``backward``.
+    """
+    trainer = ctx.run.first("trainer") or {}
+    if trainer.get("kind") == "lightning" and trainer.get("fit"):
+        return {"file": trainer["fit"]["file"], "line": trainer["fit"]["line"]}
+    if trainer.get("kind") == "transformers" and ctx.ref("trainer"):
+        return ctx.ref("trainer")
     return ctx.ref("fit") or ctx.ref("loss_fn") or ctx.ref("backward")
 
 

@@ -80,6 +80,12 @@ class GradientFlow(Probe):
             if len(gn) >= 5 else None
         where = f"module '{module}'" if module else "an unknown module"
         common = dict(step=step, module=module, what=what, grad_norm_growth_before=growth)
+        if bad.get("in_batch"):  # the batch itself held NaN/inf: nonfinite_inputs' finding
+            return self.finding(
+                "data", False,
+                f"Non-finite {what} first at step {step} in {where}, from a batch that already "
+                f"held non-finite values ({bad['in_batch']}): the data, not the module.",
+                ctx.ref("backward"), strength=0.3, **common)
         if growth is not None and growth >= GROWTH:
             return self.finding(
                 "hyperparameter", True,
