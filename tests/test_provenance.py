@@ -301,6 +301,7 @@ def test_one_split_of_both_halves_keeps_them_aligned(tmp_path):
         y = (x[:, 0] > 0).long()
         y = y[torch.randperm(100)]  # <made>
         loader = DataLoader(TensorDataset(x[:80], y[:80]), batch_size=8)
+        trainer = pl.Trainer(max_epochs=1)
         trainer.fit(Net(), loader)  # <use>
     """
     got, made, _ = _origin(tmp_path, source)  # no role: label alignment
@@ -314,6 +315,7 @@ def test_different_splits_of_the_halves_are_where_they_were_paired(tmp_path):
         x = torch.randn(100, 3)
         y = (x[:, 0] > 0).long()
         loader = DataLoader(TensorDataset(x[:80], y[20:]), batch_size=8)  # <made>
+        trainer = pl.Trainer(max_epochs=1)
         trainer.fit(Net(), loader)  # <use>
     """
     got, made, _ = _origin(tmp_path, source)
