@@ -189,6 +189,14 @@ def test_lightning_steps_norms_losses_and_logged_metrics_agree_with_lightning(tm
     assert refs["step"]["line"] == line_of("pl_optimizer")
     assert refs["optimizer"]["line"] == line_of("pl_optimizer")
     assert run.first("trainer")["fit"]["line"] == line_of("pl_fit")
+    # probes train copies of the module, not copies of the trainer and its data
+    from model_debugger.trainers.torch import copy_model
+
+    assert module._trainer is trainer
+    twin = copy_model(module)
+    assert twin._trainer is None and module._trainer is trainer
+    x = next(iter(train))[0]
+    assert torch.equal(twin(x), module(x))
 
 
 # -- Hugging Face Trainer ----------------------------------------------------------------------

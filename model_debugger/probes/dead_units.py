@@ -76,9 +76,9 @@ class DeadUnits(Probe):
         if not all(bool(torch.isfinite(p).all()) for p in ctx.model.parameters()):
             return []  # a model ruined by NaN/inf says nothing about its units
         inputs, _ = tr.subset(slice(0, ROWS))
-        import copy
+        from ..trainers.torch import copy_model
 
-        after = unit_stats(copy.deepcopy(ctx.model).to("cpu"), inputs, tr.forward)
+        after = unit_stats(copy_model(ctx.model).to("cpu"), inputs, tr.forward)
         before = unit_stats(tr.fresh_model(), inputs, tr.forward)
         bad = {n: s for n, s in after.items() if s[1] >= DEAD}
         if not bad:

@@ -72,7 +72,7 @@ class TorchTrainer(SampleTrainer):
 
     def fresh_model(self):
         """A deep copy of the model with its initial weights, on the CPU, in train mode."""
-        m = copy.deepcopy(self.model).to("cpu")
+        m = copy_model(self.model).to("cpu")
         if self.initial_state is not None:
             m.load_state_dict(self.initial_state)
         m.train()
@@ -239,6 +239,21 @@ class TorchTrainer(SampleTrainer):
             return float(self.loss(model, inputs, target))
         finally:
             model.train(was)
+
+
+def copy_model(model):
+    """A deep copy of ``model`` without the trainer it is attached to.
+
+    A ``LightningModule`` holds its ``Trainer`` (``_trainer``, and so the data loaders and their
+    datasets): the copy gets None there instead of a copy of all of it.
+    """
+    memo = {}
+    for m in model.modules():
+        for attr in ("_trainer", "_fabric"):
+            ref = m.__dict__.get(attr)
+            if ref is not None:
+                memo[id(ref)] = None
+    return copy.deepcopy(model, memo)
 
 
 def _stack(batches):
