@@ -25,6 +25,8 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     GROWTH_WITH_LEARNING,
     LOSS_FALLS,
     MIN_STEPS,
+    NOT_RESET,
+    NOT_RESET_GROWTH,
     PLATEAU_DROP,
     RSS_GROWTH_MB,
     RSS_R2,
@@ -105,6 +107,14 @@ def exploding(sig: dict):
                    f"loss is >= {START_RATIO:g}x this)")]
         if "grad_norm_initial" in sig:
             ev.append(_ev(sig, "grad_norm_initial", "median global gradient norm at the start"))
+    if not ev and sig.get("grad_not_reset_share", 0) >= NOT_RESET and \
+            sig.get("grad_norm_growth", 0) >= NOT_RESET_GROWTH:
+        # measured: the gradients were never reset, so each update follows the sum of every
+        # gradient so far, and its norm grows with the step count whatever the loss does
+        ev += [_ev(sig, "grad_not_reset_share", "steps whose backward began with the last "
+                   "step's gradients still there (added to, never reset)"),
+               _ev(sig, "grad_norm_growth", f"max/initial global gradient norm (>= "
+                   f"{NOT_RESET_GROWTH:g}: the sum of old gradients)")]
     if sig.get("grad_norm_growth", 0) >= GRAD_GROWTH and \
             sig.get("loss_relative_drop", 0) < GROWTH_WITH_LEARNING:
         ev.append(_ev(sig, "grad_norm_growth", f"max/initial global gradient norm >= {GRAD_GROWTH:g}"))

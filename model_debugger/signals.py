@@ -38,6 +38,8 @@ SIGNALS: dict[str, str] = {
     "grad_norm_initial": "median global gradient norm over the first readings",
     "grad_norm_max": "largest finite global gradient norm",
     "grad_norm_growth": "grad_norm_max / grad_norm_initial",
+    "grad_not_reset_share": "share of checked steps whose backward began with the last step's "
+                            "gradients still there (never reset)",
     "update_ratio_median": "median |update| / |weights| per optimizer step",
     "update_ratio_points": "update-ratio readings",
     "first_layer": "name of the layer nearest the input with gradient norms",
@@ -274,6 +276,9 @@ def compute(run: Run) -> dict:
     elif len(bad_idx):
         s["first_nonfinite_step"], s["nonfinite_what"] = bad_idx[0], "loss"
 
+    reset = run.first("grad_reset")
+    if reset and reset.get("checked", 0) >= 5:  # steps that began with last step's gradients
+        s["grad_not_reset_share"] = reset["not_reset"] / reset["checked"]
     gn = _finite(run.series("gn"))
     if len(gn) >= 10:
         head, _ = _head_tail(gn)

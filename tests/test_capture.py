@@ -951,3 +951,44 @@ print(json.dumps({"steps": rec.step,
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert lines == [{"torch_imported": False}, {"steps": 3, "restored": True}]
+
+
+# -- gradients reset between steps -------------------------------------------------------------
+@pytest.mark.parametrize("reset", ["none", "zero_grad", "set_none", "zero_", "other_model"])
+def test_grad_reset_measures_whether_each_step_began_with_fresh_gradients(reset):
+    torch.manual_seed(0)
+    model, other = nn.Linear(4, 2), nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(12):
+            if reset == "zero_grad":
+                opt.zero_grad()
+            elif reset == "set_none":
+                for p in model.parameters():
+                    p.grad = None
+            elif reset == "zero_":
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.grad.zero_()
+            elif reset == "other_model":
+                other.zero_grad()  # counted, but not the parameters that train
+            F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 2)).backward()
+            opt.step()
+    event = Run(events=rec.events).first("grad_reset")
+    assert event["checked"] == 11  # every step after the first
+    stale = reset in ("none", "other_model")
+    assert event["not_reset"] == (11 if stale else 0)
+
+
+def test_grad_reset_ignores_the_micro_batches_of_intended_accumulation():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(8):
+            opt.zero_grad()
+            for _ in range(4):  # four micro-batches per step, added up on purpose
+                F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1)).backward()
+            opt.step()
+    event = Run(events=rec.events).first("grad_reset")
+    assert event == {"t": "grad_reset", "checked": 7, "not_reset": 0}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import sys
+import weakref
 
 import torch
 
@@ -90,6 +91,8 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._init_loss_state()
         self._init_trainer_state()
         self._guarded_before_backward = self.guard(self._before_backward)
+        self._reset_checked = self._reset_stale = 0  # steps checked / gradients found not reset
+        self._reset_param = None
 
     # -- attach / close --------------------------------------------------------------------
     def attach(self) -> None:
@@ -121,6 +124,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
 
         What Isolate needs stays in :attr:`keeper`.
         """
+        self._reset_param = None
         self._let_go_model()
         self._let_go_optimizer()
         self._let_go_loss()
@@ -138,9 +142,43 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             most = max(self._built_at.items(), key=lambda kv: kv[1], default=(None, 0))
             built_at = {"file": most[0][0], "line": most[0][1]} if most[1] > 1 and \
                 most[0][0] else None  # the line that built the most optimizers
+            if self._reset_checked:
+                self.rec.emit("grad_reset", checked=self._reset_checked,
+                              not_reset=self._reset_stale)
             self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
                           backward=self._backwards, optimizer_steps=self._opt_steps,
                           optimizers_built=self._optimizers_built, most_built_at=built_at)
+
+    def _check_reset(self) -> None:
+        """Whether the gradients were reset since the last optimizer step (``grad_reset``).
+
+        Read on the first backward of a step, before it adds anything: a parameter the last
+        step updated still holding a non-zero gradient means the new gradient is added to the
+        old one. One small parameter is read (a bias, say), on the first 32 steps and then
+        every 8th: the measurement ``missing_zero_grad`` and Classify use, however the loop
+        clears (``zero_grad``, ``p.grad = None``, ``p.grad.zero_()``) or fails to.
+        """
+        step = self.rec.step
+        if step >= 32 and step % 8:
+            return
+        probe = self._reset_probe() if self._reset_param is None else self._reset_param()
+        if probe is None:
+            return
+        self._reset_checked += 1
+        grad = probe.grad
+        if grad is not None and bool(grad.detach().ne(0).any()):
+            self._reset_stale += 1
+
+    def _reset_probe(self):
+        """The smallest parameter the last optimizer updated (kept by weak reference)."""
+        opt = self._last_opt
+        params = [p for g in getattr(opt, "param_groups", ()) for p in g["params"]
+                  if p.requires_grad]
+        if not params:
+            return None
+        p = min(params, key=lambda t: t.numel())
+        self._reset_param = weakref.ref(p)
+        return p
 
     def _nonfinite_batch(self) -> dict | None:
         """Which part of the batch that gave the first non-finite loss held non-finite values.
@@ -254,6 +292,8 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                           module=self._localize(), replay=self._replay,
                           **({"in_weights": True} if self._in_weights else {}),
                           **({"in_batch": in_batch} if in_batch else {}))
+        if self._opt_steps and not self._pending_losses and self._mode == "optimizer":
+            self._check_reset()
         self._backwards += 1
         if self._mode == "backward":
             self._emit_step(value, None)

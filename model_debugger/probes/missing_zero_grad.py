@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..thresholds import NOT_RESET
 from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
 
@@ -17,25 +18,39 @@ class MissingZeroGrad(Probe):
            "not accumulate across steps.")
 
     def run(self, ctx: ProbeContext):
-        """Confirmed when ``zero_grad`` was never called over several optimizer steps.
+        """Confirmed when the gradients were measured not reset between steps.
 
-        A lint hit alone is a hypothesis.
+        That is: ``zero_grad`` never called over several optimizer steps (and no other reset
+        seen), or >= 90% of the steps checked began their backward with the last step's
+        gradients (``grad_reset``). A lint hit alone is a hypothesis.
         """
         hits = lint_hits(ctx, "missing_zero_grad")
         calls = ctx.run.first("calls") or {}
         steps = len(ctx.run.steps)
         zero = calls.get("zero_grad")
-        measured = zero == 0 and steps > 1
-        if not hits and not measured:
+        stale = ctx.signals.get("grad_not_reset_share")
+        reset = ctx.run.first("grad_reset") or {}
+        never_called = zero == 0 and steps > 1 and (stale is None or stale > 0)
+        not_reset = stale is not None and stale >= NOT_RESET
+        if not hits and not never_called and not not_reset:
             return []
         where = loc(hits[0]) if hits else ctx.ref("backward")
         growth = ctx.signals.get("grad_norm_growth")
-        if measured:
+        if never_called or not_reset:
+            seen = []
+            if never_called:
+                seen.append(f"zero_grad() was called {zero} times in {steps} optimizer steps")
+            if not_reset:
+                seen.append(f"{reset.get('not_reset')} of {reset.get('checked')} steps checked "
+                            "began their backward with the previous step's gradients still "
+                            "there" + (f" (zero_grad() was called {zero} times: not on these "
+                                       "parameters, or not between the steps)" if zero else ""))
             return [self.finding(
                 "training_loop", True,
-                f"zero_grad() was called {zero} times in {steps} optimizer steps: every "
-                "backward() adds to the gradients of all previous steps, so the update grows "
-                "with the step count and points at the sum of old gradients.",
-                where, zero_grad_calls=zero, steps=steps, grad_norm_growth=growth, strength=0.95)]
+                "; ".join(seen)[:1].upper() + "; ".join(seen)[1:] + ": every backward() adds "
+                "to the gradients of all previous steps, so the update grows with the step "
+                "count and points at the sum of old gradients.",
+                where, zero_grad_calls=zero, steps=steps, grad_not_reset_share=stale,
+                grad_norm_growth=growth, strength=0.95)]
         return [self.finding("training_loop", False, hits[0].message + " (zero_grad calls were "
                              "not counted in this run)", where, strength=0.4)]
