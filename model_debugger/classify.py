@@ -26,7 +26,8 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     LOSS_FALLS,
     MIN_STEPS,
     NOT_RESET,
-    NOT_RESET_GROWTH,
+    OVERHEAD_MS,
+    OVERHEAD_SHARE,
     PLATEAU_DROP,
     RSS_GROWTH_MB,
     RSS_R2,
@@ -107,14 +108,14 @@ def exploding(sig: dict):
                    f"loss is >= {START_RATIO:g}x this)")]
         if "grad_norm_initial" in sig:
             ev.append(_ev(sig, "grad_norm_initial", "median global gradient norm at the start"))
-    if not ev and sig.get("grad_not_reset_share", 0) >= NOT_RESET and \
-            sig.get("grad_norm_growth", 0) >= NOT_RESET_GROWTH:
+    if not ev and sig.get("grad_not_reset_share", 0) >= NOT_RESET:
         # measured: the gradients were never reset, so each update follows the sum of every
-        # gradient so far, and its norm grows with the step count whatever the loss does
-        ev += [_ev(sig, "grad_not_reset_share", "steps whose backward began with the last "
-                   "step's gradients still there (added to, never reset)"),
-               _ev(sig, "grad_norm_growth", f"max/initial global gradient norm (>= "
-                   f"{NOT_RESET_GROWTH:g}: the sum of old gradients)")]
+        # gradient so far (intended accumulation resets once per step and is not counted)
+        ev.append(_ev(sig, "grad_not_reset_share", "steps whose backward began with the last "
+                      "step's gradients still there (added to, never reset)"))
+        if "grad_norm_growth" in sig:
+            ev.append(_ev(sig, "grad_norm_growth", "max/initial global gradient norm (the "
+                          "update follows the sum of old gradients)"))
     if sig.get("grad_norm_growth", 0) >= GRAD_GROWTH and \
             sig.get("loss_relative_drop", 0) < GROWTH_WITH_LEARNING:
         ev.append(_ev(sig, "grad_norm_growth", f"max/initial global gradient norm >= {GRAD_GROWTH:g}"))
@@ -340,6 +341,22 @@ def slow_data(sig: dict):
         _ev(sig, "step_ms", "mean step time, ms")]
 
 
+def loop_overhead(sig: dict):
+    """``performance_issue`` when the loop's own work takes most of each step.
+
+    That is the time outside data loading, forward, backward and the optimizer step: a sleep, a
+    synchronous log or checkpoint, a host copy, a metric computed on the CPU, every step.
+    """
+    if sig.get("step_overhead_share", 0) < OVERHEAD_SHARE or \
+            sig.get("step_overhead_ms", 0) < OVERHEAD_MS:
+        return None
+    return "performance_issue", [
+        _ev(sig, "step_overhead_share", f"median share of each step outside data loading, "
+            f"forward, backward and the optimizer step (>= {OVERHEAD_SHARE:g})"),
+        _ev(sig, "step_overhead_ms", f"median such time per step, ms (>= {OVERHEAD_MS:g})"),
+        _ev(sig, "step_ms", "mean step time, ms")]
+
+
 def gpu_idle(sig: dict):
     """``performance_issue`` when the GPU sits mostly idle during long steps."""
     if sig.get("gpu_util_median", 100) >= GPU_IDLE_UTIL or sig.get("step_ms", 0) < GPU_IDLE_STEP_MS:
@@ -353,7 +370,7 @@ def gpu_idle(sig: dict):
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, exploding, memory_growth, overfitting, wrong_solution, generalisation_gap,
-    vanishing, not_decreasing, slow_data, gpu_idle, plateau,
+    vanishing, not_decreasing, slow_data, loop_overhead, gpu_idle, plateau,
 )
 
 

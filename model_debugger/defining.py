@@ -90,6 +90,7 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
     DefiningSignal("cuda_growth_mb", -1, 20.0),
     DefiningSignal("rss_growth_mb", -1, 20.0),
     DefiningSignal("data_wait_fraction", -1, 0.05),
+    DefiningSignal("step_overhead_share", -1, 0.05),
     DefiningSignal("gpu_util_median", +1, 10.0),
     DefiningSignal("val_f1_final", +1, 0.02),
     DefiningSignal("train_f1_final", +1, 0.02),
@@ -118,9 +119,9 @@ CATEGORIES: dict[str, Target] = {
         _of("completed", "cuda_growth_mb", "rss_growth_mb"),
         "the run completes without OOM and memory stays flat (now {})"),
     "performance_issue": Target(
-        _of("data_wait_fraction", "gpu_util_median"),
-        f"data wait should no longer dominate (data_wait_fraction below {DATA_WAIT_FRACTION:g}) "
-        "and the GPU, if any, should be kept busy (now {})"),
+        _of("data_wait_fraction", "step_overhead_share", "gpu_util_median"),
+        f"data wait should no longer dominate (data_wait_fraction below {DATA_WAIT_FRACTION:g}), "
+        "nor the loop's own work each step, and the GPU, if any, should be kept busy (now {})"),
     "convergence_to_wrong_solution": Target(
         _of("val_f1_final", "train_f1_final", "val_acc_final", "train_acc_final"),
         "the tracked metric should rise above the trivial level (now {})"),

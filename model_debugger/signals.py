@@ -59,6 +59,9 @@ SIGNALS: dict[str, str] = {
     "error_kind": "kind of the error that ended the run (oom, ...)",
     "error": "type and message of that error (300 characters at most)",
     "data_wait_fraction": "share of step time spent waiting for data",
+    "step_overhead_ms": "median time per step outside data loading, forward, backward and the "
+                        "optimizer step (the loop's own work), ms",
+    "step_overhead_share": "median share of a step's time that is the loop's own work",
     "data_wait_ms": "mean data wait per step, ms",
     "step_ms": "mean step time, ms",
     "val_loss_name": "name of the validation-loss metric",
@@ -329,6 +332,13 @@ def compute(run: Run) -> dict:
         s["data_wait_fraction"] = float(dw[ok].sum() / dt[ok].sum())
         s["data_wait_ms"] = float(1000 * dw[ok].mean())
         s["step_ms"] = float(1000 * dt[ok].mean())
+        bz = run.series("bz")
+        own = ok & np.isfinite(bz)
+        own[: len(own) // 10] = False  # after the warm-up
+        if own.sum() >= 10:  # the loop's own time: neither data, forward, backward nor step
+            rest = np.maximum(dt[own] - dw[own] - bz[own], 0.0)
+            s["step_overhead_ms"] = float(1000 * np.median(rest))
+            s["step_overhead_share"] = float(np.median(rest / dt[own]))
 
     train_ep = _per_epoch_train_loss(run)
     train_metric = run.metric_by_role("train", "loss")

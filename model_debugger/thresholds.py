@@ -19,7 +19,6 @@ SPIKE_RATIO = 10.0           # a finite loss 10x the initial one
 START_RATIO = 10.0           # an untrained model's loss 10x the constant predictor's
 GRAD_GROWTH = 1e3            # max gradient norm / initial gradient norm
 NOT_RESET = 0.9             # share of steps whose gradients were never reset (added to)
-NOT_RESET_GROWTH = 3.0      # ... while the gradient norm grew this much (the sum of old ones)
 GROWTH_WITH_LEARNING = 0.5   # ... counts only while the loss has not fallen by half (zero-init)
 VANISH_RATIO = 1e-3          # first-layer / last-layer median gradient norm
 RSS_GROWTH_MB = 100.0        # memory growth over the run (after warm-up)
@@ -27,6 +26,8 @@ RSS_R2 = 0.8                 # ... that is steady (linear fit)
 RSS_STILL_GROWING = 0.25     # ... and, over several epochs, the last one grows at >= 25% that rate
 DATA_WAIT_FRACTION = 0.5     # data wait share of step time
 DATA_WAIT_MS = 5.0           # ... and at least this much per step
+OVERHEAD_SHARE = 0.5         # share of each step outside data, forward, backward and step
+OVERHEAD_MS = 10.0           # ... and at least this much per step (a trainer's bookkeeping is less)
 VAL_RISE = 0.10              # validation loss 10% above its minimum at the end
 ACC_GAP = 0.15               # training accuracy (or its bound) 15 points above validation's
 TRAIN_NOT_RISING = 1.02      # train loss at the end not above its value at the val minimum

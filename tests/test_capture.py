@@ -992,3 +992,44 @@ def test_grad_reset_ignores_the_micro_batches_of_intended_accumulation():
             opt.step()
     event = Run(events=rec.events).first("grad_reset")
     assert event == {"t": "grad_reset", "checked": 7, "not_reset": 0}
+
+
+# -- the loop's own time per step ----------------------------------------------------------------
+def _loop(steps: int, stall: float):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(steps * 8, 8), torch.randint(0, 2, (steps * 8,))),
+                        batch_size=8)
+    with capture(update_every=0, hist_every=0) as rec:
+        for xb, yb in loader:
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            if stall:
+                time.sleep(stall)  # <stall>
+    return Run(events=rec.events)
+
+
+def test_a_stall_in_the_loop_is_measured_and_its_line_sampled():
+    from model_debugger.signals import compute
+
+    run = _loop(60, 0.02)
+    steps = run.steps
+    assert all(0 < s["bz"] < s["dt"] for s in steps[1:])  # forward + backward + step, timed
+    sig = compute(run)
+    assert sig["step_overhead_share"] > 0.7 and sig["step_overhead_ms"] >= 15
+    event = run.first("step_overhead")
+    top = event["lines"][0]
+    assert same_file(top["file"], HERE) and top["line"] == line_of("stall")
+    assert top["share"] > 0.8 and event["samples"] >= 20
+
+
+def test_a_loop_without_own_work_is_not_sampled():
+    from model_debugger.signals import compute
+
+    run = _loop(60, 0.0)
+    sig = compute(run)
+    # a few ms of the loop's own work (zero_grad, Python) on a loaded machine at most: far
+    # below what Classify calls an overhead, and the sampler only starts above 5 ms
+    assert sig["step_overhead_share"] < 0.5 and sig["step_overhead_ms"] < 10

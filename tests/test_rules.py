@@ -70,7 +70,7 @@ def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "exploding", "memory_growth", "overfitting",
                      "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing",
-                     "slow_data", "gpu_idle", "plateau"]
+                     "slow_data", "loop_overhead", "gpu_idle", "plateau"]
 
 
 # -- nonfinite -------------------------------------------------------------------------------
@@ -1020,3 +1020,52 @@ def test_gradient_accumulation_leaves_the_gap_signals_out():
     sig = compute(run)
     assert "train_acc_bound" not in sig
     assert C.generalisation_gap(sig) is None
+
+
+# -- gradients never reset -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("not_reset,want", [(95, "gradient_instability"), (40, HEALTHY)])
+def test_gradients_measured_never_reset_are_instability_even_while_the_loss_falls(not_reset,
+                                                                                  want):
+    run = syn.make_run(syn.healthy_steps(100),
+                       {"t": "grad_reset", "checked": 100, "not_reset": not_reset})
+    cls = classify_and_check(compute(run))
+    assert cls.primary == want
+    if want != HEALTHY:
+        assert cls.evidence[0].signal == "grad_not_reset_share"
+
+
+def test_too_few_reset_checks_say_nothing():
+    run = syn.make_run(syn.healthy_steps(100), {"t": "grad_reset", "checked": 3, "not_reset": 3})
+    assert "grad_not_reset_share" not in compute(run)
+
+
+# -- the loop's own work per step ------------------------------------------------------------
+
+
+def _timed(n, dt, dw, bz):
+    events = syn.healthy_steps(n, dt=[dt] * n, dw=[dw] * n)
+    for e in events:
+        e["bz"] = bz
+    return syn.make_run(events)
+
+
+@pytest.mark.parametrize("dt,bz,want", [
+    (0.030, 0.004, "performance_issue"),  # 26 ms a step outside forward/backward/step
+    (0.006, 0.001, HEALTHY),              # most of the step, but only 5 ms: a trainer's upkeep
+    (0.300, 0.200, HEALTHY),              # 100 ms, but a third of a long step
+])
+def test_loop_overhead_needs_a_large_share_and_real_milliseconds(dt, bz, want):
+    sig = compute(_timed(60, dt, 0.0, bz))
+    cls = classify_and_check(sig)
+    assert cls.primary == want
+    if want != HEALTHY:
+        assert [e.signal for e in cls.evidence][:2] == ["step_overhead_share", "step_overhead_ms"]
+
+
+def test_loop_overhead_does_not_count_data_wait():
+    sig = compute(_timed(60, 0.030, 0.025, 0.004))  # the time is the loader's
+    assert sig["step_overhead_ms"] < 2
+    assert classify_and_check(sig).primary == "performance_issue"  # slow_data, not overhead
+    assert classify_and_check(sig).evidence[0].signal == "data_wait_fraction"

@@ -72,6 +72,18 @@ for epoch in range(3):
 """, "missing_zero_grad", "training_loop")
 
 
+def test_missing_zero_grad_points_at_a_zero_grad_referenced_but_not_called():
+    hit = assert_fires(LOOP_HEAD + """
+for epoch in range(3):
+    for x, y in loader:
+        opt.zero_grad  # <-
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+""", "missing_zero_grad", "training_loop")
+    assert "never called" in hit.message
+
+
 def test_missing_zero_grad_once_before_the_loop_is_still_missing():
     assert_fires(LOOP_HEAD + """
 opt.zero_grad()

@@ -32,11 +32,15 @@ class TimedIterator:
 
     def __next__(self):
         t0 = time.perf_counter()
+        inst = self._link()
+        if inst is not None:
+            inst._in_data = True
         try:
             return next(self._inner)
         finally:
             inst = self._link()
             if inst is not None:
+                inst._in_data = False
                 inst._active_loader = self._loader_id
                 if self._loader_id in inst._train_loaders or not inst._train_loaders:
                     inst._data_wait += time.perf_counter() - t0

@@ -138,6 +138,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._drain()
         self.losses.flush_eval()
         self.losses.emit()
+        self._emit_overhead()
         if self._backwards or self._opt_steps:  # torch imported but not trained: say nothing
             most = max(self._built_at.items(), key=lambda kv: kv[1], default=(None, 0))
             built_at = {"file": most[0][0], "line": most[0][1]} if most[1] > 1 and \
@@ -268,7 +269,11 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             inst._in_backward = True
             try:
                 inst._guarded_before_backward(tensor)
-                return original(*args, **kwargs)
+                inst._busy_enter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    inst._busy_exit()
             finally:
                 inst._in_backward = False
 

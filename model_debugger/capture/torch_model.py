@@ -39,6 +39,7 @@ class ModelHooks:
         self._param_modules: dict[int, str] = {}  # id(param) -> owning module's name
         self._root = None
         self._last_input = None
+        self._fwd_open = 0  # training forwards entered and not yet left
         self._nonfinite_seen = False
         self._replay = None
         self._in_weights = False
@@ -89,11 +90,20 @@ class ModelHooks:
                       training=model.training)
         self.ref("model", definition_location(model) or assignment(namespace, name), name=name)
         self.hold(model.register_forward_pre_hook(self._keep_input, with_kwargs=True))
+        self.hold(model.register_forward_hook(self._forward_done, always_call=True))
         self.keeper.on_model(model, namespace)
 
     # -- non-finite values ------------------------------------------------------------------
     def _keep_input(self, module, args, kwargs):
         self._last_input = (args, kwargs)
+        if torch.is_grad_enabled():  # a training forward: part of the step's own work
+            self._fwd_open += 1
+            self._busy_enter()
+
+    def _forward_done(self, module, args, out):
+        if self._fwd_open:
+            self._fwd_open -= 1
+            self._busy_exit()
 
     def _localize(self) -> str | None:
         """Name the first module holding non-finite weights or producing non-finite output.

@@ -112,6 +112,7 @@ class OptimizerHooks:
             nest[2] += 1  # a subclass's step() calling super().step(): both are hooked
             return
         self._nest = [opt, self._backwards, 1]  # a step that raised leaves a stale one: fine
+        self._busy_enter()  # left in _post_step (or reset with the step's row)
         self._site("step")
         if opt is not self._last_opt and opt not in self._seen_optimizers:  # built before
             self._seen_optimizers.add(opt)  # this capture began
@@ -272,6 +273,7 @@ class OptimizerHooks:
             nest[2] -= 1  # the inner step() of a subclass: the outer one is the step
             return
         self._nest = None
+        self._busy_exit()
         self._mode = "optimizer"
         self._opt_steps += 1
         ratio = None

@@ -4,7 +4,8 @@ Each training step (an optimizer step, or a ``backward()`` in a loop without an 
 kept as a row of numbers and written as a ``step`` event in batches (:meth:`StepRows._drain`):
 
 - ``i``, ``ep``, ``loss``, ``dt`` (seconds since the last step ended), ``dw`` (of which waiting
-  for data), ``tm`` (the model's training flag);
+  for data), ``bz`` (of which inside forward, backward and the optimizer step: the rest is the
+  loop's own time), ``tm`` (the model's training flag);
 - ``gn`` and ``mgn`` (global and per-module gradient norms, a bounded window of modules per step,
   see :mod:`.norms`), ``ur`` (update/weight ratio) when they were measured; the norms are those
   before a ``clip_grad_norm_``, and ``gnc`` is the global norm after it;
@@ -20,6 +21,7 @@ State owned here: the kept rows, the step clock, the cost of measuring norms, th
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import torch
@@ -27,6 +29,8 @@ import torch
 from ._util import FLUSH_SECONDS, num, rss_bytes
 from .norms import MGN_MAX
 from .norms import window as norms_window
+from .sampler import INTERVAL as SAMPLE_INTERVAL
+from .sampler import LineSampler
 from .torch_grads import per_module
 
 GPU_UTIL_EVERY = 10  # steps between GPU utilisation readings (an NVML query each)
@@ -35,6 +39,12 @@ NORM_BUDGET = 0.005
 NORM_ALWAYS = 32  # the first steps always have norms (and time what they cost)
 NORM_RETUNE = 256  # steps between later re-evaluations of norm_every
 NORM_MAX_EVERY = 16
+# the loop's own time per step (not data, forward, backward or the optimizer): after this many
+# steps, when its median is >= OVERHEAD_SECONDS and >= OVERHEAD_SHARE of the step, the user's
+# lines it is spent on are sampled (``step_overhead``)
+OVERHEAD_AFTER = 32
+OVERHEAD_SECONDS = 0.005
+OVERHEAD_SHARE = 0.3
 UNMEASURED = "unmeasured"  # the gradient norm of a step that norm_every skipped
 
 
@@ -54,6 +64,51 @@ class StepRows:
         self._mgn_at = 0  # where the next step's window of module norms starts (norms.py)
         self._cuda = torch.cuda.is_available()
         self._gpu_util = self._cuda  # until NVML turns out to be missing
+        # time inside forward, backward and the optimizer step since the last step ended
+        self._busy = 0.0
+        self._busy_depth = 0
+        self._busy_t0 = 0.0
+        self._in_data = False  # waiting in a DataLoader's __next__
+        self._early: list[tuple] = []  # (dt, data wait, busy) of the first steps
+        self._sampler = None
+
+    # -- where the step's time goes ---------------------------------------------------------
+    def _busy_enter(self) -> None:
+        if not self._busy_depth:
+            self._busy_t0 = time.perf_counter()
+        self._busy_depth += 1
+
+    def _busy_exit(self) -> None:
+        if self._busy_depth:
+            self._busy_depth -= 1
+            if not self._busy_depth:
+                self._busy += time.perf_counter() - self._busy_t0
+
+    def _idle(self) -> bool:
+        """Outside data loading, forward, backward and the optimizer step (the sampler asks)."""
+        return not self._busy_depth and not self._in_data
+
+    def _watch_overhead(self, dt: float, dw: float, busy: float) -> None:
+        """After the first steps, sample the loop's lines if the rest of each step dominates."""
+        self._early.append((dt, dw, busy))
+        if len(self._early) < OVERHEAD_AFTER:
+            return
+        rest = sorted(max(0.0, d - w - b) for d, w, b in self._early[1:])
+        share = sorted(max(0.0, d - w - b) / d for d, w, b in self._early[1:] if d > 0)
+        self._early = None
+        median = rest[len(rest) // 2]
+        if median >= OVERHEAD_SECONDS and share and share[len(share) // 2] >= OVERHEAD_SHARE:
+            self._sampler = LineSampler(threading.get_ident(), self._idle).start()
+            self.hold(self._sampler.stop)
+
+    def _emit_overhead(self) -> None:
+        """The ``step_overhead`` event: the lines the sampler saw the idle loop on."""
+        sampler = self._sampler
+        if sampler is None:
+            return
+        sampler.stop()
+        self.rec.emit("step_overhead", samples=sampler.samples, lines=sampler.top(),
+                      interval=SAMPLE_INTERVAL)
 
     def _emit_step(self, loss, gn, parts=None, ratio=None, clipped=None) -> None:
         """Keep one step's numbers as a row; rows become ``step`` events in :meth:`_drain`."""
@@ -72,8 +127,12 @@ class StepRows:
                 cuda += (self._read_gpu_util(),)  # a third value: utilisation was read
         rss = rss_bytes() if self._rss_due else None
         self._rss_due = True
+        busy, self._busy, self._busy_depth = self._busy, 0.0, 0
+        if dt is not None and self._early is not None:
+            self._watch_overhead(dt, self._data_wait, busy)
         self._rows.append((self.rec.step, self.rec.epoch, loss, gn, parts, dt, self._data_wait,
-                           rss, ratio, None if root is None else root.training, cuda, clipped))
+                           rss, ratio, None if root is None else root.training, cuda, clipped,
+                           busy))
         self._data_wait = 0.0
         self.rec.step += 1
         if self._norm_auto and self.rec.step >= self._retune_at:
@@ -126,9 +185,11 @@ class StepRows:
                 raise
 
     def _step_event(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda,
-                    clipped) -> dict:
+                    clipped, busy) -> dict:
         """One kept row as the fields of a ``step`` event."""
         step = {"i": i, "ep": ep, "loss": num(loss), "dt": dt, "dw": dw}
+        if busy:
+            step["bz"] = busy
         if rss is not None:
             step["rss"] = rss
         if gn is not UNMEASURED:  # left out: not measured (norm_every); None: no gradient

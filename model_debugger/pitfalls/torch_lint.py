@@ -126,7 +126,13 @@ def _loop_rules(tree: ast.Module, facts: _Facts) -> list[tuple]:
             for n in inner)
         if steps and not zeroed:
             opt = ast.unparse(steps[0].func.value)
-            out.append(("missing_zero_grad", "training_loop", _line(backs[0]), (
+            # ``optimizer.zero_grad`` without the call: the line meant to reset, doing nothing
+            uncalled = [n for n in inner if isinstance(n, ast.Expr) and
+                        isinstance(n.value, ast.Attribute) and n.value.attr == "zero_grad"]
+            out.append(("missing_zero_grad", "training_loop",
+                        _line(uncalled[0]) if uncalled else _line(backs[0]), (
+                            f"`{ast.unparse(uncalled[0].value)}` is referenced but never called "
+                            "(no parentheses): " if uncalled else "") + (
                 f"this loop calls backward() and `{opt}.step()` but never zero_grad(): "
                 "backward() adds into .grad, so every step applies the sum of all gradients "
                 "since the start; the effective step keeps growing, and the loss oscillates or "

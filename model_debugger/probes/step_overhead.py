@@ -1,0 +1,59 @@
+"""Probe ``step_overhead``: the line of the loop where a step's own time goes.
+
+A step is data loading, forward, backward and the optimizer step, and the rest: what the loop
+does itself every step. When that rest dominated the first steps, the capture sampled the
+training thread while it was outside those four and counted the user's line it was on
+(``step_overhead`` event, :mod:`~model_debugger.capture.sampler`). The line holding most of those
+samples is where the time goes: a direct measurement, no threshold on the code.
+"""
+
+from __future__ import annotations
+
+from ..records import Finding
+from ..thresholds import OVERHEAD_SHARE
+from .base import Probe, ProbeContext, register
+
+LINE_SHARE = 0.5  # of the idle samples on one line: that line is the stall
+
+
+@register
+class StepOverhead(Probe):
+    """Where the loop's own per-step time is spent (sampled lines)."""
+
+    id = "step_overhead"
+    categories = ("performance_issue",)
+    needs_live = False
+    frameworks = ("torch", "none")
+    fix = ("Take the blocking work out of the per-step path: do it every N steps, after the "
+           "epoch, or asynchronously (logging, checkpoints, syncs, host copies, sleeps).")
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        """When the run measured the loop's own time per step."""
+        return super().applies(ctx) and "step_overhead_share" in ctx.signals
+
+    def run(self, ctx: ProbeContext) -> list[Finding]:
+        """A confirmed ``training_loop`` finding at the line holding most of the loop's time."""
+        share = ctx.signals["step_overhead_share"]
+        ms = ctx.signals.get("step_overhead_ms", 0.0)
+        if share < OVERHEAD_SHARE:
+            return []
+        sampled = ctx.run.first("step_overhead") or {}
+        lines = sampled.get("lines") or []
+        common = dict(step_overhead_share=share, step_overhead_ms=ms,
+                      samples=sampled.get("samples"), lines=lines)
+        top = lines[0] if lines else None
+        if top is None or top["share"] < LINE_SHARE:
+            return [self.finding(
+                "training_loop", False,
+                f"{share:.0%} of each step ({ms:.1f} ms) is spent outside data loading, forward, "
+                "backward and the optimizer step, but on no single line of your code"
+                + (f" (the most sampled holds {top['share']:.0%})" if top else "")
+                + ": spread over the loop, or inside a library it calls.",
+                ctx.ref("step") or ctx.ref("backward"), strength=0.4, **common)]
+        return [self.finding(
+            "training_loop", True,
+            f"{share:.0%} of each step ({ms:.1f} ms median) is spent outside data loading, "
+            f"forward, backward and the optimizer step, and {top['share']:.0%} of the "
+            f"{sampled.get('samples')} samples of that time were on this line: the loop "
+            "blocks here every step.",
+            {"file": top["file"], "line": top["line"]}, strength=0.9, **common)]
