@@ -34,8 +34,8 @@ class Kind:
 def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
     """Multiply every parameter group's learning rate by ``factor`` before the first step.
 
-    Once per optimizer, at its first step; ``base_lr``/``initial_lr`` too, so a scheduler
-    keeps the scale.
+    Once per optimizer, at its first step; ``initial_lr`` and the ``base_lrs`` of the schedulers
+    built on it during the run too, so a schedule keeps the scale.
     """
     factor = float(params["factor"])
     if not factor > 0:
@@ -50,13 +50,34 @@ def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
             for key in ("lr", "initial_lr"):
                 if isinstance(group.get(key), (int, float)):
                     group[key] = group[key] * factor
-        for sched in getattr(optimizer, "_model_debugger_schedulers", ()):  # pragma: no cover
+        for sched in schedulers.pop(id(optimizer), ()):
             sched.base_lrs = [lr * factor for lr in sched.base_lrs]
         return None
 
+    # a scheduler recomputes the rate from its base_lrs (LambdaLR warmup, HF's linear decay):
+    # those are scaled too, or its first step would undo the intervention
+    schedulers: dict[int, list] = {}
+    from torch.optim import lr_scheduler
+
+    original_init = lr_scheduler.LRScheduler.__init__
+
+    def __init__(sched, optimizer, *args, **kwargs):
+        original_init(sched, optimizer, *args, **kwargs)
+        if id(optimizer) not in seen and isinstance(getattr(sched, "base_lrs", None), list):
+            schedulers.setdefault(id(optimizer), []).append(sched)
+
+    lr_scheduler.LRScheduler.__init__ = __init__
+
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    return register_optimizer_step_pre_hook(pre_hook).remove
+    handle = register_optimizer_step_pre_hook(pre_hook)
+
+    def undo() -> None:
+        handle.remove()
+        lr_scheduler.LRScheduler.__init__ = original_init
+        schedulers.clear()
+
+    return undo
 
 
 def _scale_lr_keras(params: dict, keras) -> Callable[[], None]:

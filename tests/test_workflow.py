@@ -573,3 +573,30 @@ def test_lr_scale_reaches_a_keras_custom_loop_once(tmp_path):
           (("scaled", scaled), ("plain", plain))}
     assert lr["plain"] == pytest.approx(0.01) and lr["scaled"] == pytest.approx(0.001), lr
     assert len(scaled.run.steps) == len(plain.run.steps) == 8
+
+
+@pytest.mark.parametrize("built", ["before_the_first_step", "with_a_warmup"])
+def test_lr_scale_survives_a_learning_rate_schedule(built):
+    """A scheduler recomputes the rate from base_lrs each step: they are scaled too."""
+    import torch
+
+    from model_debugger.interventions import installed
+
+    with installed(Intervention("lr_scale", {"factor": 0.1})):
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        if built == "with_a_warmup":
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+        else:
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100)
+        rates = []
+        for _ in range(6):
+            model(torch.randn(4, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            rates.append(opt.param_groups[0]["lr"])
+    want = [0.1 * min(1.0, (s + 1) / 4) for s in range(1, 7)] if built == "with_a_warmup" \
+        else [0.1] * 6
+    assert rates == pytest.approx(want)
+    assert torch.optim.lr_scheduler.LRScheduler.__init__.__module__ == "torch.optim.lr_scheduler"
