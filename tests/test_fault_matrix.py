@@ -43,6 +43,9 @@ def changed_lines(old: str, new: str) -> set[int]:
 
 def test_at_least_eight_bases_in_different_styles():
     assert len(BASES) >= 8
+    # the trainers people drive their loops with are among them
+    assert any("pytorch_lightning" in s for s in SOURCES.values())
+    assert any("from transformers import" in s and "Trainer(" in s for s in SOURCES.values())
     frameworks = {"keras" if "keras" in s and "torch" not in s else "torch"
                   for s in SOURCES.values()}
     assert frameworks == {"torch", "keras"}
@@ -61,7 +64,6 @@ def test_base_compiles_and_imports_only_installed_modules(name):
             assert node.level == 0, "a base is stand-alone"
             modules.add(node.module.split(".")[0])
     assert "model_debugger" not in modules, "bases are plain training programs"
-    assert not modules & {"lightning", "pytorch_lightning", "transformers"}
     for mod in modules:
         assert importlib.util.find_spec(mod) is not None, f"{name} imports {mod}"
 

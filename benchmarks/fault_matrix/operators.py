@@ -255,6 +255,11 @@ def named_data(p: Program) -> tuple[ast.Call, str, str]:
     return need(p.named_data_source(), "training data source without plain names")
 
 
+def token_inputs(p: Program) -> bool:
+    """The model reads token ids (an embedding, a Hugging Face ``input_ids``), not features."""
+    return "Embedding" in p.source or "input_ids" in p.source
+
+
 def assignable(node: ast.AST) -> bool:
     return isinstance(node, (ast.Name, ast.Subscript, ast.Attribute))
 
@@ -554,6 +559,7 @@ def _momentum_too_high(p: Program) -> list[Edit]:
 @operator("inputs_scaled", "data", "gradient_instability", "data",
           "training inputs multiplied by 1000 (a unit error in the features)")
 def _inputs_scaled(p: Program) -> list[Edit]:
+    need(not token_inputs(p), "token ids: no features to scale")
     _, x, _ = data_args(p)
     return [wrap(p, x, "{x} * 1000.0")]
 
@@ -588,6 +594,7 @@ def _few_samples(p: Program) -> list[Edit]:
 @operator("nan_inputs", "data", "gradient_instability", "data",
           "every 50th training sample has NaN features")
 def _nan_inputs(p: Program) -> list[Edit]:
+    need(not token_inputs(p), "token ids: integers hold no NaN")
     call, x, _ = data_args(p)
     need(assignable(x), "inputs are not assignable")
     return [insert_before(p, p.statement(call), f'{p.text(x)}[::50] = float("nan")')]
@@ -628,7 +635,7 @@ def _normalization_removed(p: Program) -> list[Edit]:
 @operator("val_inputs_scaled", "data", "overfitting", "data",
           "validation inputs preprocessed differently from training (scaled by 10)")
 def _val_inputs_scaled(p: Program) -> list[Edit]:
-    need("Embedding" not in p.source, "token inputs")
+    need(not token_inputs(p), "token inputs")
     if p.is_torch:
         call = need(p.val_model_call(), "no validation forward")
     else:
@@ -678,6 +685,7 @@ def _inputs_constant(p: Program) -> list[Edit]:
 @operator("target_leak_feature", "data", "overfitting", "data",
           "the target copied into the first training feature (not in validation)")
 def _target_leak(p: Program) -> list[Edit]:
+    need(not token_inputs(p), "token ids: no feature column to leak into")
     call, x, y = data_args(p)
     need(assignable(x), "inputs are not assignable")
     xt, yt = p.text(x), p.text(y)

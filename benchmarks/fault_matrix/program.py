@@ -358,8 +358,9 @@ class Program:
         classes = self.dataset_classes() | {"TensorDataset"}
         for c in self.calls():
             name = call_name(c)
-            if name in classes and len(c.args) >= 2:
-                return c, c.args[0], c.args[1]
+            if name in classes and len(c.args) >= 2 and \
+                    not any(isinstance(a, ast.Constant) for a in c.args[:2]):
+                return c, c.args[0], c.args[1]  # Rows(480, 1): sizes and seeds, not data
             if name in KERAS_DATA and c.args and isinstance(c.args[0], ast.Tuple):
                 elts = c.args[0].elts
                 if len(elts) == 2:
