@@ -22,6 +22,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     GPU_IDLE_STEP_MS,
     GPU_IDLE_UTIL,
     GRAD_GROWTH,
+    GRAPHS_KEPT,
     GROWTH_WITH_LEARNING,
     LOSS_FALLS,
     MIN_STEPS,
@@ -126,7 +127,18 @@ def memory_growth(sig: dict):
     """``memory_issue`` when GPU or process memory grows steadily after warm-up.
 
     Process memory that levels off after the first epochs is a cache filling, not a leak.
+    Measured directly too: the loss tensors of past steps, each holding its autograd graph
+    (every activation it saved), kept alive by the loop: memory then grows with every step,
+    however short the run was.
     """
+    if sig.get("graphs_kept_share", 0) >= GRAPHS_KEPT:
+        ev = [_ev(sig, "graphs_kept_share", "past steps whose loss, with its whole autograd "
+                  "graph, stayed alive (kept by the loop: memory grows every step)")]
+        for key, detail in (("rss_growth_mb", "process memory growth after warm-up"),
+                            ("cuda_growth_mb", "GPU memory growth after warm-up")):
+            if key in sig:
+                ev.append(_ev(sig, key, detail))
+        return "memory_issue", ev
     if sig.get("cuda_growth_mb", 0) >= RSS_GROWTH_MB and sig.get("cuda_growth_r2", 0) >= RSS_R2:
         return "memory_issue", [
             _ev(sig, "cuda_growth_mb", f"GPU memory allocated, growth after warm-up "

@@ -87,6 +87,7 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
     DefiningSignal("first_to_last_grad_ratio", +1, 0.5, log_scale=True),
     DefiningSignal("completed", +1, 0.5, cited_as=("error",),
                    shown_when=lambda sig: sig.get("error_kind") == "oom"),
+    DefiningSignal("graphs_kept_share", -1, 0.2),
     DefiningSignal("cuda_growth_mb", -1, 20.0),
     DefiningSignal("rss_growth_mb", -1, 20.0),
     DefiningSignal("data_wait_fraction", -1, 0.05),
@@ -116,8 +117,9 @@ CATEGORIES: dict[str, Target] = {
             "loss_relative_drop"),
         "no non-finite loss or gradient, and no exploding or vanishing gradient norms (now {})"),
     "memory_issue": Target(
-        _of("completed", "cuda_growth_mb", "rss_growth_mb"),
-        "the run completes without OOM and memory stays flat (now {})"),
+        _of("completed", "graphs_kept_share", "cuda_growth_mb", "rss_growth_mb"),
+        "the run completes without OOM, no step's graph outlives it and memory stays flat "
+        "(now {})"),
     "performance_issue": Target(
         _of("data_wait_fraction", "step_overhead_share", "gpu_util_median"),
         f"data wait should no longer dominate (data_wait_fraction below {DATA_WAIT_FRACTION:g}), "

@@ -18,6 +18,7 @@ DIVERGE_RATIO = 2.0          # final loss at least twice the initial loss
 SPIKE_RATIO = 10.0           # a finite loss 10x the initial one
 START_RATIO = 10.0           # an untrained model's loss 10x the constant predictor's
 GRAD_GROWTH = 1e3            # max gradient norm / initial gradient norm
+GRAPHS_KEPT = 0.9           # share of past steps' loss tensors (and graphs) still alive
 NOT_RESET = 0.9             # share of steps whose gradients were never reset (added to)
 GROWTH_WITH_LEARNING = 0.5   # ... counts only while the loss has not fallen by half (zero-init)
 VANISH_RATIO = 1e-3          # first-layer / last-layer median gradient norm

@@ -1033,3 +1033,27 @@ def test_a_loop_without_own_work_is_not_sampled():
     # a few ms of the loop's own work (zero_grad, Python) on a loaded machine at most: far
     # below what Classify calls an overhead, and the sampler only starts above 5 ms
     assert sig["step_overhead_share"] < 0.5 and sig["step_overhead_ms"] < 10
+
+
+# -- autograd graphs kept across steps -----------------------------------------------------------
+@pytest.mark.parametrize("keep", ["loss", "item", "detach", "none"])
+def test_graphs_kept_measures_whether_past_losses_stay_alive(keep):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    history = []
+    with capture(update_every=0, hist_every=0) as rec:
+        for _ in range(20):
+            opt.zero_grad()
+            loss = F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1))
+            loss.backward()
+            opt.step()
+            if keep == "loss":
+                history.append(loss)  # the classic leak: every graph stays alive
+            elif keep == "item":
+                history.append(loss.item())
+            elif keep == "detach":
+                history.append(loss.detach())
+    event = Run(events=rec.events).first("graphs_kept")
+    assert event["checked"] == 16 and event["lag"] == 3  # the first: seen while discovering
+    assert event["alive"] == (16 if keep == "loss" else 0)

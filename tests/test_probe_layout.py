@@ -343,7 +343,9 @@ def test_the_defining_declaration_keeps_what_verify_used():
         "finite_fraction": 0.25, "completed": 0.5, "data_wait_fraction": 0.05,
         "rss_growth_mb": 20.0, "cuda_growth_mb": 20.0, "gpu_util_median": 10.0,
         "val_f1_final": 0.02, "train_f1_final": 0.02, "val_acc_final": 0.01,
-        "train_acc_final": 0.01, "grad_norm_growth": 0.5, "first_to_last_grad_ratio": 0.5}
+        "train_acc_final": 0.01, "grad_norm_growth": 0.5, "first_to_last_grad_ratio": 0.5,
+        # declared since: the loop's own share of a step, past steps' graphs kept alive
+        "step_overhead_share": 0.05, "graphs_kept_share": 0.2}
     assert defining.LOG_SIGNALS == ("grad_norm_growth", "first_to_last_grad_ratio")
     assert defining.DEFINING["gradient_instability"] == (
         ("finite_fraction", 1), ("grad_norm_growth", -1), ("first_to_last_grad_ratio", 1),

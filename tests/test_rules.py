@@ -1069,3 +1069,16 @@ def test_loop_overhead_does_not_count_data_wait():
     assert sig["step_overhead_ms"] < 2
     assert classify_and_check(sig).primary == "performance_issue"  # slow_data, not overhead
     assert classify_and_check(sig).evidence[0].signal == "data_wait_fraction"
+
+
+# -- autograd graphs kept alive ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alive,want", [(40, "memory_issue"), (2, HEALTHY)])
+def test_graphs_kept_alive_are_a_memory_issue_before_memory_has_grown(alive, want):
+    run = syn.make_run(syn.healthy_steps(60),
+                       {"t": "graphs_kept", "checked": 40, "alive": alive, "lag": 3})
+    cls = classify_and_check(compute(run))
+    assert cls.primary == want
+    if want != HEALTHY:
+        assert cls.evidence[0].signal == "graphs_kept_share"

@@ -39,6 +39,7 @@ from .torch_optim import OptimizerHooks
 from .torch_steps import StepRows
 from .torch_trainers import TrainerHooks
 
+GRAPH_LAG = 3  # backwards after which a loss tensor still alive is kept by the user's code
 _BACKWARD_MODE_AFTER = 64  # backward() calls without an optimizer step: a loop without one
 
 
@@ -93,6 +94,8 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._guarded_before_backward = self.guard(self._before_backward)
         self._reset_checked = self._reset_stale = 0  # steps checked / gradients found not reset
         self._reset_param = None
+        self._graph_refs: list = []  # weak references to the last GRAPH_LAG backward tensors
+        self._graph_checked = self._graph_kept = 0  # of those, looked at again / still alive
 
     # -- attach / close --------------------------------------------------------------------
     def attach(self) -> None:
@@ -146,6 +149,9 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             if self._reset_checked:
                 self.rec.emit("grad_reset", checked=self._reset_checked,
                               not_reset=self._reset_stale)
+            if self._graph_checked:
+                self.rec.emit("graphs_kept", checked=self._graph_checked,
+                              alive=self._graph_kept, lag=GRAPH_LAG)
             self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
                           backward=self._backwards, optimizer_steps=self._opt_steps,
                           optimizers_built=self._optimizers_built, most_built_at=built_at)
@@ -169,6 +175,22 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         grad = probe.grad
         if grad is not None and bool(grad.detach().ne(0).any()):
             self._reset_stale += 1
+
+    def _watch_graph(self, loss) -> None:
+        """Whether the losses of past steps, and so their autograd graphs, stay alive.
+
+        A loop that rebinds ``loss`` each step frees the last one (and its graph: every
+        activation it saved); one that keeps it (``losses.append(loss)``) keeps them all. Each
+        backward's tensor is held by weak reference and looked at again
+        :data:`GRAPH_LAG` backwards later (a trainer may keep the last one or two).
+        """
+        refs = self._graph_refs
+        refs.append(weakref.ref(loss))
+        if len(refs) > GRAPH_LAG:
+            old = refs.pop(0)()
+            self._graph_checked += 1
+            if old is not None and old.grad_fn is not None:
+                self._graph_kept += 1
 
     def _reset_probe(self):
         """The smallest parameter the last optimizer updated (kept by weak reference)."""
@@ -288,7 +310,8 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             value = None
         self._site("backward")
         self._note_train_loader()
-        if not self._models:
+        discovering = not self._models
+        if discovering:
             self._discover(sys._getframe(), None)
         if value is not None and not math.isfinite(value) and not self._nonfinite_seen:
             self._nonfinite_seen = True
@@ -299,6 +322,10 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                           **({"in_batch": in_batch} if in_batch else {}))
         if self._opt_steps and not self._pending_losses and self._mode == "optimizer":
             self._check_reset()
+        if isinstance(loss, torch.Tensor) and loss.grad_fn is not None and not discovering:
+            # (discovery read the frames' locals: a function frame keeps that snapshot, and
+            # with it this loss, alive; it would read as kept by the user)
+            self._watch_graph(loss)
         self._backwards += 1
         if self._mode == "backward":
             self._emit_step(value, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..thresholds import GRAPHS_KEPT
 from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
 
@@ -39,7 +40,8 @@ class GraphRetention(Probe):
     def run(self, ctx: ProbeContext):
         """Confirmed when one container holds >= 10 tensors with a ``grad_fn``.
 
-        Without such a container, each lint hit is reported as a hypothesis.
+        Or when the record measured past steps' losses kept alive (``graphs_kept``, >= 90%),
+        located at the lint's line when it has one. Else each lint hit is a hypothesis.
         """
         hits = lint_hits(ctx, "graph_retention")
         namespace = ctx.namespace
@@ -58,6 +60,18 @@ class GraphRetention(Probe):
                 "`.item()` or `.detach()` values instead.",
                 loc(hit) if hit else ctx.ref("backward"), variable=name, tensors=count,
                 tensor_bytes=size, rss_mb_per_step=growth, strength=0.95)]
+        kept = ctx.signals.get("graphs_kept_share")
+        if kept is not None and kept >= GRAPHS_KEPT:
+            seen = ctx.run.first("graphs_kept") or {}
+            return [self.finding(
+                "training_loop", True,
+                f"The loss tensors of {seen.get('alive')} of {seen.get('checked')} past steps "
+                f"were still alive {seen.get('lag')} steps later, each holding its whole "
+                "autograd graph (the activations it saved): the loop keeps them, so memory "
+                "grows every step" + (f" ({growth:.3g} MB/step measured)" if growth else "")
+                + ". Store `.item()` or `.detach()` values instead.",
+                loc(hits[0]) if hits else ctx.ref("backward"), graphs_kept_share=kept,
+                rss_mb_per_step=growth, strength=0.9)]
         return [self.finding("training_loop", False, h.message + " (not measured)", loc(h),
                              strength=0.3) for h in hits]
 
