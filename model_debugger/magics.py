@@ -21,7 +21,7 @@ import contextlib
 import io
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
@@ -74,14 +74,16 @@ class DebuggerMagics(Magics):
               help="how many times to run the cell (1..100)")
     @argument("--seed", type=arg(check_seed, "--seed"), default=None,
               help="seed of run i is SEED + i (0 <= SEED < 2**32)")
-    @cell_magic
-    def reproduce(self, line: str, cell: str) -> None:
+    @line_cell_magic
+    def reproduce(self, line: str, cell: str | None = None) -> None:
         """Run the cell under capture; record Reproduce and Classify."""
         from . import phases
         from ._deps import prelude
         from .artifacts import CellArtifact
 
-        args = parse_argstring(self.reproduce, line)
+        args = _parse(self.reproduce, line, cell)
+        if args is None:
+            return
         _usage(check_seed, args.seed, "--seed", args.runs)
         _usage(_compiles, cell)
         ns, views = self.kernel, _views()
@@ -103,7 +105,8 @@ class DebuggerMagics(Magics):
     @line_magic
     def classify(self, line: str = "") -> None:
         """Show the classification Reproduce recorded (nothing is re-classified)."""
-        parse_argstring(self.classify, line)
+        if _parse(self.classify, line) is None:
+            return
         display(_views().classification(self.kernel.report()))
 
     @magic_arguments()
@@ -121,7 +124,9 @@ class DebuggerMagics(Magics):
         from . import phases
         from .widgets import Progress
 
-        args = parse_argstring(self.isolate, line)
+        args = _parse(self.isolate, line)
+        if args is None:
+            return
         args.probe = _usage(check_probe_ids, args.probe)
         ns, views = self.kernel, _views()
         progress = Progress("Isolate")
@@ -137,12 +142,13 @@ class DebuggerMagics(Magics):
         display(views.findings(found, ns.session.directory))
 
     @magic_arguments()
-    @cell_magic
-    def evidence(self, line: str, cell: str) -> None:
+    @line_cell_magic
+    def evidence(self, line: str, cell: str | None = None) -> None:
         """Run the cell; attach its outputs and numbers to the current hypothesis."""
         from IPython.utils.capture import capture_output
 
-        parse_argstring(self.evidence, line)
+        if _parse(self.evidence, line, cell) is None:
+            return
         ns, views = self.kernel, _views()
         with capture_output() as captured:
             result = self.shell.run_cell(cell, store_history=False)
@@ -163,12 +169,14 @@ class DebuggerMagics(Magics):
     @argument("--allow-architecture", action="store_true",
               help="allow an architecture change for a hyperparameter or data cause")
     @argument("--data-consent", action="store_true", help="consent to change preprocessing")
-    @cell_magic
-    def fix(self, line: str, cell: str) -> None:
+    @line_cell_magic
+    def fix(self, line: str, cell: str | None = None) -> None:
         """Plan the change the cell holds; approve with --yes or the Approve button."""
         from .phases import FixRefused, plan_fix
 
-        args = parse_argstring(self.fix, line)
+        args = _parse(self.fix, line, cell)
+        if args is None:
+            return
         ns, views = self.kernel, _views()
         try:
             plan = plan_fix(ns.session, cell, allow_architecture=args.allow_architecture,
@@ -199,7 +207,9 @@ class DebuggerMagics(Magics):
         from . import phases
         from .widgets import Progress
 
-        args = parse_argstring(self.verify, line)
+        args = _parse(self.verify, line)
+        if args is None:
+            return
         ns, views = self.kernel, _views()
         progress = Progress("Verify")
         display(progress)
@@ -217,7 +227,8 @@ class DebuggerMagics(Magics):
     @line_magic
     def md_status(self, line: str = "") -> None:
         """The session at a glance, with the phase tracker and the findings table."""
-        parse_argstring(self.md_status, line)
+        if _parse(self.md_status, line) is None:
+            return
         ns, views = self.kernel, _views()
         display(views.status(ns.report()))
         display(ns.new_tracker())
@@ -228,7 +239,9 @@ class DebuggerMagics(Magics):
     @line_magic
     def md_export(self, line: str) -> None:
         """Export the session as a record notebook."""
-        args = parse_argstring(self.md_export, line)
+        args = _parse(self.md_export, line)
+        if args is None:
+            return
         ns, views = self.kernel, _views()
         if not ns.has_session:
             display(views.message("export failed: no session to export yet: run a %%reproduce "
@@ -244,6 +257,26 @@ class DebuggerMagics(Magics):
         replaced = "".join(f"; replaced {p}" for p in out["replaced"])
         display(views.message(f"exported the session record to {out['notebook']} "
                               f"(repro script {out['repro']}{replaced})"))
+
+
+def _parse(magic, line: str, cell: str | None = "") -> object | None:
+    """The magic's arguments; None when the user asked for help, which is shown instead.
+
+    ``%name --help`` (or ``-h``) prints the magic's documentation and usage rather than
+    IPython's UsageError; a cell magic used as a line magic (``%reproduce``, no cell) says how
+    to use it.
+    """
+    from IPython.utils.process import arg_split
+
+    name = magic.__name__
+    if cell is None and not {"-h", "--help"} & set(arg_split(line)):
+        print(f"%%{name} is a cell magic: put it on the first line of the cell it runs, with "
+              f"its code below. %{name}? or %%{name} --help shows how.")
+        return None
+    if {"-h", "--help"} & set(arg_split(line)):
+        print(magic.__doc__ or "")
+        return None
+    return parse_argstring(magic, line)
 
 
 def _usage(check, *args):

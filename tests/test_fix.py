@@ -154,7 +154,8 @@ def test_data_preprocessing_needs_explicit_consent(tmp_path):
     s = _session(tmp_path, [_f("feature_scaling", "data")])
     fixed = _edit("X = torch.randn(256, 4) * 1000\n",
                   "X = torch.randn(256, 4) * 1000\nX = (X - X.mean(0)) / X.std(0)\n")
-    with pytest.raises(FixRefused, match="data preprocessing, which needs explicit consent"):
+    with pytest.raises(FixRefused, match=r"data preprocessing, which needs explicit consent "
+                                         r"\(--data-consent\)"):
         plan_fix(s, fixed)
     plan = plan_fix(s, fixed, data_consent=True)
     assert "data_preprocessing" in plan["touches"]

@@ -253,3 +253,25 @@ def test_unload_ext_removes_every_magic():
     ip.run_line_magic("load_ext", "model_debugger")  # loads again after unloading
     assert model_debugger.current_session() is not kernel
     ip.run_line_magic("unload_ext", "model_debugger")
+
+
+@pytest.mark.parametrize("name", ["reproduce", "isolate", "fix", "verify", "evidence",
+                                  "md_export", "classify"])
+def test_help_where_people_look(shell, capsys, name):
+    """``%name --help`` prints the usage (not a UsageError); ``%name?`` finds every magic."""
+    shell.run_line_magic(name, "--help")
+    out = capsys.readouterr().out
+    assert f"%{name}" in out or f"%%{name}" in out
+    assert "usage" in out.lower() or "::" in out
+    info = shell.find_line_magic(name)
+    assert info is not None and info.__doc__  # what %name? shows
+    if name in ("reproduce", "fix", "evidence"):
+        assert shell.find_cell_magic(name) is not None
+
+
+def test_a_cell_magic_on_a_line_says_how_to_use_it(shell, capsys):
+    shell.run_line_magic("reproduce", "")
+    out = capsys.readouterr().out
+    assert "%%reproduce is a cell magic" in out
+    assert not (tmp := os.path.join(os.getcwd(), ".model_debugger")) or not os.path.isdir(tmp) \
+        or not os.listdir(tmp)  # nothing was run, no session started

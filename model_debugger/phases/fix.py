@@ -109,13 +109,13 @@ def plan_fix(session: DebugSession, fixed_source: str, *, original: str | None =
         else:
             reasons.append(f"the change touches the architecture but the root cause is "
                            f"{finding.root_cause}; change the {finding.root_cause} instead "
-                           "(or override explicitly)")
+                           "(or override explicitly with --allow-architecture)")
     if "data_preprocessing" in kinds:
         if data_consent:
             overrides.append("data preprocessing changed with explicit consent")
         else:
             reasons.append("the change touches data preprocessing, which needs explicit "
-                           "consent")
+                           "consent (--data-consent)")
     if reasons:
         raise FixRefused(reasons, hunks)
     cls = session.classification
