@@ -38,8 +38,8 @@ SIGNALS: dict[str, str] = {
     "grad_norm_initial": "median global gradient norm over the first readings",
     "grad_norm_max": "largest finite global gradient norm",
     "grad_norm_growth": "grad_norm_max / grad_norm_initial",
-    "graphs_kept_share": "share of past steps whose loss tensor, with its autograd graph, was "
-                         "still alive a few steps later (kept by the loop)",
+    "graphs_kept_share": "share of past steps whose loss or prediction tensor, with its "
+                         "autograd graph, was still alive a few steps later (kept by the loop)",
     "grad_not_reset_share": "share of checked steps whose backward began with the last step's "
                             "gradients still there (never reset)",
     "update_ratio_median": "median |update| / |weights| per optimizer step",
@@ -281,9 +281,12 @@ def compute(run: Run) -> dict:
     elif len(bad_idx):
         s["first_nonfinite_step"], s["nonfinite_what"] = bad_idx[0], "loss"
 
-    kept = run.first("graphs_kept")
-    if kept and kept.get("checked", 0) >= 10:  # past steps' losses (and graphs) still alive
-        s["graphs_kept_share"] = kept["alive"] / kept["checked"]
+    kept = run.first("graphs_kept") or {}
+    shares = [kept[alive] / kept[checked] for checked, alive in
+              (("checked", "alive"), ("outputs_checked", "outputs_alive"))
+              if kept.get(checked, 0) >= 10]
+    if shares:  # past steps' losses or predictions (and their graphs) still alive
+        s["graphs_kept_share"] = max(shares)
     reset = run.first("grad_reset")
     if reset and reset.get("checked", 0) >= 5:  # steps that began with last step's gradients
         s["grad_not_reset_share"] = reset["not_reset"] / reset["checked"]

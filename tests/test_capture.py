@@ -1036,7 +1036,7 @@ def test_a_loop_without_own_work_is_not_sampled():
 
 
 # -- autograd graphs kept across steps -----------------------------------------------------------
-@pytest.mark.parametrize("keep", ["loss", "item", "detach", "none"])
+@pytest.mark.parametrize("keep", ["loss", "pred", "item", "detach", "none"])
 def test_graphs_kept_measures_whether_past_losses_stay_alive(keep):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
@@ -1045,15 +1045,21 @@ def test_graphs_kept_measures_whether_past_losses_stay_alive(keep):
     with capture(update_every=0, hist_every=0) as rec:
         for _ in range(20):
             opt.zero_grad()
-            loss = F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1))
+            pred = model(torch.randn(8, 4))
+            loss = F.mse_loss(pred, torch.randn(8, 1))
             loss.backward()
             opt.step()
             if keep == "loss":
                 history.append(loss)  # the classic leak: every graph stays alive
+            elif keep == "pred":
+                history.append(pred)  # kept for an epoch metric, graph and all
             elif keep == "item":
                 history.append(loss.item())
             elif keep == "detach":
                 history.append(loss.detach())
     event = Run(events=rec.events).first("graphs_kept")
     assert event["checked"] == 16 and event["lag"] == 3  # the first: seen while discovering
-    assert event["alive"] == (16 if keep == "loss" else 0)
+    assert event["alive"] == (16 if keep == "loss" else 0)  # a kept prediction is no loss
+    # the model's hooks start at the first backward: forwards 2..20, the last three pending
+    assert event["outputs_checked"] == 16
+    assert event["outputs_alive"] == (16 if keep == "pred" else 0)

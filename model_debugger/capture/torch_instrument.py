@@ -94,8 +94,8 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._guarded_before_backward = self.guard(self._before_backward)
         self._reset_checked = self._reset_stale = 0  # steps checked / gradients found not reset
         self._reset_param = None
-        self._graph_refs: list = []  # weak references to the last GRAPH_LAG backward tensors
-        self._graph_checked = self._graph_kept = 0  # of those, looked at again / still alive
+        # losses / outputs: [weak references to the last GRAPH_LAG, looked at again, alive]
+        self._graph_counts = {"losses": [[], 0, 0], "outputs": [[], 0, 0]}
 
     # -- attach / close --------------------------------------------------------------------
     def attach(self) -> None:
@@ -149,9 +149,11 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             if self._reset_checked:
                 self.rec.emit("grad_reset", checked=self._reset_checked,
                               not_reset=self._reset_stale)
-            if self._graph_checked:
-                self.rec.emit("graphs_kept", checked=self._graph_checked,
-                              alive=self._graph_kept, lag=GRAPH_LAG)
+            losses, outputs = self._graph_counts["losses"], self._graph_counts["outputs"]
+            if losses[1] or outputs[1]:
+                self.rec.emit("graphs_kept", checked=losses[1], alive=losses[2],
+                              outputs_checked=outputs[1], outputs_alive=outputs[2],
+                              lag=GRAPH_LAG)
             self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
                           backward=self._backwards, optimizer_steps=self._opt_steps,
                           optimizers_built=self._optimizers_built, most_built_at=built_at)
@@ -176,21 +178,23 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         if grad is not None and bool(grad.detach().ne(0).any()):
             self._reset_stale += 1
 
-    def _watch_graph(self, loss) -> None:
-        """Whether the losses of past steps, and so their autograd graphs, stay alive.
+    def _watch_graph(self, tensor, outputs: bool = False) -> None:
+        """Whether the losses (or predictions) of past steps, and their graphs, stay alive.
 
         A loop that rebinds ``loss`` each step frees the last one (and its graph: every
-        activation it saved); one that keeps it (``losses.append(loss)``) keeps them all. Each
-        backward's tensor is held by weak reference and looked at again
-        :data:`GRAPH_LAG` backwards later (a trainer may keep the last one or two).
+        activation it saved); one that keeps it (``losses.append(loss)``,
+        ``preds.append(model(x))``) keeps them all. Each backward's tensor, and each training
+        forward's output, is held by weak reference and looked at again :data:`GRAPH_LAG`
+        backwards (forwards) later: a trainer may keep the last one or two.
         """
-        refs = self._graph_refs
-        refs.append(weakref.ref(loss))
+        counts = self._graph_counts["outputs" if outputs else "losses"]
+        refs = counts[0]
+        refs.append(weakref.ref(tensor))
         if len(refs) > GRAPH_LAG:
             old = refs.pop(0)()
-            self._graph_checked += 1
+            counts[1] += 1
             if old is not None and old.grad_fn is not None:
-                self._graph_kept += 1
+                counts[2] += 1
 
     def _reset_probe(self):
         """The smallest parameter the last optimizer updated (kept by weak reference)."""

@@ -104,6 +104,12 @@ class ModelHooks:
         if self._fwd_open:
             self._fwd_open -= 1
             self._busy_exit()
+            first = out if isinstance(out, torch.Tensor) else next(
+                (v for v in (out.values() if isinstance(out, dict) else
+                             out if isinstance(out, (tuple, list)) else ())
+                 if isinstance(v, torch.Tensor)), None)
+            if first is not None and first.grad_fn is not None:
+                self._watch_graph(first, outputs=True)  # predictions kept step after step
 
     def _localize(self) -> str | None:
         """Name the first module holding non-finite weights or producing non-finite output.

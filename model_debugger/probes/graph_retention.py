@@ -63,12 +63,16 @@ class GraphRetention(Probe):
         kept = ctx.signals.get("graphs_kept_share")
         if kept is not None and kept >= GRAPHS_KEPT:
             seen = ctx.run.first("graphs_kept") or {}
+            what, alive, checked = max(
+                (("loss tensors", seen.get("alive", 0), seen.get("checked", 0)),
+                 ("predictions", seen.get("outputs_alive", 0), seen.get("outputs_checked", 0))),
+                key=lambda w: w[1] / w[2] if w[2] else 0.0)
             return [self.finding(
                 "training_loop", True,
-                f"The loss tensors of {seen.get('alive')} of {seen.get('checked')} past steps "
-                f"were still alive {seen.get('lag')} steps later, each holding its whole "
-                "autograd graph (the activations it saved): the loop keeps them, so memory "
-                "grows every step" + (f" ({growth:.3g} MB/step measured)" if growth else "")
+                f"The {what} of {alive} of {checked} past steps were still alive "
+                f"{seen.get('lag')} steps later, each holding its whole autograd graph (the "
+                "activations it saved): the loop keeps them, so memory grows every step"
+                + (f" ({growth:.3g} MB/step measured)" if growth else "")
                 + ". Store `.item()` or `.detach()` values instead.",
                 loc(hits[0]) if hits else ctx.ref("backward"), graphs_kept_share=kept,
                 rss_mb_per_step=growth, strength=0.9)]
