@@ -132,8 +132,9 @@ def memory_growth(sig: dict):
     however short the run was.
     """
     if sig.get("graphs_kept_share", 0) >= GRAPHS_KEPT:
-        ev = [_ev(sig, "graphs_kept_share", "past steps whose loss, with its whole autograd "
-                  "graph, stayed alive (kept by the loop: memory grows every step)")]
+        ev = [_ev(sig, "graphs_kept_share", "past steps whose loss or prediction, with its "
+                  "whole autograd graph, stayed alive (kept by the loop: memory grows every "
+                  "step)")]
         for key, detail in (("rss_growth_mb", "process memory growth after warm-up"),
                             ("cuda_growth_mb", "GPU memory growth after warm-up")):
             if key in sig:

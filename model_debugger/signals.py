@@ -282,11 +282,11 @@ def compute(run: Run) -> dict:
         s["first_nonfinite_step"], s["nonfinite_what"] = bad_idx[0], "loss"
 
     kept = run.first("graphs_kept") or {}
-    shares = [kept[alive] / kept[checked] for checked, alive in
-              (("checked", "alive"), ("outputs_checked", "outputs_alive"))
-              if kept.get(checked, 0) >= 10]
-    if shares:  # past steps' losses or predictions (and their graphs) still alive
-        s["graphs_kept_share"] = max(shares)
+    steps_checked = kept.get("checked", 0)  # one loss per step: the steps looked back on
+    if steps_checked >= 10:  # past steps' losses or predictions (and their graphs) still alive,
+        # per step: a loop that keeps one of two forwards' outputs keeps one graph a step
+        s["graphs_kept_share"] = min(1.0, max(kept.get("alive", 0),
+                                              kept.get("outputs_alive", 0)) / steps_checked)
     reset = run.first("grad_reset")
     if reset and reset.get("checked", 0) >= 5:  # steps that began with last step's gradients
         s["grad_not_reset_share"] = reset["not_reset"] / reset["checked"]

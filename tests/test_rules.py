@@ -1082,3 +1082,11 @@ def test_graphs_kept_alive_are_a_memory_issue_before_memory_has_grown(alive, wan
     assert cls.primary == want
     if want != HEALTHY:
         assert cls.evidence[0].signal == "graphs_kept_share"
+
+
+def test_one_kept_prediction_a_step_counts_though_every_step_has_two_forwards():
+    run = syn.make_run(syn.healthy_steps(60),
+                       {"t": "graphs_kept", "checked": 40, "alive": 0, "outputs_checked": 80,
+                        "outputs_alive": 40, "lag": 3})
+    cls = classify_and_check(compute(run))
+    assert cls.primary == "memory_issue" and compute(run)["graphs_kept_share"] == 1.0

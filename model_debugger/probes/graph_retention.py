@@ -1,4 +1,8 @@
-"""``graph_retention``: memory growth traced to tensors that keep autograd history across steps."""
+"""``graph_retention``: memory growth traced to tensors kept across steps.
+
+Tensors that keep autograd history (each holds its graph), or a container of plain tensors that
+holds most of the memory the run grew by (a cache never cleared).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,11 @@ from .base import Probe, ProbeContext, register
 MIN_TENSORS = 10
 
 
-def retained(namespace: dict) -> dict[str, tuple[int, int]]:
-    """Containers in ``namespace`` holding tensors with autograd history: name -> (count, bytes)."""
+def retained(namespace: dict, history_only: bool = True) -> dict[str, tuple[int, int]]:
+    """Containers in ``namespace`` holding tensors: name -> (count, bytes).
+
+    Only tensors with autograd history (a ``grad_fn``) unless ``history_only`` is False.
+    """
     import torch
 
     found = {}
@@ -20,12 +27,36 @@ def retained(namespace: dict) -> dict[str, tuple[int, int]]:
         items = value.values() if isinstance(value, dict) else value
         count = size = 0
         for item in list(items)[:100000]:
-            if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+            if isinstance(item, torch.Tensor) and (item.grad_fn is not None or not history_only):
                 count += 1
                 size += item.numel() * item.element_size()
         if count:
             found[name] = (count, size)
     return found
+
+
+def _growing_line(ctx: ProbeContext, name: str) -> dict | None:
+    """The line in a loop that adds to container ``name`` (``name.append(...)``, ``name[k] =``)."""
+    import ast
+
+    for path, text in (ctx.source_files or {}).items():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for loop in ast.walk(tree):
+            if not isinstance(loop, (ast.For, ast.While)):
+                continue
+            for node in ast.walk(loop):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                        node.func.attr in ("append", "extend", "add", "insert") and \
+                        isinstance(node.func.value, ast.Name) and node.func.value.id == name:
+                    return {"file": path, "line": node.lineno}
+                if isinstance(node, ast.Assign) and any(
+                        isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)
+                        and t.value.id == name for t in node.targets):
+                    return {"file": path, "line": node.lineno}
+    return None
 
 
 @register
@@ -60,16 +91,18 @@ class GraphRetention(Probe):
                 "`.item()` or `.detach()` values instead.",
                 loc(hit) if hit else ctx.ref("backward"), variable=name, tensors=count,
                 tensor_bytes=size, rss_mb_per_step=growth, strength=0.95)]
+        cache = self._cache(ctx, namespace, growth)
+        if cache is not None:
+            return [cache]
         kept = ctx.signals.get("graphs_kept_share")
         if kept is not None and kept >= GRAPHS_KEPT:
             seen = ctx.run.first("graphs_kept") or {}
-            what, alive, checked = max(
-                (("loss tensors", seen.get("alive", 0), seen.get("checked", 0)),
-                 ("predictions", seen.get("outputs_alive", 0), seen.get("outputs_checked", 0))),
-                key=lambda w: w[1] / w[2] if w[2] else 0.0)
+            checked = seen.get("checked", 0)
+            what, alive = max((("loss tensors", seen.get("alive", 0)),
+                               ("predictions", seen.get("outputs_alive", 0))), key=lambda w: w[1])
             return [self.finding(
                 "training_loop", True,
-                f"The {what} of {alive} of {checked} past steps were still alive "
+                f"{alive} {what} of the {checked} past steps looked at were still alive "
                 f"{seen.get('lag')} steps later, each holding its whole autograd graph (the "
                 "activations it saved): the loop keeps them, so memory grows every step"
                 + (f" ({growth:.3g} MB/step measured)" if growth else "")
@@ -78,6 +111,31 @@ class GraphRetention(Probe):
                 rss_mb_per_step=growth, strength=0.9)]
         return [self.finding("training_loop", False, h.message + " (not measured)", loc(h),
                              strength=0.3) for h in hits]
+
+    def _cache(self, ctx: ProbeContext, namespace, growth):
+        """A container of plain tensors holding most of the measured memory growth, or None."""
+        grown = ctx.signals.get("rss_growth_mb") or ctx.signals.get("cuda_growth_mb")
+        if not namespace or not grown or grown <= 0:
+            return None
+        held = {k: v for k, v in retained(namespace, history_only=False).items()
+                if v[0] >= MIN_TENSORS and v[1] / 2**20 >= CACHE_SHARE * grown}
+        if not held:
+            return None
+        name, (count, size) = max(held.items(), key=lambda kv: kv[1][1])
+        return _cache_finding(self, ctx, name, count, size, grown, _growing_line(ctx, name))
+
+
+CACHE_SHARE = 0.5  # of the memory growth measured, held by one container of tensors
+
+
+def _cache_finding(probe, ctx, name, count, size, growth_mb, line):
+    return probe.finding(
+        "training_loop", True,
+        f"'{name}' holds {count} tensors ({size / 2**20:.1f} MB), at least half of the "
+        f"{growth_mb:.1f} MB the process grew by during the run: a cache the loop adds to "
+        "every step and never clears.",
+        line or ctx.ref("backward"), variable=name, tensors=count, tensor_bytes=size,
+        rss_growth_mb=growth_mb, strength=0.85)
 
 
 def _line(ctx: ProbeContext, hit) -> str:
