@@ -83,6 +83,9 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
     DefiningSignal("gap_final", -1, 0.02),
     DefiningSignal("finite_fraction", +1, 0.25, cited_as=("first_nonfinite_step",),
                    shown_when=lambda sig: "first_nonfinite_step" in sig),
+    # a loss the updates drove far above its start (classify.exploding's early blow-up, a spike)
+    DefiningSignal("loss_peak_ratio", -1, 0.3, log_scale=True, cited_as=("loss_max", "loss_spike"),
+                   shown_when=lambda sig: sig.get("loss_peak_ratio", 0) >= 10),
     DefiningSignal("grad_norm_growth", -1, 0.5, log_scale=True),
     DefiningSignal("first_to_last_grad_ratio", +1, 0.5, log_scale=True),
     DefiningSignal("completed", +1, 0.5, cited_as=("error",),
@@ -113,7 +116,7 @@ CATEGORIES: dict[str, Target] = {
         _of("val_loss_rise", "gap_final"),
         f"the validation loss should stop rising: val_loss_rise below {VAL_RISE:.2f} (now {{}})"),
     "gradient_instability": Target(
-        _of("finite_fraction", "grad_norm_growth", "first_to_last_grad_ratio",
+        _of("finite_fraction", "loss_peak_ratio", "grad_norm_growth", "first_to_last_grad_ratio",
             "loss_relative_drop"),
         "no non-finite loss or gradient, and no exploding or vanishing gradient norms (now {})"),
     "memory_issue": Target(

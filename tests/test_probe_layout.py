@@ -345,11 +345,12 @@ def test_the_defining_declaration_keeps_what_verify_used():
         "val_f1_final": 0.02, "train_f1_final": 0.02, "val_acc_final": 0.01,
         "train_acc_final": 0.01, "grad_norm_growth": 0.5, "first_to_last_grad_ratio": 0.5,
         # declared since: the loop's own share of a step, past steps' graphs kept alive
-        "step_overhead_share": 0.05, "graphs_kept_share": 0.2}
-    assert defining.LOG_SIGNALS == ("grad_norm_growth", "first_to_last_grad_ratio")
+        "step_overhead_share": 0.05, "graphs_kept_share": 0.2, "loss_peak_ratio": 0.3}
+    assert defining.LOG_SIGNALS == ("loss_peak_ratio", "grad_norm_growth",
+                                    "first_to_last_grad_ratio")
     assert defining.DEFINING["gradient_instability"] == (
-        ("finite_fraction", 1), ("grad_norm_growth", -1), ("first_to_last_grad_ratio", 1),
-        ("loss_relative_drop", 1))
+        ("finite_fraction", 1), ("loss_peak_ratio", -1), ("grad_norm_growth", -1),
+        ("first_to_last_grad_ratio", 1), ("loss_relative_drop", 1))
     assert defining.defining_signal("gradient_instability",
                                     {"finite_fraction": 1.0, "grad_norm_growth": 5.0}) == (
         "grad_norm_growth", -1)
@@ -378,3 +379,16 @@ def test_trainers_follow_one_protocol():
     assert len(lrs) == len(losses) >= 10
     assert tr.param_bytes() == 4 * 8 and tr.per_sample_bytes((torch.randn(4, 3),)) > 0
     assert sorted(tr.randperm(5, 1).tolist()) == list(range(5))
+
+
+def test_an_early_blow_up_is_judged_by_how_far_the_loss_rose():
+    """Cited as loss_first / loss_initial / loss_max: the peak ratio, not the relative drop
+    (a loss that blew up and came down part way 'drops' a lot)."""
+    sig = {"loss_peak_ratio": 19.5, "loss_relative_drop": 0.85, "grad_norm_growth": 3.0}
+    got = defining.defining_signal("gradient_instability", sig,
+                                   ["loss_first", "loss_initial", "loss_max"])
+    assert got == ("loss_peak_ratio", -1)
+    # not chosen for a run that never rose far above its start
+    assert defining.defining_signal("gradient_instability", {"loss_peak_ratio": 1.1,
+                                                            "loss_relative_drop": 0.2}) == \
+        ("loss_relative_drop", 1)

@@ -289,3 +289,28 @@ def test_lightning_training_step_location_is_its_def_line():
     loc = _code_location(LitNet.training_step)
     assert loc["line"] == line_of("training_step")
     assert _code_location(inspect.getsource) is None  # not the user's code
+
+
+# -- Isolate under a trainer: probes on copies, a confirmation by intervention ---------------
+@pytest.mark.slow
+def test_under_lightning_the_learning_rate_is_confirmed_by_an_intervention(tmp_path):
+    """The re-runs go through the user's Trainer.fit: lr_scale reaches its optimizer."""
+    import json
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(HERE), "scenarios", "pl_gi_lr_too_high.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "model_debugger.cli", "diagnose", script, "--json", "--root",
+         str(tmp_path), "--intervene-seconds", "60"], capture_output=True, text=True,
+        timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    first = next(f for f in report["findings"] if f["confirmed"])
+    assert first["check"] == "lr_range" and first["root_cause"] == "hyperparameter"
+    assert first["evidence"]["confirmed_by"] == "intervention"
+    change = first["evidence"]["intervention"]
+    assert change["id"] == "lr_scale" and change["params"]["factor"] < 1
+    assert change["moved"] and change["after_mean"] > change["before_mean"]
+    with open(script, encoding="utf-8") as fh:
+        assert "torch.optim.SGD" in fh.read().splitlines()[first["location"]["line"] - 1]
