@@ -31,6 +31,13 @@ class Kind:
     install: Callable
 
 
+def _groups_key(optimizer) -> int:
+    """One key for an optimizer and its wrappers (Accelerate's ``AcceleratedOptimizer``, a
+    Lightning optimizer): the parameter-group list they share."""
+    groups = getattr(optimizer, "param_groups", None)
+    return id(groups) if groups is not None else id(optimizer)
+
+
 def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
     """Multiply every parameter group's learning rate by ``factor`` before the first step.
 
@@ -50,7 +57,7 @@ def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
             for key in ("lr", "initial_lr"):
                 if isinstance(group.get(key), (int, float)):
                     group[key] = group[key] * factor
-        for sched in schedulers.pop(id(optimizer), ()):
+        for sched in schedulers.pop(_groups_key(optimizer), ()):
             sched.base_lrs = [lr * factor for lr in sched.base_lrs]
         return None
 
@@ -64,7 +71,7 @@ def _scale_lr_torch(params: dict, torch) -> Callable[[], None]:
     def __init__(sched, optimizer, *args, **kwargs):
         original_init(sched, optimizer, *args, **kwargs)
         if id(optimizer) not in seen and isinstance(getattr(sched, "base_lrs", None), list):
-            schedulers.setdefault(id(optimizer), []).append(sched)
+            schedulers.setdefault(_groups_key(optimizer), []).append(sched)
 
     lr_scheduler.LRScheduler.__init__ = __init__
 

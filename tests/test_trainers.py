@@ -314,3 +314,25 @@ def test_under_lightning_the_learning_rate_is_confirmed_by_an_intervention(tmp_p
     assert change["moved"] and change["after_mean"] > change["before_mean"]
     with open(script, encoding="utf-8") as fh:
         assert "torch.optim.SGD" in fh.read().splitlines()[first["location"]["line"] - 1]
+
+
+def test_lr_scale_reaches_a_schedule_built_on_an_accelerate_wrapped_optimizer():
+    """HF's Trainer builds its schedule on Accelerate's wrapper of the optimizer."""
+    from accelerate import Accelerator
+
+    from model_debugger.artifacts.base import Intervention
+    from model_debugger.interventions import installed
+
+    with installed(Intervention("lr_scale", {"factor": 0.01})):
+        model = nn.Linear(3, 1)
+        model, opt = Accelerator(cpu=True).prepare(model, torch.optim.AdamW(model.parameters(),
+                                                                            lr=1.0))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / 10)
+        rates = []
+        for _ in range(4):
+            model(torch.randn(4, 3)).sum().backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            rates.append(opt.param_groups[0]["lr"])
+    assert rates == pytest.approx([0.01 * (1.0 - s / 10) for s in range(1, 5)])
