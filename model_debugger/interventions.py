@@ -33,7 +33,8 @@ class Kind:
 
 def _groups_key(optimizer) -> int:
     """One key for an optimizer and its wrappers (Accelerate's ``AcceleratedOptimizer``, a
-    Lightning optimizer): the parameter-group list they share."""
+    Lightning optimizer): the parameter-group list they share.
+    """
     groups = getattr(optimizer, "param_groups", None)
     return id(groups) if groups is not None else id(optimizer)
 
