@@ -32,8 +32,10 @@ class Kind:
 
 
 def _groups_key(optimizer) -> int:
-    """One key for an optimizer and its wrappers (Accelerate's ``AcceleratedOptimizer``, a
-    Lightning optimizer): the parameter-group list they share.
+    """One key for an optimizer and its wrappers: the parameter-group list they share.
+
+    Accelerate's ``AcceleratedOptimizer`` and Lightning's optimizer wrapper hand out the inner
+    optimizer's ``param_groups``.
     """
     groups = getattr(optimizer, "param_groups", None)
     return id(groups) if groups is not None else id(optimizer)
