@@ -34,8 +34,10 @@ def test_load_ext_imports_no_framework(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["heavy"] == []
+    # line and cell magics; the cell magics answer on a line too (%reproduce? finds them)
     assert out["magics"] == sorted(["classify", "evidence", "fix", "isolate", "md_export",
-                                    "md_status", "reproduce", "verify"])
+                                    "md_status", "reproduce", "verify",
+                                    "evidence", "fix", "reproduce"])
     assert out["left"] == []
     assert out["widgets_at_load"] is False  # widgets load when first shown
     assert not (tmp_path / ".model_debugger").exists()  # no session folder until one is used

@@ -24,7 +24,8 @@ def data_location(ctx) -> dict | None:
     ``trainer.fit(model, loader)``, HF's ``Trainer(train_dataset=...)``); else the loss call,
     else ``backward``.
     """
-    trainer = ctx.run.first("trainer") or {}
+    run = getattr(ctx, "run", None)
+    trainer = (run.first("trainer") if run is not None else None) or {}
     if trainer.get("kind") == "lightning" and trainer.get("fit"):
         return {"file": trainer["fit"]["file"], "line": trainer["fit"]["line"]}
     if trainer.get("kind") == "transformers" and ctx.ref("trainer"):
