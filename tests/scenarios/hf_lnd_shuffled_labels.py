@@ -18,8 +18,8 @@ labels = labels[torch.randperm(len(labels))]
 train_rows = [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": lab}
               for ids, lab in zip(token_ids, labels)]
 
-config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=64, max_position_embeddings=32, num_labels=2)
+config = BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=32, max_position_embeddings=16, num_labels=2)
 training_args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-run-"), num_train_epochs=5,
                                   per_device_train_batch_size=16, learning_rate=1e-3,
                                   logging_steps=10, save_strategy="no", report_to=[],
