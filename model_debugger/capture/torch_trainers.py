@@ -83,7 +83,6 @@ class TrainerHooks:
 
     def _init_trainer_state(self) -> None:
         self._sum_losses = False  # a trainer divides each micro-batch's loss for accumulation
-        self._trainer_kind = None  # "lightning" / "transformers" once a trainer runs
         self._pl_logged: dict[str, tuple] = {}  # name -> (phase, on_step, on_epoch), this pass
         self._trainer_refs: dict[str, dict] = {}  # kind -> user location
         self._fit_at = None  # the user's ``trainer.fit(...)`` / ``trainer.train()`` line
@@ -213,7 +212,6 @@ class TrainerHooks:
         return cb
 
     def _on_pl_fit_start(self, trainer, pl_module) -> None:
-        self._trainer_kind = "lightning"
         cls = type(pl_module)
         for kind in ("training_step", "configure_optimizers"):
             self._trainer_ref(kind, _code_location(getattr(cls, kind, None)))
@@ -279,7 +277,6 @@ class TrainerHooks:
         self._patch_trainer(module.Trainer, "train", ModelDebuggerCallback)
 
     def _on_hf_train_begin(self, args) -> None:
-        self._trainer_kind = "transformers"
         k = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
         self._scaled_for_accumulation(k, "transformers gradient_accumulation_steps")
         self.rec.emit("trainer", kind="transformers", accumulate=k,
