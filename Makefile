@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt labextension/package.json labextension/
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/model-debugger diagnose model_debugger/examples/broken_training.py --runs 3 --seed 0
+	$(PY) -m model_debugger.examples.demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 
 from ._validate import (
@@ -101,10 +102,41 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_human(report: dict, out, isolated: bool | None = None) -> None:
-    """The report as the CLI prints it (:func:`model_debugger.views.report` as text)."""
+    """The report as the CLI prints it, then the exact command of the next phase.
+
+    The report is :func:`model_debugger.views.report` as text; the command is
+    :func:`next_command`.
+    """
     from . import views
 
     out.write(views.text(views.report(report, isolated)) + "\n")
+    command = next_command(report)
+    if command:
+        out.write(f"Next: {command}\n")
+
+
+def next_command(report: dict) -> str | None:
+    """The command line that runs the session's next phase (None when there is none to type).
+
+    Fix names the finding to fix and the flag its kind of change needs; Verify after an
+    interrupted approval names the approved file; ``done`` exports the record.
+    """
+    folder = shlex.quote(str(report.get("session_dir") or "SESSION_DIR"))
+    phase = report.get("phase")
+    if phase == "fix":
+        queue = report.get("queue") or []
+        top = next((f for f in report.get("findings") or [] if f.get("check") in queue[:1]), {})
+        flag = " --data-consent" if top.get("root_cause") == "data" else ""
+        return (f"fix {top.get('check', 'the first finding')} in a copy of the script, then "
+                f"model-debugger verify {folder} --fixed FIXED.py{flag}")
+    if phase == "verify":
+        fixed = (report.get("fix") or {}).get("fixed") or "FIXED.py"
+        return f"model-debugger verify {folder} --fixed {shlex.quote(str(fixed))}"
+    if phase == "isolate":
+        return f"model-debugger isolate {folder}"
+    if phase == "done":
+        return f"model-debugger export {folder}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,7 @@ __all__ = ["REDACTED", "TargetExists", "UnsafePath", "build_notebook", "export",
 # second redaction would read the markup as text and could eat a closing backtick).
 # Absolute paths in any recorded text (tracebacks, error messages) are shown as _Paths shows a
 # location: relative to the session's folder of origin, else under ``~``.
+NOQA = "# ruff: noqa  (a record of recorded code, kept as it ran: linters skip it)"
 _MD_ACTIVE = re.compile(r"([\\`*\[\]#$!~])")
 _REDACTED_ESC = re.escape("\\[REDACTED\\]")
 _PATHS: contextvars.ContextVar = contextvars.ContextVar("model_debugger_export_paths",
@@ -133,7 +134,7 @@ class _Notebook:
 
         self.v4 = v4
         self.cells: list = []
-        self.count = 0
+        self.count, self.noqa = 0, False
 
     def _id(self) -> str:
         return f"md-{len(self.cells) + 1}"
@@ -154,6 +155,8 @@ class _Notebook:
         is (a pass over the Python would change what it does); outputs are plain text.
         """
         self.count += 1
+        if not self.noqa and not source.startswith("%%"):  # a cell magic must stay first
+            source, self.noqa = f"{NOQA}\n{source}", True  # the code as it ran: lint skips it
         outputs = []
         if text:
             outputs.append(self.v4.new_output("stream", name="stdout", text=_clean(text)))

@@ -235,10 +235,15 @@ class DebuggerMagics(Magics):
         display(ns.findings_table)
 
     @magic_arguments()
-    @argument("path", help="where to write the record notebook (.ipynb)")
+    @argument("path", nargs="?", default=None,
+              help="where to write the record notebook (.ipynb); default: the session's folder")
     @line_magic
     def md_export(self, line: str) -> None:
-        """Export the session as a record notebook."""
+        """Export the session as a record notebook (and ``repro.py`` beside it).
+
+        Without a path both go into the session's own folder (``.model_debugger/<id>/``), which
+        git and linters ignore.
+        """
         args = _parse(self.md_export, line)
         if args is None:
             return

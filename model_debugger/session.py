@@ -187,7 +187,8 @@ def _derive(count: int, st: dict) -> State:
     rep, cls = st.get("reproduction"), st.get("classification")
     findings, pending = st.get("findings", ()), st.get("pending")
     reisolate = bool(st.get("reisolate"))
-    queue = () if reisolate else tuple(
+    cleared = bool(st["resolved"]) and not st["remaining"]  # the fixed runs show no problem
+    queue = () if reisolate or cleared else tuple(
         f for f in findings if f.confirmed and f.root_cause != "hardware"
         and f.check not in st["resolved"] and f.category not in st["settled"])
     escalations = tuple(f for f in findings if f.confirmed and f.root_cause == "hardware")

@@ -307,6 +307,10 @@ def verification(v: Verification | Mapping | None) -> Doc | None:
                          "  {0:6} {1} mean {2}; " + f"{v.category} in " + "{3}"),
                    f"  noise band {_g(v.get('noise_band'), '.3g')}, improvement "
                    f"{_g(v.get('improvement'))}"]
+    cured = v.get("cured_where_seen") or []
+    if cured and v.seeds:
+        seen = [v.seeds[i] for i in cured if i < len(v.seeds)]
+        lines.append(f"  judged where it occurred: seeds {seen} each improved and are clean")
     if v.remaining_symptom:
         lines.append(f"  remaining: {v.remaining_symptom}")
     level = {"resolved": "ok", "partially_resolved": "warning"}.get(v.verdict, "error")

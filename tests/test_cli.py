@@ -124,7 +124,9 @@ def test_human_output_and_report_command(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Classification: loss_not_decreasing (secondary: " in proc.stdout
     assert "Session saved: " in proc.stdout
-    saved = proc.stdout.split("Session saved: ")[1].strip()
+    saved = proc.stdout.split("Session saved: ")[1].splitlines()[0].strip()
+    last = proc.stdout.strip().splitlines()[-1]  # the exact command of the next phase
+    assert last.startswith("Next: ") and "model-debugger " in last and saved in last
     again = _cli("report", saved, "--json")
     assert json.loads(again.stdout)["classification"]["primary"] == "loss_not_decreasing"
     corrupt = tmp_path / "broken"

@@ -648,3 +648,19 @@ def test_a_cell_session_repro_runs_the_earlier_cells_and_the_cell_stand_alone(ce
     mine = Run.load(str(moved / "record-0.jsonl")).series("loss")
     kernel = Run.load(s.store.path("runs/0/record.jsonl")).series("loss")
     assert mine.tolist() == kernel.tolist()  # the same numbers as in the kernel
+
+
+@pytest.mark.parametrize("which", ["real", "cell_session"])
+def test_records_exported_into_a_project_pass_its_lint(which, request, tmp_path):
+    """A user exports into the checkout; the project's own ``ruff check`` must still pass."""
+    session = request.getfixturevalue(which)
+    out = export_files(session, str(tmp_path / "records" / "record.ipynb"), overwrite=True)
+    project = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "pyproject.toml")
+    lint = [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", project]
+    proc = subprocess.run([*lint, str(tmp_path / "records")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    raw = tmp_path / "raw.py"  # the same code without the marker fails the same lint
+    raw.write_text("\n".join(line for line in open(out["repro"]).read().splitlines()
+                             if not line.startswith("# ruff: noqa")) + "\n")
+    assert subprocess.run([*lint, str(raw)], capture_output=True).returncode == 1

@@ -209,15 +209,17 @@ def test_identical_code_is_not_a_fix(tmp_path):
 
 
 def test_findings_are_fixed_in_priority_order(tmp_path):
-    s = _session(tmp_path, [_f("lr_range", "hyperparameter"), _f("missing_zero_grad",
-                                                                  "training_loop")])
+    s = _session(tmp_path, [_f("lr_range", "hyperparameter", category="gradient_instability"),
+                            _f("missing_zero_grad", "training_loop",
+                               category="loss_not_decreasing")])
     assert [f.check for f in s.queue] == ["lr_range", "missing_zero_grad"]
     with pytest.raises(GateError, match="current finding is 'lr_range'"):
         s.record_fix({"finding": "missing_zero_grad", "root_cause": "training_loop", "diff": "",
                       "source": SCRIPT},
                      approved=True)
     s.record_fix(plan_fix(s, _edit(*LR_FIX)), approved=True)
-    s.record_verification({"verdict": "resolved", "seeds": [0], "remaining": []})
+    s.record_verification({"verdict": "resolved", "category": "gradient_instability",
+                           "seeds": [0], "remaining": ["loss_not_decreasing"]})
     assert [f.check for f in s.queue] == ["missing_zero_grad"] and s.phase == "fix"
     # the next fix is planned against the kept fix, not the original script
     plan = plan_fix(s, _edit("        opt.step()\n", "        opt.step()\n        opt.zero_grad()\n",
@@ -226,6 +228,17 @@ def test_findings_are_fixed_in_priority_order(tmp_path):
     s.record_fix(plan, approved=True)
     s.record_verification({"verdict": "resolved", "seeds": [0], "remaining": []})
     assert s.phase == "done" and s.queue == []
+
+
+def test_a_fix_whose_runs_show_no_problem_ends_the_session(tmp_path):
+    """Confirmed findings of the secondary category are moot when the fixed runs are healthy."""
+    s = _session(tmp_path, [_f("lr_range", "hyperparameter", category="gradient_instability"),
+                            _f("constant_baseline", "hyperparameter",
+                               category="loss_not_decreasing")])
+    s.record_fix(plan_fix(s, _edit(*LR_FIX)), approved=True)
+    s.record_verification({"verdict": "resolved", "category": "gradient_instability",
+                           "seeds": [0], "remaining": []})
+    assert s.phase == "done" and s.queue == [] and not s.fix_allowed
 
 
 def test_verdicts_move_the_phase(tmp_path):
@@ -296,7 +309,7 @@ def test_a_resolved_category_settles_the_other_findings_that_explained_it(tmp_pa
         _f("class_imbalance", "data", category="convergence_to_wrong_solution")])
     s.record_fix(plan_fix(s, _edit(*LR_FIX)), approved=True)
     s.record_verification({"verdict": "resolved", "category": "gradient_instability",
-                           "seeds": [0], "remaining": []})
+                           "seeds": [0], "remaining": ["convergence_to_wrong_solution"]})
     assert [f.check for f in s.queue] == ["class_imbalance"] and s.phase == "fix"
 
 

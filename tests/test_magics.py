@@ -225,6 +225,10 @@ def test_md_export_writes_and_says_what_it_replaced(shell, tmp_path):
     import nbformat
 
     nbformat.validate(nbformat.read(str(tmp_path / "record.ipynb"), as_version=4))
+    folder = model_debugger.current_session().session.directory
+    out = magic(shell, "md_export", "")  # no path: into the session's own (ignored) folder
+    assert f"exported the session record to {folder}{os.sep}" in out
+    assert os.path.isfile(os.path.join(folder, "repro.py"))
 
 
 def test_unload_ext_removes_every_magic():

@@ -349,3 +349,23 @@ def test_snapshot_restores_schedulers_and_keeps_later_names_when_asked(tmp_path)
     snap.restore(drop={"made"})
     assert ns["sched"].last_epoch == 0 and ns["opt"].param_groups[0]["lr"] == 3.0
     assert "made" not in ns and ns["mine"] == 1
+
+
+def test_judge_a_problem_seen_in_some_seeds_is_judged_on_those_seeds():
+    """Present in 2/3 seeds: a 0-1 signal's bimodal spread makes a band wider than its range,
+    but each seed where it occurred is cured by the fix (runs are paired by seed)."""
+    before = [_m([GI], finite_fraction=0.02), _m(["healthy"], finite_fraction=1.0),
+              _m([GI], finite_fraction=0.03)]
+    after = [_m(["healthy"], finite_fraction=1.0) for _ in range(3)]
+    v = judge(GI, before, after)
+    assert v["noise_band"] > v["improvement"]  # the band alone would refuse it
+    assert v["verdict"] == "resolved" and v["cured_where_seen"] == [0, 2]
+
+
+def test_judge_where_seen_needs_every_such_seed_cured():
+    before = [_m([GI], finite_fraction=0.02), _m(["healthy"], finite_fraction=1.0),
+              _m([GI], finite_fraction=0.03)]
+    after = [_m(["healthy"], finite_fraction=1.0), _m(["healthy"], finite_fraction=1.0),
+             _m(["healthy"], finite_fraction=0.03)]
+    v = judge(GI, before, after)
+    assert v["verdict"] == "not_resolved" and v["cured_where_seen"] == []

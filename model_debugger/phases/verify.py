@@ -31,6 +31,7 @@ from .versions import current_version, fixed_version
 
 DEFAULT_SEEDS = 3
 NOISE_K = 2.0  # the band is this many standard deviations of the per-seed values
+PAIRED_MIN = 2  # seeds where the problem occurred, each cured, that resolve it without the band
 
 
 def measure(run: Run) -> dict:
@@ -71,6 +72,29 @@ def _side(measured: list[dict], name: str, category: str) -> dict:
             "errors": [m["error"] for m in measured if m["error"]]}
 
 
+def _cured_where_seen(category: str, before: list[dict], after: list[dict], name: str,
+                      sign: int) -> list[int]:
+    """The positions of the seeds where ``category`` occurred before, when each is cured.
+
+    Cured: the fixed run of that seed moved ``name`` the right way by more than its minimum
+    effect (else ``[]``).
+
+    Runs are paired by seed (same seed, same initial state), so a problem that reproduced in
+    only some seeds is judged where it occurred: a bimodal 0-1 signal's spread across seeds
+    would otherwise make a noise band wider than the signal's whole range. It takes
+    :data:`PAIRED_MIN` such seeds (one seed that flipped could be chance).
+    """
+    seen = [i for i, m in enumerate(before) if category in m["categories"]]
+    if len(seen) < min(PAIRED_MIN, len(before)) or len(after) != len(before):
+        return []
+    floor = MIN_EFFECT.get(name, 0.0)
+    for i in seen:
+        b, a = _value(before[i]["signals"], name), _value(after[i]["signals"], name)
+        if not (math.isfinite(a) and math.isfinite(b)) or sign * (a - b) <= floor:
+            return []
+    return seen
+
+
 def judge(category: str, before: list[dict], after: list[dict], noise: dict | None = None,
           cited: list[str] | None = None) -> dict:
     """The verdict on ``category`` from measured before/after runs (see :func:`measure`).
@@ -88,7 +112,8 @@ def judge(category: str, before: list[dict], after: list[dict], noise: dict | No
     improvement = None
     if a["mean"] is not None and b["mean"] is not None:
         improvement = sign * (a["mean"] - b["mean"])
-    improved = improvement is not None and improvement > band
+    cured = _cured_where_seen(category, before, after, name, sign)
+    improved = improvement is not None and improvement > band or bool(cured)
     n = len(after)
     crashed = sum(m["crashed"] for m in after)
     seen_before = {c for m in before for c in m["categories"]}
@@ -121,7 +146,7 @@ def judge(category: str, before: list[dict], after: list[dict], noise: dict | No
             "scale": "log10" if name in LOG_SIGNALS else "linear",
             "before": b, "after": a, "noise_band": round(band, 6),
             "improvement": None if improvement is None else round(improvement, 6),
-            "remaining_symptom": remaining, "remaining": [c for c, _ in others.most_common()]}
+            "cured_where_seen": cured, "remaining_symptom": remaining, "remaining": [c for c, _ in others.most_common()]}
 
 
 def seeds_for(session: DebugSession, count: int = DEFAULT_SEEDS) -> list[int]:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..records import Classification, Finding, Run
 from ..trainers import Trainer
 from .report import SHARED, ProbeReport, ProbeResult
@@ -259,7 +261,8 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
             progress(pid, n, len(ids))
         t0 = time.perf_counter()
         try:
-            result = ProbeResult.of(probe.run(ctx))
+            with np.errstate(all="ignore"):  # a diverged model's inf/nan arithmetic is data
+                result = ProbeResult.of(probe.run(ctx))
             cat = next((c for c in order if c in probe.categories), order[0])
             findings += [Finding(f.check, f.root_cause, f.confirmed, f.explanation, f.location,
                                  {**f.evidence, "category": cat}) for f in result.findings]

@@ -87,7 +87,7 @@ class ConstantBaseline(Probe):
             return []
         confirmed = ratio >= CONFIRM
         head = (f"final loss {final:.4g}; always predicting the label prior / target mean "
-                f"scores {base:.4g}, {kind}; ratio {ratio:.2f}")
+                f"scores {base:.4g}, {kind}; ratio {ratio:.3g}")
         if confirmed and math.isfinite(low) and low < DIP * base:
             text = (f"The loss went down to {low:.4g} at its best step but ended back at the "
                     f"constant predictor's level ({head}): training collapsed to the prior, "
