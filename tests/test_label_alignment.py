@@ -116,4 +116,46 @@ def test_constant_loss_for_token_targets_bf16_and_huber():
     assert constant_loss("cross_entropy", torch.full((2, 3), -100)) is None
     y = torch.tensor([0.0, 1.0, 2.0, 5.0])
     assert constant_loss("mse_loss", y.bfloat16()) == pytest.approx(float(y.var(unbiased=False)))
-    assert constant_loss("huber_loss", y) == constant_loss("l1_loss", y) == pytest.approx(1.5)
+    assert constant_loss("l1_loss", y) == pytest.approx(1.5)
+    # the least mean Smooth-L1 (beta 1) over constants: f'(c) = 2c - 3 on [1, 2], c = 1.5
+    assert constant_loss("smooth_l1_loss", y) == pytest.approx(1.0625, abs=1e-6)
+    assert constant_loss("huber_loss", y, kwargs={"delta": 1.0}) == pytest.approx(1.0625, abs=1e-6)
+    # delta 10 covers every residual: Huber is half the squared error, at the mean (2)
+    assert constant_loss("huber_loss", y, kwargs={"delta": 10.0}) == pytest.approx(
+        0.5 * float(y.var(unbiased=False)), abs=1e-6)
+
+
+def test_a_copy_that_cannot_learn_gives_no_verdict_on_aligned_labels(monkeypatch):
+    """Clear labels, but the user's optimizer settings (a weight decay of 50, carried into the
+    copies) pin every weight at zero: real and shuffled labels tie at the prior. The positive
+    control (labels that are a linear function of the inputs) fails too, so the probe says
+    nothing about the labels; without the control it blamed them."""
+    tr = trainer(0, 2.0)
+    tr.hyper["weight_decay"] = 50.0
+    assert run(tr) == []
+    monkeypatch.setattr(label_alignment, "learnable_labels", lambda *a: None)
+    found = run(tr)
+    assert len(found) == 1 and found[0].root_cause == "data"  # the false alarm it prevents
+
+
+def test_the_control_passes_for_a_healthy_copy_on_misaligned_labels():
+    found = run(trainer(1, 0.0))
+    ev = found[0].evidence
+    assert ev["control_heldout_loss"] < label_alignment.CLEAR * ev["control_constant_loss"]
+
+
+@pytest.mark.parametrize("target", [
+    torch.tensor([0, 1, 2, 1] * 50), torch.tensor([[0.0], [1.0]] * 100),
+    torch.eye(3)[torch.tensor([0, 1, 2, 2] * 50)], torch.randn(200, 2) * 3 + 1,
+    np.array([1, 3] * 100)])
+def test_learnable_labels_keep_the_targets_shape_type_and_classes(target):
+    x = (torch.randn(200, 5),)
+    got = label_alignment.learnable_labels(x, target, np.random.default_rng(0))
+    assert type(got) is type(target) and got.shape == target.shape and got.dtype == target.dtype
+    a, b = np.asarray(got), np.asarray(target)
+    if b.dtype.kind in "iub" or np.isin(b, (0, 1)).all():
+        assert set(np.unique(a)) == set(np.unique(b))
+    else:
+        assert np.allclose(a.mean(0), b.mean(0), atol=1e-5)
+    assert label_alignment.learnable_labels((torch.tensor([[1, 2]] * 200),), target,
+                                            np.random.default_rng(0)) is None  # token ids

@@ -35,10 +35,31 @@ def _entropy(labels: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def baseline_from_targets(y, loss: str | None) -> tuple[float, str] | None:
+def _huber_constant(ym: np.ndarray, beta: float) -> float:
+    """The least mean Smooth-L1 loss (threshold ``beta``) of one constant per column.
+
+    The loss is convex in the constant, so a golden-section search between each column's
+    extremes finds it.
+    """
+    def loss(col: np.ndarray, c: float) -> float:
+        d = np.abs(col - c)
+        return float(np.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta).mean())
+
+    golden, total = (math.sqrt(5) - 1) / 2, 0.0
+    for col in ym.T:
+        lo, hi = float(col.min()), float(col.max())
+        for _ in range(60):
+            a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+            lo, hi = (lo, b) if loss(col, a) <= loss(col, b) else (a, hi)
+        total += loss(col, (lo + hi) / 2)
+    return total / ym.shape[1]
+
+
+def baseline_from_targets(y, loss: str | None, beta: float = 1.0) -> tuple[float, str] | None:
     """The constant predictor's loss for targets ``y`` under ``loss`` (guessed when None).
 
-    Returns ``(loss, kind)`` or None when the loss has no closed form here.
+    ``beta`` is Smooth-L1's threshold (Huber's ``delta``). Returns ``(loss, kind)`` or None when
+    the loss has no formula here.
     """
     y = np.asarray(y)
     if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
@@ -52,6 +73,9 @@ def baseline_from_targets(y, loss: str | None) -> tuple[float, str] | None:
         return float(ym.var(axis=0).mean()), "target variance"
     if loss == "l1_loss":
         return float(np.abs(ym - np.median(ym, axis=0)).mean()), "mean absolute deviation"
+    if loss in ("smooth_l1_loss", "huber_loss") and beta > 0 and np.isfinite(ym).all():
+        scale = beta if loss == "huber_loss" else 1.0  # Huber(delta) = delta * SmoothL1(delta)
+        return scale * _huber_constant(ym, beta), "least Huber loss of a constant"
     return None
 
 

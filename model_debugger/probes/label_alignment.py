@@ -31,11 +31,12 @@ UNTRAINED = 1.1  # best held-out loss above 1.1x the constant predictor's: the c
                  # learn even the label prior (too few steps for this data, or diverged): no verdict
 
 
-def constant_loss(name: str, target, ignore_index: int = -100) -> float | None:
+def constant_loss(name: str, target, ignore_index: int = -100,
+                  kwargs: dict | None = None) -> float | None:
     """Loss of the best constant prediction on ``target`` (a tensor or array) for ``name``.
 
     Class targets with more than one dimension (tokens, pixels) count every position, except
-    ``ignore_index``. Huber and smooth L1 take the L1 baseline: an upper bound of theirs.
+    ``ignore_index``. ``kwargs`` are the loss's own (Smooth-L1's ``beta``, Huber's ``delta``).
     """
     from .constant_baseline import baseline_from_targets
 
@@ -49,10 +50,61 @@ def constant_loss(name: str, target, ignore_index: int = -100) -> float | None:
         y = y[y != ignore_index]
         if not len(y):
             return None
-    if name in ("smooth_l1_loss", "huber_loss"):
-        name = "l1_loss"
-    got = baseline_from_targets(y, name)
+    kwargs = kwargs or {}
+    beta = kwargs.get("delta" if name == "huber_loss" else "beta", 1.0)
+    got = baseline_from_targets(y, name, float(beta) if isinstance(beta, (int, float)) else 1.0)
     return None if got is None else got[0]
+
+
+def learnable_labels(inputs, target, rng: np.random.Generator):
+    """Labels shaped and typed like ``target`` that are a linear function of the inputs.
+
+    The first floating input is standardised and projected on random directions: class labels
+    are equal-frequency bins of one projection over the target's own classes (balanced like
+    nothing else), binary columns keep each column's rate, and continuous columns keep each
+    column's mean and spread. None when no input is floating (token ids) or the target is none
+    of these.
+    """
+    x = next((v for v in inputs if _is_float(v)), None)
+    if x is None:
+        return None
+    x = st.as_matrix(x.detach().cpu().double().numpy() if hasattr(x, "detach") else x)
+    x = (x - x.mean(0)) / np.where(x.std(0) > 1e-8, x.std(0), 1.0)
+    torch_target = hasattr(target, "detach")
+    y = target.detach().cpu().numpy() if torch_target else np.asarray(target)
+    flat = y.reshape(len(y), -1) if y.ndim > 1 else y[:, None]
+    if flat.shape[1] > 64 or not np.issubdtype(y.dtype, np.number) and y.dtype != bool:
+        return None
+    proj = x @ rng.standard_normal((x.shape[1], flat.shape[1]))
+    ranks = np.argsort(np.argsort(proj, axis=0), axis=0) / len(proj)  # 0..1 per column
+    binary = np.isin(flat, (0, 1)).all()
+    if np.issubdtype(y.dtype, np.integer) or y.dtype == bool:
+        if flat.shape[1] != 1:
+            return None
+        classes = np.unique(flat)
+        if len(classes) < 2:
+            return None
+        out = classes[np.minimum((ranks[:, 0] * len(classes)).astype(int), len(classes) - 1)]
+        out = out.reshape(y.shape)
+    elif binary and flat.shape[1] > 1 and np.allclose(flat.sum(1), 1.0):  # one-hot classes
+        k = np.minimum((ranks[:, 0] * flat.shape[1]).astype(int), flat.shape[1] - 1)
+        out = np.eye(flat.shape[1], dtype=y.dtype)[k].reshape(y.shape)
+    elif binary:  # multi-label or a single binary column: each column keeps its rate
+        out = (ranks >= 1.0 - flat.mean(0)).astype(y.dtype).reshape(y.shape)
+    else:
+        z = (proj - proj.mean(0)) / np.where(proj.std(0) > 1e-12, proj.std(0), 1.0)
+        out = (flat.mean(0) + flat.std(0) * z).astype(y.dtype).reshape(y.shape)
+    if torch_target:
+        import torch
+
+        return torch.as_tensor(out, dtype=target.dtype)
+    return out
+
+
+def _is_float(v) -> bool:
+    if hasattr(v, "is_floating_point"):
+        return bool(v.is_floating_point())
+    return np.issubdtype(np.asarray(v).dtype, np.floating)
 
 
 @register
@@ -101,7 +153,7 @@ class LabelAlignment(Probe):
         if not all(map(math.isfinite, first)) or first[0] < CLEAR * first[1]:
             return []  # a copy diverged, or the labels clearly help on the first fold
         base = constant_loss(tr.loss_fn.__name__, target,
-                             tr.loss_kwargs.get("ignore_index", -100))
+                             tr.loss_kwargs.get("ignore_index", -100), tr.loss_kwargs)
         if base is None or min(first) > UNTRAINED * base:
             return []  # no baseline, or the copies never reach the prior: no verdict
         if ctx.time_left() < 4 * (time.monotonic() - started):
@@ -120,6 +172,22 @@ class LabelAlignment(Probe):
             return []  # a copy diverged on a later fold, or the labels help
         if not real <= UNTRAINED * base:
             return []  # the copies never reached the prior: inconclusive about the labels
+        # the positive control: labels that are a simple function of the inputs, which a
+        # copy that can learn at all learns; a copy crippled by its initialisation or its
+        # optimizer's settings fails it, and then real ~ shuffled says nothing about the labels
+        control = learnable_labels(inputs, target, rng)  # None for token ids: no control
+        control_loss = control_base = None
+        if control is not None:
+            if ctx.time_left() < 1.5 * (time.monotonic() - started) / len(done):
+                return []  # the control does not fit in the probe budget: no verdict
+            try:
+                control_loss = heldout(control, 0)[0]
+                control_base = constant_loss(tr.loss_fn.__name__, control,
+                                             kwargs=tr.loss_kwargs)
+            except Exception:  # noqa: BLE001 - a loss that refuses the control: no verdict
+                return []
+            if control_base is None or not control_loss < CLEAR * control_base:
+                return []  # the copies cannot learn even a linear function of the inputs
         return [self.finding(
             "data", True,
             f"Trained on real labels, fresh copies of the model do no better on held-out rows "
@@ -129,5 +197,6 @@ class LabelAlignment(Probe):
             "or the labels are noise.",
             st.data_location(ctx), heldout_loss_real=real,
             heldout_loss_shuffled=mean_shuffled, heldout_loss_each_shuffle=shuffled,
+            control_heldout_loss=control_loss, control_constant_loss=control_base,
             train_fit_loss=pooled(0, 1), constant_loss=base, rows=n, folds=FOLDS,
             strength=0.85)]
