@@ -18,6 +18,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     DATA_WAIT_FRACTION,
     DATA_WAIT_MS,
     DIVERGE_RATIO,
+    FEW_STEPS,
     FLOOR_SHARE,
     GPU_IDLE_STEP_MS,
     GPU_IDLE_UTIL,
@@ -287,21 +288,28 @@ PLATEAU_SIGNAL = "loss_floor_share"  # cited only by :func:`plateau`: its mark
 def plateau(sig: dict):
     """``loss_not_decreasing``, tentatively: the loss ends well above zero.
 
+    Also for a short run (fewer than ``FEW_STEPS`` optimizer steps) whatever the shape of its
+    curve: it may have stopped before it learned (``training_length`` tests that).
+
     A loss can settle at 40-95% of the constant predictor's because the task is hard (noisy
     labels) or because something holds it up (frozen layers, heavy dropout, a rate far too low).
     Signals cannot tell which, an experiment can: this classification stands only when Isolate
     confirms a cause by experiment (:func:`tentative`, :func:`without_cause`).
     """
     share = sig.get(PLATEAU_SIGNAL)
-    if share is None or sig.get("loss_points", 0) < 4 * MIN_STEPS or \
-            not FLOOR_SHARE <= share < BASELINE_MARGIN or \
-            sig.get("loss_tail_drop", 0.0) >= TAIL_DROP:  # still learning fast: not settled
-        return None
+    short = MIN_STEPS <= sig.get("steps", 0) < FEW_STEPS  # may have stopped before it learned
+    if share is None or not FLOOR_SHARE <= share < BASELINE_MARGIN or "first_nonfinite_step" \
+            in sig or not short and (sig.get("loss_points", 0) < 4 * MIN_STEPS or
+                                     sig.get("loss_tail_drop", 0.0) >= TAIL_DROP):
+        return None  # (a long run still learning fast has not settled)
     ev = [_ev(sig, "loss_final", "median of the last steps"),
           _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / mean"),
           _ev(sig, PLATEAU_SIGNAL, f"the loss ends at >= {FLOOR_SHARE:g} x the constant "
               "predictor's (tentative: it stands only if an experiment finds what holds it up)")]
-    if "loss_tail_drop" in sig:
+    if short:
+        ev.append(_ev(sig, "steps", f"optimizer steps in the whole run (< {FEW_STEPS}: it may "
+                      "have stopped before it learned)"))
+    elif "loss_tail_drop" in sig:
         ev.append(_ev(sig, "loss_tail_drop", f"fall over the second half of the run (< "
                       f"{TAIL_DROP:g}: settled, or falling slowly)"))
     return "loss_not_decreasing", ev

@@ -883,3 +883,51 @@ def test_gradient_flow_a_nan_gradient_between_measured_steps_is_not_blamed_on_th
     [f] = [f for f in probe(ctx, "gradient_flow") if "in_weights" in f.evidence]
     assert f.root_cause == "hyperparameter" and f.evidence["in_weights"] is True
     assert "already non-finite" in f.explanation
+
+
+# -- training_length -----------------------------------------------------------------------------
+def train_full_batch():
+    torch.manual_seed(0)
+    X = torch.randn(1024, 10)
+    y = (X[:, 0] + X[:, 1] + 0.5 * torch.randn(1024) > 0).long()
+    loader = DataLoader(TensorDataset(X, y), batch_size=1024, shuffle=True)  # <full-batch>
+    net = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for _epoch in range(8):
+        for xb, yb in loader:
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+
+
+def test_training_length_finds_a_run_that_stopped_before_it_learned(tmp_path):
+    """8 full-batch steps: the loss is still near the prior's; 8x the updates bring it down."""
+    ctx = captured(tmp_path, train_full_batch)
+    assert ctx.signals["steps"] == 8 and ctx.signals["loss_floor_share"] > 0.8
+    from model_debugger.classify import plateau
+
+    assert plateau(ctx.signals) is not None  # a tentative loss_not_decreasing (timing aside)
+    f = confirmed_one(ctx, "training_length", "hyperparameter")
+    assert_at(f, "full-batch")  # where the batch size is set
+    ev = f.evidence
+    assert ev["batch_size"] == 1024 - 1024 // 5 and ev["run_steps"] == 8  # 80% of the rows
+    assert ev["loss_longer"] < 0.75 * ev["loss_as_run"]
+
+
+def test_training_length_is_silent_when_training_longer_does_not_help(tmp_path):
+    """Labels that are noise: more updates do not lower the held-out loss."""
+    def train():
+        torch.manual_seed(0)
+        X = torch.randn(1024, 10)
+        y = torch.randint(0, 2, (1024,))
+        loader = DataLoader(TensorDataset(X, y), batch_size=1024)
+        net = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 2))
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        for _epoch in range(8):
+            for xb, yb in loader:
+                opt.zero_grad()
+                F.cross_entropy(net(xb), yb).backward()
+                opt.step()
+
+    ctx = captured(tmp_path, train)
+    assert probe(ctx, "training_length") == []

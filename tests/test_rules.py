@@ -615,6 +615,17 @@ def test_plateau_fires_on_a_slow_fall_and_is_quiet_while_learning_fast():
     assert sig["loss_tail_drop"] >= C.TAIL_DROP
 
 
+def test_a_short_run_still_falling_is_a_tentative_plateau():
+    """Few optimizer steps (a batch holding the data): still learning fast, but it stopped."""
+    short = C.FEW_STEPS // 4
+    sig, cls = fires(C.plateau, _settled(0.8, tail_fall=1.5 * C.TAIL_DROP, n=short),
+                     "loss_not_decreasing", {"loss_floor_share", "steps"})
+    assert sig["steps"] < C.FEW_STEPS and C.tentative(cls)
+    # the same curve over many steps is a run still learning: not a plateau
+    quiet(C.plateau, _settled(0.8, tail_fall=1.5 * C.TAIL_DROP, n=4 * C.FEW_STEPS))
+    quiet(C.plateau, _settled(0.5 * C.FLOOR_SHARE, n=short))  # a short run that learned
+
+
 def test_plateau_quiet_below_the_floor_share():
     sig, cls = quiet(C.plateau, _settled(0.5 * C.FLOOR_SHARE))
     assert cls.primary == HEALTHY and not C.tentative(cls)

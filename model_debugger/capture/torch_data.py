@@ -7,7 +7,9 @@ What they record:
 - a training loader (one whose batch reached a ``backward()``) iterated again starts the next
   epoch: an ``epoch`` event with ``source="dataloader"``, after the validation losses seen in
   between were written (``eval_loss``);
-- the training loader goes to the keeper for Isolate.
+- the training loader goes to the keeper for Isolate;
+- ``DataLoader.__init__`` notes where each loader was made: the first training loader's line
+  is the ``loader`` reference, with its ``batch_size``.
 
 State owned here: the loaders seen (weakly), which of them train, the loader of the last batch
 and the data wait of the step in progress.
@@ -15,8 +17,11 @@ and the data wait of the step in progress.
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
+
+from .codeloc import user_location
 
 
 class TimedIterator:
@@ -60,14 +65,42 @@ class DataHooks:
         self._train_loaders: set[int] = set()
         self._active_loader = None
         self._loader_refs: dict[int, weakref.ref] = {}
+        self._loaders_made: dict[int, tuple[dict | None, int | None]] = {}
 
     def _note_train_loader(self) -> None:
-        """The loader of the batch that reached ``backward()`` trains (called each backward)."""
+        """The loader of the batch that reached ``backward()`` trains (called each backward).
+
+        The first training loader's construction line becomes the ``loader`` reference (with its
+        batch size): where the batch size is set.
+        """
         if self._active_loader is not None and self._active_loader not in self._train_loaders:
+            first = not self._train_loaders
             self._train_loaders.add(self._active_loader)
             ref = self._loader_refs.get(self._active_loader)
             if self.keeper.train_loader is None and ref is not None:
                 self.keeper.train_loader = ref()
+            made = self._loaders_made.get(self._active_loader)
+            if first and made is not None and made[0] is not None:
+                self.ref("loader", made[0], batch_size=made[1])
+
+    def _wrap_loader_init(self, original):
+        link = self._link
+
+        def __init__(loader, *args, **kwargs):
+            original(loader, *args, **kwargs)
+            inst = link()
+            if inst is not None:
+                inst.guard(inst._on_loader_made)(loader)
+
+        __init__.__wrapped__ = original
+        return __init__
+
+    def _on_loader_made(self, loader) -> None:
+        if len(self._loaders_made) > 256:  # loaders built every step: keep the first ones
+            return
+        batch = getattr(loader, "batch_size", None)
+        self._loaders_made[id(loader)] = (user_location(sys._getframe()),
+                                          batch if isinstance(batch, int) else None)
 
     def _wrap_loader_iter(self, original):
         link = self._link

@@ -12,7 +12,8 @@ What is patched while a capture is active (and restored afterwards), and where i
   ``clip_grad._clip_grads_with_norm_`` (same module): the norms before a clip;
 - the step rows themselves, their timing and memory readings (:mod:`.torch_steps`);
 - the model's forward pre-hook, model discovery, non-finite localization (:mod:`.torch_model`);
-- ``DataLoader.__iter__`` (:mod:`.torch_data`): data-wait time and epochs;
+- ``DataLoader.__iter__`` and ``__init__`` (:mod:`.torch_data`): data-wait time, epochs, and
+  where the training loader (its batch size) was made;
 - loss functionals, ``F.cross_entropy``, ``F.mse_loss``, ... (:mod:`.torch_losses`): target
   statistics for the constant-predictor baseline, and validation losses computed under
   ``no_grad``;
@@ -114,6 +115,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         if hasattr(clip_grad, "_clip_grads_with_norm_"):  # torch >= 2.6
             self.patch(clip_grad, "_clip_grads_with_norm_", self._wrap_clip)
         self.patch(DataLoader, "__iter__", self._wrap_loader_iter)
+        self.patch(DataLoader, "__init__", self._wrap_loader_init)
         for owner in (optim_mod.Optimizer, torch.nn.Module):
             self.patch(owner, "zero_grad", self._wrap_zero_grad)
         functional = torch.nn.functional

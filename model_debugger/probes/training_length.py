@@ -1,0 +1,92 @@
+"""``training_length``: whether the run stopped before it learned (too few optimizer updates).
+
+A run of few optimizer steps (a batch holding most of the data, few epochs, few samples) ends
+with the loss still far above what the model reaches. Signals cannot tell that from a model that
+cannot learn; an experiment can: two fresh copies from the run's initial weights, with the user's
+optimizer and settings and the run's batch size on 80% of the kept rows, one trained for as many
+steps as the run made and one for :data:`EXTRA` times as many. When the longer copy ends clearly
+lower on the other 20% (below :data:`CLEAR` x the shorter copy's held-out loss, so memorising
+the rows cannot pass for it), the number of updates held the loss up.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..thresholds import FEW_STEPS
+from . import _numpy_stats as st
+from .base import Probe, ProbeContext, register
+
+EXTRA = 8    # the longer copy makes this many times the run's optimizer steps
+CLEAR = 0.75  # ... and must end below 3/4 of the shorter copy's held-out loss
+
+
+def run_batch_size(ctx: ProbeContext) -> int | None:
+    """Rows per optimizer step in the run.
+
+    The training loader's batch size, else the targets the loss saw per step (elements per row
+    divided out).
+    """
+    loader = ctx.ref("loader") or {}
+    if isinstance(loader.get("batch_size"), int) and loader["batch_size"] > 0:
+        return loader["batch_size"]
+    targets = ctx.run.of("targets")
+    steps = len(ctx.run.steps)
+    if not targets or not steps or not targets[-1].get("n"):
+        return None
+    tr = ctx.trainer
+    per_row = int(np.prod(tr.targets.shape[1:])) if tr is not None and \
+        tr.targets is not None and tr.targets.ndim > 1 else 1
+    return max(1, round(targets[-1]["n"] / steps / max(per_row, 1)))
+
+
+@register
+class TrainingLength(Probe):
+    """A fresh copy trained as long as the run, against one trained much longer."""
+
+    id = "training_length"
+    categories = ("loss_not_decreasing",)
+    needs_live = True
+    frameworks = ("torch", "keras")
+    fix = ("Make more optimizer updates: a smaller batch size or more epochs (the run stopped "
+           "while the loss was still far above what the model reaches).")
+
+    def run(self, ctx: ProbeContext):
+        """One confirmed finding when training longer lowers the held-out loss by a quarter.
+
+        Only for runs of fewer than ``FEW_STEPS`` optimizer steps; the longer copy is shortened
+        to what the probe budget affords.
+        """
+        tr = ctx.trainer
+        steps = len(ctx.run.steps)
+        if tr is None or tr.n < 40 or not 0 < steps < FEW_STEPS:
+            return []
+        order = np.random.default_rng(0).permutation(tr.n)  # held-out rows: not memorised
+        cut = tr.n - max(tr.n // 5, 8)
+        (train_x, train_y), (held_x, held_y) = tr.subset(order[:cut]), tr.subset(order[cut:])
+        batch = min(run_batch_size(ctx) or 64, cut)
+        longer = tr.steps_within(EXTRA * steps, batch_size=batch, floor=2 * steps,
+                                 seconds=min(6.0, ctx.time_left() / 4))
+        if longer < 2 * steps:
+            return []
+        losses = []
+        for count in (steps, longer):
+            model = tr.fresh_model()
+            tr.fit(model, train_x, train_y, count, batch_size=batch, seed=0)
+            losses.append(tr.evaluate(model, held_x, held_y))
+        short, long = losses
+        if not (math.isfinite(short) and math.isfinite(long)) or not long < CLEAR * short:
+            return []
+        where = ctx.ref("loader") or ctx.ref("fit") or ctx.ref("trainer") or \
+            st.data_location(ctx)
+        return [self.finding(
+            "hyperparameter", True,
+            f"The run made only {steps} optimizer updates (about {batch} rows each). Fresh "
+            f"copies from the same initial weights with the same optimizer and batch size reach "
+            f"held-out loss {short:.4g} after {steps} steps and {long:.4g} after {longer}: the loss was "
+            "held up by the number of updates, not by the model or the data. Use a smaller "
+            "batch or more epochs.",
+            where, run_steps=steps, batch_size=batch, longer_steps=longer,
+            loss_as_run=short, loss_longer=long, strength=0.8)]
