@@ -199,6 +199,21 @@ def generalisation_gap(sig: dict):
         _ev(sig, "acc_gap", f"training minus validation accuracy (>= {ACC_GAP:g})")]
 
 
+def broadcast_loss(sig: dict):
+    """``convergence_to_wrong_solution`` when the training loss paired by broadcasting.
+
+    ``(B, 1)`` predictions against a ``(B,)`` target: every prediction against every target.
+    Whatever the curve does, such a loss is minimised by the targets' mean: the model converges
+    to a constant.
+    """
+    factor = sig.get("loss_broadcast_factor")
+    if factor is None or factor < 2:
+        return None
+    return "convergence_to_wrong_solution", [
+        _ev(sig, "loss_broadcast_factor", "terms the loss compared per element it was given "
+            "(>= 2: prediction and target shapes broadcast; its minimum is the targets' mean)")]
+
+
 def wrong_solution(sig: dict):
     """``convergence_to_wrong_solution``: the loss falls, the metric stays trivial.
 
@@ -390,7 +405,8 @@ def gpu_idle(sig: dict):
 
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
-    nonfinite, oom, exploding, memory_growth, overfitting, wrong_solution, generalisation_gap,
+    nonfinite, oom, exploding, memory_growth, broadcast_loss, overfitting, wrong_solution,
+    generalisation_gap,
     vanishing, not_decreasing, slow_data, loop_overhead, gpu_idle, plateau,
 )
 

@@ -96,6 +96,8 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
     DefiningSignal("data_wait_fraction", -1, 0.05),
     DefiningSignal("step_overhead_share", -1, 0.05),
     DefiningSignal("gpu_util_median", +1, 10.0),
+    DefiningSignal("loss_broadcast_factor", -1, 0.5, log_scale=True,
+                   shown_when=lambda sig: "loss_broadcast_factor" in sig),
     DefiningSignal("val_f1_final", +1, 0.02),
     DefiningSignal("train_f1_final", +1, 0.02),
     DefiningSignal("val_acc_final", +1, 0.01),
@@ -128,7 +130,8 @@ CATEGORIES: dict[str, Target] = {
         f"data wait should no longer dominate (data_wait_fraction below {DATA_WAIT_FRACTION:g}), "
         "nor the loop's own work each step, and the GPU, if any, should be kept busy (now {})"),
     "convergence_to_wrong_solution": Target(
-        _of("val_f1_final", "train_f1_final", "val_acc_final", "train_acc_final"),
+        _of("loss_broadcast_factor", "val_f1_final", "train_f1_final", "val_acc_final",
+            "train_acc_final"),
         "the tracked metric should rise above the trivial level (now {})"),
 }
 

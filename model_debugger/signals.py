@@ -40,6 +40,9 @@ SIGNALS: dict[str, str] = {
     "grad_norm_growth": "grad_norm_max / grad_norm_initial",
     "graphs_kept_share": "share of past steps whose loss or prediction tensor, with its "
                          "autograd graph, was still alive a few steps later (kept by the loop)",
+    "loss_broadcast_factor": "terms the training loss compared / elements it was given: the "
+                             "prediction and target shapes differ and broadcast (every "
+                             "prediction against every target)",
     "grad_not_reset_share": "share of checked steps whose backward began with the last step's "
                             "gradients still there (never reset)",
     "update_ratio_median": "median |update| / |weights| per optimizer step",
@@ -287,6 +290,9 @@ def compute(run: Run) -> dict:
         # per step: a loop that keeps one of two forwards' outputs keeps one graph a step
         s["graphs_kept_share"] = min(1.0, max(kept.get("alive", 0),
                                               kept.get("outputs_alive", 0)) / steps_checked)
+    broadcast = run.first("loss_broadcast")
+    if broadcast and isinstance(broadcast.get("factor"), (int, float)):
+        s["loss_broadcast_factor"] = float(broadcast["factor"])
     reset = run.first("grad_reset")
     if reset and reset.get("checked", 0) >= 5:  # steps that began with last step's gradients
         s["grad_not_reset_share"] = reset["not_reset"] / reset["checked"]

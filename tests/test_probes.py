@@ -931,3 +931,38 @@ def test_training_length_is_silent_when_training_longer_does_not_help(tmp_path):
 
     ctx = captured(tmp_path, train)
     assert probe(ctx, "training_length") == []
+
+
+# -- loss_broadcast ------------------------------------------------------------------------------
+def _regression(view_target: bool):
+    torch.manual_seed(0)
+    X = torch.randn(512, 6)
+    y = X[:, 0] - 2 * X[:, 1] + 0.1 * torch.randn(512)
+    if not view_target:
+        y = y.unsqueeze(1)  # (B, 1): the same shape as the predictions
+    loader = DataLoader(TensorDataset(X, y), batch_size=32, shuffle=True)
+    net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _epoch in range(3):
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = F.mse_loss(net(xb), yb)  # <broadcast-loss>
+            loss.backward()
+            opt.step()
+
+
+def test_loss_broadcast_is_measured_at_the_loss_call(tmp_path):
+    """(B, 1) predictions against a (B,) target: 32 x 32 terms; the model learns the mean."""
+    ctx = captured(tmp_path, lambda: _regression(view_target=True))
+    event = ctx.run.first("loss_broadcast")
+    assert event["input"] == [32, 1] and event["target"] == [32] and event["shape"] == [32, 32]
+    assert ctx.signals["loss_broadcast_factor"] == 32.0
+    assert ctx.classification.primary == "convergence_to_wrong_solution"
+    f = confirmed_one(ctx, "loss_broadcast", "training_loop")
+    assert_at(f, "broadcast-loss")
+
+
+def test_matching_shapes_leave_no_broadcast(tmp_path):
+    ctx = captured(tmp_path, lambda: _regression(view_target=False))
+    assert ctx.run.first("loss_broadcast") is None and "loss_broadcast_factor" not in ctx.signals
+    assert ctx.classification.primary != "convergence_to_wrong_solution"

@@ -68,7 +68,8 @@ def classify_and_check(sig: dict) -> Classification:
 
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
-    assert names == ["nonfinite", "oom", "exploding", "memory_growth", "overfitting",
+    assert names == ["nonfinite", "oom", "exploding", "memory_growth", "broadcast_loss",
+                     "overfitting",
                      "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing",
                      "slow_data", "loop_overhead", "gpu_idle", "plateau"]
 
@@ -1101,3 +1102,15 @@ def test_one_kept_prediction_a_step_counts_though_every_step_has_two_forwards():
                         "outputs_alive": 40, "lag": 3})
     cls = classify_and_check(compute(run))
     assert cls.primary == "memory_issue" and compute(run)["graphs_kept_share"] == 1.0
+
+
+# -- broadcast_loss --------------------------------------------------------------------------
+
+
+def test_broadcast_loss_outranks_the_curve():
+    """A loss over B x B pairs converges to the mean: wrong solution, however the curve looks."""
+    run = syn.make_run(syn.steps_events(np.linspace(1.0, 0.5, 200)), syn.targets_counts([50, 50]),
+                       {"t": "loss_broadcast", "loss": "mse_loss", "input": [32, 1],
+                        "target": [32], "shape": [32, 32], "factor": 32.0})
+    fires(C.broadcast_loss, run, "convergence_to_wrong_solution", {"loss_broadcast_factor"})
+    quiet(C.broadcast_loss, syn.make_run(syn.steps_events(np.linspace(1.0, 0.5, 200))))

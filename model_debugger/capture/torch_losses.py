@@ -11,6 +11,7 @@ non-finite loss can be replayed on the same batch.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ from .codeloc import user_location
 CLASS_LOSSES = ("cross_entropy", "nll_loss")
 BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
 REG_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+ELEMENTWISE = REG_LOSSES + BINARY_LOSSES  # prediction and target compared element by element
 _MAX_CLASSES = 1000
 _TARGET_QUEUE = 32  # targets kept (copied) and reduced together: ~2 tensor ops per step, no sync
 _TARGET_QUEUE_NUMEL = 1 << 16  # larger targets (images, ...) are reduced right away
@@ -165,6 +167,7 @@ class LossHooks:
         self.losses = LossStats(self.rec, self.ref)
         self._last_loss_call = None
         self._steady_loss = None  # the training loss's name once there is nothing left to keep
+        self._broadcast_seen: set[str] = set()
 
     def _let_go_loss(self) -> None:
         self._last_loss_call = None
@@ -187,12 +190,37 @@ class LossHooks:
                         inst.losses.targets["reduction"] = "sum"  # not on the baselines' scale
                     inst.losses.observe(name, input, target, out)
                     inst._keep_loss(name, input, target, args, kwargs)
+                    inst._check_broadcast(name, input, target)
             except Exception:  # noqa: BLE001 - observation must never break training
                 pass
             return out
 
         loss_fn.__wrapped__ = original
         return loss_fn
+
+    def _check_broadcast(self, name, input, target) -> None:
+        """A ``loss_broadcast`` event (once per loss) when a loss pairs by broadcasting.
+
+        An elementwise training loss given ``(B, 1)`` predictions against a ``(B,)`` target
+        compares every prediction with every target, ``B x B`` terms: the model learns their
+        mean.
+        """
+        if name in self._broadcast_seen or name not in ELEMENTWISE or not torch.is_grad_enabled() \
+                or not isinstance(input, torch.Tensor) or not isinstance(target, torch.Tensor) \
+                or input.shape == target.shape:
+            return
+        self._broadcast_seen.add(name)
+        try:
+            shape = torch.broadcast_shapes(input.shape, target.shape)
+        except RuntimeError:
+            return  # not broadcastable: the loss itself raised
+        terms = math.prod(shape)
+        if terms <= max(input.numel(), target.numel()):
+            return  # one side is a scalar or a size-1 weight: no pairing changed
+        self.rec.emit("loss_broadcast", loss=name, input=list(input.shape),
+                      target=list(target.shape), shape=list(shape),
+                      factor=terms / max(input.numel(), target.numel(), 1),
+                      location=user_location(sys._getframe()))
 
     def _keep_loss(self, name, input, target, args, kwargs) -> None:
         if not isinstance(target, torch.Tensor) or not isinstance(input, torch.Tensor):
