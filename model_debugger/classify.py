@@ -40,6 +40,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     TRAIN_NOT_RISING,
     TRIVIAL_F1,
     TRIVIAL_METRIC_MARGIN,
+    UNREACHABLE_SHARE,
     UPDATE_RATIO_HIGH,
     UPDATE_RATIO_LOW,
     VAL_RISE,
@@ -212,6 +213,21 @@ def broadcast_loss(sig: dict):
     return "convergence_to_wrong_solution", [
         _ev(sig, "loss_broadcast_factor", "terms the loss compared per element it was given "
             "(>= 2: prediction and target shapes broadcast; its minimum is the targets' mean)")]
+
+
+def floored_output(sig: dict):
+    """``convergence_to_wrong_solution`` when the output cannot reach some of the targets.
+
+    Outputs never below 0 (a ReLU or clamp on them) against negative regression targets, or raw
+    scores for BCE-with-logits (no probability below 0.5): the model converges to the best
+    answer its output range allows.
+    """
+    share = sig.get("output_floor_unreachable")
+    if share is None or share < UNREACHABLE_SHARE:
+        return None
+    return "convergence_to_wrong_solution", [
+        _ev(sig, "output_floor_unreachable", f"share of targets below the output's floor of 0 "
+            f"(>= {UNREACHABLE_SHARE:g}: the output range excludes them)")]
 
 
 def wrong_solution(sig: dict):
@@ -405,7 +421,8 @@ def gpu_idle(sig: dict):
 
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
-    nonfinite, oom, exploding, memory_growth, broadcast_loss, overfitting, wrong_solution,
+    nonfinite, oom, exploding, memory_growth, broadcast_loss, floored_output, overfitting,
+    wrong_solution,
     generalisation_gap,
     vanishing, not_decreasing, slow_data, loop_overhead, gpu_idle, plateau,
 )

@@ -40,6 +40,8 @@ SIGNALS: dict[str, str] = {
     "grad_norm_growth": "grad_norm_max / grad_norm_initial",
     "graphs_kept_share": "share of past steps whose loss or prediction tensor, with its "
                          "autograd graph, was still alive a few steps later (kept by the loop)",
+    "output_floor_unreachable": "share of the training targets the model's output, never "
+                                "below 0 (a ReLU or clamp on it), cannot reach",
     "loss_broadcast_factor": "terms the training loss compared / elements it was given: the "
                              "prediction and target shapes differ and broadcast (every "
                              "prediction against every target)",
@@ -151,6 +153,35 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
     if loss in ("l1_loss", "smooth_l1_loss", "huber_loss") and var is not None:
         return _robust_baseline(loss, math.sqrt(max(var, 0.0))), None
     return None, None
+
+
+FLOOR_ZEROS = 0.05  # exact zeros among the loss inputs, none below: a ReLU/clamp on the output
+
+
+def _output_floor(seen: dict | None, targets: dict | None) -> dict:
+    """``output_floor_unreachable``: the share of targets an output floored at 0 cannot reach.
+
+    The loss input (over the run: the ``targets`` event's ``input_min`` and
+    ``input_zero_share``; else the first batch's ``loss_input``) never below 0 with exact zeros
+    among it is a ReLU or a clamp on the output. Under BCE-with-logits no raw score below 0 means no
+    probability below 0.5: the class-0 targets are unreachable; under a regression loss, the
+    negative targets.
+    """
+    if targets and isinstance(targets.get("input_min"), float):  # over the run (PyTorch)
+        seen = {"name": targets.get("loss"), "min": targets["input_min"],
+                "zero_share": targets.get("input_zero_share", 0.0)}
+    if not seen or not isinstance(seen.get("min"), (int, float)) or seen["min"] < 0 or \
+            seen.get("zero_share", 0.0) < FLOOR_ZEROS or not targets:
+        return {}
+    name = seen.get("name")
+    if name == "binary_cross_entropy_with_logits" and isinstance(targets.get("mean"), float):
+        share = 1.0 - targets["mean"]
+    elif name in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss") and \
+            isinstance(targets.get("negative"), float):
+        share = targets["negative"]
+    else:
+        return {}
+    return {"output_floor_unreachable": float(share)}
 
 
 def uninformed_loss(targets: dict | None) -> float | None:
@@ -290,6 +321,7 @@ def compute(run: Run) -> dict:
         # per step: a loop that keeps one of two forwards' outputs keeps one graph a step
         s["graphs_kept_share"] = min(1.0, max(kept.get("alive", 0),
                                               kept.get("outputs_alive", 0)) / steps_checked)
+    s.update(_output_floor(run.first("loss_input"), targets[-1] if targets else None))
     broadcast = run.first("loss_broadcast")
     if broadcast and isinstance(broadcast.get("factor"), (int, float)):
         s["loss_broadcast_factor"] = float(broadcast["factor"])

@@ -14,6 +14,7 @@ PLATEAU_DROP = 0.05          # less than 5% loss decrease over the run is a plat
 BASELINE_MARGIN = 0.95       # final loss above 95% of the constant predictor's loss
 FLOOR_SHARE = 0.4            # a plateau at >= 40% of it: suspect, to be shown by experiment
 TAIL_DROP = 0.3              # ... unless still learning fast: the second half fell >= 30%
+UNREACHABLE_SHARE = 0.05     # targets an output floored at 0 cannot reach: a wrong solution
 FEW_STEPS = 100              # a run of fewer optimizer steps may have stopped before it learned
 DIVERGE_RATIO = 2.0          # final loss at least twice the initial loss
 SPIKE_RATIO = 10.0           # a finite loss 10x the initial one

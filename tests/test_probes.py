@@ -966,3 +966,39 @@ def test_matching_shapes_leave_no_broadcast(tmp_path):
     ctx = captured(tmp_path, lambda: _regression(view_target=False))
     assert ctx.run.first("loss_broadcast") is None and "loss_broadcast_factor" not in ctx.signals
     assert ctx.classification.primary != "convergence_to_wrong_solution"
+
+
+# -- an output floored at 0 (loss_output_mismatch) ----------------------------------------------
+def _floored(shift: float):
+    """Regression through ``torch.relu`` at the loss: targets ``shift`` + a signed signal."""
+    torch.manual_seed(0)
+    X = torch.randn(512, 6)
+    y = (X[:, :1] - X[:, 1:2] + shift)
+    loader = DataLoader(TensorDataset(X, y), batch_size=32, shuffle=True)
+    net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _epoch in range(3):
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = F.mse_loss(torch.relu(net(xb)), yb)  # <floored-output>
+            loss.backward()
+            opt.step()
+
+
+def test_an_output_floored_at_zero_cannot_reach_negative_targets(tmp_path):
+    ctx = captured(tmp_path, lambda: _floored(0.0))
+    targets = ctx.run.of("targets")[-1]
+    assert targets["input_min"] == 0.0 and targets["input_zero_share"] > 0.05
+    assert 0.3 < ctx.signals["output_floor_unreachable"] < 0.7  # about half the targets
+    assert ctx.classification.primary == "convergence_to_wrong_solution"
+    f = confirmed_one(ctx, "loss_output_mismatch", "architecture")
+    assert_at(f, "floored-output")  # the ReLU is applied at the loss call
+    assert f.evidence["input_kind"] == "nonnegative"
+
+
+def test_an_output_floored_at_zero_is_fine_for_positive_targets(tmp_path):
+    """Prices, counts: the same ReLU loses nothing when no target is negative."""
+    ctx = captured(tmp_path, lambda: _floored(10.0))
+    assert ctx.signals.get("output_floor_unreachable", 0.0) < 0.05
+    assert ctx.classification.primary != "convergence_to_wrong_solution"
+    assert not [f for f in probe(ctx, "loss_output_mismatch") if f.confirmed]

@@ -69,7 +69,7 @@ def classify_and_check(sig: dict) -> Classification:
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "exploding", "memory_growth", "broadcast_loss",
-                     "overfitting",
+                     "floored_output", "overfitting",
                      "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing",
                      "slow_data", "loop_overhead", "gpu_idle", "plateau"]
 
@@ -1114,3 +1114,19 @@ def test_broadcast_loss_outranks_the_curve():
                         "target": [32], "shape": [32, 32], "factor": 32.0})
     fires(C.broadcast_loss, run, "convergence_to_wrong_solution", {"loss_broadcast_factor"})
     quiet(C.broadcast_loss, syn.make_run(syn.steps_events(np.linspace(1.0, 0.5, 200))))
+
+
+def test_floored_output_needs_unreachable_targets():
+    steps = syn.steps_events(np.linspace(1.0, 0.5, 200))
+    seen = {"t": "loss_input", "name": "mse_loss", "kind": "logits", "min": 0.0, "max": 3.0,
+            "zero_share": 0.4}
+    run = syn.make_run(steps, seen, {"t": "targets", "loss": "mse_loss", "n": 6400,
+                                     "mean": 0.0, "var": 1.0, "negative": 0.5})
+    fires(C.floored_output, run, "convergence_to_wrong_solution", {"output_floor_unreachable"})
+    positive = syn.make_run(steps, seen, {"t": "targets", "loss": "mse_loss", "n": 6400,
+                                          "mean": 5.0, "var": 1.0, "negative": 0.0})
+    quiet(C.floored_output, positive)
+    signed = syn.make_run(steps, {**seen, "min": -0.5}, {"t": "targets", "loss": "mse_loss",
+                                                        "n": 6400, "mean": 0.0, "var": 1.0,
+                                                        "negative": 0.5})
+    quiet(C.floored_output, signed)  # outputs below 0: no floor

@@ -104,7 +104,8 @@ def test_the_cli_and_the_magics_print_the_same_words(tmp_path):
                  shown.findings(report["findings"], s.directory),
                  shown.findings(s.state.findings, s.directory)):
         assert part.text in cli, part.text
-    assert cli.endswith(f"Next phase: fix (fix allowed: true)\nSession saved: {s.directory}\n")
+    assert f"Next phase: fix (fix allowed: true)\nSession saved: {s.directory}\nNext: " in cli
+    assert cli.endswith(f"model-debugger verify {s.directory} --fixed FIXED.py\n")
 
 
 class _Live(HTMLParser):

@@ -255,7 +255,10 @@ def _positional(name: str, extra) -> dict:
 
 
 def describe_loss_input(name: str, input) -> dict:
-    """What the loss received: logits, probabilities, log-probabilities or values in [0, 1]."""
+    """What the loss received: logits, probabilities, log-probabilities or values in [0, 1].
+
+    ``zero_share`` is the share of exact zeros (a ReLU's floor).
+    """
     import torch
 
     with torch.no_grad():
@@ -275,4 +278,6 @@ def describe_loss_input(name: str, input) -> dict:
             dev = None
             if lo >= 0 and hi <= 1:
                 kind = "unit_interval"
-    return {"name": name, "kind": kind, "min": lo, "max": hi, "row_sum_dev": dev}
+        zeros = float((x == 0).float().mean())
+    return {"name": name, "kind": kind, "min": lo, "max": hi, "row_sum_dev": dev,
+            "zero_share": zeros}

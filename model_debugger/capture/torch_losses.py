@@ -80,11 +80,28 @@ class LossStats:
         if classes != t["classes"]:
             self.reduce()
             t["classes"] = classes
+        if name in ELEMENTWISE and isinstance(input, torch.Tensor) and input.numel():
+            self._observe_input(input)
         big = target.numel() > _TARGET_QUEUE_NUMEL
         t["queue"].append(target.detach() if big else target.detach().clone())
         t["sampled"] += int(target.numel())
         if big or len(t["queue"]) >= _TARGET_QUEUE:
             self.reduce()
+
+    def _observe_input(self, input: torch.Tensor) -> None:
+        """Fold the loss input's minimum and exact zeros into ``inputs`` (no device sync).
+
+        Over the run, not only the first batch: an output floored by a ReLU shows its zeros
+        once training pushes it below 0.
+        """
+        with torch.no_grad():
+            x = input.detach()
+            got = torch.stack([(x == 0).sum().double(), x.new_tensor(x.numel(), dtype=torch.float64),
+                               x.min().double()])
+            prev = self.targets.get("inputs")
+            if prev is not None and prev.device == got.device:
+                got = torch.stack([prev[0] + got[0], prev[1] + got[1], torch.minimum(prev[2], got[2])])
+            self.targets["inputs"] = got
 
     def counting_all(self) -> bool:
         """Whether every training batch is still counted (see :meth:`observe`)."""
@@ -100,7 +117,10 @@ class LossStats:
             self.observe(name, input, target, out)
 
     def reduce(self) -> None:
-        """Fold the queued targets into class counts or (sum, sum of squares), on their device."""
+        """Fold the queued targets into class counts or moments, on their device.
+
+        The moments are the sum, the sum of squares and the count of negative targets.
+        """
         t = self.targets
         queue, t["queue"] = t["queue"], []
         if not queue:
@@ -121,7 +141,7 @@ class LossStats:
                     t["counts"] = prev + counts if same else counts
                 else:
                     f = flat.float()
-                    moments = torch.stack([f.sum(), torch.dot(f, f)]).double()
+                    moments = torch.stack([f.sum(), torch.dot(f, f), (f < 0).sum()]).double()
                     prev = t["moments"]
                     same = prev is not None and prev.device == moments.device
                     t["moments"] = prev + moments if same else moments
@@ -148,12 +168,16 @@ class LossStats:
             data["reduction"] = t["reduction"]
         if t["sampled"] < t["n"]:
             data["sampled"] = t["sampled"]  # the statistics below come from this many targets
+        if t.get("inputs") is not None:
+            zeros, numel, low = t["inputs"].tolist()
+            data["input_min"], data["input_zero_share"] = low, zeros / max(numel, 1.0)
         if t["counts"] is not None:
             data["counts"] = [int(c) for c in t["counts"][1:-1].tolist()]
         elif t["moments"] is not None:
-            total, sumsq = t["moments"].tolist()
+            total, sumsq, negative = t["moments"].tolist()
             data["mean"] = total / t["sampled"]
             data["var"] = max(sumsq / t["sampled"] - data["mean"] ** 2, 0.0)
+            data["negative"] = negative / t["sampled"]  # the share below zero
         else:
             return
         self.rec.emit("targets", **data)

@@ -6,6 +6,8 @@ expects logits: the gradient shrinks and training stalls.
 
 from __future__ import annotations
 
+import re
+
 from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
 
@@ -20,6 +22,10 @@ _EXPECTED = {"cross_entropy": "raw scores (logits)", "nll_loss": "log-probabilit
              "binary_cross_entropy": "probabilities",
              "cross_entropy_on_probabilities": "probabilities"}
 ROWS = 256
+# losses whose input must be able to go negative: raw scores, and regression on signed targets
+_SIGNED = ("binary_cross_entropy_with_logits", "mse_loss", "l1_loss", "smooth_l1_loss",
+           "huber_loss")
+_SQUASH = re.compile(r"\b(relu|relu6|softplus|abs|clamp|clip|sigmoid|exp)\s*\(")
 
 
 def output_kind(out) -> dict:
@@ -38,9 +44,10 @@ def output_kind(out) -> dict:
         if hi <= 0 and dev_log < 1e-3:
             return {"kind": "log_probabilities", "min": lo, "max": hi, "row_sum_dev": dev_log}
         kind = "unit_interval" if lo >= 0 and hi <= 1 else "logits"  # multi-label sigmoids
-        return {"kind": kind, "min": lo, "max": hi, "row_sum_dev": dev}
-    kind = "unit_interval" if lo >= 0 and hi <= 1 else "logits"
-    return {"kind": kind, "min": lo, "max": hi, "row_sum_dev": dev}
+    else:
+        kind = "unit_interval" if lo >= 0 and hi <= 1 else "logits"
+    return {"kind": kind, "min": lo, "max": hi, "row_sum_dev": dev,
+            "zero_share": float((x == 0).mean())}
 
 
 def _keras_seen(ctx: ProbeContext) -> dict:
@@ -51,7 +58,7 @@ def _keras_seen(ctx: ProbeContext) -> dict:
     name = loss["name"]
     if name == "cross_entropy" and not loss.get("from_logits"):
         name = "cross_entropy_on_probabilities"
-    if name not in _EXPECTS_LOGITS:
+    if name not in _EXPECTS_LOGITS and name not in _SIGNED:
         return {}
     out = tr.model(tr._x(tuple(x[:ROWS] for x in tr.inputs)), training=False)
     if isinstance(out, (list, tuple, dict)):  # several outputs: which one the loss reads is unknown
@@ -64,7 +71,8 @@ class LossOutputMismatch(Probe):
     """What the loss received on the first batch, against what it expects."""
 
     id = "loss_output_mismatch"
-    categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "gradient_instability")
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "gradient_instability",
+                  "overfitting")
     fix = ("Remove the Softmax/LogSoftmax (or sigmoid) before a loss that expects raw logits "
            "(CrossEntropyLoss, BCEWithLogitsLoss), or switch to the loss that matches the output "
            "(NLLLoss after LogSoftmax).")
@@ -77,6 +85,9 @@ class LossOutputMismatch(Probe):
         hits = lint_hits(ctx, "loss_output_mismatch")
         seen = ctx.run.first("loss_input") or _keras_seen(ctx)
         name, kind = seen.get("name"), seen.get("kind")
+        floored = self._floored(ctx, seen)
+        if floored is not None:
+            return [floored]
         measured = kind in _EXPECTS_LOGITS.get(name, ())
         if not hits and not measured:
             return []
@@ -98,3 +109,55 @@ class LossOutputMismatch(Probe):
                                                       if k in seen}, strength=0.95)]
         return [self.finding("architecture", False, hits[0].message + " (the loss input was not "
                              "measured)", where, strength=0.4)]
+
+    def _floored(self, ctx: ProbeContext, seen: dict):
+        """The finding for an output floored at zero that the loss needs to go negative, or None.
+
+        The share of targets it cannot reach is the record's ``output_floor_unreachable``
+        (PyTorch), else computed the same way from the Keras model's output on kept rows.
+        Located at the loss call when the prediction is squashed there
+        (``loss(torch.relu(pred), y)``), else at the model.
+        """
+        from ..signals import _output_floor
+        from ..thresholds import UNREACHABLE_SHARE
+
+        targets = (ctx.run.of("targets") or [{}])[-1]
+        if isinstance(targets.get("input_min"), float):  # the loss inputs over the whole run
+            seen = {"name": targets.get("loss"), "min": targets["input_min"],
+                    "zero_share": targets.get("input_zero_share")}
+        share = ctx.signals.get("output_floor_unreachable")
+        if share is None and seen and ctx.train_xy is not None and ctx.train_xy[1] is not None:
+            import numpy as np
+
+            y = np.asarray(ctx.train_xy[1], dtype=np.float64)
+            share = _output_floor(seen, {"mean": float(y.mean()),
+                                         "negative": float((y < 0).mean())}).get(
+                "output_floor_unreachable")
+        if share is None or share < UNREACHABLE_SHARE:
+            return None
+        name = seen.get("name") or "the loss"
+        if name == "binary_cross_entropy_with_logits":
+            why = (f"a raw score below 0 is how the model says 'class 0' ({share:.0%} of the "
+                   "targets): it can never predict a probability below 0.5")
+        else:
+            why = f"{share:.0%} of the training targets are negative and can never be reached"
+        where = ctx.ref("loss_fn")
+        text = _line(ctx, where)
+        if where is None or text is None or not _SQUASH.search(text):
+            where = ctx.ref("model") or where
+        return self.finding(
+            "architecture", True,
+            f"{name} receives outputs that are never negative (min {seen.get('min', 0):.3g}, "
+            f"{seen.get('zero_share', 0):.0%} exactly 0: a ReLU or clamp on the output), but "
+            f"{why}. The model converges to the best non-negative answer, not the right one. "
+            "Remove the activation from the output (a linear output for regression and logits).",
+            where, loss=name, input_kind="nonnegative", unreachable_share=share,
+            zero_share=seen.get("zero_share"), strength=0.95)
+
+
+def _line(ctx: ProbeContext, where: dict | None) -> str | None:
+    if not where or not where.get("file") or not where.get("line"):
+        return None
+    text = ctx.source_files.get(where["file"])
+    lines = text.splitlines() if isinstance(text, str) else []
+    return lines[where["line"] - 1] if 0 < where["line"] <= len(lines) else None

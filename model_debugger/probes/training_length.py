@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..thresholds import FEW_STEPS
+from ..thresholds import FEW_STEPS, FLOOR_SHARE
 from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
 
@@ -56,13 +56,15 @@ class TrainingLength(Probe):
     def run(self, ctx: ProbeContext):
         """One confirmed finding when training longer lowers the held-out loss by a quarter.
 
-        Only for runs of fewer than ``FEW_STEPS`` optimizer steps; the longer copy is shortened
-        to what the probe budget affords.
+        Only for runs of fewer than ``FEW_STEPS`` optimizer steps whose loss ended at
+        ``FLOOR_SHARE`` or more of the constant predictor's; the longer copy is shortened to
+        what the probe budget affords.
         """
         tr = ctx.trainer
         steps = len(ctx.run.steps)
-        if tr is None or tr.n < 40 or not 0 < steps < FEW_STEPS:
-            return []
+        if tr is None or tr.n < 40 or not 0 < steps < FEW_STEPS or \
+                ctx.signals.get("loss_floor_share", 0.0) < FLOOR_SHARE:
+            return []  # (a loss well below the prior's learned: nothing held it up)
         order = np.random.default_rng(0).permutation(tr.n)  # held-out rows: not memorised
         cut = tr.n - max(tr.n // 5, 8)
         (train_x, train_y), (held_x, held_y) = tr.subset(order[:cut]), tr.subset(order[cut:])
