@@ -335,7 +335,10 @@ def status(report: Mapping) -> Doc:
               f"  queue: {', '.join(report.get('queue') or []) or '-'}",
               f"  last fix: {(report.get('fix') or {}).get('finding', '-')}",
               f"  last verdict: {ver.get('verdict', '-')}"]
-    lines += [f"  gate {k}: {r}" for k, r in (report.get("gates") or {}).items() if r]
+    if report.get("phase") == "done":  # nothing is blocked: the method is finished
+        lines.append("  done: %md_export (or model-debugger export) writes the record")
+    else:
+        lines += [f"  gate {k}: {r}" for k, r in (report.get("gates") or {}).items() if r]
     return Doc(f"Session {report.get('session')}", tuple(lines))
 
 

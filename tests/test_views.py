@@ -152,3 +152,13 @@ def test_the_widget_views_carry_both_representations(tmp_path):
     assert "needs a reproduce record" in why and "%%reproduce" in why
     assert shown.location({"file": os.path.join(s.directory, "a.py"), "line": 3},
                           s.directory) == "a.py:3"
+
+
+def test_status_of_a_finished_session_lists_no_gates():
+    from model_debugger import views
+
+    gates = {"fix": "needs a confirmed finding from Isolate", "verify": "needs an approved fix"}
+    done = views.text([views.status({"phase": "done", "gates": gates, "session": "s"})])
+    assert "gate" not in done and "%md_export" in done
+    open_ = views.text([views.status({"phase": "fix", "gates": gates, "session": "s"})])
+    assert "gate verify: needs an approved fix" in open_

@@ -134,6 +134,11 @@ def test_fix_button_follows_the_session_and_click_approves(tmp_path, comms):
     sent = [m for c in comms for m in c.messages
             if m and m.get("method") == "update" and "disabled" in m.get("state", {})]
     assert sent[-1]["state"]["disabled"] is True
+    assert tracker.fix_button.button_style == ""  # disabled, and it looks it (not green)
+    ns.session.record_verification({"verdict": "resolved", "category": "gradient_instability",
+                                    "seeds": [0], "remaining": []})
+    assert "%verify" not in tracker.message.value  # no stale "run %verify" after Verify
+    assert "Done (resolved)" in tracker.message.value and "%md_export" in tracker.message.value
 
 
 def test_the_plan_survives_a_restart_and_is_approved_by_a_new_kernel(tmp_path):

@@ -61,6 +61,8 @@ class PhaseTracker(W.VBox):
         self.phases.value = head + "<table><tr>" + "".join(cells) + "</tr></table>"
         ready = state.plan is not None and state.fix_allowed
         self.fix_button.disabled = not (self.live and ready)
+        self.fix_button.button_style = "success" if not self.fix_button.disabled else ""
+        self.message.value = f"<small>{html.escape(next_step(state))}</small>"
         self.fix_button.tooltip = (
             READ_ONLY if not self.live else
             f"Approve the plan for {state.plan.finding}" if ready else
@@ -86,9 +88,32 @@ class PhaseTracker(W.VBox):
         self.message.value = (f"Approved the fix for <code>{html.escape(plan.finding)}</code>;"
                               " run <code>%verify</code>.")
 
+
     def close(self) -> None:
         """Stop following the session and close the widgets."""
         self._unsubscribe()
         for child in (self.phases, self.fix_button, self.message):
             child.close()
         super().close()
+
+
+def next_step(state) -> str:
+    """What to type next, from the session's state (redrawn with every event, never stale)."""
+    phase = state.phase
+    if phase == "reproduce":
+        return "Next: run the training cell under %%reproduce."
+    if phase == "classify":
+        return "Next: %classify."
+    if phase == "isolate":
+        return "Next: %isolate."
+    if phase == "verify" and state.pending is not None:
+        return f"Approved the fix for {state.pending.finding}; next: %verify."
+    if phase == "fix" and state.plan is not None:
+        return f"Next: review the plan for {state.plan.finding}, then Approve (or %%fix --yes)."
+    if phase == "fix":
+        top = state.queue[0].check if state.queue else "the finding"
+        return f"Next: put the corrected code for {top} in a %%fix cell."
+    if phase == "done":
+        verdict = state.verification.verdict if state.verification is not None else "done"
+        return f"Done ({verdict}): %md_export writes the record."
+    return ""
