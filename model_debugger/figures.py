@@ -129,10 +129,14 @@ def loss_figure(runs: Run | list[Run], labels: list[str] | None = None,
     runs = [runs] if isinstance(runs, Run) else list(runs)
     if labels is None:
         labels = [""] if len(runs) == 1 else [f"run {i + 1}" for i in range(len(runs))]
+    # the metrics panel only when there is a metric to draw: no empty placeholder axes
+    metrics = metrics and any(points and not _is_loss(name) for run in runs
+                              for name, points in run.metrics().items())
     fig = new_figure(7.0, 3.4, live) if metrics else new_figure(live=live)
     ax = fig.add_subplot(1, 2, 1) if metrics else fig.add_subplot()
     ax_met = fig.add_subplot(1, 2, 2) if metrics else None
-    curves, has_metric = [], False
+    chance = _majority_rate(runs) if metrics else None
+    curves = []
     for run, label in zip(runs, labels):
         pre = f"{label}: " if label else ""
         loss = run.series("loss")
@@ -156,7 +160,6 @@ def loss_figure(runs: Run | list[Run], labels: list[str] | None = None,
                 curves.append(ys)
             elif ax_met is not None and not (role and role[1] == "loss"):
                 ax_met.plot(xs, ys, "o-", ms=3, lw=0.8, label=f"{pre}{name}")
-                has_metric = True
         ended = _error_step(run)
         if ended is not None:
             what, step = ended
@@ -171,13 +174,34 @@ def loss_figure(runs: Run | list[Run], labels: list[str] | None = None,
     ax.set_ylabel("loss")
     ax.set_title(title, **({"fontsize": 9} if metrics else {}))
     if ax_met is not None:
-        ax_met.set_title("tracked metrics" if has_metric else "no tracked metrics yet",
-                         fontsize=9)
+        if chance is not None and any((metric_role(n) or ("", ""))[1] == "acc"
+                                      for run in runs for n in run.metrics()):
+            ax_met.axhline(chance, color="grey", ls="--", lw=0.9,
+                           label=f"majority-class rate {chance:.3g} (chance)")
+        ax_met.set_title("tracked metrics", fontsize=9)
         ax_met.set_xlabel("step")
     for a in (ax, ax_met):
         if a is not None and a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7, loc="best")
     return fig
+
+
+def _is_loss(name: str) -> bool:
+    role = metric_role(name)
+    return bool(role and role[1] == "loss")
+
+
+def _majority_rate(runs: list[Run]) -> float | None:
+    """The accuracy of always predicting the majority class (the runs' last ``targets``)."""
+    from .signals import constant_predictor
+
+    for run in runs:
+        targets = run.of("targets")
+        if targets:
+            rate = constant_predictor(targets[-1])[1]
+            if rate is not None:
+                return float(rate)
+    return None
 
 
 def grad_norm_figure(run: Run, title: str = "Gradient norms per step", live: bool = False):

@@ -14,6 +14,7 @@ import threading
 import time
 
 import comm
+import numpy as np
 import pytest
 
 from model_debugger import session as session_module
@@ -307,3 +308,19 @@ def test_close_drops_widgets_and_observers(tmp_path):
     assert tracker.comm is None and table.comm is None
     assert not [r for r in session_module._observers.get(directory, []) if r() is not None]
     isolated(DebugSession.load(directory))  # nothing follows it any more, nothing breaks
+
+
+def test_the_live_figure_has_no_placeholder_axes_and_a_chance_line():
+    import _synthetic as syn
+
+    from model_debugger.figures import loss_figure
+
+    loss = syn.steps_events(np.linspace(1.0, 0.4, 50))
+    alone = loss_figure(syn.make_run(loss), metrics=True, live=True)
+    assert len(alone.axes) == 1  # nothing tracked: no empty "metrics" axis beside the loss
+    run = syn.make_run(loss, syn.targets_counts([70, 30]),
+                       syn.metric("val_acc", [0.6, 0.7, 0.72]))
+    fig = loss_figure(run, metrics=True, live=True)
+    assert len(fig.axes) == 2
+    lines = [ln for ln in fig.axes[1].get_lines() if "majority-class rate" in ln.get_label()]
+    assert len(lines) == 1 and lines[0].get_ydata()[0] == pytest.approx(0.7)

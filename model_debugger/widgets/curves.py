@@ -82,7 +82,8 @@ class LossCurves(W.VBox):
             err = run.error
             state = f"ended with {err.get('type')}" if err else (
                 "finished" if run.ended else "running")
-            self.status.value = (f"<small>{len(run.steps)} steps, {run.epochs} epochs, "
+            epochs = f"{run.epochs} epoch" + ("" if run.epochs == 1 else "s")
+            self.status.value = (f"<small>{len(run.steps)} steps, {epochs}, "
                                  f"{state}{' - ' + note if note else ''}</small>")
 
     @contextmanager
