@@ -215,19 +215,19 @@ def broadcast_loss(sig: dict):
             "(>= 2: prediction and target shapes broadcast; its minimum is the targets' mean)")]
 
 
-def floored_output(sig: dict):
-    """``convergence_to_wrong_solution`` when the output cannot reach some of the targets.
+def bounded_output(sig: dict):
+    """``convergence_to_wrong_solution`` when the output's range cannot reach some targets.
 
-    Outputs never below 0 (a ReLU or clamp on them) against negative regression targets, or raw
-    scores for BCE-with-logits (no probability below 0.5): the model converges to the best
-    answer its output range allows.
+    Outputs never below 0 with exact zeros (a ReLU or clamp), or within a sigmoid's [0, 1] or a
+    tanh's [-1, 1] and pressing against the bound, while targets lie beyond it: the model
+    converges to the best answer its output range allows.
     """
-    share = sig.get("output_floor_unreachable")
+    share = sig.get("output_range_unreachable")
     if share is None or share < UNREACHABLE_SHARE:
         return None
     return "convergence_to_wrong_solution", [
-        _ev(sig, "output_floor_unreachable", f"share of targets below the output's floor of 0 "
-            f"(>= {UNREACHABLE_SHARE:g}: the output range excludes them)")]
+        _ev(sig, "output_range_unreachable", f"share of targets outside the output's range "
+            f"{sig.get('output_range', '')} (>= {UNREACHABLE_SHARE:g}: it cannot reach them)")]
 
 
 def wrong_solution(sig: dict):
@@ -421,7 +421,7 @@ def gpu_idle(sig: dict):
 
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
-    nonfinite, oom, exploding, memory_growth, broadcast_loss, floored_output, overfitting,
+    nonfinite, oom, exploding, memory_growth, broadcast_loss, bounded_output, overfitting,
     wrong_solution,
     generalisation_gap,
     vanishing, not_decreasing, slow_data, loop_overhead, gpu_idle, plateau,

@@ -40,8 +40,10 @@ SIGNALS: dict[str, str] = {
     "grad_norm_growth": "grad_norm_max / grad_norm_initial",
     "graphs_kept_share": "share of past steps whose loss or prediction tensor, with its "
                          "autograd graph, was still alive a few steps later (kept by the loop)",
-    "output_floor_unreachable": "share of the training targets the model's output, never "
-                                "below 0 (a ReLU or clamp on it), cannot reach",
+    "output_range_unreachable": "share of the training targets the model's bounded output (a "
+                                "ReLU's [0, inf), a sigmoid's [0, 1], a tanh's [-1, 1]) cannot "
+                                "reach",
+    "output_range": "the bounded range the loss inputs stayed in (with output_range_unreachable)",
     "loss_broadcast_factor": "terms the training loss compared / elements it was given: the "
                              "prediction and target shapes differ and broadcast (every "
                              "prediction against every target)",
@@ -156,32 +158,51 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
 
 
 FLOOR_ZEROS = 0.05  # exact zeros among the loss inputs, none below: a ReLU/clamp on the output
+PRESSED = 0.02  # outputs within this of a sigmoid's or tanh's bound press against it
+_REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 
 
-def _output_floor(seen: dict | None, targets: dict | None) -> dict:
-    """``output_floor_unreachable``: the share of targets an output floored at 0 cannot reach.
+def output_range(seen: dict | None, targets: dict | None) -> dict:
+    """``output_range_unreachable``: the share of targets a bounded output cannot reach.
 
-    The loss input (over the run: the ``targets`` event's ``input_min`` and
-    ``input_zero_share``; else the first batch's ``loss_input``) never below 0 with exact zeros
-    among it is a ReLU or a clamp on the output. Under BCE-with-logits no raw score below 0 means no
-    probability below 0.5: the class-0 targets are unreachable; under a regression loss, the
-    negative targets.
+    The loss input over the run (the ``targets`` event's ``input_min``, ``input_max`` and
+    ``input_zero_share``; else the first batch's ``loss_input``) tells the output's range:
+
+    - never below 0, with exact zeros among it: a ReLU or clamp. Under BCE-with-logits no raw
+      score below 0 means no probability below 0.5: the class-0 targets are unreachable;
+      under a regression loss, the negative ones;
+    - within [0, 1] or [-1, 1] (a sigmoid, a tanh) and pressing against a bound (within
+      ``PRESSED``): under a regression loss, the targets beyond that bound.
+
+    ``output_range`` names the range found.
     """
     if targets and isinstance(targets.get("input_min"), float):  # over the run (PyTorch)
         seen = {"name": targets.get("loss"), "min": targets["input_min"],
-                "zero_share": targets.get("input_zero_share", 0.0)}
-    if not seen or not isinstance(seen.get("min"), (int, float)) or seen["min"] < 0 or \
-            seen.get("zero_share", 0.0) < FLOOR_ZEROS or not targets:
+                "max": targets.get("input_max"), "zero_share": targets.get("input_zero_share", 0.0)}
+    if not seen or not targets or not isinstance(seen.get("min"), (int, float)):
         return {}
-    name = seen.get("name")
-    if name == "binary_cross_entropy_with_logits" and isinstance(targets.get("mean"), float):
-        share = 1.0 - targets["mean"]
-    elif name in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss") and \
-            isinstance(targets.get("negative"), float):
-        share = targets["negative"]
-    else:
+    name, lo, hi = seen.get("name"), seen["min"], seen.get("max")
+    floored = lo >= 0 and seen.get("zero_share", 0.0) >= FLOOR_ZEROS
+    found: list[tuple[float, str]] = []
+    if name == "binary_cross_entropy_with_logits" and floored and \
+            isinstance(targets.get("mean"), float):
+        found.append((1.0 - targets["mean"], "[0, inf) (a ReLU or clamp on the logits)"))
+    if name in _REGRESSION and isinstance(targets.get("negative"), float):
+        neg, above = targets["negative"], targets.get("above_one", 0.0)
+        below = targets.get("below_minus_one", 0.0)
+        if floored:
+            found.append((neg, "[0, inf) (a ReLU or clamp)"))
+        if isinstance(hi, (int, float)) and hi <= 1:
+            if lo >= 0:
+                found.append(((above if hi >= 1 - PRESSED else 0.0) +
+                              (neg if lo <= PRESSED else 0.0), "[0, 1] (a sigmoid)"))
+            elif lo >= -1:
+                found.append(((above if hi >= 1 - PRESSED else 0.0) +
+                              (below if lo <= -1 + PRESSED else 0.0), "[-1, 1] (a tanh)"))
+    if not found:
         return {}
-    return {"output_floor_unreachable": float(share)}
+    share, bound = max(found)
+    return {"output_range_unreachable": float(share), "output_range": bound}
 
 
 def uninformed_loss(targets: dict | None) -> float | None:
@@ -321,7 +342,7 @@ def compute(run: Run) -> dict:
         # per step: a loop that keeps one of two forwards' outputs keeps one graph a step
         s["graphs_kept_share"] = min(1.0, max(kept.get("alive", 0),
                                               kept.get("outputs_alive", 0)) / steps_checked)
-    s.update(_output_floor(run.first("loss_input"), targets[-1] if targets else None))
+    s.update(output_range(run.first("loss_input"), targets[-1] if targets else None))
     broadcast = run.first("loss_broadcast")
     if broadcast and isinstance(broadcast.get("factor"), (int, float)):
         s["loss_broadcast_factor"] = float(broadcast["factor"])

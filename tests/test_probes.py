@@ -969,8 +969,8 @@ def test_matching_shapes_leave_no_broadcast(tmp_path):
 
 
 # -- an output floored at 0 (loss_output_mismatch) ----------------------------------------------
-def _floored(shift: float):
-    """Regression through ``torch.relu`` at the loss: targets ``shift`` + a signed signal."""
+def _floored(shift: float, sigmoid: bool = False):
+    """Regression through a ReLU (or a sigmoid) at the loss: targets ``shift`` + a signal."""
     torch.manual_seed(0)
     X = torch.randn(512, 6)
     y = (X[:, :1] - X[:, 1:2] + shift)
@@ -980,7 +980,8 @@ def _floored(shift: float):
     for _epoch in range(3):
         for xb, yb in loader:
             opt.zero_grad()
-            loss = F.mse_loss(torch.relu(net(xb)), yb)  # <floored-output>
+            pred = net(xb)
+            loss = F.mse_loss(torch.sigmoid(pred) if sigmoid else torch.relu(pred), yb)  # <floored-output>
             loss.backward()
             opt.step()
 
@@ -988,17 +989,28 @@ def _floored(shift: float):
 def test_an_output_floored_at_zero_cannot_reach_negative_targets(tmp_path):
     ctx = captured(tmp_path, lambda: _floored(0.0))
     targets = ctx.run.of("targets")[-1]
+    assert "ReLU" in ctx.signals["output_range"]
     assert targets["input_min"] == 0.0 and targets["input_zero_share"] > 0.05
-    assert 0.3 < ctx.signals["output_floor_unreachable"] < 0.7  # about half the targets
+    assert 0.3 < ctx.signals["output_range_unreachable"] < 0.7  # about half the targets
     assert ctx.classification.primary == "convergence_to_wrong_solution"
     f = confirmed_one(ctx, "loss_output_mismatch", "architecture")
     assert_at(f, "floored-output")  # the ReLU is applied at the loss call
-    assert f.evidence["input_kind"] == "nonnegative"
+    assert f.evidence["input_kind"] == "bounded" and "ReLU" in f.evidence["output_range"]
 
 
 def test_an_output_floored_at_zero_is_fine_for_positive_targets(tmp_path):
     """Prices, counts: the same ReLU loses nothing when no target is negative."""
     ctx = captured(tmp_path, lambda: _floored(10.0))
-    assert ctx.signals.get("output_floor_unreachable", 0.0) < 0.05
+    assert ctx.signals.get("output_range_unreachable", 0.0) < 0.05
     assert ctx.classification.primary != "convergence_to_wrong_solution"
     assert not [f for f in probe(ctx, "loss_output_mismatch") if f.confirmed]
+
+
+def test_a_sigmoid_output_cannot_reach_targets_beyond_one(tmp_path):
+    """Regression targets around 3 through a sigmoid: it saturates at 1, the targets lie above."""
+    ctx = captured(tmp_path, lambda: _floored(3.0, sigmoid=True))
+    assert "sigmoid" in ctx.signals["output_range"]
+    assert ctx.signals["output_range_unreachable"] > 0.5
+    assert ctx.classification.primary == "convergence_to_wrong_solution"
+    f = confirmed_one(ctx, "loss_output_mismatch", "architecture")
+    assert_at(f, "floored-output")

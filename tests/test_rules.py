@@ -69,7 +69,7 @@ def classify_and_check(sig: dict) -> Classification:
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "exploding", "memory_growth", "broadcast_loss",
-                     "floored_output", "overfitting",
+                     "bounded_output", "overfitting",
                      "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing",
                      "slow_data", "loop_overhead", "gpu_idle", "plateau"]
 
@@ -1116,17 +1116,29 @@ def test_broadcast_loss_outranks_the_curve():
     quiet(C.broadcast_loss, syn.make_run(syn.steps_events(np.linspace(1.0, 0.5, 200))))
 
 
-def test_floored_output_needs_unreachable_targets():
+def test_bounded_output_needs_unreachable_targets():
     steps = syn.steps_events(np.linspace(1.0, 0.5, 200))
     seen = {"t": "loss_input", "name": "mse_loss", "kind": "logits", "min": 0.0, "max": 3.0,
             "zero_share": 0.4}
     run = syn.make_run(steps, seen, {"t": "targets", "loss": "mse_loss", "n": 6400,
                                      "mean": 0.0, "var": 1.0, "negative": 0.5})
-    fires(C.floored_output, run, "convergence_to_wrong_solution", {"output_floor_unreachable"})
+    fires(C.bounded_output, run, "convergence_to_wrong_solution", {"output_range_unreachable"})
     positive = syn.make_run(steps, seen, {"t": "targets", "loss": "mse_loss", "n": 6400,
                                           "mean": 5.0, "var": 1.0, "negative": 0.0})
-    quiet(C.floored_output, positive)
+    quiet(C.bounded_output, positive)
     signed = syn.make_run(steps, {**seen, "min": -0.5}, {"t": "targets", "loss": "mse_loss",
                                                         "n": 6400, "mean": 0.0, "var": 1.0,
                                                         "negative": 0.5})
-    quiet(C.floored_output, signed)  # outputs below 0: no floor
+    quiet(C.bounded_output, signed)  # outputs below 0: no floor
+
+
+def test_a_sigmoid_bound_counts_only_when_the_outputs_press_against_it():
+    steps = syn.steps_events(np.linspace(1.0, 0.5, 200))
+    targets = {"t": "targets", "loss": "mse_loss", "n": 6400, "mean": 2.0, "var": 1.0,
+               "negative": 0.0, "above_one": 0.8, "below_minus_one": 0.0,
+               "input_min": 0.1, "input_max": 0.999, "input_zero_share": 0.0}
+    sig, _ = fires(C.bounded_output, syn.make_run(steps, targets),
+                   "convergence_to_wrong_solution", {"output_range_unreachable"})
+    assert sig["output_range"].startswith("[0, 1]")
+    loose = {**targets, "input_max": 0.7}  # a linear output that happens to stay low
+    quiet(C.bounded_output, syn.make_run(steps, loose))

@@ -89,18 +89,20 @@ class LossStats:
             self.reduce()
 
     def _observe_input(self, input: torch.Tensor) -> None:
-        """Fold the loss input's minimum and exact zeros into ``inputs`` (no device sync).
+        """Fold the loss input's range and exact zeros into ``inputs`` (no device sync).
 
-        Over the run, not only the first batch: an output floored by a ReLU shows its zeros
-        once training pushes it below 0.
+        Over the run, not only the first batch: an output floored by a ReLU shows its zeros, a
+        sigmoid or tanh its bound, once training pushes the output against them.
         """
         with torch.no_grad():
             x = input.detach()
-            got = torch.stack([(x == 0).sum().double(), x.new_tensor(x.numel(), dtype=torch.float64),
-                               x.min().double()])
+            got = torch.stack([(x == 0).sum().double(),
+                               x.new_tensor(x.numel(), dtype=torch.float64),
+                               x.min().double(), x.max().double()])
             prev = self.targets.get("inputs")
             if prev is not None and prev.device == got.device:
-                got = torch.stack([prev[0] + got[0], prev[1] + got[1], torch.minimum(prev[2], got[2])])
+                got = torch.stack([prev[0] + got[0], prev[1] + got[1],
+                                   torch.minimum(prev[2], got[2]), torch.maximum(prev[3], got[3])])
             self.targets["inputs"] = got
 
     def counting_all(self) -> bool:
@@ -119,7 +121,8 @@ class LossStats:
     def reduce(self) -> None:
         """Fold the queued targets into class counts or moments, on their device.
 
-        The moments are the sum, the sum of squares and the count of negative targets.
+        The moments are the sum, the sum of squares and the counts of targets below 0, above 1
+        and below -1.
         """
         t = self.targets
         queue, t["queue"] = t["queue"], []
@@ -141,7 +144,8 @@ class LossStats:
                     t["counts"] = prev + counts if same else counts
                 else:
                     f = flat.float()
-                    moments = torch.stack([f.sum(), torch.dot(f, f), (f < 0).sum()]).double()
+                    moments = torch.stack([f.sum(), torch.dot(f, f), (f < 0).sum(),
+                                           (f > 1).sum(), (f < -1).sum()]).double()
                     prev = t["moments"]
                     same = prev is not None and prev.device == moments.device
                     t["moments"] = prev + moments if same else moments
@@ -169,15 +173,19 @@ class LossStats:
         if t["sampled"] < t["n"]:
             data["sampled"] = t["sampled"]  # the statistics below come from this many targets
         if t.get("inputs") is not None:
-            zeros, numel, low = t["inputs"].tolist()
-            data["input_min"], data["input_zero_share"] = low, zeros / max(numel, 1.0)
+            zeros, numel, low, high = t["inputs"].tolist()
+            data["input_min"], data["input_max"] = low, high
+            data["input_zero_share"] = zeros / max(numel, 1.0)
         if t["counts"] is not None:
             data["counts"] = [int(c) for c in t["counts"][1:-1].tolist()]
         elif t["moments"] is not None:
-            total, sumsq, negative = t["moments"].tolist()
+            total, sumsq, negative, above_one, below_minus_one = t["moments"].tolist()
             data["mean"] = total / t["sampled"]
             data["var"] = max(sumsq / t["sampled"] - data["mean"] ** 2, 0.0)
-            data["negative"] = negative / t["sampled"]  # the share below zero
+            # the shares outside the ranges bounded outputs have: [0, inf), [0, 1], [-1, 1]
+            data["negative"] = negative / t["sampled"]
+            data["above_one"] = above_one / t["sampled"]
+            data["below_minus_one"] = below_minus_one / t["sampled"]
         else:
             return
         self.rec.emit("targets", **data)

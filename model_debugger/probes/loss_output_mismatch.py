@@ -111,28 +111,32 @@ class LossOutputMismatch(Probe):
                              "measured)", where, strength=0.4)]
 
     def _floored(self, ctx: ProbeContext, seen: dict):
-        """The finding for an output floored at zero that the loss needs to go negative, or None.
+        """The finding for a bounded output that cannot reach some targets, or None.
 
-        The share of targets it cannot reach is the record's ``output_floor_unreachable``
+        Bounded: a ReLU's floor, a sigmoid's or a tanh's range.
+        The share of targets it cannot reach is the record's ``output_range_unreachable``
         (PyTorch), else computed the same way from the Keras model's output on kept rows.
         Located at the loss call when the prediction is squashed there
         (``loss(torch.relu(pred), y)``), else at the model.
         """
-        from ..signals import _output_floor
+        from ..signals import output_range
         from ..thresholds import UNREACHABLE_SHARE
 
         targets = (ctx.run.of("targets") or [{}])[-1]
         if isinstance(targets.get("input_min"), float):  # the loss inputs over the whole run
             seen = {"name": targets.get("loss"), "min": targets["input_min"],
+                    "max": targets.get("input_max"),
                     "zero_share": targets.get("input_zero_share")}
-        share = ctx.signals.get("output_floor_unreachable")
+        share = ctx.signals.get("output_range_unreachable")
+        bound = ctx.signals.get("output_range")
         if share is None and seen and ctx.train_xy is not None and ctx.train_xy[1] is not None:
             import numpy as np
 
             y = np.asarray(ctx.train_xy[1], dtype=np.float64)
-            share = _output_floor(seen, {"mean": float(y.mean()),
-                                         "negative": float((y < 0).mean())}).get(
-                "output_floor_unreachable")
+            got = output_range(seen, {"mean": float(y.mean()), "negative": float((y < 0).mean()),
+                                       "above_one": float((y > 1).mean()),
+                                       "below_minus_one": float((y < -1).mean())})
+            share, bound = got.get("output_range_unreachable"), got.get("output_range")
         if share is None or share < UNREACHABLE_SHARE:
             return None
         name = seen.get("name") or "the loss"
@@ -140,18 +144,21 @@ class LossOutputMismatch(Probe):
             why = (f"a raw score below 0 is how the model says 'class 0' ({share:.0%} of the "
                    "targets): it can never predict a probability below 0.5")
         else:
-            why = f"{share:.0%} of the training targets are negative and can never be reached"
+            why = f"{share:.0%} of the training targets lie outside it and can never be reached"
         where = ctx.ref("loss_fn")
         text = _line(ctx, where)
         if where is None or text is None or not _SQUASH.search(text):
             where = ctx.ref("model") or where
+        lo, hi = seen.get("min"), seen.get("max")
+        shown = f"min {lo:.3g}" + (f", max {hi:.3g}" if isinstance(hi, (int, float)) else "")
         return self.finding(
             "architecture", True,
-            f"{name} receives outputs that are never negative (min {seen.get('min', 0):.3g}, "
-            f"{seen.get('zero_share', 0):.0%} exactly 0: a ReLU or clamp on the output), but "
-            f"{why}. The model converges to the best non-negative answer, not the right one. "
-            "Remove the activation from the output (a linear output for regression and logits).",
-            where, loss=name, input_kind="nonnegative", unreachable_share=share,
+            f"{name} receives outputs confined to {bound} ({shown}, "
+            f"{seen.get('zero_share') or 0:.0%} exactly 0), but {why}. The model converges to "
+            "the best answer its output range allows, not the right one. Remove the activation "
+            "from the output (a linear output for regression and logits), or scale the targets "
+            "into the range.",
+            where, loss=name, input_kind="bounded", output_range=bound, unreachable_share=share,
             zero_share=seen.get("zero_share"), strength=0.95)
 
 
