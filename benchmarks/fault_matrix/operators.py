@@ -403,6 +403,15 @@ def _dropout_extreme(p: Program) -> list[Edit]:
     return [dataclasses.replace(edits[0], change=True)] + edits[1:]
 
 
+@operator("output_sigmoid_regression", "model", "convergence_to_wrong_solution",
+          "architecture", "a sigmoid on a regression output (predictions confined to (0, 1))")
+def _output_sigmoid_regression(p: Program) -> list[Edit]:
+    need(p.is_torch, "the loss kind of a Keras model is not read here")
+    loss = torch_train_loss(p)
+    need(p.loss_kind(loss) in REGRESSION_LOSSES, "not a regression loss")
+    return ensure_import(p, "torch") + [wrap(p, loss.args[0], "torch.sigmoid({x})")]
+
+
 @operator("freeze_layers", "model", "loss_not_decreasing", "architecture",
           "every layer but the output frozen (requires_grad False / trainable False)")
 def _freeze_layers(p: Program) -> list[Edit]:
