@@ -97,7 +97,9 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
     DefiningSignal("step_overhead_share", -1, 0.05),
     DefiningSignal("gpu_util_median", +1, 10.0),
     DefiningSignal("loss_broadcast_factor", -1, 0.5, log_scale=True,
-                   shown_when=lambda sig: "loss_broadcast_factor" in sig),
+                   shown_when=lambda sig: sig.get("loss_broadcast_factor", 1.0) >= 2),
+    DefiningSignal("output_range_unreachable", -1, 0.05,
+                   shown_when=lambda sig: sig.get("output_range_unreachable", 0.0) >= 0.05),
     DefiningSignal("val_f1_final", +1, 0.02),
     DefiningSignal("train_f1_final", +1, 0.02),
     DefiningSignal("val_acc_final", +1, 0.01),
@@ -130,8 +132,8 @@ CATEGORIES: dict[str, Target] = {
         f"data wait should no longer dominate (data_wait_fraction below {DATA_WAIT_FRACTION:g}), "
         "nor the loop's own work each step, and the GPU, if any, should be kept busy (now {})"),
     "convergence_to_wrong_solution": Target(
-        _of("loss_broadcast_factor", "val_f1_final", "train_f1_final", "val_acc_final",
-            "train_acc_final"),
+        _of("loss_broadcast_factor", "output_range_unreachable", "val_f1_final",
+            "train_f1_final", "val_acc_final", "train_acc_final"),
         "the tracked metric should rise above the trivial level (now {})"),
 }
 

@@ -130,12 +130,12 @@ def loss_figure(runs: Run | list[Run], labels: list[str] | None = None,
     if labels is None:
         labels = [""] if len(runs) == 1 else [f"run {i + 1}" for i in range(len(runs))]
     # the metrics panel only when there is a metric to draw: no empty placeholder axes
-    metrics = metrics and any(points and not _is_loss(name) for run in runs
-                              for name, points in run.metrics().items())
-    fig = new_figure(7.0, 3.4, live) if metrics else new_figure(live=live)
-    ax = fig.add_subplot(1, 2, 1) if metrics else fig.add_subplot()
-    ax_met = fig.add_subplot(1, 2, 2) if metrics else None
-    chance = _majority_rate(runs) if metrics else None
+    panel = metrics and any(points and not _is_loss(name) for run in runs
+                            for name, points in run.metrics().items())
+    fig = new_figure(7.0, 3.4, live) if panel else new_figure(live=live)
+    ax = fig.add_subplot(1, 2, 1) if panel else fig.add_subplot()
+    ax_met = fig.add_subplot(1, 2, 2) if panel else None
+    chance = _majority_rate(runs) if panel else None
     curves = []
     for run, label in zip(runs, labels):
         pre = f"{label}: " if label else ""
@@ -172,7 +172,7 @@ def loss_figure(runs: Run | list[Run], labels: list[str] | None = None,
     ax.set_xlabel("step")
     _integer_steps(ax)
     ax.set_ylabel("loss")
-    ax.set_title(title, **({"fontsize": 9} if metrics else {}))
+    ax.set_title(title, **({"fontsize": 9} if panel else {}))
     if ax_met is not None:
         if chance is not None and any((metric_role(n) or ("", ""))[1] == "acc"
                                       for run in runs for n in run.metrics()):

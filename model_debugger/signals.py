@@ -158,30 +158,34 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
 
 
 FLOOR_ZEROS = 0.05  # exact zeros among the loss inputs, none below: a ReLU/clamp on the output
-PRESSED = 0.02  # outputs within this of a sigmoid's or tanh's bound press against it
+PRESSED_SHARE = 0.05  # ... or this share of them at a sigmoid's or tanh's bound: saturated
 _REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 
 
 def output_range(seen: dict | None, targets: dict | None) -> dict:
     """``output_range_unreachable``: the share of targets a bounded output cannot reach.
 
-    The loss input over the run (the ``targets`` event's ``input_min``, ``input_max`` and
-    ``input_zero_share``; else the first batch's ``loss_input``) tells the output's range:
+    The loss input over the run (the ``targets`` event's ``input_min``, ``input_max``,
+    ``input_zero_share`` and ``input_pressed``; else the first batch's ``loss_input``) tells
+    the output's range:
 
     - never below 0, with exact zeros among it: a ReLU or clamp. Under BCE-with-logits no raw
       score below 0 means no probability below 0.5: the class-0 targets are unreachable;
       under a regression loss, the negative ones;
-    - within [0, 1] or [-1, 1] (a sigmoid, a tanh) and pressing against a bound (within
-      ``PRESSED``): under a regression loss, the targets beyond that bound.
+    - within [0, 1] or [-1, 1] (a sigmoid, a tanh) with at least ``PRESSED_SHARE`` of it at a
+      bound (saturated): under a regression loss, the targets beyond that bound.
 
-    ``output_range`` names the range found.
+    0.0 when the range reaches every target (the signal Verify compares after a fix);
+    ``output_range`` names the range when one is found.
     """
     if targets and isinstance(targets.get("input_min"), float):  # over the run (PyTorch)
         seen = {"name": targets.get("loss"), "min": targets["input_min"],
-                "max": targets.get("input_max"), "zero_share": targets.get("input_zero_share", 0.0)}
+                "max": targets.get("input_max"), "zero_share": targets.get("input_zero_share", 0.0),
+                "pressed": targets.get("input_pressed") or {}}
     if not seen or not targets or not isinstance(seen.get("min"), (int, float)):
         return {}
     name, lo, hi = seen.get("name"), seen["min"], seen.get("max")
+    pressed = seen.get("pressed") or {}
     floored = lo >= 0 and seen.get("zero_share", 0.0) >= FLOOR_ZEROS
     found: list[tuple[float, str]] = []
     if name == "binary_cross_entropy_with_logits" and floored and \
@@ -192,17 +196,18 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
         below = targets.get("below_minus_one", 0.0)
         if floored:
             found.append((neg, "[0, inf) (a ReLU or clamp)"))
-        if isinstance(hi, (int, float)) and hi <= 1:
-            if lo >= 0:
-                found.append(((above if hi >= 1 - PRESSED else 0.0) +
-                              (neg if lo <= PRESSED else 0.0), "[0, 1] (a sigmoid)"))
-            elif lo >= -1:
-                found.append(((above if hi >= 1 - PRESSED else 0.0) +
-                              (below if lo <= -1 + PRESSED else 0.0), "[-1, 1] (a tanh)"))
-    if not found:
+        top = above if pressed.get("1", 0.0) >= PRESSED_SHARE else 0.0
+        if isinstance(hi, (int, float)) and hi <= 1 and lo >= 0:
+            found.append((top + (neg if pressed.get("0", 0.0) >= PRESSED_SHARE else 0.0),
+                          "[0, 1] (a sigmoid)"))
+        elif isinstance(hi, (int, float)) and hi <= 1 and lo >= -1:
+            found.append((top + (below if pressed.get("-1", 0.0) >= PRESSED_SHARE else 0.0),
+                          "[-1, 1] (a tanh)"))
+    if name not in _REGRESSION and name != "binary_cross_entropy_with_logits":
         return {}
-    share, bound = max(found)
-    return {"output_range_unreachable": float(share), "output_range": bound}
+    share, bound = max(found) if found else (0.0, None)
+    return {"output_range_unreachable": float(share),
+            **({"output_range": bound} if bound and share > 0 else {})}
 
 
 def uninformed_loss(targets: dict | None) -> float | None:
@@ -346,6 +351,8 @@ def compute(run: Run) -> dict:
     broadcast = run.first("loss_broadcast")
     if broadcast and isinstance(broadcast.get("factor"), (int, float)):
         s["loss_broadcast_factor"] = float(broadcast["factor"])
+    elif targets and "input_min" in targets[-1]:  # an elementwise loss, shapes never broadcast
+        s["loss_broadcast_factor"] = 1.0
     reset = run.first("grad_reset")
     if reset and reset.get("checked", 0) >= 5:  # steps that began with last step's gradients
         s["grad_not_reset_share"] = reset["not_reset"] / reset["checked"]

@@ -964,7 +964,7 @@ def test_loss_broadcast_is_measured_at_the_loss_call(tmp_path):
 
 def test_matching_shapes_leave_no_broadcast(tmp_path):
     ctx = captured(tmp_path, lambda: _regression(view_target=False))
-    assert ctx.run.first("loss_broadcast") is None and "loss_broadcast_factor" not in ctx.signals
+    assert ctx.run.first("loss_broadcast") is None and ctx.signals["loss_broadcast_factor"] == 1
     assert ctx.classification.primary != "convergence_to_wrong_solution"
 
 

@@ -1132,13 +1132,14 @@ def test_bounded_output_needs_unreachable_targets():
     quiet(C.bounded_output, signed)  # outputs below 0: no floor
 
 
-def test_a_sigmoid_bound_counts_only_when_the_outputs_press_against_it():
+def test_a_sigmoid_bound_counts_only_when_the_outputs_saturate_against_it():
     steps = syn.steps_events(np.linspace(1.0, 0.5, 200))
     targets = {"t": "targets", "loss": "mse_loss", "n": 6400, "mean": 2.0, "var": 1.0,
                "negative": 0.0, "above_one": 0.8, "below_minus_one": 0.0,
-               "input_min": 0.1, "input_max": 0.999, "input_zero_share": 0.0}
+               "input_min": 0.1, "input_max": 0.999, "input_zero_share": 0.0,
+               "input_pressed": {"1": 0.6, "-1": 0.0, "0": 0.0}}
     sig, _ = fires(C.bounded_output, syn.make_run(steps, targets),
                    "convergence_to_wrong_solution", {"output_range_unreachable"})
     assert sig["output_range"].startswith("[0, 1]")
-    loose = {**targets, "input_max": 0.7}  # a linear output that happens to stay low
+    loose = {**targets, "input_pressed": {"1": 0.01}}  # a linear output that stays below 1
     quiet(C.bounded_output, syn.make_run(steps, loose))

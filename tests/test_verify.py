@@ -369,3 +369,6 @@ def test_judge_where_seen_needs_every_such_seed_cured():
              _m(["healthy"], finite_fraction=0.03)]
     v = judge(GI, before, after)
     assert v["verdict"] == "not_resolved" and v["cured_where_seen"] == []
+    still = [_m(["healthy"], finite_fraction=1.0), _m(["healthy"], finite_fraction=1.0),
+             _m([GI], finite_fraction=1.0)]  # the signal moved, but the problem is still there
+    assert judge(GI, before, still)["cured_where_seen"] == []

@@ -65,7 +65,7 @@ class DataHooks:
         self._train_loaders: set[int] = set()
         self._active_loader = None
         self._loader_refs: dict[int, weakref.ref] = {}
-        self._loaders_made: dict[int, tuple[dict | None, int | None]] = {}
+        self._loaders_made: dict[int, tuple] = {}  # id -> (location, batch size, weakref)
 
     def _note_train_loader(self) -> None:
         """The loader of the batch that reached ``backward()`` trains (called each backward).
@@ -80,7 +80,9 @@ class DataHooks:
             if self.keeper.train_loader is None and ref is not None:
                 self.keeper.train_loader = ref()
             made = self._loaders_made.get(self._active_loader)
-            if first and made is not None and made[0] is not None:
+            alive = ref() if ref is not None else None
+            if first and made is not None and made[0] is not None and alive is not None \
+                    and made[2]() is alive:  # not a dead loader's reused id
                 self.ref("loader", made[0], batch_size=made[1])
 
     def _wrap_loader_init(self, original):
@@ -100,7 +102,8 @@ class DataHooks:
             return
         batch = getattr(loader, "batch_size", None)
         self._loaders_made[id(loader)] = (user_location(sys._getframe()),
-                                          batch if isinstance(batch, int) else None)
+                                          batch if isinstance(batch, int) else None,
+                                          weakref.ref(loader))
 
     def _wrap_loader_iter(self, original):
         link = self._link

@@ -23,6 +23,7 @@ CLASS_LOSSES = ("cross_entropy", "nll_loss")
 BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
 REG_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 ELEMENTWISE = REG_LOSSES + BINARY_LOSSES  # prediction and target compared element by element
+PRESSED = 0.02  # outputs within this of a sigmoid's or tanh's bound press against it
 _MAX_CLASSES = 1000
 _TARGET_QUEUE = 32  # targets kept (copied) and reduced together: ~2 tensor ops per step, no sync
 _TARGET_QUEUE_NUMEL = 1 << 16  # larger targets (images, ...) are reduced right away
@@ -89,20 +90,27 @@ class LossStats:
             self.reduce()
 
     def _observe_input(self, input: torch.Tensor) -> None:
-        """Fold the loss input's range and exact zeros into ``inputs`` (no device sync).
+        """Fold the loss input's range, exact zeros and saturation into ``inputs`` (no sync).
 
         Over the run, not only the first batch: an output floored by a ReLU shows its zeros, a
-        sigmoid or tanh its bound, once training pushes the output against them.
+        sigmoid or tanh its bound, once training pushes the output against them. Only a
+        prediction counts (an input that requires grad: ``mse_loss(y, pred)`` swaps them).
         """
+        if not input.requires_grad:
+            return
         with torch.no_grad():
             x = input.detach()
+            near = 1.0 - PRESSED
             got = torch.stack([(x == 0).sum().double(),
-                               x.new_tensor(x.numel(), dtype=torch.float64),
-                               x.min().double(), x.max().double()])
+                               torch.full((), float(x.numel()), dtype=torch.float64,
+                                          device=x.device),
+                               x.min().double(), x.max().double(),
+                               (x >= near).sum().double(), (x <= -near).sum().double(),
+                               ((x >= 0) & (x <= PRESSED)).sum().double()])
             prev = self.targets.get("inputs")
             if prev is not None and prev.device == got.device:
-                got = torch.stack([prev[0] + got[0], prev[1] + got[1],
-                                   torch.minimum(prev[2], got[2]), torch.maximum(prev[3], got[3])])
+                got = torch.cat([prev[:2] + got[:2], torch.minimum(prev[2:3], got[2:3]),
+                                 torch.maximum(prev[3:4], got[3:4]), prev[4:] + got[4:]])
             self.targets["inputs"] = got
 
     def counting_all(self) -> bool:
@@ -173,9 +181,13 @@ class LossStats:
         if t["sampled"] < t["n"]:
             data["sampled"] = t["sampled"]  # the statistics below come from this many targets
         if t.get("inputs") is not None:
-            zeros, numel, low, high = t["inputs"].tolist()
+            zeros, numel, low, high, near_one, near_minus_one, near_zero = t["inputs"].tolist()
+            numel = max(numel, 1.0)
             data["input_min"], data["input_max"] = low, high
-            data["input_zero_share"] = zeros / max(numel, 1.0)
+            data["input_zero_share"] = zeros / numel
+            # shares of the outputs pressed against a sigmoid's or tanh's bounds
+            data["input_pressed"] = {"1": near_one / numel, "-1": near_minus_one / numel,
+                                     "0": near_zero / numel}
         if t["counts"] is not None:
             data["counts"] = [int(c) for c in t["counts"][1:-1].tolist()]
         elif t["moments"] is not None:
@@ -241,7 +253,6 @@ class LossHooks:
                 or not isinstance(input, torch.Tensor) or not isinstance(target, torch.Tensor) \
                 or input.shape == target.shape:
             return
-        self._broadcast_seen.add(name)
         try:
             shape = torch.broadcast_shapes(input.shape, target.shape)
         except RuntimeError:
@@ -249,6 +260,7 @@ class LossHooks:
         terms = math.prod(shape)
         if terms <= max(input.numel(), target.numel()):
             return  # one side is a scalar or a size-1 weight: no pairing changed
+        self._broadcast_seen.add(name)
         self.rec.emit("loss_broadcast", loss=name, input=list(input.shape),
                       target=list(target.shape), shape=list(shape),
                       factor=terms / max(input.numel(), target.numel(), 1),

@@ -1,6 +1,8 @@
-"""A training script that "doesn't train": the loss explodes and gradients overflow to inf.
+"""The demo's training script: tabular regression on house-price features, SGD + momentum.
 
-Tabular regression on raw (unscaled) features with SGD + momentum. Run it under the debugger:
+``broken_training.py`` trains on the raw (unscaled) features: the loss explodes and gradients
+overflow to inf. ``fixed_training.py`` is the same script with the one change Isolate confirms
+(the inputs standardised). ``make demo`` walks the whole method on the pair:
 
     model-debugger diagnose model_debugger/examples/broken_training.py --runs 3 --seed 0
 """

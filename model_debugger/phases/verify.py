@@ -76,8 +76,8 @@ def _cured_where_seen(category: str, before: list[dict], after: list[dict], name
                       sign: int) -> list[int]:
     """The positions of the seeds where ``category`` occurred before, when each is cured.
 
-    Cured: the fixed run of that seed moved ``name`` the right way by more than its minimum
-    effect (else ``[]``).
+    Cured: the fixed run of that seed no longer shows ``category`` and moved ``name`` the right
+    way by more than its minimum effect (else ``[]``).
 
     Runs are paired by seed (same seed, same initial state), so a problem that reproduced in
     only some seeds is judged where it occurred: a bimodal 0-1 signal's spread across seeds
@@ -85,12 +85,13 @@ def _cured_where_seen(category: str, before: list[dict], after: list[dict], name
     :data:`PAIRED_MIN` such seeds (one seed that flipped could be chance).
     """
     seen = [i for i, m in enumerate(before) if category in m["categories"]]
-    if len(seen) < min(PAIRED_MIN, len(before)) or len(after) != len(before):
+    if len(seen) < PAIRED_MIN or len(after) != len(before):
         return []
     floor = MIN_EFFECT.get(name, 0.0)
     for i in seen:
         b, a = _value(before[i]["signals"], name), _value(after[i]["signals"], name)
-        if not (math.isfinite(a) and math.isfinite(b)) or sign * (a - b) <= floor:
+        if category in after[i]["categories"] or not (math.isfinite(a) and math.isfinite(b)) \
+                or sign * (a - b) <= floor:
             return []
     return seen
 

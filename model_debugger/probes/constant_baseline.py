@@ -39,20 +39,19 @@ def _huber_constant(ym: np.ndarray, beta: float) -> float:
     """The least mean Smooth-L1 loss (threshold ``beta``) of one constant per column.
 
     The loss is convex in the constant, so a golden-section search between each column's
-    extremes finds it.
+    extremes finds it (every column at once).
     """
-    def loss(col: np.ndarray, c: float) -> float:
-        d = np.abs(col - c)
-        return float(np.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta).mean())
+    def loss(c: np.ndarray) -> np.ndarray:
+        d = np.abs(ym - c)
+        return np.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta).mean(axis=0)
 
-    golden, total = (math.sqrt(5) - 1) / 2, 0.0
-    for col in ym.T:
-        lo, hi = float(col.min()), float(col.max())
-        for _ in range(60):
-            a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-            lo, hi = (lo, b) if loss(col, a) <= loss(col, b) else (a, hi)
-        total += loss(col, (lo + hi) / 2)
-    return total / ym.shape[1]
+    golden = (math.sqrt(5) - 1) / 2
+    lo, hi = ym.min(axis=0), ym.max(axis=0)
+    for _ in range(60):
+        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+        left = loss(a) <= loss(b)
+        lo, hi = np.where(left, lo, a), np.where(left, b, hi)
+    return float(loss((lo + hi) / 2).mean())
 
 
 def baseline_from_targets(y, loss: str | None, beta: float = 1.0) -> tuple[float, str] | None:
@@ -72,6 +71,8 @@ def baseline_from_targets(y, loss: str | None, beta: float = 1.0) -> tuple[float
     if loss in ("mse_loss", None):
         return float(ym.var(axis=0).mean()), "target variance"
     if loss == "l1_loss":
+        return float(np.abs(ym - np.median(ym, axis=0)).mean()), "mean absolute deviation"
+    if loss in ("smooth_l1_loss", "huber_loss") and beta == 0:  # Smooth-L1 at beta 0 is L1
         return float(np.abs(ym - np.median(ym, axis=0)).mean()), "mean absolute deviation"
     if loss in ("smooth_l1_loss", "huber_loss") and beta > 0 and np.isfinite(ym).all():
         scale = beta if loss == "huber_loss" else 1.0  # Huber(delta) = delta * SmoothL1(delta)
@@ -99,7 +100,12 @@ class ConstantBaseline(Probe):
         final, low = _num(s, "loss_final"), _num(s, "loss_min")
         base, source, kind = _num(s, "constant_predictor_loss"), "signal", "from the record"
         if not math.isfinite(base) and ctx.train_xy is not None and ctx.train_xy[1] is not None:
-            got = baseline_from_targets(ctx.train_xy[1], st.loss_name(ctx))
+            name = st.loss_name(ctx)
+            kwargs = (ctx.loss or {}).get("kwargs") or {}
+            beta = kwargs.get("delta" if name == "huber_loss" else "beta", 1.0)
+            known = name not in ("smooth_l1_loss", "huber_loss") or ctx.framework == "torch"
+            got = baseline_from_targets(ctx.train_xy[1], name, float(beta)) if known and \
+                isinstance(beta, (int, float)) else None  # a Keras delta is not recorded
             if got is not None:
                 (base, kind), source = got, "arrays"
                 if st.loss_name(ctx) is None:

@@ -21,6 +21,7 @@ from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
 
 ROWS = 1536
+CONTROL_FEATURES = 4096  # input features the positive control's projection reads at most
 STEPS = 150
 FOLDS = 3
 CHECKS = 10    # held-out loss read 10 times per fit; the best counts (overfitting adds noise)
@@ -56,22 +57,31 @@ def constant_loss(name: str, target, ignore_index: int = -100,
     return None if got is None else got[0]
 
 
-def learnable_labels(inputs, target, rng: np.random.Generator):
+def learnable_labels(inputs, target, rng: np.random.Generator, ignore_index: int = -100):
     """Labels shaped and typed like ``target`` that are a linear function of the inputs.
 
     The first floating input is standardised and projected on random directions: class labels
     are equal-frequency bins of one projection over the target's own classes (balanced like
     nothing else), binary columns keep each column's rate, and continuous columns keep each
     column's mean and spread. None when no input is floating (token ids) or the target is none
-    of these.
+    of these. Wide inputs (images) are projected from :data:`CONTROL_FEATURES` of their
+    features, in float32.
     """
     x = next((v for v in inputs if _is_float(v)), None)
     if x is None:
         return None
-    x = st.as_matrix(x.detach().cpu().double().numpy() if hasattr(x, "detach") else x)
+    x = x.detach().cpu().float().numpy() if hasattr(x, "detach") else np.asarray(x)
+    x = x.reshape(len(x), -1)
+    if x.shape[1] > CONTROL_FEATURES:
+        x = x[:, rng.choice(x.shape[1], CONTROL_FEATURES, replace=False)]
+    x = x.astype(np.float32)
     x = (x - x.mean(0)) / np.where(x.std(0) > 1e-8, x.std(0), 1.0)
     torch_target = hasattr(target, "detach")
-    y = target.detach().cpu().numpy() if torch_target else np.asarray(target)
+    if torch_target:  # bfloat16 has no NumPy dtype: floats go through float64
+        t = target.detach().cpu()
+        y = (t.double() if t.is_floating_point() else t).numpy()
+    else:
+        y = np.asarray(target)
     flat = y.reshape(len(y), -1) if y.ndim > 1 else y[:, None]
     if flat.shape[1] > 64 or not np.issubdtype(y.dtype, np.number) and y.dtype != bool:
         return None
@@ -81,7 +91,7 @@ def learnable_labels(inputs, target, rng: np.random.Generator):
     if np.issubdtype(y.dtype, np.integer) or y.dtype == bool:
         if flat.shape[1] != 1:
             return None
-        classes = np.unique(flat)
+        classes = np.unique(flat[flat != ignore_index])
         if len(classes) < 2:
             return None
         out = classes[np.minimum((ranks[:, 0] * len(classes)).astype(int), len(classes) - 1)]
@@ -97,7 +107,7 @@ def learnable_labels(inputs, target, rng: np.random.Generator):
     if torch_target:
         import torch
 
-        return torch.as_tensor(out, dtype=target.dtype)
+        return torch.as_tensor(out).to(target.dtype)
     return out
 
 
@@ -175,14 +185,15 @@ class LabelAlignment(Probe):
         # the positive control: labels that are a simple function of the inputs, which a
         # copy that can learn at all learns; a copy crippled by its initialisation or its
         # optimizer's settings fails it, and then real ~ shuffled says nothing about the labels
-        control = learnable_labels(inputs, target, rng)  # None for token ids: no control
+        ignore = tr.loss_kwargs.get("ignore_index", -100)
+        control = learnable_labels(inputs, target, rng, ignore)  # None for token ids
         control_loss = control_base = None
         if control is not None:
             if ctx.time_left() < 1.5 * (time.monotonic() - started) / len(done):
                 return []  # the control does not fit in the probe budget: no verdict
             try:
                 control_loss = heldout(control, 0)[0]
-                control_base = constant_loss(tr.loss_fn.__name__, control,
+                control_base = constant_loss(tr.loss_fn.__name__, control, ignore,
                                              kwargs=tr.loss_kwargs)
             except Exception:  # noqa: BLE001 - a loss that refuses the control: no verdict
                 return []

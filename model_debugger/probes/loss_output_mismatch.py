@@ -47,7 +47,9 @@ def output_kind(out) -> dict:
     else:
         kind = "unit_interval" if lo >= 0 and hi <= 1 else "logits"
     return {"kind": kind, "min": lo, "max": hi, "row_sum_dev": dev,
-            "zero_share": float((x == 0).mean())}
+            "zero_share": float((x == 0).mean()),
+            "pressed": {"1": float((x >= 0.98).mean()), "-1": float((x <= -0.98).mean()),
+                        "0": float(((x >= 0) & (x <= 0.02)).mean())}}
 
 
 def _keras_seen(ctx: ProbeContext) -> dict:
@@ -126,7 +128,8 @@ class LossOutputMismatch(Probe):
         if isinstance(targets.get("input_min"), float):  # the loss inputs over the whole run
             seen = {"name": targets.get("loss"), "min": targets["input_min"],
                     "max": targets.get("input_max"),
-                    "zero_share": targets.get("input_zero_share")}
+                    "zero_share": targets.get("input_zero_share"),
+                    "pressed": targets.get("input_pressed") or {}}
         share = ctx.signals.get("output_range_unreachable")
         bound = ctx.signals.get("output_range")
         if share is None and seen and ctx.train_xy is not None and ctx.train_xy[1] is not None:

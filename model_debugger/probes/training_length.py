@@ -29,7 +29,7 @@ def run_batch_size(ctx: ProbeContext) -> int | None:
     The training loader's batch size, else the targets the loss saw per step (elements per row
     divided out).
     """
-    loader = ctx.ref("loader") or {}
+    loader = next((e for e in ctx.run.of("ref") if e.get("kind") == "loader"), {})
     if isinstance(loader.get("batch_size"), int) and loader["batch_size"] > 0:
         return loader["batch_size"]
     targets = ctx.run.of("targets")
