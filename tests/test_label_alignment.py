@@ -159,3 +159,5 @@ def test_learnable_labels_keep_the_targets_shape_type_and_classes(target):
         assert np.allclose(a.mean(0), b.mean(0), atol=1e-5)
     assert label_alignment.learnable_labels((torch.tensor([[1, 2]] * 200),), target,
                                             np.random.default_rng(0)) is None  # token ids
+    assert label_alignment.learnable_labels((torch.ones(200, 5),), target,
+                                            np.random.default_rng(0)) is None  # no spread

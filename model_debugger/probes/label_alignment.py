@@ -63,8 +63,9 @@ def learnable_labels(inputs, target, rng: np.random.Generator, ignore_index: int
     The first floating input is standardised and projected on random directions: class labels
     are equal-frequency bins of one projection over the target's own classes (balanced like
     nothing else), binary columns keep each column's rate, and continuous columns keep each
-    column's mean and spread. None when no input is floating (token ids) or the target is none
-    of these. Wide inputs (images) are projected from :data:`CONTROL_FEATURES` of their
+    column's mean and spread. None when no input is floating (token ids), when the inputs do
+    not vary (no labels are a function of them: the verdict stands on its own), or when the
+    target is none of these. Wide inputs (images) are projected from :data:`CONTROL_FEATURES` of their
     features, in float32.
     """
     x = next((v for v in inputs if _is_float(v)), None)
@@ -86,6 +87,8 @@ def learnable_labels(inputs, target, rng: np.random.Generator, ignore_index: int
     if flat.shape[1] > 64 or not np.issubdtype(y.dtype, np.number) and y.dtype != bool:
         return None
     proj = x @ rng.standard_normal((x.shape[1], flat.shape[1]))
+    if not (proj.std(0) > 1e-6).all():
+        return None  # inputs with no spread (constant): nothing is a function of them
     ranks = np.argsort(np.argsort(proj, axis=0), axis=0) / len(proj)  # 0..1 per column
     binary = np.isin(flat, (0, 1)).all()
     if np.issubdtype(y.dtype, np.integer) or y.dtype == bool:
