@@ -21,7 +21,9 @@ from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
 
 ROWS = 1536
-CONTROL_FEATURES = 4096  # input features the positive control's projection reads at most
+MEMO_ROWS = 64    # the positive control: a fresh copy memorises this many rows ...
+MEMO_STEPS = 300  # ... in this many full-batch steps,
+MEMORISED = 0.75  # ... to below this share of the constant predictor's loss
 STEPS = 150
 FOLDS = 3
 CHECKS = 10    # held-out loss read 10 times per fit; the best counts (overfitting adds noise)
@@ -57,67 +59,28 @@ def constant_loss(name: str, target, ignore_index: int = -100,
     return None if got is None else got[0]
 
 
-def learnable_labels(inputs, target, rng: np.random.Generator, ignore_index: int = -100):
-    """Labels shaped and typed like ``target`` that are a linear function of the inputs.
+def memorises(tr, inputs, target, rng: np.random.Generator, ignore_index: int = -100):
+    """The positive control: ``(loss, constant loss)`` of a fresh copy fitted to a few rows.
 
-    The first floating input is standardised and projected on random directions: class labels
-    are equal-frequency bins of one projection over the target's own classes (balanced like
-    nothing else), binary columns keep each column's rate, and continuous columns keep each
-    column's mean and spread. None when no input is floating (token ids), when the inputs do
-    not vary (no labels are a function of them: the verdict stands on its own), or when the
-    target is none of these. Wide inputs (images) are projected from :data:`CONTROL_FEATURES` of their
-    features, in float32.
+    :data:`MEMO_ROWS` training rows with their real labels, :data:`MEMO_STEPS` full-batch
+    Adam steps: any copy that can learn at all memorises them (whatever the labels mean),
+    while one crippled by its initialisation or its optimizer's settings stays at the
+    constant predictor's loss. None when the control says nothing: the rows do not vary
+    (constant inputs are the data's fault) or there is no baseline.
     """
-    x = next((v for v in inputs if _is_float(v)), None)
-    if x is None:
+    idx = rng.permutation(len(target))[:MEMO_ROWS]
+    x, y = tuple(v[idx] for v in inputs), target[idx]
+    first = x[0]
+    spread = first.float().std(0).max() if hasattr(first, "float") else \
+        np.asarray(first, dtype=np.float64).std(0).max()
+    if not float(spread) > 1e-8:
         return None
-    x = x.detach().cpu().float().numpy() if hasattr(x, "detach") else np.asarray(x)
-    x = x.reshape(len(x), -1)
-    if x.shape[1] > CONTROL_FEATURES:
-        x = x[:, rng.choice(x.shape[1], CONTROL_FEATURES, replace=False)]
-    x = x.astype(np.float32)
-    x = (x - x.mean(0)) / np.where(x.std(0) > 1e-8, x.std(0), 1.0)
-    torch_target = hasattr(target, "detach")
-    if torch_target:  # bfloat16 has no NumPy dtype: floats go through float64
-        t = target.detach().cpu()
-        y = (t.double() if t.is_floating_point() else t).numpy()
-    else:
-        y = np.asarray(target)
-    flat = y.reshape(len(y), -1) if y.ndim > 1 else y[:, None]
-    if flat.shape[1] > 64 or not np.issubdtype(y.dtype, np.number) and y.dtype != bool:
+    base = constant_loss(tr.loss_fn.__name__, y, ignore_index, tr.loss_kwargs)
+    if base is None or not base > 0:
         return None
-    proj = x @ rng.standard_normal((x.shape[1], flat.shape[1]))
-    if not (proj.std(0) > 1e-6).all():
-        return None  # inputs with no spread (constant): nothing is a function of them
-    ranks = np.argsort(np.argsort(proj, axis=0), axis=0) / len(proj)  # 0..1 per column
-    binary = np.isin(flat, (0, 1)).all()
-    if np.issubdtype(y.dtype, np.integer) or y.dtype == bool:
-        if flat.shape[1] != 1:
-            return None
-        classes = np.unique(flat[flat != ignore_index])
-        if len(classes) < 2:
-            return None
-        out = classes[np.minimum((ranks[:, 0] * len(classes)).astype(int), len(classes) - 1)]
-        out = out.reshape(y.shape)
-    elif binary and flat.shape[1] > 1 and np.allclose(flat.sum(1), 1.0):  # one-hot classes
-        k = np.minimum((ranks[:, 0] * flat.shape[1]).astype(int), flat.shape[1] - 1)
-        out = np.eye(flat.shape[1], dtype=y.dtype)[k].reshape(y.shape)
-    elif binary:  # multi-label or a single binary column: each column keeps its rate
-        out = (ranks >= 1.0 - flat.mean(0)).astype(y.dtype).reshape(y.shape)
-    else:
-        z = (proj - proj.mean(0)) / np.where(proj.std(0) > 1e-12, proj.std(0), 1.0)
-        out = (flat.mean(0) + flat.std(0) * z).astype(y.dtype).reshape(y.shape)
-    if torch_target:
-        import torch
-
-        return torch.as_tensor(out).to(target.dtype)
-    return out
-
-
-def _is_float(v) -> bool:
-    if hasattr(v, "is_floating_point"):
-        return bool(v.is_floating_point())
-    return np.issubdtype(np.asarray(v).dtype, np.floating)
+    model = tr.fresh_model()
+    tr.fit(model, x, y, MEMO_STEPS, lr=1e-3, seed=0, opt_cls=tr.adam, batch_size=MEMO_ROWS)
+    return tr.evaluate(model, x, y), base
 
 
 @register
@@ -185,23 +148,18 @@ class LabelAlignment(Probe):
             return []  # a copy diverged on a later fold, or the labels help
         if not real <= UNTRAINED * base:
             return []  # the copies never reached the prior: inconclusive about the labels
-        # the positive control: labels that are a simple function of the inputs, which a
-        # copy that can learn at all learns; a copy crippled by its initialisation or its
-        # optimizer's settings fails it, and then real ~ shuffled says nothing about the labels
-        ignore = tr.loss_kwargs.get("ignore_index", -100)
-        control = learnable_labels(inputs, target, rng, ignore)  # None for token ids
-        control_loss = control_base = None
-        if control is not None:
-            if ctx.time_left() < 1.5 * (time.monotonic() - started) / len(done):
-                return []  # the control does not fit in the probe budget: no verdict
-            try:
-                control_loss = heldout(control, 0)[0]
-                control_base = constant_loss(tr.loss_fn.__name__, control, ignore,
-                                             kwargs=tr.loss_kwargs)
-            except Exception:  # noqa: BLE001 - a loss that refuses the control: no verdict
-                return []
-            if control_base is None or not control_loss < CLEAR * control_base:
-                return []  # the copies cannot learn even a linear function of the inputs
+        # the positive control: a copy that can learn at all memorises a few rows; one
+        # crippled by its initialisation or its optimizer's settings does not, and then
+        # real ~ shuffled says nothing about the labels
+        if ctx.time_left() < 1.5 * (time.monotonic() - started) / len(done):
+            return []  # the control does not fit in the probe budget: no verdict
+        try:
+            control = memorises(tr, inputs, target, rng, tr.loss_kwargs.get("ignore_index", -100))
+        except Exception:  # noqa: BLE001 - a control that cannot run: no verdict
+            return []
+        if control is not None and not control[0] < MEMORISED * control[1]:
+            return []  # the copies cannot even memorise 64 rows: the learner, not the labels
+        control_loss, control_base = control if control is not None else (None, None)
         return [self.finding(
             "data", True,
             f"Trained on real labels, fresh copies of the model do no better on held-out rows "
@@ -211,6 +169,6 @@ class LabelAlignment(Probe):
             "or the labels are noise.",
             st.data_location(ctx), heldout_loss_real=real,
             heldout_loss_shuffled=mean_shuffled, heldout_loss_each_shuffle=shuffled,
-            control_heldout_loss=control_loss, control_constant_loss=control_base,
+            control_memorised_loss=control_loss, control_constant_loss=control_base,
             train_fit_loss=pooled(0, 1), constant_loss=base, rows=n, folds=FOLDS,
             strength=0.85)]
