@@ -886,10 +886,12 @@ def test_gradient_flow_a_nan_gradient_between_measured_steps_is_not_blamed_on_th
 
 
 # -- training_length -----------------------------------------------------------------------------
-def train_full_batch():
+def train_full_batch(noise: bool = False):
+    """8 full-batch SGD steps on a learnable task (or on labels that are noise)."""
     torch.manual_seed(0)
     X = torch.randn(1024, 10)
-    y = (X[:, 0] + X[:, 1] + 0.5 * torch.randn(1024) > 0).long()
+    y = torch.randint(0, 2, (1024,)) if noise else \
+        (X[:, 0] + X[:, 1] + 0.5 * torch.randn(1024) > 0).long()
     loader = DataLoader(TensorDataset(X, y), batch_size=1024, shuffle=True)  # <full-batch>
     net = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 2))
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
@@ -916,20 +918,7 @@ def test_training_length_finds_a_run_that_stopped_before_it_learned(tmp_path):
 
 def test_training_length_is_silent_when_training_longer_does_not_help(tmp_path):
     """Labels that are noise: more updates do not lower the held-out loss."""
-    def train():
-        torch.manual_seed(0)
-        X = torch.randn(1024, 10)
-        y = torch.randint(0, 2, (1024,))
-        loader = DataLoader(TensorDataset(X, y), batch_size=1024)
-        net = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 2))
-        opt = torch.optim.SGD(net.parameters(), lr=0.05)
-        for _epoch in range(8):
-            for xb, yb in loader:
-                opt.zero_grad()
-                F.cross_entropy(net(xb), yb).backward()
-                opt.step()
-
-    ctx = captured(tmp_path, train)
+    ctx = captured(tmp_path, lambda: train_full_batch(noise=True))
     assert probe(ctx, "training_length") == []
 
 
