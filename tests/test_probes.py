@@ -432,7 +432,7 @@ def healthy(tmp_path_factory):
 
 def test_healthy_context_is_live_and_classified_healthy(healthy):
     assert healthy.live and healthy.framework == "torch"
-    assert healthy.classification.primary == "healthy"
+    assert healthy.classification.primary == "healthy", healthy.classification.evidence
     assert healthy.trainer is not None and healthy.trainer.n == 768
     assert healthy.train_xy[0].shape == (768, 10) and healthy.val_xy[0].shape == (256, 10)
     # samples from the first epoch only: 12 training batches, the one validation batch
