@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from . import figures as _figures
-from ._repro import _artifact, _int, _Paths, repro_source, write_repro
+from ._repro import NOQA, _artifact, _int, _Paths, repro_source, write_repro
 from .logs import load_log
 from .records import Run
 from .redact import REDACTED, redact, redact_args, redact_code
@@ -47,7 +47,6 @@ __all__ = ["REDACTED", "TargetExists", "UnsafePath", "build_notebook", "export",
 # second redaction would read the markup as text and could eat a closing backtick).
 # Absolute paths in any recorded text (tracebacks, error messages) are shown as _Paths shows a
 # location: relative to the session's folder of origin, else under ``~``.
-NOQA = "# ruff: noqa  (a record of recorded code, kept as it ran: linters skip it)"
 _MD_ACTIVE = re.compile(r"([\\`*\[\]#$!~])")
 _REDACTED_ESC = re.escape("\\[REDACTED\\]")
 _PATHS: contextvars.ContextVar = contextvars.ContextVar("model_debugger_export_paths",
