@@ -1,7 +1,13 @@
 """Child process entry: run a script as ``__main__`` under capture, streaming its record.
 
 ``python -m model_debugger._child --record PATH [--seed S] [--max-seconds T] [--isolate B
-[--probes REQUEST.json]] [--intervention JSON] [--max-steps N] -- SCRIPT [ARGS...]``
+[--probes REQUEST.json]] [--intervention JSON] [--max-steps N] [--launch JSON] -- SCRIPT
+[ARGS...]``
+
+Processes the script starts (``torch.multiprocessing.spawn``, a ``Process`` per rank) write
+their own records into the ranks folder beside the record (:data:`RANKS_ENV`). With
+``--launch`` the script runs through ``torch.distributed.run`` (the real launcher), each of its
+ranks in a ``_child --rank-of FOLDER`` of its own; the probes run here, once every rank ended.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ def _interrupt(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     """Run the script under capture (and the probes after it); the exit code of the script."""
     parser = argparse.ArgumentParser(prog="model_debugger._child")
-    parser.add_argument("--record", required=True)
+    parser.add_argument("--record", help="the record (required unless --rank-of)")
     parser.add_argument("--seed", type=arg(check_seed, "--seed"))
     parser.add_argument("--max-seconds", type=arg(check_seconds, "--max-seconds"))
     parser.add_argument("--isolate", type=arg(check_budget, "--isolate"), default=0.0,
@@ -40,9 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=arg(_check_steps, "--max-steps"),
                         help="stop after this many optimizer steps")
     parser.add_argument("--syspath", help="import path of the script (default: its folder)")
+    parser.add_argument("--launch", help="run through torch.distributed.run (JSON: its options)")
+    parser.add_argument("--rank-of", help="a rank of a launched job: the job's ranks folder")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
+    if not ns.record and not ns.rank_of:
+        parser.error("--record is required (or --rank-of, for a rank of a launched job)")
     signal.signal(signal.SIGTERM, _interrupt)
     script = os.path.abspath(ns.script)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -59,8 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         intervention = Intervention.from_json(ns.intervention)
 
     from . import capture
+    from .capture.recorder import RANKS_ENV, process_record
     from .interventions import installed
 
+    launch = _launch_options(ns.launch)
+    if launch.get("collective_timeout"):
+        from .capture.torch_dist import TIMEOUT_ENV
+
+        os.environ[TIMEOUT_ENV] = str(float(launch["collective_timeout"]))
+    if ns.rank_of:  # one rank of a launched job: its record among the job's, no probes
+        ns.record, ns.isolate = process_record(ns.rank_of), 0.0
+    else:
+        os.environ[RANKS_ENV] = _ranks_folder(ns.record)
     code = 0
     rec = capture(ns.record)
     if ns.max_seconds:
@@ -70,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if ns.max_seconds:  # the limit counts the script, not our set-up
                     signal.setitimer(signal.ITIMER_REAL, ns.max_seconds)
-                runpy.run_path(script, run_name="__main__")
+                if launch.get("nproc_per_node"):
+                    _launch(launch, ns, script, args)
+                else:
+                    runpy.run_path(script, run_name="__main__")
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
     except SystemExit as exc:
@@ -94,6 +117,76 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _ranks_folder(record: str, create: bool = False) -> str:
+    """The folder where the job's processes write their records (private, made when needed)."""
+    from .store import Store
+
+    folder = Store.ranks_beside(os.path.abspath(record))
+    if create:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    return folder
+
+
+LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port")
+STOP_SECONDS = 10.0  # after a stop, how long the launcher may take to stop its ranks
+
+
+def launcher_command(launch: dict, ranks: str, script: str, args: list[str],
+                     passed: list[str]) -> list[str]:
+    """The ``torch.distributed.run`` command line that runs each rank in a ``_child``.
+
+    One node without a master address is ``--standalone`` (a free port of its own); several
+    nodes meet at ``master_addr:master_port`` (static rendezvous, ``node_rank`` each).
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    nnodes = int(launch.get("nnodes") or 1)
+    cmd += [f"--nproc-per-node={int(launch['nproc_per_node'])}", f"--nnodes={nnodes}"]
+    if nnodes == 1 and not launch.get("master_addr"):
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--node-rank={int(launch.get('node_rank') or 0)}",
+                f"--master-addr={launch.get('master_addr') or '127.0.0.1'}",
+                f"--master-port={int(launch.get('master_port') or 29500)}"]
+    return [*cmd, "-m", "model_debugger._child", "--rank-of", ranks, *passed, script, *args]
+
+
+def _launch_options(text: str | None) -> dict:
+    """``--launch``: the launcher's options (:data:`LAUNCH_OPTIONS`, ``collective_timeout``)."""
+    if not text:
+        return {}
+    import json
+
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"--launch must be a JSON object, not {text[:80]!r}")
+    return data
+
+
+def _launch(launch: dict, ns, script: str, args: list[str]) -> None:
+    """Run the script through the launcher; its exit code ends this process the same way."""
+    import subprocess
+
+    passed = []
+    for flag, value in (("--seed", ns.seed), ("--intervention", ns.intervention),
+                        ("--max-steps", ns.max_steps), ("--syspath", ns.syspath)):
+        if value is not None:
+            passed += [flag, str(value)]
+    cmd = launcher_command(launch, _ranks_folder(ns.record, create=True), script, args, passed)
+    proc = subprocess.Popen(cmd)
+    try:
+        code = proc.wait()
+    except BaseException:  # a time limit or Ctrl-C: the launcher stops its ranks (SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_SECONDS)
+        except BaseException:  # noqa: BLE001 - it did not stop in time
+            proc.kill()
+            proc.wait()
+        raise
+    if code:
+        raise SystemExit(code)
+
+
 def _probe(rec, ns, script: str) -> None:
     """Run the requested probes on the live objects the capture kept.
 
@@ -106,14 +199,14 @@ def _probe(rec, ns, script: str) -> None:
         from .artifacts.base import ProbeRequest
         from .phases.isolate import probe_run
         from .probing import user_sources, write_findings
-        from .records import Run
+        from .ranks import load_job
         from .store import Store
 
         request = ProbeRequest(ns.isolate)
         if ns.probes:
             with open(ns.probes, encoding="utf-8") as fh:
                 request = ProbeRequest.from_json({**json.load(fh), "budget": ns.isolate})
-        run = Run.load(ns.record)  # the stream holds every step; rec.events does not
+        run = load_job(ns.record)  # the stream holds every step (and the ranks' records)
         report = probe_run(run, rec.keeper, user_sources(run, [script]), request)
         write_findings(Store.findings_beside(ns.record), report)
     except Exception:  # noqa: BLE001 - Isolate failing must not hide the reproduction

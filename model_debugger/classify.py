@@ -17,6 +17,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     BASELINE_MARGIN,
     DATA_WAIT_FRACTION,
     DATA_WAIT_MS,
+    DESYNC_REL,
     DIVERGE_RATIO,
     FEW_STEPS,
     FLOOR_SHARE,
@@ -36,6 +37,8 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     RSS_STILL_GROWING,
     SPIKE_RATIO,
     START_RATIO,
+    STRAGGLER_MS,
+    STRAGGLER_SHARE,
     TAIL_DROP,
     TRAIN_NOT_RISING,
     TRIVIAL_F1,
@@ -64,6 +67,10 @@ def nonfinite(sig: dict):
     ev = [_ev(sig, "first_nonfinite_step", f"first non-finite {sig['nonfinite_what']}")]
     if where:
         ev.append(_ev(sig, "nonfinite_module", "first module where it appears"))
+    if sig.get("nonfinite_rank") is not None and sig.get("ranks", 1) > 1:
+        ev.append(_ev(sig, "nonfinite_rank", f"the rank where it appeared first, of "
+                      f"{sig['ranks']} (the all-reduce then spread it to "
+                      f"{sig.get('nonfinite_ranks', '?')} ranks)"))
     if "last_finite_grad_step" in sig:
         ev.append(_ev(sig, "last_finite_grad_step", "the weights were already non-finite: an "
                       "update after this step, the last whose gradients were measured finite, "
@@ -76,6 +83,58 @@ def oom(sig: dict):
     if sig.get("error_kind") != "oom":
         return None
     return "memory_issue", [_ev(sig, "error", "out of memory ended the run")]
+
+
+def _ranks(value) -> str:
+    return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
+def rank_hang(sig: dict):
+    """``performance_issue`` when ranks ended waiting in a collective another never reached.
+
+    The job stops making progress: every rank but the missing one waits until the collective
+    times out (or the job is stopped).
+    """
+    if not sig.get("rank_hang"):
+        return None
+    ev = [Evidence("rank_hang_missing", _ranks(sig["rank_hang_missing"]),
+                   "ranks that never reached the collective the others waited in"),
+          Evidence("rank_hang_waiting", _ranks(sig["rank_hang_waiting"]),
+                   "ranks that ended waiting in it")]
+    if sig.get("rank_hang_seconds") is not None:
+        ev.append(_ev(sig, "rank_hang_seconds", "seconds a rank had waited when its wait was "
+                      "recorded (it waited on until the timeout or the stop)"))
+    return "performance_issue", ev
+
+
+def rank_desync(sig: dict):
+    """``convergence_to_wrong_solution`` when replicas that should be equal drift apart.
+
+    Data-parallel ranks apply the same averaged gradient to the same weights: their parameters
+    stay equal (DDP keeps them bit-equal). Checksums that differ mean each rank trains its own
+    model, and the one saved is one of several.
+    """
+    if sig.get("rank_desync", 0.0) <= DESYNC_REL or "rank_desync_step" not in sig:
+        return None
+    return "convergence_to_wrong_solution", [
+        _ev(sig, "rank_desync", f"largest relative spread of the replicas' parameter "
+            f"checksums (> {DESYNC_REL:g}: the ranks hold different models)"),
+        _ev(sig, "rank_desync_step", "first step whose checksums differ"),
+        Evidence("rank_desync_ranks", _ranks(sig.get("rank_desync_ranks", [])),
+                 "ranks whose checksum differs from rank 0's")]
+
+
+def rank_straggler(sig: dict):
+    """``performance_issue`` when one rank's own work per step makes every other rank wait."""
+    if sig.get("rank_straggler_share", 0.0) < STRAGGLER_SHARE or \
+            sig.get("rank_straggler_ms", 0.0) < STRAGGLER_MS:
+        return None
+    return "performance_issue", [
+        _ev(sig, "rank_straggler", "the rank with the most own work per step"),
+        _ev(sig, "rank_straggler_ms", f"its own work above the other ranks', ms per step "
+            f"(>= {STRAGGLER_MS:g})"),
+        _ev(sig, "rank_straggler_share", f"that excess as a share of a step (>= "
+            f"{STRAGGLER_SHARE:g}: every rank waits for it)")]
 
 
 def exploding(sig: dict):
@@ -421,10 +480,9 @@ def gpu_idle(sig: dict):
 
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
-    nonfinite, oom, exploding, memory_growth, broadcast_loss, bounded_output, overfitting,
-    wrong_solution,
-    generalisation_gap,
-    vanishing, not_decreasing, slow_data, loop_overhead, gpu_idle, plateau,
+    nonfinite, oom, rank_hang, exploding, memory_growth, rank_desync, broadcast_loss,
+    bounded_output, overfitting, wrong_solution, generalisation_gap,
+    vanishing, not_decreasing, rank_straggler, slow_data, loop_overhead, gpu_idle, plateau,
 )
 
 

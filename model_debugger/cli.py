@@ -61,6 +61,23 @@ def _parser() -> argparse.ArgumentParser:
                    "re-runs with the suspected cause undone (default 0: off)")
     d.add_argument("--root", default=ROOT, type=arg(check_path, "--root"),
                    help="where sessions are saved")
+    m = d.add_argument_group(
+        "multi-process jobs", "Processes the script starts itself (torch.multiprocessing.spawn, "
+        "multiprocessing.Process) are captured rank by rank without these. With "
+        "--nproc-per-node the script runs through torch.distributed.run.")
+    m.add_argument("--nproc-per-node", type=arg(lambda v, w: check_count(v, w, 1, 1024),
+                                                "--nproc-per-node"),
+                   help="launch N ranks per node through torch.distributed.run")
+    m.add_argument("--nnodes", type=arg(lambda v, w: check_count(v, w, 1, 1024), "--nnodes"),
+                   help="nodes of the job (default 1); every node writes under a shared --root")
+    m.add_argument("--node-rank", type=arg(lambda v, w: check_count(v, w, 0, 1023),
+                                           "--node-rank"), help="this node's rank (default 0)")
+    m.add_argument("--master-addr", help="address of the node with rank 0 (several nodes)")
+    m.add_argument("--master-port", type=arg(lambda v, w: check_count(v, w, 1, 65535),
+                                             "--master-port"), help="its port (default 29500)")
+    m.add_argument("--collective-timeout", type=arg(check_seconds, "--collective-timeout"),
+                   help="end a collective that waits longer than T seconds (a rank that never "
+                        "joins: a hang), in every process group the job makes")
     v = sub.add_parser(
         "verify", help="plan one fix for a session's confirmed finding, approve it, and verify it",
         description="Show the fix (FIXED against the reproduced script), ask for approval, then "
@@ -185,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 session = diagnose_script(ns.script, args, runs=ns.runs, seed=ns.seed,
                                           max_seconds=ns.max_seconds, root=ns.root,
                                           probe_seconds=ns.probe_seconds,
-                                          intervene_seconds=ns.intervene_seconds)
+                                          intervene_seconds=ns.intervene_seconds,
+                                          launch=_launch(ns))
     except (ValueError, SessionError, OSError) as exc:
         print(f"model-debugger: error: {exc}", file=sys.stderr)
         return 2
@@ -201,6 +219,20 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _print_human(report, sys.stdout, session.state.isolations > 0)
     return 0
+
+
+def _launch(ns) -> dict | None:
+    """The multi-process options of ``diagnose`` (None: none given)."""
+    launch = {k: getattr(ns, k) for k in ("nproc_per_node", "nnodes", "node_rank",
+                                          "master_addr", "master_port", "collective_timeout")
+              if getattr(ns, k) is not None}
+    nodes = {"nnodes", "node_rank", "master_addr", "master_port"} & set(launch)
+    if nodes and "nproc_per_node" not in launch:
+        raise ValueError(f"--{sorted(nodes)[0].replace('_', '-')} needs --nproc-per-node "
+                         "(the job runs through torch.distributed.run)")
+    if (launch.get("nnodes") or 1) > 1 and not launch.get("master_addr"):
+        raise ValueError("--nnodes above 1 needs --master-addr (where the nodes meet)")
+    return launch or None
 
 
 def _verify(ns):

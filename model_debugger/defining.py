@@ -96,6 +96,13 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
     DefiningSignal("data_wait_fraction", -1, 0.05),
     DefiningSignal("step_overhead_share", -1, 0.05),
     DefiningSignal("gpu_util_median", +1, 10.0),
+    DefiningSignal("rank_hang", -1, 0.5, cited_as=("rank_hang_missing", "rank_hang_waiting"),
+                   shown_when=lambda sig: bool(sig.get("rank_hang"))),
+    DefiningSignal("rank_straggler_share", -1, 0.1, cited_as=(
+        "rank_straggler", "rank_straggler_ms", "rank_straggler_share"),
+        shown_when=lambda sig: sig.get("rank_straggler_share", 0.0) >= 0.25),
+    DefiningSignal("rank_desync", -1, 1e-5, cited_as=("rank_desync", "rank_desync_step"),
+                   shown_when=lambda sig: sig.get("rank_desync", 0.0) > 1e-5),
     DefiningSignal("loss_broadcast_factor", -1, 0.5, log_scale=True,
                    shown_when=lambda sig: sig.get("loss_broadcast_factor", 1.0) >= 2),
     DefiningSignal("output_range_unreachable", -1, 0.05,
@@ -128,11 +135,13 @@ CATEGORIES: dict[str, Target] = {
         "the run completes without OOM, no step's graph outlives it and memory stays flat "
         "(now {})"),
     "performance_issue": Target(
-        _of("data_wait_fraction", "step_overhead_share", "gpu_util_median"),
+        _of("data_wait_fraction", "step_overhead_share", "gpu_util_median", "rank_hang",
+            "rank_straggler_share"),
         f"data wait should no longer dominate (data_wait_fraction below {DATA_WAIT_FRACTION:g}), "
-        "nor the loop's own work each step, and the GPU, if any, should be kept busy (now {})"),
+        "nor the loop's own work each step, the GPU, if any, should be kept busy, and no rank "
+        "should hang or straggle (now {})"),
     "convergence_to_wrong_solution": Target(
-        _of("loss_broadcast_factor", "output_range_unreachable", "val_f1_final",
+        _of("rank_desync", "loss_broadcast_factor", "output_range_unreachable", "val_f1_final",
             "train_f1_final", "val_acc_final", "train_acc_final"),
         "the tracked metric should rise above the trivial level (now {})"),
 }

@@ -22,7 +22,7 @@ __all__ = ["Interrupted", "diagnose_log", "diagnose_script", "isolate_session",
 def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
                     seed: int | None = None, max_seconds: float | None = None,
                     root: str = ROOT, stdout=None, probe_seconds: float = 30.0,
-                    intervene_seconds: float = 0.0) -> DebugSession:
+                    intervene_seconds: float = 0.0, launch: dict | None = None) -> DebugSession:
     """Reproduce ``script`` ``runs`` times under capture, classify, isolate; save a session.
 
     Parameters
@@ -46,6 +46,9 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
     intervene_seconds : float
         Budget for confirming findings by intervention (re-runs with the suspected cause
         undone; 0: off).
+    launch : dict, optional
+        A job through ``torch.distributed.run`` (``nproc_per_node``, ...) and/or a
+        ``collective_timeout`` (see :class:`~model_debugger.artifacts.ScriptArtifact`).
 
     Returns
     -------
@@ -61,7 +64,7 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
                                                             probe_seconds)
     script = os.path.abspath(script)
     session = DebugSession.create(root, title=os.path.basename(script))
-    artifact = ScriptArtifact(script, args or [], max_seconds)
+    artifact = ScriptArtifact(script, args or [], max_seconds, launch=launch)
     reproduce(session, artifact, runs=runs, seed=seed, probe_budget=probe_seconds, stdout=stdout,
               intervene_seconds=intervene_seconds)
     return session

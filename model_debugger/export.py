@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from . import figures as _figures
+from . import views
 from ._repro import NOQA, _artifact, _int, _Paths, repro_source, write_repro
 from .logs import load_log
 from .records import Run
@@ -180,8 +181,15 @@ def _load(session: DebugSession, *parts: str) -> Run | None:
     parts. The file is read once through :meth:`Store.read` (no link followed) and parsed from those
     bytes: no second open that a swapped-in symlink could redirect.
     """
-    data = session.store.read("/".join(parts))
-    return None if data is None else Run.parse(data)
+    rel = "/".join(parts)
+    data = session.store.read(rel)
+    if data is None:
+        return None
+    if os.path.isdir(Store.ranks_beside(session.store.path(rel))):  # a multi-process job
+        from .ranks import load_job
+
+        return load_job(session.store.path(rel))
+    return Run.parse(data)
 
 
 def _log_run(session: DebugSession, art: dict) -> Run:
@@ -255,6 +263,19 @@ def _cell_reproduce(nb: _Notebook, session: DebugSession, art: dict, rep: dict |
     return what, _magic("reproduce" + flags, code)
 
 
+def _launch_flags(launch) -> list:
+    """The ``diagnose`` flags of a multi-process job (its recorded launch options)."""
+    if not isinstance(launch, dict):
+        return []
+    out = []
+    for key in ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port",
+                "collective_timeout"):
+        value = launch.get(key)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            out += [f"--{key.replace('_', '-')}", value]
+    return out
+
+
 def _reproduce(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> None:
     rep = session.reproduce
     nb.md("## 1. Reproduce")
@@ -275,6 +296,7 @@ def _reproduce(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> 
         cmd = _cmd("diagnose", rel(art.get("script")) if art.get("script") else "SCRIPT",
                    "--runs", runs, *(["--seed", seed] if seed is not None else []),
                    *(["--max-seconds", seconds] if seconds else []),
+                   *_launch_flags(art.get("launch")),
                    *(["--", *args] if args else []))
         limit = f"{_num(seconds)} s" if seconds else "none"
         shown = ", ".join(_c(a) for a in args) or "none"
@@ -323,6 +345,10 @@ def _reproduce(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> 
     nb.code(cmd, "\n".join(lines) + "\n", figures)
     nb.md("Per run:", _table(["run", "seed", "steps", "first loss", "final finite loss",
                                "min loss", "max grad norm", "first non-finite", "category"], rows))
+    ranks = views.rank_table(rep.get("rank_table"))
+    if ranks is not None:
+        nb.md(f"Per rank of run 1 (world size {_num(rep.get('ranks'))}; each rank's own record):",
+              _table(list(ranks.header), [list(row) for row in ranks.rows]))
     errors = [r.error for r in runs if r is not None and isinstance(r.error, dict)
               and isinstance(r.error.get("traceback"), str)]
     if errors:

@@ -86,11 +86,18 @@ class Run:
     truncated : bool
         The last line was cut short (the process was killed while writing it); not counted
         in ``bad_lines``.
+    ranks : list of Run
+        A multi-process job's records, one per process that trained (rank order); the job's
+        own events are then those of its representative rank (:mod:`model_debugger.ranks`).
+    rank : dict or None
+        In a rank's record: its ``rank`` event's fields (rank, world size, backend, ...).
     """
 
     events: list[dict] = field(default_factory=list)
     bad_lines: int = 0
     truncated: bool = False
+    ranks: list = field(default_factory=list, repr=False, compare=False)
+    rank: dict | None = None
 
     @classmethod
     def load(cls, path: str) -> Run:

@@ -58,7 +58,7 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
                max_seconds: float | None = None, stdout=None,
                isolate_seconds: float = 0.0, syspath: str | None = None,
                cwd: str | None = None, probes: str | None = None, intervention=None,
-               max_steps: int | None = None) -> ChildResult:
+               max_steps: int | None = None, launch: dict | None = None) -> ChildResult:
     """Run ``script`` as ``__main__`` under capture; its record streams to ``record``.
 
     Parameters
@@ -89,6 +89,10 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
         One change the child installs in the run (:mod:`model_debugger.interventions`).
     max_steps : int, optional
         The child stops the script after this many optimizer steps.
+    launch : dict, optional
+        A multi-process job: ``nproc_per_node`` (and ``nnodes``, ``node_rank``, ``master_addr``,
+        ``master_port``) runs the script through ``torch.distributed.run``;
+        ``collective_timeout`` bounds every process group's collectives (seconds).
     """
     cmd = [sys.executable, "-m", "model_debugger._child", "--record", record]
     if seed is not None:
@@ -107,9 +111,14 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
         cmd += ["--intervention", json.dumps(intervention.to_json())]
     if max_steps is not None:
         cmd += ["--max-steps", str(int(max_steps))]
+    if launch:
+        import json
+
+        cmd += ["--launch", json.dumps(launch)]
     cmd += [script, *args]
     if os.path.lexists(record):  # each run writes a fresh record: no stale one is read as this
         os.unlink(record)
+    _clear_ranks(record)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     out = stdout or sys.stderr
@@ -142,6 +151,23 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
         proc.wait()
         raise
     return ChildResult(proc.returncode, time.perf_counter() - t0, timed_out)
+
+
+def _clear_ranks(record: str) -> None:
+    """Remove an earlier run's process records beside ``record`` (never read as this run's)."""
+    from .store import Store
+
+    folder = Store.ranks_beside(record)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(".jsonl"):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
 
 
 SETUP_SECONDS = 120.0  # the most the child's own set-up may take before the script starts

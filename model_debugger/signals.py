@@ -68,9 +68,28 @@ SIGNALS: dict[str, str] = {
     "error_kind": "kind of the error that ended the run (oom, ...)",
     "error": "type and message of that error (300 characters at most)",
     "data_wait_fraction": "share of step time spent waiting for data",
-    "step_overhead_ms": "median time per step outside data loading, forward, backward and the "
-                        "optimizer step (the loop's own work), ms",
+    "step_overhead_ms": "median time per step outside data loading, forward, backward, the "
+                        "optimizer step and collectives (the loop's own work), ms",
     "step_overhead_share": "median share of a step's time that is the loop's own work",
+    "ranks": "world size of a multi-process job (from its ranks' process groups)",
+    "ranks_seen": "processes of the job whose records were read",
+    "rank_straggler": "the rank with the most own work per step (all but backward, the "
+                      "optimizer step and collectives)",
+    "rank_straggler_ms": "its own work per step above the other ranks' median, ms",
+    "rank_straggler_share": "that excess as a share of the median step time (every rank waits "
+                            "for it)",
+    "nonfinite_rank": "the rank where the first non-finite value appeared",
+    "nonfinite_rank_step": "the step it appeared at",
+    "nonfinite_rank_module": "the module where it appeared on that rank",
+    "nonfinite_ranks": "ranks that recorded a non-finite value",
+    "rank_desync": "largest relative spread of the replicas' parameter checksums",
+    "rank_checksums": "steps whose checksums were compared across ranks",
+    "rank_desync_step": "first step whose checksums differ",
+    "rank_desync_ranks": "ranks whose checksum differs from rank 0's at that step",
+    "rank_hang": "1 when ranks ended waiting in a collective that another rank never reached",
+    "rank_hang_missing": "the ranks that never reached it",
+    "rank_hang_waiting": "the ranks that waited in it",
+    "rank_hang_seconds": "longest wait recorded, seconds",
     "data_wait_ms": "mean data wait per step, ms",
     "step_ms": "mean step time, ms",
     "val_loss_name": "name of the validation-loss metric",
@@ -407,10 +426,11 @@ def compute(run: Run) -> dict:
         s["data_wait_ms"] = float(1000 * dw[ok].mean())
         s["step_ms"] = float(1000 * dt[ok].mean())
         bz = run.series("bz")
+        co = np.nan_to_num(run.series("co"))  # collectives the code called (a multi-rank job)
         own = ok & np.isfinite(bz)
         own[: len(own) // 10] = False  # after the warm-up
-        if own.sum() >= 10:  # the loop's own time: neither data, forward, backward nor step
-            rest = np.maximum(dt[own] - dw[own] - bz[own], 0.0)
+        if own.sum() >= 10:  # the loop's own time: neither data, forward, backward, step
+            rest = np.maximum(dt[own] - dw[own] - bz[own] - co[own], 0.0)  # nor collectives
             s["step_overhead_ms"] = float(1000 * np.median(rest))
             s["step_overhead_share"] = float(np.median(rest / dt[own]))
 
@@ -446,6 +466,10 @@ def compute(run: Run) -> dict:
             s[f"{split}_{kind}_gain"] = float(values[-1] - values[0])
             s[f"{split}_{kind}_points"] = len(values)
     _accuracy_gap(s, None if scaled else targets[-1] if targets else None)
+    if run.ranks:
+        from .ranks import signals as rank_signals
+
+        s.update(rank_signals(run))
     return s
 
 

@@ -34,6 +34,7 @@ ARTIFACT = "artifact.py"
 CELL = "cell.py"
 RECORD = "record.jsonl"
 FINDINGS = "findings.json"
+RANKS = "ranks"  # beside a record: one record per process of a multi-process job
 REPRO = "repro.py"
 SCAN_DEPTH = 2
 _SKIP = {"node_modules", "__pycache__", "site-packages"}
@@ -165,6 +166,11 @@ class Store:
     def log_rel(ext: str) -> str:
         """A minimal reproducer's copy of its log (``ext``: ``.csv``, ``.jsonl``, ...)."""
         return "log" + ext
+
+    @staticmethod
+    def ranks_beside(record: str) -> str:
+        """The folder where the processes a run started write their records."""
+        return os.path.join(os.path.dirname(record), RANKS)
 
     @staticmethod
     def findings_beside(record: str) -> str:

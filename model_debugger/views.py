@@ -29,12 +29,13 @@ class Table:
     """Rows under a header.
 
     ``line`` formats one row as a text line (``str.format`` fields by position); default: the
-    cells joined by two spaces.
+    cells joined by two spaces. ``text_header``: the text shows the header as a first line too.
     """
 
     header: tuple[str, ...]
     rows: tuple[tuple, ...]
     line: str | None = None
+    text_header: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,9 @@ def text(docs: Doc | Iterable[Doc]) -> str:
         for part in doc.lines:
             if isinstance(part, Table):
                 fmt = part.line
-                out += [fmt.format(*(_cell(v) for v in row)) if fmt else
-                        "  " + "  ".join(_cell(v) for v in row) for row in part.rows]
+                rows = (part.header, *part.rows) if part.text_header else part.rows
+                out += [(fmt.format(*(_cell(v) for v in row)) if fmt else
+                         "  " + "  ".join(_cell(v) for v in row)).rstrip() for row in rows]
             elif isinstance(part, Block):
                 out.append(part.text.rstrip("\n"))
             else:
@@ -210,12 +212,46 @@ def reproduction(rep: Reproduction | Mapping | None, error: BaseException | None
     if get("bad_lines"):
         lines.append(f"  record: {get('bad_lines')} unreadable lines skipped (the rest was kept)")
     lines += [f"  tried {t}" for t in get("tried") or []]
+    ranks = rank_table(get("rank_table"), get("ranks"))
+    if ranks is not None:
+        lines += [f"  ranks: {get('ranks')} (world size); per rank:", ranks]
     code = get("code")
     if isinstance(code, Mapping):
         lines += [f"  code: {kind} at {location(loc, root)}" for kind, loc in code.items()]
     level = {"reproduced": "ok", "not_reproduced": "info", "not_observed": "warning"}.get(
         rep.status, "error")
     return Doc(title, tuple(lines), level)
+
+
+RANK_COLUMNS = (("rank", "rank"), ("status", "status"), ("steps", "steps"),
+                ("step_ms", "step ms"), ("data_wait_ms", "data ms"), ("own_ms", "own ms"),
+                ("blocked_ms", "blocked ms"), ("peak_rss_mb", "peak MB"),
+                ("loss_final", "loss"), ("grad_norm_final", "grad norm"))
+
+
+def rank_table(rows, world=None) -> Table | None:
+    """The per-rank table of a multi-process job (None for a single process).
+
+    Columns: :data:`RANK_COLUMNS`, then the first non-finite value (step, what, module) and
+    where the rank ended (the collective or place it waited in).
+    """
+    if not isinstance(rows, list) or not rows:
+        return None
+    out = []
+    for row in rows:
+        if not isinstance(row, Mapping):
+            continue
+        bad = row.get("first_nonfinite")
+        bad = f"step {bad.get('step')} {bad.get('what')} {bad.get('module') or ''}".strip() \
+            if isinstance(bad, Mapping) else None
+        end = row.get("last_collective")
+        end = (f"{end.get('where') or 'done'}{' (waiting)' if end.get('waiting') else ''}"
+               if isinstance(end, Mapping) else None)
+        out.append((*(row.get(k) for k, _ in RANK_COLUMNS), bad, end))
+    header = (*(h for _, h in RANK_COLUMNS), "first non-finite", "ended in")
+    widths = [max(len(header[i]), *(len(_cell(r[i])) for r in out)) for i in range(len(header))]
+    fmt = "    " + "  ".join(f"{{:<{w}}}" for w in widths)
+    return Table(header, tuple(out), fmt, text_header=True)
 
 
 def classification(cls: Classification | Mapping | None, reason: str | None = None) -> Doc:

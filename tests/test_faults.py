@@ -168,18 +168,6 @@ UNSEEN = {
                 loss = nn.functional.mse_loss(model(X), y)
                 print(f"step {i} loss={loss.item():.4f}")
     """, "no training step seen"),
-    "spawned_ranks": ("""
-        import torch.multiprocessing as mp
-
-
-        def rank(r):
-            for i in range(20):
-                step(i)
-
-
-        if __name__ == "__main__":
-            mp.spawn(rank, nprocs=1)
-    """, "processes the capture did not reach"),
 }
 
 

@@ -346,8 +346,10 @@ def test_the_defining_declaration_keeps_what_verify_used():
         "train_acc_final": 0.01, "grad_norm_growth": 0.5, "first_to_last_grad_ratio": 0.5,
         # declared since: the loop's own share of a step, past steps' graphs kept alive
         "step_overhead_share": 0.05, "graphs_kept_share": 0.2, "loss_peak_ratio": 0.3,
-        "loss_broadcast_factor": 0.5, "output_range_unreachable": 0.05}  # ... and the loss's
-    # broadcast pairing, and the targets a bounded output cannot reach
+        "loss_broadcast_factor": 0.5, "output_range_unreachable": 0.05,  # ... and the loss's
+        # broadcast pairing, and the targets a bounded output cannot reach; across ranks: a
+        # hang, a straggler's share of each step, the spread of the replicas' checksums
+        "rank_hang": 0.5, "rank_straggler_share": 0.1, "rank_desync": 1e-5}
     assert defining.LOG_SIGNALS == ("loss_peak_ratio", "grad_norm_growth",
                                     "first_to_last_grad_ratio", "loss_broadcast_factor")
     assert defining.DEFINING["gradient_instability"] == (

@@ -6,6 +6,7 @@ import json
 import os
 from contextlib import AbstractContextManager, nullcontext
 
+from ..ranks import load_job
 from ..records import Run
 from ..redact import read_source
 from .base import Captured, Intervention, ProbeRequest, Version
@@ -26,27 +27,38 @@ class ScriptArtifact:
         Each run is stopped after this long (the record so far is kept).
     cwd : str, optional
         The working directory of the runs (default: this process's).
+    launch : dict, optional
+        A multi-process job (see :func:`model_debugger.runner.run_script`): through
+        ``torch.distributed.run`` with ``nproc_per_node`` (and the nodes' options), and/or
+        a ``collective_timeout`` in seconds. Processes the script starts itself are captured
+        without it.
     """
 
     kind = "script"
 
     def __init__(self, script: str, args=(), max_seconds: float | None = None,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, launch: dict | None = None) -> None:
         self.script = os.path.abspath(script)
         self.args = list(args)
         self.max_seconds = max_seconds
         self.cwd = cwd or os.getcwd()
+        self.launch = dict(launch) if launch else None
 
     @classmethod
     def from_info(cls, info) -> ScriptArtifact:
         """The artifact a saved session recorded (:class:`~model_debugger.records.ArtifactInfo`)."""
-        return cls(info.script, info.args, info.max_seconds, info.cwd)
+        launch = info.extra.get("launch")
+        return cls(info.script, info.args, info.max_seconds, info.cwd,
+                   launch if isinstance(launch, dict) else None)
 
     def describe(self) -> tuple[dict, str, str]:
         """The artifact event's fields, the code (what Fix diffs against) and the script."""
         source = read_source(self.script)
-        return ({"type": "script", "script": self.script, "args": list(self.args),
-                 "max_seconds": self.max_seconds, "cwd": self.cwd}, source, source)
+        fields = {"type": "script", "script": self.script, "args": list(self.args),
+                  "max_seconds": self.max_seconds, "cwd": self.cwd}
+        if self.launch:
+            fields["launch"] = dict(self.launch)
+        return fields, source, source
 
     def _path_of(self, version: Version) -> str:
         """The file to run: the user's own while it holds the version's code, else the copy."""
@@ -86,8 +98,9 @@ class ScriptArtifact:
                            else self.max_seconds, stdout=stdout,
                            isolate_seconds=probes.budget if probes is not None else 0.0,
                            syspath=os.path.dirname(self.script), cwd=self.cwd,
-                           probes=request, intervention=intervention, max_steps=max_steps)
-        run = Run.load(record) if os.path.exists(record) else Run([])
+                           probes=request, intervention=intervention, max_steps=max_steps,
+                           launch=self.launch)
+        run = load_job(record)
         from ..probing import read_report
 
         return Captured(run, record, read_report(found), child=child,

@@ -10,7 +10,8 @@ inside functions; ``tests/test_capture_layout.py`` checks the imports and the ci
   non-finite localization), ``torch_optim`` (optimizer construction and step hooks),
   ``torch_steps`` (step rows: timing, memory, the norm schedule), ``torch_data`` (DataLoader:
   data wait, epochs), ``torch_losses`` (loss functionals: targets, eval losses),
-  ``torch_trainers`` (Lightning, Hugging Face, Accelerate: logged metrics, accumulation), with
+  ``torch_trainers`` (Lightning, Hugging Face, Accelerate: logged metrics, accumulation),
+  ``torch_dist`` (torch.distributed: the rank, collectives, replica checksums), with
   ``torch_grads`` (norms, update ratio, histograms) and ``torch_util`` (replay, small helpers);
 - ``keras_instrument``: ``KerasInstrument``, built from ``keras_hooks`` (fit, custom loops) and
   ``keras_steps`` (tape and optimizer apply), with ``keras_util``;

@@ -398,8 +398,9 @@ _processes = {"users": 0, "original": None}  # one patch shared by nested record
 def _watch_processes(module):
     """Record a ``process`` event for each ``multiprocessing`` process started under capture.
 
-    Training in such a process (``torch.multiprocessing.spawn``, a ``Process`` per rank) is not
-    captured; the event lets Reproduce say so when no training step was observed. The patch is
+    With :data:`RANKS_ENV` set (a script run by the CLI), such a process (``torch.multiprocessing
+    .spawn``, a ``Process`` per rank) runs under a capture of its own (:class:`RankTarget`);
+    without it, its training is not captured and the event lets Reproduce say so. The patch is
     shared by nested recorders and restored when the last one ends (any exit order); the events
     go to the innermost active recorder. Returns the undo callable.
     """
@@ -408,6 +409,10 @@ def _watch_processes(module):
         original = cls.start
 
         def start(proc):
+            try:
+                _capture_rank(proc)  # before it starts: the process runs under its own capture
+            except Exception:  # noqa: BLE001 - recording must never break the user's start()
+                pass
             original(proc)
             rec = active_recorder()
             if rec is None:
@@ -436,6 +441,64 @@ def _watch_processes(module):
             _processes["original"] = None
 
     return undo
+
+
+RANKS_ENV = "MODEL_DEBUGGER_RANKS"  # the folder where started processes write their records
+# processes that are not ranks: DataLoader workers, pools' helpers, the launcher's own
+_NOT_RANKS = ("torch.utils.data", "multiprocessing", "concurrent.futures", "torch._inductor",
+              "torch.distributed.elastic")
+
+
+class RankTarget:
+    """What a process started under capture runs: its target inside a capture of its own.
+
+    Picklable (a process started with the ``spawn`` or ``forkserver`` method receives it as it
+    receives its target); its record is ``proc-<pid>.jsonl`` in ``folder``. In a forked child
+    the parent's recorders (copies holding no file) are closed first: their hooks, inherited
+    with the memory, would otherwise record into memory beside this one.
+    """
+
+    def __init__(self, target, folder: str) -> None:
+        self.target = target
+        self.folder = folder
+
+    def __call__(self, *args, **kwargs):
+        """Run the target under a capture writing this process's record."""
+        for inherited in list(_active):
+            try:
+                inherited._stack.close()
+            except Exception:  # noqa: BLE001 - a copy's hooks: undo what can be undone
+                pass
+        with Recorder(process_record(self.folder)):
+            return self.target(*args, **kwargs)
+
+
+def process_record(folder: str) -> str:
+    """The record of this process among a job's processes (the folder made, private)."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return os.path.join(folder, f"proc-{os.getpid()}.jsonl")
+
+
+def _capture_rank(proc) -> None:
+    """Wrap a process's target in a :class:`RankTarget` when a ranks folder is set.
+
+    ``torch.multiprocessing.spawn`` starts its ``_wrap(fn, i, args, queue)``, which reports an
+    exception of ``fn`` to the parent and exits: ``fn`` itself is wrapped, so that its record
+    holds the exception. Targets from :data:`_NOT_RANKS` are left alone.
+    """
+    folder = os.environ.get(RANKS_ENV)
+    target = getattr(proc, "_target", None)
+    if not folder or target is None or isinstance(target, RankTarget):
+        return
+    module = str(getattr(target, "__module__", "") or "")
+    if module == "torch.multiprocessing.spawn" and getattr(target, "__name__", "") == "_wrap":
+        args = tuple(getattr(proc, "_args", ()))
+        if args and not isinstance(args[0], RankTarget):
+            proc._args = (RankTarget(args[0], folder), *args[1:])
+        return
+    if module.startswith(_NOT_RANKS):
+        return
+    proc._target = RankTarget(target, folder)
 
 
 def _after_fork_in_child() -> None:

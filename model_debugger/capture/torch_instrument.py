@@ -19,7 +19,9 @@ What is patched while a capture is active (and restored afterwards), and where i
   ``no_grad``;
 - ``zero_grad`` of optimizers and modules (here): counted for the ``calls`` event;
 - Lightning's and Hugging Face's ``Trainer`` (:mod:`.torch_trainers`), once imported: a callback
-  for the metrics they log, their sanity checks and their accumulation's loss scale.
+  for the metrics they log, their sanity checks and their accumulation's loss scale;
+- ``torch.distributed``'s ``init_process_group`` and collectives (:mod:`.torch_dist`): the rank,
+  time inside collectives, replica checksums, where a waiting rank waits.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .codeloc import is_user_file, user_location
 from .instrument import Instrument
 from .keeper import Keeper, same_values
 from .torch_data import DataHooks
+from .torch_dist import DistHooks
 from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossHooks
 from .torch_model import ModelHooks
 from .torch_optim import OptimizerHooks
@@ -62,7 +65,7 @@ def _call_chain(frame) -> tuple:
 
 
 class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks, TrainerHooks,
-                      Instrument):
+                      DistHooks, Instrument):
     """Instruments PyTorch training for one Recorder.
 
     Parameters
@@ -92,6 +95,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._init_data_state()
         self._init_loss_state()
         self._init_trainer_state()
+        self._init_dist_state()
         self._guarded_before_backward = self.guard(self._before_backward)
         self._reset_checked = self._reset_stale = 0  # steps checked / gradients found not reset
         self._reset_param = None
@@ -123,6 +127,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             if hasattr(functional, name):
                 self.patch(functional, name, lambda nxt, name=name: self._wrap_loss(nxt, name))
         self._attach_trainers()
+        self._attach_dist()
 
     def _let_go(self) -> None:
         """After every hook is gone, let go of the user's objects.
@@ -144,6 +149,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self.losses.flush_eval()
         self.losses.emit()
         self._emit_overhead()
+        self._dist_finish()
         if self._backwards or self._opt_steps:  # torch imported but not trained: say nothing
             most = max(self._built_at.items(), key=lambda kv: kv[1], default=(None, 0))
             built_at = {"file": most[0][0], "line": most[0][1]} if most[1] > 1 and \

@@ -97,12 +97,16 @@ class ModelHooks:
     def _keep_input(self, module, args, kwargs):
         self._last_input = (args, kwargs)
         if torch.is_grad_enabled():  # a training forward: part of the step's own work
+            if not self._fwd_open:
+                self._forward_started()
             self._fwd_open += 1
             self._busy_enter()
 
     def _forward_done(self, module, args, out):
         if self._fwd_open:
             self._fwd_open -= 1
+            if not self._fwd_open:
+                self._forward_ended()
             self._busy_exit()
             first = out if isinstance(out, torch.Tensor) else next(
                 (v for v in (out.values() if isinstance(out, dict) else

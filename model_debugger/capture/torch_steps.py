@@ -9,6 +9,7 @@ kept as a row of numbers and written as a ``step`` event in batches (:meth:`Step
 - ``gn`` and ``mgn`` (global and per-module gradient norms, a bounded window of modules per step,
   see :mod:`.norms`), ``ur`` (update/weight ratio) when they were measured; the norms are those
   before a ``clip_grad_norm_``, and ``gnc`` is the global norm after it;
+- in a multi-rank job ``co``, ``cn``, ``fw`` and ``pcs`` (:mod:`.torch_dist`);
 - memory: ``rss`` on the steps whose norms are measured, ``cuda``/``cuda_peak`` (allocated
   bytes) every step on a GPU, ``gpu_util`` every :data:`GPU_UTIL_EVERY` steps.
 
@@ -85,8 +86,11 @@ class StepRows:
                 self._busy += time.perf_counter() - self._busy_t0
 
     def _idle(self) -> bool:
-        """Outside data loading, forward, backward and the optimizer step (the sampler asks)."""
-        return not self._busy_depth and not self._in_data
+        """Outside data loading, forward, backward, the optimizer step and collectives.
+
+        (The sampler asks.)
+        """
+        return not self._busy_depth and not self._in_data and not self._coll[4]
 
     def _watch_overhead(self, dt: float, dw: float, busy: float) -> None:
         """After the first steps, sample the loop's lines if the rest of each step dominates."""
@@ -128,11 +132,11 @@ class StepRows:
         rss = rss_bytes() if self._rss_due else None
         self._rss_due = True
         busy, self._busy, self._busy_depth = self._busy, 0.0, 0
-        if dt is not None and self._early is not None:
-            self._watch_overhead(dt, self._data_wait, busy)
+        if dt is not None and self._early is not None:  # (collectives the code called are
+            self._watch_overhead(dt, self._data_wait, busy + self._coll_s)  # not its own)
         self._rows.append((self.rec.step, self.rec.epoch, loss, gn, parts, dt, self._data_wait,
                            rss, ratio, None if root is None else root.training, cuda, clipped,
-                           busy))
+                           busy, self._dist_fields(self._last_opt) if self._multi else None))
         self._data_wait = 0.0
         self.rec.step += 1
         if self._norm_auto and self.rec.step >= self._retune_at:
@@ -185,9 +189,11 @@ class StepRows:
                 raise
 
     def _step_event(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda,
-                    clipped, busy) -> dict:
+                    clipped, busy, dist) -> dict:
         """One kept row as the fields of a ``step`` event."""
         step = {"i": i, "ep": ep, "loss": num(loss), "dt": dt, "dw": dw}
+        if dist:  # a multi-rank job: collectives, forward, replica checksum (torch_dist)
+            step.update(dist)
         if busy:
             step["bz"] = busy
         if rss is not None:

@@ -100,6 +100,13 @@ def _result_of(run: Run, category: str, child=None) -> dict:
         out["crash"] = {"how": crash or f"{err['type']}: {err['message']}"[:300],
                         "after_step": after,
                         "exit_code": child.returncode if child is not None else None}
+    if run.ranks:  # a multi-process job: how many ranks, and each one's numbers
+        from ..ranks import signals, table
+
+        out["ranks"] = signals(run).get("ranks", len(run.ranks))
+        out["rank_table"] = table(run)
+        if run.error is not None and run.error.get("rank") is not None:
+            out["error_rank"] = run.error["rank"]
     oom = (run.error or {}).get("kind") == "oom"
     if not run.steps and not oom and status != "interrupted":
         out.update(status="not_observed", category=None,

@@ -14,6 +14,7 @@ from collections import Counter
 from .._validate import check_budget, check_count, check_seed
 from ..artifacts.base import ProbeRequest, Version
 from ..classify import classify
+from ..ranks import load_job
 from ..records import HEALTHY, ArtifactInfo, Reproduction, Run
 from ..runner import RunInterrupted
 from ..session import DebugSession
@@ -140,8 +141,7 @@ def reproduce(session: DebugSession, artifact, runs: int = 1, seed: int | None =
                 child = cap.child
             except RunInterrupted as exc:
                 cap, child, stop = None, exc.result, exc
-            run = cap.run if cap is not None else (Run.load(record) if _exists(record)
-                                                   else Run([]))
+            run = cap.run if cap is not None else load_job(record)
             sig = compute(run)
             cls = classify(sig)
             res = _result_of(run, cls.primary, child)
@@ -189,12 +189,6 @@ def _same_classes(a, b) -> bool:
     run.
     """
     return a is not None and b is not None and a.primary == b.primary
-
-
-def _exists(path: str) -> bool:
-    import os
-
-    return os.path.exists(path)
 
 
 def read_log(session: DebugSession, run: Run, path: str) -> Reproduction:

@@ -57,7 +57,9 @@ class NonfiniteInputs(Probe):
         seen = []
         if batch:
             part = "inputs" if role == "inputs" else "target"
-            seen.append(f"the batch whose loss first went non-finite (step {bad.get('step')}) "
+            on = f" on rank {bad['rank']}" if bad.get("rank") is not None else ""
+            seen.append(f"the batch whose loss first went non-finite (step {bad.get('step')}"
+                        f"{on}) "
                         f"had {batch.get(part)} of {batch.get('rows', '?')} rows with NaN/inf "
                         f"in its {part}")
         if share[role] > 0:

@@ -1,0 +1,226 @@
+"""torch.distributed (mixed into ``TorchInstrument``): the rank, its collectives, its replica.
+
+Nothing here runs until a process group exists. Then:
+
+- ``init_process_group`` (patched) records a ``rank`` event: rank, world size, backend, local
+  rank and node rank (``LOCAL_RANK``/``GROUP_RANK`` from the launcher, when set), host; with
+  ``MODEL_DEBUGGER_COLLECTIVE_TIMEOUT`` set (``--collective-timeout``) the group's timeout is
+  at most that many seconds, so a rank that never joins ends the job instead of hanging it;
+- every collective of ``torch.distributed`` the code calls (``all_reduce``, ``barrier``, ...)
+  is timed: the step rows of a multi-rank job gain ``co`` (seconds inside those calls),
+  ``cn`` (collectives entered so far) and ``fw`` (seconds inside the model's forward, which
+  holds no collective: the rank's own work, comparable across ranks), and every
+  :data:`CHECKSUM_EVERY` steps ``pcs``, a float64 checksum of the optimizer's parameters
+  (replicas that train in lockstep hold the same value);
+- a collective that raises (a timeout, a peer gone) is a ``collective_error`` event; a training
+  thread that has not finished a step for :data:`STALL_SECONDS` is one ``stall`` event saying
+  where it waits (inside which collective, ``backward`` where DDP's all-reduce runs, ``forward``,
+  ``data`` or the loop's own code) and on which line of the user's code, written by the
+  recorder's flusher thread while it waits;
+  when the capture ends, a ``collectives`` event holds the last collective reached.
+
+DDP's own all-reduce runs inside ``backward()`` in C++ and is not a Python call: its waiting
+shows as backward time, compared across ranks by the rank analysis (:mod:`model_debugger.ranks`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+import threading
+import time
+
+from .codeloc import user_location
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+               "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast",
+               "broadcast_object_list", "gather", "gather_object", "reduce", "reduce_scatter",
+               "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "recv")
+CHECKSUM_EVERY = 10  # optimizer steps between replica checksums (and the first step)
+STALL_SECONDS = 2.0  # no step for this long: where the training thread waits is recorded
+TIMEOUT_ENV = "MODEL_DEBUGGER_COLLECTIVE_TIMEOUT"
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+class DistHooks:
+    """The rank of a process group, its collectives and a checksum of its replica."""
+
+    def _init_dist_state(self) -> None:
+        self._dist: dict | None = None  # the ``rank`` event's fields, once a group exists
+        self._multi = False  # a group of more than one rank: rows carry the extra fields
+        # [entered, finished, name of the last, perf_counter when it was entered, depth]
+        self._coll = [0, 0, None, 0.0, 0]
+        self._coll_s = 0.0  # seconds inside collectives since the last step
+        self._fw_s = 0.0  # seconds inside the model's training forward since the last step
+        self._fw_t0 = 0.0
+        self._stalled_at = None  # the step a ``stall`` event was written for
+        self._group_t0 = 0.0  # perf_counter when the group was seen
+        self._train_thread = None  # the thread that made the group (where training runs)
+
+    def _attach_dist(self) -> None:
+        """Patch ``init_process_group`` and the collectives (when torch.distributed exists)."""
+        try:
+            import torch.distributed as dist
+        except ImportError:  # a build without distributed support
+            return
+        if not dist.is_available():
+            return
+        self.patch(dist, "init_process_group", self._wrap_init)
+        for name in COLLECTIVES:
+            if hasattr(dist, name):
+                self.patch(dist, name, lambda nxt, name=name: self._wrap_collective(nxt, name))
+        self.rec.before_event(self._dist_drain)
+        if dist.is_initialized():  # the group was made before this capture began
+            self._guarded_on_group()
+
+    # -- the group -------------------------------------------------------------------------
+    def _wrap_init(self, original):
+        link = self._link
+
+        def init_process_group(*args, **kwargs):
+            seconds = os.environ.get(TIMEOUT_ENV)
+            if seconds and link() is not None:
+                import datetime
+
+                limit = datetime.timedelta(seconds=float(seconds))
+                asked = kwargs.get("timeout")
+                kwargs["timeout"] = limit if asked is None else min(asked, limit)
+            out = original(*args, **kwargs)
+            inst = link()
+            if inst is not None:
+                inst._guarded_on_group()
+            return out
+
+        init_process_group.__wrapped__ = original
+        return init_process_group
+
+    def _guarded_on_group(self) -> None:
+        self.guard(self._on_group)()
+
+    def _on_group(self) -> None:
+        import torch.distributed as dist
+
+        world = int(dist.get_world_size())
+        self._dist = {"rank": int(dist.get_rank()), "world_size": world,
+                      "backend": str(dist.get_backend()),
+                      "local_rank": _env_int("LOCAL_RANK"), "node_rank": _env_int("GROUP_RANK"),
+                      "host": socket.gethostname()[:100]}
+        self._multi = world > 1
+        self._group_t0 = time.perf_counter()
+        self._train_thread = threading.get_ident()
+        self.rec.emit("rank", step=self.rec.step, **self._dist)
+
+    # -- collectives -----------------------------------------------------------------------
+    def _wrap_collective(self, original, name: str):
+        link = self._link
+
+        def collective(*args, **kwargs):
+            inst = link()
+            if inst is None or inst._coll[4]:  # not ours, or a collective inside another
+                return original(*args, **kwargs)
+            coll = inst._coll
+            coll[0] += 1
+            coll[2] = name
+            coll[4] = 1
+            t0 = coll[3] = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            except Exception as exc:
+                inst._guarded_coll_error(name, coll[0], time.perf_counter() - t0, exc)
+                raise
+            finally:
+                coll[1] = coll[0]
+                coll[4] = 0
+                inst._coll_s += time.perf_counter() - t0
+
+        collective.__wrapped__ = original
+        collective.__name__ = name
+        return collective
+
+    def _guarded_coll_error(self, name, seq, seconds, exc) -> None:
+        self.guard(self._coll_error)(name, seq, seconds, exc)
+
+    def _coll_error(self, name, seq, seconds, exc) -> None:
+        self.rec.emit("collective_error", name=name, seq=seq, step=self.rec.step,
+                      seconds=round(seconds, 3), error=f"{type(exc).__name__}: {exc}"[:500])
+
+    # -- per step --------------------------------------------------------------------------
+    def _forward_started(self) -> None:
+        self._fw_t0 = time.perf_counter()
+
+    def _forward_ended(self) -> None:
+        self._fw_s += time.perf_counter() - self._fw_t0
+
+    def _dist_fields(self, opt) -> dict | None:
+        """The extra fields of this step's row (None outside a multi-rank group)."""
+        if not self._multi:
+            self._coll_s = self._fw_s = 0.0
+            return None
+        out = {"co": self._coll_s, "fw": self._fw_s, "cn": self._coll[0]}
+        self._coll_s = self._fw_s = 0.0
+        if opt is not None and self.rec.step % CHECKSUM_EVERY == 0:
+            out["pcs"] = _checksum(opt)
+        return out
+
+    # -- where a rank waits ----------------------------------------------------------------
+    def _waiting_in(self) -> str:
+        coll = self._coll
+        if coll[4]:
+            return f"{coll[2]}#{coll[0]}"
+        if self._in_backward:
+            return "backward"
+        if self._fwd_open:
+            return "forward"
+        if self._in_data:
+            return "data"
+        return "loop"
+
+    def _dist_drain(self) -> None:
+        """Record a ``stall`` when no step came for :data:`STALL_SECONDS`.
+
+        Called before every event, and by the flusher thread while the training thread stands
+        still.
+        """
+        if not self._multi or self._stalled_at == self.rec.step:
+            return
+        last = self._last_step_end
+        now = time.perf_counter()
+        since = now - (last if last is not None else self._group_t0)
+        if since < STALL_SECONDS:
+            return
+        self._stalled_at = self.rec.step
+        frame = sys._current_frames().get(self._train_thread)
+        self.rec.emit("stall", step=self.rec.step, where=self._waiting_in(),
+                      seconds=round(since, 3), collectives=self._coll[0],
+                      location=user_location(frame) if frame is not None else None)
+
+    def _dist_finish(self) -> None:
+        """The last collective this rank reached, when the capture ends."""
+        if self._dist is None:
+            return
+        coll = self._coll
+        self.rec.emit("collectives", entered=coll[0], finished=coll[1], last=coll[2],
+                      step=self.rec.step, waiting=bool(coll[4]))
+
+
+def _checksum(opt) -> float | None:
+    """A float64 checksum of an optimizer's parameters: sum of values plus sum of squares."""
+    import torch
+
+    total = 0.0
+    with torch.no_grad():
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if getattr(p, "is_meta", False):
+                    continue
+                d = p.detach().double()
+                total += float(d.sum()) + float((d * d).sum())
+    return total if math.isfinite(total) else None

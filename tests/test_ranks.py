@@ -1,0 +1,367 @@
+"""Multi-rank jobs, rank by rank: real ``torch.distributed`` on gloo, world size 2, on the CPU.
+
+Each job runs through the CLI as a user would: ranks the script starts itself
+(``torch.multiprocessing.spawn``, one ``multiprocessing.Process`` per rank) and ranks the real
+launcher starts (``--nproc-per-node 2``: ``torch.distributed.run``). Every test asserts the
+per-rank records (``reproduce.rank_table``: one row per rank, its own steps and status) and the
+verdict: healthy jobs stay healthy; an exploding learning rate, a non-finite batch on one rank, a
+straggler, a desync and a hang each get their category and a finding that names the rank and the
+line. The rank analysis itself (:mod:`model_debugger.ranks`) is also tested on hand-made records,
+so each rule is seen to fail as well as to pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from model_debugger import ranks as R
+from model_debugger.records import Run
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
+
+# a function per rank, started by torch.multiprocessing.spawn; MODE picks the fault
+SPAWN = '''
+import os, socket, sys, time
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+MODE = sys.argv[1]
+
+
+def train(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(rank)
+    X = torch.randn(256, 8)
+    y = X[:, :1] * 2 - X[:, 1:2] + 0.1 * torch.randn(256, 1)
+    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    model = net if MODE == "desync" else DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=4.0 if MODE == "explode" else 0.05)
+    for step in range(40):
+        i = (step * 32) % 256
+        xb, yb = X[i:i + 32], y[i:i + 32]
+        if MODE == "nan_on_one" and rank == 1 and step == 15:
+            xb = xb.clone()
+            xb[3, 2] = float("nan")
+        if MODE == "straggler" and rank == 1:
+            time.sleep(0.03)  # STRAGGLER LINE
+        loss = nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if MODE == "hang" and rank == 1 and step == 8:
+            time.sleep(120)  # HANG LINE
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    mp.spawn(train, args=(2, port), nprocs=2)
+'''
+
+# a script per rank, started by the launcher (rank and world from the environment)
+LAUNCHED = '''
+import sys
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(100 + rank)
+X = torch.randn(256, 8)
+y = X[:, :1] - X[:, 2:3]
+model = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
+opt = torch.optim.Adam(model.parameters(), lr=float(sys.argv[1]))
+for epoch in range(5):
+    for i in range(0, 256, 32):
+        loss = nn.functional.mse_loss(model(X[i:i + 32]), y[i:i + 32])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(f"rank {rank} epoch {epoch} loss={loss.item():.4f}")
+dist.destroy_process_group()
+'''
+
+# one multiprocessing.Process per rank, gradients averaged by hand with all_reduce
+PROCESSES = '''
+import os, socket
+import multiprocessing as mp
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def worker(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = nn.Linear(6, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    X = torch.randn(128, 6, generator=g)
+    y = X.sum(1, keepdim=True)
+    for step in range(40):
+        loss = nn.functional.mse_loss(model(X), y)
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        opt.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    procs = [mp.Process(target=worker, args=(r, 2, port)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+'''
+
+
+def _diagnose(tmp_path: Path, source: str, *args: str, flags=()) -> dict:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(source))
+    proc = subprocess.run(
+        [sys.executable, "-m", "model_debugger.cli", "diagnose", str(script), "--json",
+         "--root", str(tmp_path / "s"), "--probe-seconds", "10", "--max-seconds", "90",
+         *flags, "--", *args], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _line(source: str, mark: str) -> int:
+    return next(i for i, ln in enumerate(textwrap.dedent(source).splitlines(), 1) if mark in ln)
+
+
+def _table(report: dict, world: int = 2) -> list[dict]:
+    rep = report["reproduce"]
+    assert rep["ranks"] == world, rep
+    rows = rep["rank_table"]
+    assert [r["rank"] for r in rows] == list(range(world))
+    assert all(r["world_size"] == world and r["backend"] == "gloo" for r in rows)
+    assert len({r["pid"] for r in rows}) == world  # one record per process
+    return rows
+
+
+def _finding(report: dict, check: str) -> dict:
+    found = [f for f in report["findings"] if f["check"] == check]
+    assert found, [f["check"] for f in report["findings"]]
+    return found[0]
+
+
+# -- healthy jobs stay healthy -----------------------------------------------------------------
+
+def test_a_healthy_spawned_job_is_captured_on_every_rank_and_healthy(tmp_path):
+    report = _diagnose(tmp_path, SPAWN, "healthy")
+    rows = _table(report)
+    assert all(r["steps"] == 40 and r["status"] == "ok" for r in rows), rows
+    assert all(r["step_ms"] and r["peak_rss_mb"] for r in rows)
+    assert report["classification"]["primary"] == "healthy", report["classification"]
+    assert report["reproduce"]["steps"] == 40
+
+
+def test_a_healthy_torchrun_job_is_launched_rank_by_rank_and_healthy(tmp_path):
+    report = _diagnose(tmp_path, LAUNCHED, "0.01", flags=("--nproc-per-node", "2"))
+    rows = _table(report)
+    assert [r["local_rank"] for r in rows] == [0, 1]  # set by the real launcher
+    assert all(r["steps"] == 40 and r["status"] == "ok" for r in rows), rows
+    assert report["classification"]["primary"] == "healthy", report["classification"]
+
+
+def test_a_process_per_rank_with_hand_averaged_gradients_is_healthy(tmp_path):
+    report = _diagnose(tmp_path, PROCESSES)
+    rows = _table(report)
+    assert all(r["steps"] == 40 for r in rows)
+    # the all_reduce calls are the job's collectives: timed, not the loop's own work
+    assert all(r["last_collective"]["last_called"] == "all_reduce" for r in rows), rows
+    assert all(r["last_collective"]["collectives"] == 80 for r in rows), rows
+    assert report["classification"]["primary"] == "healthy", report["classification"]
+
+
+# -- faults ---------------------------------------------------------------------------------------
+
+def test_an_exploding_learning_rate_on_both_ranks_is_gradient_instability(tmp_path):
+    report = _diagnose(tmp_path, SPAWN, "explode")
+    rows = _table(report)
+    assert all(r["first_nonfinite"] is not None for r in rows), rows
+    assert report["classification"]["primary"] == "gradient_instability"
+
+
+def test_a_nonfinite_batch_on_one_rank_names_that_rank_before_the_all_reduce_spreads_it(
+        tmp_path):
+    report = _diagnose(tmp_path, SPAWN, "nan_on_one")
+    rows = _table(report)
+    assert rows[1]["first_nonfinite"]["what"] == "loss"  # where it began
+    assert rows[0]["first_nonfinite"]["what"] == "grad"  # what the all-reduce brought rank 0
+    cls = report["classification"]
+    assert cls["primary"] == "gradient_instability"
+    ev = {e["signal"]: e["value"] for e in cls["evidence"]}
+    assert ev["nonfinite_rank"] == 1 and ev["first_nonfinite_step"] == 15, ev
+    data = _finding(report, "nonfinite_inputs")
+    assert data["confirmed"] and data["root_cause"] == "data"
+    assert "rank 1" in data["explanation"]
+
+
+def test_a_straggler_rank_is_a_performance_issue_that_names_it_and_its_line(tmp_path):
+    report = _diagnose(tmp_path, SPAWN, "straggler")
+    rows = _table(report)
+    assert rows[1]["own_ms"] > rows[0]["own_ms"] + 20, rows  # its own work per step
+    assert rows[0]["blocked_ms"] > rows[1]["blocked_ms"] + 20, rows  # the victim waits
+    cls = report["classification"]
+    assert cls["primary"] == "performance_issue"
+    assert {e["signal"]: e["value"] for e in cls["evidence"]}["rank_straggler"] == 1
+    f = _finding(report, "rank_straggler")
+    assert f["confirmed"] and f["root_cause"] == "training_loop"
+    assert f["evidence"]["rank"] == 1 and f["evidence"]["victims"] == ["rank 0"]
+    assert f["location"]["line"] == _line(SPAWN, "STRAGGLER LINE")
+
+
+def test_replicas_that_drift_apart_are_a_desync(tmp_path):
+    report = _diagnose(tmp_path, SPAWN, "desync")
+    _table(report)
+    cls = report["classification"]
+    assert cls["primary"] == "convergence_to_wrong_solution", cls
+    f = _finding(report, "rank_desync")
+    assert f["confirmed"] and f["root_cause"] == "training_loop"
+    assert f["evidence"]["ddp"] is False and f["evidence"]["ranks"] == [1]
+
+
+def test_a_rank_that_never_joins_ends_the_job_at_the_timeout_with_a_partial_record(tmp_path):
+    report = _diagnose(tmp_path, SPAWN, "hang", flags=("--collective-timeout", "3"))
+    rows = _table(report)
+    assert report["reproduce"]["seconds"] < 60  # bounded by the timeout, not the 120 s sleep
+    assert rows[0]["last_collective"]["waiting"] and not rows[1]["last_collective"]["waiting"]
+    assert rows[0]["last_collective"]["where"] == "backward", rows  # DDP's all-reduce
+    assert all(r["steps"] == 9 for r in rows), rows  # every step up to the hang was kept
+    cls = report["classification"]
+    assert cls["primary"] == "performance_issue", cls
+    ev = {e["signal"]: e["value"] for e in cls["evidence"]}
+    assert ev["rank_hang_missing"] == "1" and ev["rank_hang_waiting"] == "0"
+    f = _finding(report, "rank_hang")
+    assert f["confirmed"] and f["evidence"]["missing"] == [1]
+    assert f["location"]["line"] == _line(SPAWN, "HANG LINE")
+
+
+def test_a_spawned_process_without_a_process_group_is_captured_too(tmp_path):
+    report = _diagnose(tmp_path, '''
+        import torch
+        import torch.multiprocessing as mp
+        from torch import nn
+
+
+        def work(i):
+            torch.manual_seed(i)
+            model = nn.Linear(4, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            X = torch.randn(64, 4)
+            y = X @ torch.ones(4, 1)
+            for _ in range(30):
+                loss = nn.functional.mse_loss(model(X), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+
+        if __name__ == "__main__":
+            mp.spawn(work, nprocs=1)
+    ''')
+    rep = report["reproduce"]
+    assert rep["status"] != "not_observed" and rep["steps"] == 30, rep
+    assert [r["rank"] for r in rep["rank_table"]] == [None]  # a process, not a rank
+
+
+# -- the rank analysis on hand-made records -------------------------------------------------------
+
+def _rank_run(rank: int, steps: list[dict], *extra: dict, world: int = 2) -> Run:
+    events = [{"t": "start", "pid": 100 + rank},
+              {"t": "rank", "rank": rank, "world_size": world, "backend": "gloo"},
+              *({"t": "step", "i": i, **s} for i, s in enumerate(steps)), *extra]
+    if not any(e.get("t") == "error" for e in extra):
+        events.append({"t": "end", "status": "ok"})
+    run = Run(events)
+    run.rank = {"rank": rank, "world_size": world, "backend": "gloo"}
+    return run
+
+
+def _job(*ranks: Run) -> Run:
+    job = Run(list(ranks[0].events))
+    job.ranks = list(ranks)
+    return job
+
+
+def _steps(n: int, dt: float, bz: float, fw: float, **more) -> list[dict]:
+    return [{"dt": dt, "dw": 0.0, "bz": bz, "fw": fw, "co": 0.0, "loss": 1.0, **more}
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("extra_ms, fires", [(30.0, True), (0.5, False)])
+def test_the_straggler_is_the_rank_with_the_most_own_work(extra_ms, fires):
+    e = extra_ms / 1000
+    # rank 1 sleeps e in its loop; rank 0 waits e in backward (DDP's all-reduce)
+    fast = _rank_run(0, _steps(20, 0.01 + e, 0.008 + e, 0.002))
+    slow = _rank_run(1, _steps(20, 0.01 + e, 0.008, 0.002))
+    sig = R.signals(_job(fast, slow))
+    assert sig["rank_straggler"] == 1
+    assert sig["rank_straggler_ms"] == pytest.approx(extra_ms, abs=0.01)
+    assert R.is_straggler(sig) is fires
+    rows = R.table(_job(fast, slow))
+    assert rows[0]["blocked_ms"] == pytest.approx(extra_ms, abs=0.01)
+    assert rows[1]["blocked_ms"] == 0
+
+
+@pytest.mark.parametrize("second, desync", [(5.0, False), (5.001, True)])
+def test_a_desync_is_checksums_that_differ(second, desync):
+    a = _rank_run(0, [{"pcs": 5.0}, {"pcs": 6.0}])
+    b = _rank_run(1, [{"pcs": 5.0}, {"pcs": 6.0 if second == 5.0 else 6.001}])
+    sig = R.signals(_job(a, b))
+    assert sig["rank_checksums"] == 2
+    assert ("rank_desync_step" in sig) is desync
+    if desync:
+        assert sig["rank_desync_step"] == 1 and sig["rank_desync_ranks"] == [1]
+
+
+def test_the_first_nonfinite_value_is_ordered_by_step_then_loss_before_gradient():
+    a = _rank_run(0, [{}] * 3, {"t": "nonfinite", "step": 2, "what": "grad", "module": "fc"})
+    b = _rank_run(1, [{}] * 3, {"t": "nonfinite", "step": 2, "what": "loss", "module": "emb"})
+    sig = R.signals(_job(a, b))
+    assert sig["nonfinite_rank"] == 1 and sig["nonfinite_rank_module"] == "emb"
+    assert sig["nonfinite_ranks"] == 2
+    c = _rank_run(0, [{}] * 3, {"t": "nonfinite", "step": 1, "what": "grad"})
+    assert R.signals(_job(c, b))["nonfinite_rank"] == 0  # an earlier step wins
+
+
+def test_a_hang_needs_a_rank_waiting_at_the_end_and_one_that_is_not():
+    waiting = {"t": "stall", "step": 3, "where": "all_reduce#4", "seconds": 2.5}
+    err = {"t": "error", "kind": "exception", "type": "RuntimeError", "message": "timed out"}
+    a = _rank_run(0, [{}] * 3, waiting, err)
+    b = _rank_run(1, [{}] * 3, {"t": "stall", "step": 3, "where": "loop", "seconds": 2.1})
+    sig = R.signals(_job(a, b))
+    assert sig["rank_hang"] == 1.0 and sig["rank_hang_missing"] == [1]
+    assert sig["rank_hang_waiting"] == [0] and sig["rank_hang_seconds"] == 2.5
+    # a slow first step that went on: a stall, then steps after it, is no hang
+    c = _rank_run(0, [{}] * 5, {**waiting, "step": 1})
+    assert R.signals(_job(c, b))["rank_hang"] == 0.0
+    # a rank that never wrote a record is missing too
+    assert R.signals(_job(_rank_run(0, [{}] * 3, waiting, err, world=3), b))[
+        "rank_hang_missing"] == [1, 2]
