@@ -215,6 +215,11 @@ def reproduction(rep: Reproduction | Mapping | None, error: BaseException | None
     ranks = rank_table(get("rank_table"), get("ranks"))
     if ranks is not None:
         lines += [f"  ranks: {get('ranks')} (world size); per rank:", ranks]
+    one = get("single_rank")
+    if isinstance(one, Mapping):
+        lines.append(f"  ranks: only this process was captured, rank {one.get('rank')} of "
+                     f"{one.get('world_size')} (torch.distributed is initialised here); every "
+                     "rank: model-debugger diagnose SCRIPT --nproc-per-node N")
     code = get("code")
     if isinstance(code, Mapping):
         lines += [f"  code: {kind} at {location(loc, root)}" for kind, loc in code.items()]

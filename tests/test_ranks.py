@@ -365,3 +365,77 @@ def test_a_hang_needs_a_rank_waiting_at_the_end_and_one_that_is_not():
     # a rank that never wrote a record is missing too
     assert R.signals(_job(_rank_run(0, [{}] * 3, waiting, err, world=3), b))[
         "rank_hang_missing"] == [1, 2]
+
+
+# -- Verify through the same launcher --------------------------------------------------------------
+
+def test_verify_reruns_a_launched_job_through_the_launcher_and_compares_across_ranks(tmp_path):
+    slow = LAUNCHED.replace("        opt.step()\n", "        opt.step()\n"
+                            "        if rank == 1:\n"
+                            "            import time; time.sleep(0.03)  # SLOW RANK\n")
+    report = _diagnose(tmp_path, slow, "0.01", flags=("--nproc-per-node", "2"))
+    assert report["classification"]["primary"] == "performance_issue", report["classification"]
+    f = _finding(report, "rank_straggler")
+    assert f["location"]["line"] == _line(slow, "SLOW RANK")
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(textwrap.dedent(LAUNCHED))
+    proc = subprocess.run(
+        [sys.executable, "-m", "model_debugger.cli", "verify", report["session_dir"],
+         "--fixed", str(fixed), "--yes", "--json", "--seeds", "2", "--max-seconds", "90"],
+        capture_output=True, text=True, env=ENV, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    v = json.loads(proc.stdout)["verification"]
+    assert v["verdict"] == "resolved", v
+    assert v["metric"] == "rank_straggler_share"
+    assert all(b > 0.25 for b in v["before"]["values"]), v
+    assert all(a < 0.25 for a in v["after"]["values"]), v
+    assert v["after"]["categories"] == ["healthy", "healthy"]
+
+
+# -- in process (a notebook): one rank only, and said so ---------------------------------------------
+
+def test_one_rank_captured_in_process_says_only_it_was_captured():
+    from model_debugger import views
+    from model_debugger.phases.outcome import _result_of
+
+    run = Run([{"t": "start", "pid": 1},
+               {"t": "rank", "rank": 1, "world_size": 4, "backend": "gloo"},
+               *({"t": "step", "i": i, "loss": 1.0, "dt": 0.01, "dw": 0.0} for i in range(5)),
+               {"t": "end", "status": "ok"}])
+    res = _result_of(run, "healthy")
+    assert res["single_rank"] == {"rank": 1, "world_size": 4} and "rank_table" not in res
+    shown = views.text(views.reproduction({**res, "status": "not_reproduced"}))
+    assert "only this process was captured, rank 1 of 4" in shown and "--nproc-per-node" in shown
+    alone = Run([{"t": "rank", "rank": 0, "world_size": 1}, *run.events[2:]])
+    assert "single_rank" not in _result_of(alone, "healthy")  # a group of one is one process
+
+
+def test_processes_started_under_an_in_process_capture_are_named_not_captured(tmp_path):
+    code = textwrap.dedent('''
+        import torch
+        import torch.multiprocessing as mp
+        import model_debugger
+        from model_debugger.phases.outcome import _result_of
+        from model_debugger.records import Run
+
+
+        def work(i):
+            x = torch.zeros(1, requires_grad=True)
+            opt = torch.optim.SGD([x], lr=0.1)
+            for _ in range(5):
+                (x - 1).pow(2).sum().backward()
+                opt.step()
+
+
+        if __name__ == "__main__":
+            with model_debugger.capture() as rec:
+                mp.spawn(work, nprocs=1)
+            print(_result_of(Run(rec.events), None)["reason"])
+    ''')
+    script = tmp_path / "nb.py"
+    script.write_text(code)
+    env = {k: v for k, v in ENV.items() if k != "MODEL_DEBUGGER_RANKS"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "processes the capture did not reach" in out.stdout

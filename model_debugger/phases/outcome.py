@@ -107,6 +107,9 @@ def _result_of(run: Run, category: str, child=None) -> dict:
         out["rank_table"] = table(run)
         if run.error is not None and run.error.get("rank") is not None:
             out["error_rank"] = run.error["rank"]
+    elif run.first("rank") is not None and (run.of("rank")[-1].get("world_size") or 1) > 1:
+        info = run.of("rank")[-1]  # one rank of a group, captured in process (a notebook)
+        out["single_rank"] = {"rank": info.get("rank"), "world_size": info.get("world_size")}
     oom = (run.error or {}).get("kind") == "oom"
     if not run.steps and not oom and status != "interrupted":
         out.update(status="not_observed", category=None,
