@@ -199,14 +199,15 @@ def _probe(rec, ns, script: str) -> None:
         from .artifacts.base import ProbeRequest
         from .phases.isolate import probe_run
         from .probing import user_sources, write_findings
-        from .ranks import load_job
+        from .ranks import load_job, nodes_wait
         from .store import Store
 
         request = ProbeRequest(ns.isolate)
         if ns.probes:
             with open(ns.probes, encoding="utf-8") as fh:
                 request = ProbeRequest.from_json({**json.load(fh), "budget": ns.isolate})
-        run = load_job(ns.record)  # the stream holds every step (and the ranks' records)
+        run = load_job(ns.record, wait=nodes_wait(_launch_options(ns.launch)))  # every step,
+        # and the ranks' records (a job on several nodes: theirs too, once they end)
         report = probe_run(run, rec.keeper, user_sources(run, [script]), request)
         write_findings(Store.findings_beside(ns.record), report)
     except Exception:  # noqa: BLE001 - Isolate failing must not hide the reproduction

@@ -27,6 +27,7 @@ Every number is read from the records; nothing here imports torch.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -35,28 +36,21 @@ from .safe_write import read_inside
 from .store import Store
 from .thresholds import DESYNC_REL, STRAGGLER_MS, STRAGGLER_SHARE
 
+NODE_WAIT = 30.0  # seconds a node waits for the other nodes' ranks of a job to end
 MIN_RANK_STEPS = 5  # steps each rank needs before their timings are compared
 WAITING = ("backward",)  # stall places that are inside a collective (besides named ones)
 _STAGE = {"loss": 0, "grad": 1}  # where in a step a non-finite value was seen, in order
 
 
-def load_job(record: str) -> Run:
-    """The record of a run, with the records of the processes it started (``run.ranks``).
-
-    Without rank records (a single-process run) it is :meth:`Run.load` of ``record``. A process
-    record is kept when it trained or joined a process group; records are read without
-    following links, each untrusted like any record.
-    """
-    data = read_inside(os.path.dirname(os.path.abspath(record)), os.path.abspath(record))
-    parent = Run.parse(data) if data is not None else Run([])
-    folder = Store.ranks_beside(record)
+def _read_folder(root: str, folder: str) -> list[Run]:
+    """The process records of one folder that trained or joined a group."""
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".jsonl"))
     except OSError:
-        return parent
-    ranks = []
+        return []
+    out = []
     for name in names:
-        data = read_inside(folder, os.path.join(folder, name))
+        data = read_inside(root, os.path.join(folder, name))
         if data is None:
             continue
         run = Run.parse(data)
@@ -64,9 +58,60 @@ def load_job(record: str) -> Run:
         run.rank = {k: v for k, v in infos[-1].items() if k not in ("t",)} if infos else None
         if run.rank is None and not run.steps:
             continue  # a helper process that neither trained nor joined a group
-        ranks.append(run)
+        out.append(run)
+    return out
+
+
+def _other_nodes(record: str, ranks: list[Run]) -> list[Run]:
+    """The job's ranks that other nodes wrote under the same root (matched by job token)."""
+    job = next(((r.rank or {}).get("job") for r in ranks if (r.rank or {}).get("job")), None)
+    if job is None:
+        return []
+    have = {_rank(r) for r in ranks}
+    out = []
+    for root, folder in Store.job_ranks_elsewhere(record):
+        for run in _read_folder(root, folder):
+            if (run.rank or {}).get("job") == job and _rank(run) not in have:
+                have.add(_rank(run))
+                out.append(run)
+    return out
+
+
+def _complete(ranks: list[Run]) -> bool:
+    worlds = [w for w in ((r.rank or {}).get("world_size") for r in ranks) if isinstance(w, int)]
+    world = max(worlds, default=len(ranks))
+    return len({_rank(r) for r in ranks}) >= world and all(r.ended or r.error for r in ranks)
+
+
+def nodes_wait(launch: dict | None) -> float:
+    """How long to wait for other nodes' ranks: :data:`NODE_WAIT` for a job on several nodes."""
+    return NODE_WAIT if launch and int(launch.get("nnodes") or 1) > 1 else 0.0
+
+
+def load_job(record: str, wait: float = 0.0) -> Run:
+    """The record of a run, with the records of the processes it started (``run.ranks``).
+
+    Without rank records (a single-process run) it is the record of ``record``. A process
+    record is kept when it trained or joined a process group; records are read without
+    following links, each untrusted like any record. When the ranks found here are fewer than
+    the world size, the same run's folders of the other sessions under the same root are read
+    for this job's other ranks (a job on several nodes, each writing its own session); ``wait``
+    seconds are allowed for them to appear and end.
+    """
+    data = read_inside(os.path.dirname(os.path.abspath(record)), os.path.abspath(record))
+    parent = Run.parse(data) if data is not None else Run([])
+    folder = Store.ranks_beside(record)
+    ranks = _read_folder(os.path.dirname(folder), folder)
     if not ranks:
         return parent
+    deadline = time.monotonic() + wait
+    local = ranks
+    while True:
+        ranks = local + _other_nodes(record, local)
+        if _complete(ranks) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+        local = _read_folder(os.path.dirname(folder), folder)
     ranks.sort(key=_order)
     rep = representative(ranks)
     events = _with_origin(rep, ranks)

@@ -8,6 +8,8 @@ A session lives in ``<root>/<id>/`` (``root`` is ``.model_debugger`` by default)
     cell.py                 a notebook session's reproduced cell
     log.<ext>               a minimal reproducer's copied log
     runs/<i>/record.jsonl   Reproduce run i (``findings.json`` beside run 0 when probed there)
+    .../record.ranks/       beside a record: the records of the processes that run started
+                            (``proc-<pid>.jsonl``, a multi-process job)
     isolate/<n>/            the n-th Isolate re-run (``record.jsonl``, ``findings.json``)
     verify/<n>/             the n-th Verify: ``before-<seed>.jsonl``, ``after-<seed>.jsonl``
     fixes/<n>.py            the code of the n-th approved fix
@@ -34,7 +36,7 @@ ARTIFACT = "artifact.py"
 CELL = "cell.py"
 RECORD = "record.jsonl"
 FINDINGS = "findings.json"
-RANKS = "ranks"  # beside a record: one record per process of a multi-process job
+RANKS = ".ranks"  # <record stem>.ranks/ beside a record: a multi-process job's process records
 REPRO = "repro.py"
 SCAN_DEPTH = 2
 _SKIP = {"node_modules", "__pycache__", "site-packages"}
@@ -169,8 +171,43 @@ class Store:
 
     @staticmethod
     def ranks_beside(record: str) -> str:
-        """The folder where the processes a run started write their records."""
-        return os.path.join(os.path.dirname(record), RANKS)
+        """The folder where the processes a run started write their records.
+
+        ``runs/0/record.ranks/`` beside ``runs/0/record.jsonl``: one folder per record (a
+        Verify folder holds a record per seed and side).
+        """
+        stem = os.path.splitext(os.path.basename(record))[0]
+        return os.path.join(os.path.dirname(record), stem + RANKS)
+
+    @staticmethod
+    def job_ranks_elsewhere(record: str) -> list[tuple[str, str]]:
+        """The same run's process folders in the other sessions under the same root.
+
+        A job on several nodes writes under a shared ``--root``: every node's session runs the
+        same phases, so each node's ranks of this run sit at the same place in its own session.
+        Returns ``(root, folder)`` pairs (folders that exist; read them with
+        :func:`~model_debugger.safe_write.read_inside` under ``root``).
+        """
+        folder = Store.ranks_beside(os.path.abspath(record))
+        session = os.path.dirname(folder)
+        for _ in range(4):  # up to the folder that holds the session file (verify/<n>/...)
+            if os.path.isfile(os.path.join(session, SESSION_FILE)):
+                break
+            session = os.path.dirname(session)
+        else:
+            return []
+        root, rel = os.path.dirname(session), os.path.relpath(folder, session)
+        try:
+            names = sorted(os.listdir(root))
+        except OSError:
+            return []
+        out = []
+        for name in names:
+            other = os.path.join(root, name)
+            if other != session and os.path.isdir(os.path.join(other, rel)) and \
+                    not os.path.islink(other):
+                out.append((root, os.path.join(other, rel)))
+        return out
 
     @staticmethod
     def findings_beside(record: str) -> str:

@@ -439,3 +439,55 @@ def test_processes_started_under_an_in_process_capture_are_named_not_captured(tm
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "processes the capture did not reach" in out.stdout
+
+
+# -- two nodes on one machine, one shared root ------------------------------------------------------
+
+def test_a_job_on_two_nodes_under_a_shared_root_shows_every_rank_on_each_node(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(LAUNCHED))
+    root = tmp_path / "shared"
+
+    def node(rank: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "model_debugger.cli", "diagnose", str(script), "--json",
+             "--root", str(root), "--probe-seconds", "5", "--max-seconds", "90",
+             "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(rank),
+             "--master-addr", "127.0.0.1", "--master-port", str(port), "--", "0.01"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+    procs = [node(1), node(0)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    reports = [json.loads(out) for out, _ in outs]
+    assert len({r["session_dir"] for r in reports}) == 2  # a session per node
+    for report in reports:
+        rows = _table(report)
+        assert [r["node_rank"] for r in rows] == [0, 1]
+        assert [r["local_rank"] for r in rows] == [0, 0]
+        assert all(r["steps"] == 40 and r["status"] == "ok" for r in rows), rows
+        assert report["classification"]["primary"] == "healthy"
+
+
+def test_other_sessions_records_of_another_job_are_not_taken_for_this_ones(tmp_path):
+    def session(name: str, job: str, rank: int) -> str:
+        folder = tmp_path / name / "runs" / "0" / "record.ranks"
+        folder.mkdir(parents=True)
+        (tmp_path / name / "session.json").write_text("{}")
+        events = [{"t": "start", "pid": rank},
+                  {"t": "rank", "rank": rank, "world_size": 2, "job": job},
+                  {"t": "step", "i": 0, "loss": 1.0}, {"t": "end"}]
+        (folder / f"proc-{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        return str(tmp_path / name / "runs" / "0" / "record.jsonl")
+
+    mine = session("a", "job1", 0)
+    session("b", "job2", 1)  # another job's rank 1
+    assert [R._rank(r) for r in R.load_job(mine).ranks] == [0]
+    session("c", "job1", 1)  # this job's rank 1, written by the other node
+    assert [R._rank(r) for r in R.load_job(mine).ranks] == [0, 1]

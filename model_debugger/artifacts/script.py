@@ -6,7 +6,7 @@ import json
 import os
 from contextlib import AbstractContextManager, nullcontext
 
-from ..ranks import load_job
+from ..ranks import load_job, nodes_wait
 from ..records import Run
 from ..redact import read_source
 from .base import Captured, Intervention, ProbeRequest, Version
@@ -100,7 +100,7 @@ class ScriptArtifact:
                            syspath=os.path.dirname(self.script), cwd=self.cwd,
                            probes=request, intervention=intervention, max_steps=max_steps,
                            launch=self.launch)
-        run = load_job(record)
+        run = load_job(record, wait=nodes_wait(self.launch))
         from ..probing import read_report
 
         return Captured(run, record, read_report(found), child=child,

@@ -3,7 +3,9 @@
 Nothing here runs until a process group exists. Then:
 
 - ``init_process_group`` (patched) records a ``rank`` event: rank, world size, backend, local
-  rank and node rank (``LOCAL_RANK``/``GROUP_RANK`` from the launcher, when set), host; with
+  rank and node rank (``LOCAL_RANK``/``GROUP_RANK`` from the launcher, when set), host, and
+  ``job``, a token rank 0 shares through the group's store (records of one job on several
+  nodes are matched by it); with
   ``MODEL_DEBUGGER_COLLECTIVE_TIMEOUT`` set (``--collective-timeout``) the group's timeout is
   at most that many seconds, so a rank that never joins ends the job instead of hanging it;
 - every collective of ``torch.distributed`` the code calls (``all_reduce``, ``barrier``, ...)
@@ -109,7 +111,7 @@ class DistHooks:
         import torch.distributed as dist
 
         world = int(dist.get_world_size())
-        self._dist = {"rank": int(dist.get_rank()), "world_size": world,
+        self._dist = {"rank": int(dist.get_rank()), "world_size": world, "job": _job_token(dist),
                       "backend": str(dist.get_backend()),
                       "local_rank": _env_int("LOCAL_RANK"), "node_rank": _env_int("GROUP_RANK"),
                       "host": socket.gethostname()[:100]}
@@ -209,6 +211,28 @@ class DistHooks:
         coll = self._coll
         self.rec.emit("collectives", entered=coll[0], finished=coll[1], last=coll[2],
                       step=self.rec.step, waiting=bool(coll[4]))
+
+
+JOB_KEY = "model_debugger/job"
+
+
+def _job_token(dist) -> str | None:
+    """One random token per job, the same on every rank: rank 0's, through the group's store.
+
+    Records of one job written on several nodes are told apart from other jobs' by it. The
+    store (the rendezvous' key-value store) is no collective: nothing runs on the device.
+    """
+    if dist.get_world_size() < 2:
+        return None
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if dist.get_rank() == 0:
+            import secrets
+
+            store.set(JOB_KEY, secrets.token_hex(8))
+        return store.get(JOB_KEY).decode("ascii", "replace")[:32]
+    except Exception:  # noqa: BLE001 - no store (a custom group): records are still per rank
+        return None
 
 
 def _checksum(opt) -> float | None:
