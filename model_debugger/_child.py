@@ -88,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with rec, installed(intervention, ns.max_steps):
             try:
-                if ns.max_seconds:  # the limit counts the script, not our set-up
-                    signal.setitimer(signal.ITIMER_REAL, ns.max_seconds)
+                if ns.max_seconds:  # the limit counts the script, not our set-up (launched:
+                    # each rank's own, from its script's start; this is the backstop)
+                    signal.setitimer(signal.ITIMER_REAL, ns.max_seconds + (
+                        LAUNCH_SETUP if launch.get("nproc_per_node") else 0.0))
                 if launch.get("nproc_per_node"):
                     _launch(launch, ns, script, args)
                 else:
@@ -128,7 +130,9 @@ def _ranks_folder(record: str, create: bool = False) -> str:
 
 
 LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port")
-STOP_SECONDS = 10.0  # after a stop, how long the launcher may take to stop its ranks
+STOP_SECONDS = 35.0  # after a stop, how long the launcher may take to stop its ranks (it
+# gives them 30 s after its SIGTERM before it kills them)
+LAUNCH_SETUP = 60.0  # the launcher's and its ranks' start-up, not counted in --max-seconds
 
 
 def launcher_command(launch: dict, ranks: str, script: str, args: list[str],
@@ -168,7 +172,8 @@ def _launch(launch: dict, ns, script: str, args: list[str]) -> None:
 
     passed = []
     for flag, value in (("--seed", ns.seed), ("--intervention", ns.intervention),
-                        ("--max-steps", ns.max_steps), ("--syspath", ns.syspath)):
+                        ("--max-steps", ns.max_steps), ("--syspath", ns.syspath),
+                        ("--max-seconds", ns.max_seconds)):
         if value is not None:
             passed += [flag, str(value)]
     cmd = launcher_command(launch, _ranks_folder(ns.record, create=True), script, args, passed)

@@ -18,8 +18,9 @@ several ranks show:
   it stands in the job's events for the representative's own (:func:`origin`);
 - a **desync**: replicas that should be equal (DDP keeps them bit-equal) whose parameter
   checksums differ;
-- a **hang**: ranks that ended waiting in a collective while another never reached it (it
-  waited elsewhere, ended, or never wrote a record).
+- a **hang**: ranks that ended waiting in a collective (its timeout raised, or it lasted at
+  least :data:`HANG_SECONDS`) while another never reached it (it waited elsewhere, ended, or
+  never wrote a record).
 
 Every number is read from the records; nothing here imports torch.
 """
@@ -36,6 +37,8 @@ from .safe_write import read_inside
 from .store import Store
 from .thresholds import DESYNC_REL, STRAGGLER_MS, STRAGGLER_SHARE
 
+HANG_SECONDS = 30.0  # a wait this long at the end of a record, without an error, is a hang
+PLANNED_STOPS = ("TimeLimit", "StepBudget")  # how a record names a planned stop
 NODE_WAIT = 30.0  # seconds a node waits for the other nodes' ranks of a job to end
 MIN_RANK_STEPS = 5  # steps each rank needs before their timings are compared
 WAITING = ("backward",)  # stall places that are inside a collective (besides named ones)
@@ -100,20 +103,23 @@ def load_job(record: str, wait: float = 0.0) -> Run:
     """
     data = read_inside(os.path.dirname(os.path.abspath(record)), os.path.abspath(record))
     parent = Run.parse(data) if data is not None else Run([])
+    infos = parent.of("rank")
+    parent.rank = {k: v for k, v in infos[-1].items() if k != "t"} if infos else None
     folder = Store.ranks_beside(record)
     ranks = _read_folder(os.path.dirname(folder), folder)
     if not ranks:
         return parent
+    mine = [parent] if parent.rank is not None or parent.steps else []  # it trained too
     deadline = time.monotonic() + wait
-    local = ranks
+    local = mine + ranks
     while True:
         ranks = local + _other_nodes(record, local)
         if _complete(ranks) or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
-        local = _read_folder(os.path.dirname(folder), folder)
+        local = mine + _read_folder(os.path.dirname(folder), folder)
     ranks.sort(key=_order)
-    rep = representative(ranks)
+    rep = representative(ranks, parent)
     events = _with_origin(rep, ranks)
     if rep.error is None:  # another rank's crash is the job's
         failed = next((r for r in ranks if r.error is not None and
@@ -180,10 +186,14 @@ def _order(run: Run) -> tuple:
     return (rank is None, rank if rank is not None else 0, start.get("pid") or 0)
 
 
-def representative(ranks: list[Run]) -> Run:
-    """Rank 0 when it trained, else the rank with the most steps."""
+def representative(ranks: list[Run], parent: Run | None = None) -> Run:
+    """Rank 0 when it trained, else the job's own process when it trained, else the most steps."""
     zero = next((r for r in ranks if _rank(r) == 0 and r.steps), None)
-    return zero if zero is not None else max(ranks, key=lambda r: len(r.steps))
+    if zero is not None:
+        return zero
+    if parent is not None and parent.steps and any(r is parent for r in ranks):
+        return parent
+    return max(ranks, key=lambda r: len(r.steps))
 
 
 def label(run: Run) -> str:
@@ -225,8 +235,7 @@ def _sync_work(run: Run) -> float | None:
 def _status(run: Run) -> str:
     err = run.error
     if err is not None:
-        return "stopped" if err.get("type") in ("TimeLimit", "StepBudget") else err.get("kind",
-                                                                                         "error")
+        return "stopped" if err.get("type") in PLANNED_STOPS else err.get("kind", "error")
     return "ok" if run.ended else "killed"
 
 
@@ -350,11 +359,18 @@ def _nonfinite_origin(ranks: list[Run]) -> dict:
 
 
 def _desync(ranks: list[Run]) -> dict:
+    """Checksums compared at each step, among ranks that hold the same number of values.
+
+    Ranks holding different parameter sets (pipeline stages) are no replicas of each other:
+    only the ranks with the most common count are compared.
+    """
+    sizes = [s.get("pn") for r in ranks for s in r.steps if "pcs" in s]
+    common_size = max(set(sizes), key=sizes.count) if sizes else None
     by_step: dict[int, dict] = {}
     for r in ranks:
         for s in r.steps:
             v = as_float(s.get("pcs"))
-            if "pcs" in s and np.isfinite(v):
+            if "pcs" in s and np.isfinite(v) and s.get("pn") == common_size:
                 by_step.setdefault(s.get("i"), {})[_rank(r)] = v
     common = sorted(i for i, vals in by_step.items() if len(vals) >= 2 and isinstance(i, int))
     if not common:
@@ -378,22 +394,46 @@ def _desync(ranks: list[Run]) -> dict:
     return out
 
 
+def waited_at_end(run: Run) -> float | None:
+    """Seconds a rank had been waiting for the others when its record ended (None: it was not).
+
+    Waiting is being inside a collective, or inside ``backward`` (DDP's all-reduce) at the
+    step its record ends on; the seconds are the longest its ``stall`` events or its
+    ``collectives`` event saw.
+    """
+    end = (run.of("collectives") or [None])[-1]
+    stall = (run.of("stall") or [None])[-1]
+    step = len(run.steps)
+    inside = bool(end and end.get("waiting"))
+    waited = [as_float((end or {}).get("since_step"))] if inside else []
+    if stall is not None and stall.get("step") == step:
+        where = str(stall.get("where"))
+        if "#" in where or where in WAITING:
+            inside = True
+            waited += [as_float(stall.get("seconds")),
+                       as_float((end or {}).get("since_step"))]
+    if not inside:
+        return None
+    waited = [v for v in waited if np.isfinite(v)]
+    return max(waited) if waited else 0.0
+
+
 def waiting_at_end(run: Run) -> bool:
-    """Whether a rank ended waiting for the others: in a collective, or in DDP's backward."""
+    """Whether a rank ended waiting for a rank that never came.
+
+    A collective that raised (its timeout, a peer gone); a wait that ended in an error (a
+    timeout raised inside DDP's backward); or a wait of at least :data:`HANG_SECONDS` when the
+    record ended otherwise (stopped at the time limit, killed). A shorter wait cut short by a
+    stop is a rank waiting for a slow one (an evaluation on rank 0), not a hang.
+    """
     if run.of("collective_error"):
         return True
-    end = run.of("collectives")
-    if end and end[-1].get("waiting"):
-        return True
-    stalls = run.of("stall")
-    if not stalls:
+    waited = waited_at_end(run)
+    if waited is None:
         return False
-    last = stalls[-1]
-    where = str(last.get("where"))
-    inside = "#" in where or where in WAITING
-    later = [s for s in run.steps if isinstance(s.get("i"), int) and
-             isinstance(last.get("step"), int) and s["i"] >= last["step"]]
-    return inside and not later and (run.error is not None or not run.ended)
+    err = run.error or {}
+    failed = err.get("kind") == "exception" and err.get("type") not in PLANNED_STOPS
+    return failed or waited >= HANG_SECONDS
 
 
 def _hang(ranks: list[Run], world: int) -> dict:
@@ -406,8 +446,8 @@ def _hang(ranks: list[Run], world: int) -> dict:
                      + absent)
     if not missing:
         return {"rank_hang": 0.0}
-    seconds = [as_float(e.get("seconds")) for r in waiting
-               for e in r.of("stall") + r.of("collective_error")]
+    seconds = [as_float(e.get("seconds")) for r in waiting for e in r.of("collective_error")]
+    seconds += [waited_at_end(r) or 0.0 for r in waiting]
     seconds = [v for v in seconds if np.isfinite(v)]
     return {"rank_hang": 1.0, "rank_hang_missing": missing,
             "rank_hang_waiting": sorted(k for k in (_rank(r) for r in waiting) if k is not None),

@@ -131,7 +131,8 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
                             env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None)
     timed_out = False
     # the child stops the script itself at max_seconds; this is the backstop
-    limit = None if max_seconds is None else max_seconds + isolate_seconds + 10
+    limit = None if max_seconds is None else max_seconds + isolate_seconds + 10 + (
+        LAUNCH_SECONDS if launch and launch.get("nproc_per_node") else 0.0)
     try:
         _wait_child(proc, record, limit)
     except subprocess.TimeoutExpired:
@@ -158,6 +159,8 @@ def _clear_ranks(record: str) -> None:
     from .store import Store
 
     folder = Store.ranks_beside(record)
+    if os.path.islink(folder):  # not ours to empty: never follow it
+        return
     try:
         names = os.listdir(folder)
     except OSError:
@@ -170,6 +173,7 @@ def _clear_ranks(record: str) -> None:
                 pass
 
 
+LAUNCH_SECONDS = 100.0  # a launched job: its ranks' start-up and the launcher's stop (_child)
 SETUP_SECONDS = 120.0  # the most the child's own set-up may take before the script starts
 
 

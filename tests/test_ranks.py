@@ -491,3 +491,89 @@ def test_other_sessions_records_of_another_job_are_not_taken_for_this_ones(tmp_p
     assert [R._rank(r) for r in R.load_job(mine).ranks] == [0]
     session("c", "job1", 1)  # this job's rank 1, written by the other node
     assert [R._rank(r) for r in R.load_job(mine).ranks] == [0, 1]
+
+
+# -- what is not a fault (review findings) ----------------------------------------------------------
+
+def test_a_sharded_fsdp_job_is_not_a_desync(tmp_path):
+    report = _diagnose(tmp_path, '''
+        import torch
+        import torch.distributed as dist
+        from torch import nn
+        from torch.distributed.fsdp import fully_shard
+
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1))
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(net)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(dist.get_rank())
+        X = torch.randn(256, 8, generator=gen)
+        y = X[:, :1] - X[:, 2:3]
+        for epoch in range(5):
+            for i in range(0, 256, 32):
+                loss = nn.functional.mse_loss(net(X[i:i + 32]), y[i:i + 32])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        dist.destroy_process_group()
+    ''', flags=("--nproc-per-node", "2"))
+    rows = _table(report)
+    assert all(r["steps"] == 40 for r in rows)
+    assert report["classification"]["primary"] == "healthy", report["classification"]
+
+
+@pytest.mark.parametrize("waited, stop, hang", [
+    (5.0, "TimeLimit", False),  # rank 1 waits at a barrier while rank 0 evaluates: stopped
+    (40.0, "TimeLimit", True),  # ... 40 s and still waiting when stopped: a hang
+    (3.0, "RuntimeError", True),  # the wait ended in an error (a timeout inside backward)
+])
+def test_a_wait_is_a_hang_when_it_fails_or_lasts(waited, stop, hang):
+    err = {"t": "error", "kind": "interrupted" if stop == "TimeLimit" else "exception",
+           "type": stop, "message": ""}
+    busy = _rank_run(0, [{}] * 3, {"t": "stall", "step": 3, "where": "loop", "seconds": 4.0},
+                     err)
+    waiting = _rank_run(1, [{}] * 3, {"t": "stall", "step": 3, "where": "barrier#2",
+                                      "seconds": 2.0},
+                        {"t": "stall", "step": 3, "where": "barrier#2", "seconds": waited},
+                        err)
+    sig = R.signals(_job(busy, waiting))
+    assert sig["rank_hang"] == (1.0 if hang else 0.0)
+    if hang:
+        assert sig["rank_hang_missing"] == [0] and sig["rank_hang_seconds"] == waited
+
+
+def test_a_parent_that_trains_as_rank_0_is_one_of_the_ranks(tmp_path):
+    record = tmp_path / "record.jsonl"
+    steps = [{"t": "step", "i": i, "loss": 1.0} for i in range(4)]
+    record.write_text("".join(json.dumps(e) + "\n" for e in [
+        {"t": "start", "pid": 1}, {"t": "rank", "rank": 0, "world_size": 2}, *steps,
+        {"t": "end"}]))
+    folder = tmp_path / "record.ranks"
+    folder.mkdir()
+    (folder / "proc-2.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"t": "start", "pid": 2}, {"t": "rank", "rank": 1, "world_size": 2}, *steps,
+        {"t": "end"}]))
+    job = R.load_job(str(record))
+    assert [R._rank(r) for r in job.ranks] == [0, 1]
+    assert job.rank["rank"] == 0 and len(job.steps) == 4
+
+
+def test_the_collective_timeout_caps_a_timeout_given_by_position_or_name():
+    import datetime
+
+    from model_debugger.capture.torch_dist import _with_timeout
+
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1):
+        return timeout
+
+    long, short = datetime.timedelta(seconds=600), datetime.timedelta(seconds=1)
+    for args, kwargs in ((("gloo", None, long), {}), (("gloo",), {"timeout": long}),
+                         (("gloo",), {})):
+        a, k = _with_timeout(init_process_group, args, kwargs, 5.0)
+        assert init_process_group(*a, **k) == datetime.timedelta(seconds=5)
+    a, k = _with_timeout(init_process_group, ("gloo",), {"timeout": short}, 5.0)
+    assert init_process_group(*a, **k) == short  # the user's shorter one stays

@@ -12,10 +12,12 @@ Nothing here runs until a process group exists. Then:
   is timed: the step rows of a multi-rank job gain ``co`` (seconds inside those calls),
   ``cn`` (collectives entered so far) and ``fw`` (seconds inside the model's forward, which
   holds no collective: the rank's own work, comparable across ranks), and every
-  :data:`CHECKSUM_EVERY` steps ``pcs``, a float64 checksum of the optimizer's parameters
-  (replicas that train in lockstep hold the same value);
+  :data:`CHECKSUM_EVERY` steps ``pcs``, a float64 checksum of the optimizer's parameters, and
+  ``pn``, how many values it covers (replicas that train in lockstep hold the same; sharded
+  parameters, FSDP or DTensor, are not summed);
 - a collective that raises (a timeout, a peer gone) is a ``collective_error`` event; a training
-  thread that has not finished a step for :data:`STALL_SECONDS` is one ``stall`` event saying
+  thread that has not finished a step for :data:`STALL_SECONDS` is a ``stall`` event (written
+  again each time the wait doubles, so its ``seconds`` tell how long it lasted) saying
   where it waits (inside which collective, ``backward`` where DDP's all-reduce runs, ``forward``,
   ``data`` or the loop's own code) and on which line of the user's code, written by the
   recorder's flusher thread while it waits;
@@ -63,7 +65,7 @@ class DistHooks:
         self._coll_s = 0.0  # seconds inside collectives since the last step
         self._fw_s = 0.0  # seconds inside the model's training forward since the last step
         self._fw_t0 = 0.0
-        self._stalled_at = None  # the step a ``stall`` event was written for
+        self._stalled_at = None  # (step, seconds) of the last ``stall`` event written
         self._group_t0 = 0.0  # perf_counter when the group was seen
         self._train_thread = None  # the thread that made the group (where training runs)
 
@@ -90,11 +92,7 @@ class DistHooks:
         def init_process_group(*args, **kwargs):
             seconds = os.environ.get(TIMEOUT_ENV)
             if seconds and link() is not None:
-                import datetime
-
-                limit = datetime.timedelta(seconds=float(seconds))
-                asked = kwargs.get("timeout")
-                kwargs["timeout"] = limit if asked is None else min(asked, limit)
+                args, kwargs = _with_timeout(original, args, kwargs, float(seconds))
             out = original(*args, **kwargs)
             inst = link()
             if inst is not None:
@@ -141,7 +139,8 @@ class DistHooks:
             finally:
                 coll[1] = coll[0]
                 coll[4] = 0
-                inst._coll_s += time.perf_counter() - t0
+                if not inst._busy_depth:  # (one inside backward, SyncBatchNorm's, is in bz)
+                    inst._coll_s += time.perf_counter() - t0
 
         collective.__wrapped__ = original
         collective.__name__ = name
@@ -169,7 +168,9 @@ class DistHooks:
         out = {"co": self._coll_s, "fw": self._fw_s, "cn": self._coll[0]}
         self._coll_s = self._fw_s = 0.0
         if opt is not None and self.rec.step % CHECKSUM_EVERY == 0:
-            out["pcs"] = _checksum(opt)
+            summed = _checksum(opt)
+            if summed is not None:
+                out["pcs"], out["pn"] = summed
         return out
 
     # -- where a rank waits ----------------------------------------------------------------
@@ -191,14 +192,17 @@ class DistHooks:
         Called before every event, and by the flusher thread while the training thread stands
         still.
         """
-        if not self._multi or self._stalled_at == self.rec.step:
+        if not self._multi:
             return
         last = self._last_step_end
         now = time.perf_counter()
         since = now - (last if last is not None else self._group_t0)
-        if since < STALL_SECONDS:
+        due = STALL_SECONDS
+        if self._stalled_at is not None and self._stalled_at[0] == self.rec.step:
+            due = 2 * self._stalled_at[1]  # the same wait, written again each time it doubles
+        if since < due:
             return
-        self._stalled_at = self.rec.step
+        self._stalled_at = (self.rec.step, since)
         frame = sys._current_frames().get(self._train_thread)
         self.rec.emit("stall", step=self.rec.step, where=self._waiting_in(),
                       seconds=round(since, 3), collectives=self._coll[0],
@@ -209,8 +213,29 @@ class DistHooks:
         if self._dist is None:
             return
         coll = self._coll
+        last = self._last_step_end
+        since = time.perf_counter() - (last if last is not None else self._group_t0)
         self.rec.emit("collectives", entered=coll[0], finished=coll[1], last=coll[2],
-                      step=self.rec.step, waiting=bool(coll[4]))
+                      step=self.rec.step, waiting=bool(coll[4]),
+                      since_step=round(since, 3))
+
+
+def _with_timeout(original, args: tuple, kwargs: dict, seconds: float) -> tuple:
+    """``init_process_group``'s arguments with its timeout at most ``seconds``.
+
+    The user's timeout is kept when shorter, whether passed by name or by position.
+    """
+    import datetime
+    import inspect
+
+    limit = datetime.timedelta(seconds=seconds)
+    try:
+        bound = inspect.signature(original).bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):  # let the call itself report its own error
+        return args, kwargs
+    asked = bound.arguments.get("timeout")
+    bound.arguments["timeout"] = limit if asked is None else min(asked, limit)
+    return bound.args, bound.kwargs
 
 
 JOB_KEY = "model_debugger/job"
@@ -235,16 +260,32 @@ def _job_token(dist) -> str | None:
         return None
 
 
-def _checksum(opt) -> float | None:
-    """A float64 checksum of an optimizer's parameters: sum of values plus sum of squares."""
+def _sharded(p) -> bool:
+    """A parameter that holds a shard (FSDP, DTensor): replicas differ by design."""
+    return type(p).__name__ in ("DTensor", "FlatParameter") or \
+        getattr(p, "_is_flat_param", False) or hasattr(p, "_local_tensor")
+
+
+def _checksum(opt) -> tuple[float, int] | None:
+    """A float64 checksum of an optimizer's parameters (sum of values plus sum of squares).
+
+    And how many values it covers. Summed on each parameter's device, read once per device.
+    None when a parameter is a shard (FSDP, tensor parallel: the ranks hold different parts)
+    or on the meta device, or when the sum is not finite.
+    """
     import torch
 
-    total = 0.0
+    sums: dict = {}
+    count = 0
     with torch.no_grad():
         for group in opt.param_groups:
             for p in group["params"]:
-                if getattr(p, "is_meta", False):
-                    continue
-                d = p.detach().double()
-                total += float(d.sum()) + float((d * d).sum())
-    return total if math.isfinite(total) else None
+                if getattr(p, "is_meta", False) or _sharded(p):
+                    return None
+                d = p.detach()
+                count += d.numel()
+                part = d.sum(dtype=torch.float64) + torch.linalg.vector_norm(
+                    d, dtype=torch.float64) ** 2
+                sums[d.device] = sums.get(d.device, 0) + part
+    total = sum(float(v) for v in sums.values())
+    return (total, count) if math.isfinite(total) else None
