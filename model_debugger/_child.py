@@ -77,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         from .capture.torch_dist import TIMEOUT_ENV
 
         os.environ[TIMEOUT_ENV] = str(float(launch["collective_timeout"]))
-    if ns.rank_of:  # one rank of a launched job: its record among the job's, no probes
-        ns.record, ns.isolate = process_record(ns.rank_of), 0.0
+    if ns.rank_of:  # one rank of a launched job: its record among the job's; rank 0 probes
+        ns.record = process_record(ns.rank_of)  # its live objects (the parent merges them)
+        if os.environ.get("RANK", "0") != "0":
+            ns.isolate = 0.0
     else:
         os.environ[RANKS_ENV] = _ranks_folder(ns.record)
     code = 0
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 if ns.max_seconds:  # the limit counts the script, not our set-up (launched:
                     # each rank's own, from its script's start; this is the backstop)
                     signal.setitimer(signal.ITIMER_REAL, ns.max_seconds + (
-                        LAUNCH_SETUP if launch.get("nproc_per_node") else 0.0))
+                        LAUNCH_SETUP + ns.isolate if launch.get("nproc_per_node") else 0.0))
                 if launch.get("nproc_per_node"):
                     _launch(launch, ns, script, args)
                 else:
@@ -173,7 +175,8 @@ def _launch(launch: dict, ns, script: str, args: list[str]) -> None:
     passed = []
     for flag, value in (("--seed", ns.seed), ("--intervention", ns.intervention),
                         ("--max-steps", ns.max_steps), ("--syspath", ns.syspath),
-                        ("--max-seconds", ns.max_seconds)):
+                        ("--max-seconds", ns.max_seconds), ("--probes", ns.probes),
+                        ("--isolate", ns.isolate or None)):
         if value is not None:
             passed += [flag, str(value)]
     cmd = launcher_command(launch, _ranks_folder(ns.record, create=True), script, args, passed)
@@ -214,12 +217,49 @@ def _probe(rec, ns, script: str) -> None:
         run = load_job(ns.record, wait=nodes_wait(_launch_options(ns.launch)))  # every step,
         # and the ranks' records (a job on several nodes: theirs too, once they end)
         report = probe_run(run, rec.keeper, user_sources(run, [script]), request)
+        if run.ranks and not ns.rank_of:  # rank 0's probes on its live objects, merged
+            report = _with_rank_zero(report, run, Store.findings_beside(
+                os.path.join(Store.ranks_beside(ns.record), "any.jsonl")))
         write_findings(Store.findings_beside(ns.record), report)
     except Exception:  # noqa: BLE001 - Isolate failing must not hide the reproduction
         import traceback
 
         print("model_debugger: Isolate failed in the child:", file=sys.stderr)
         traceback.print_exc()
+
+
+def _with_rank_zero(report, run, path: str):
+    """The job's report with rank 0's findings (probes on its live objects) merged in.
+
+    Rank 0 probed under its own record's classification: only its findings for a category
+    the job was classified with are kept, each with ``rank: 0``. A check both ran keeps rank
+    0's finding: it measured on live objects where the job had only the records (the checks
+    that compare ranks run on the job alone).
+    """
+    from dataclasses import replace
+
+    from .classify import classify
+    from .probes import SHARED, rank
+    from .probing import read_report
+    from .records import Finding
+    from .signals import compute
+
+    zero = read_report(path)
+    if zero is None:
+        return report
+    cls = classify(compute(run))
+    cats = [cls.primary, *cls.secondary]
+    extra = [Finding(f.check, f.root_cause, f.confirmed, f.explanation, f.location,
+                     {**f.evidence, "rank": 0}) for f in zero.findings
+             if f.evidence.get("category") in cats]
+    live = {f.check for f in extra}
+    kept = [f for f in report.findings if f.check not in live]
+    seconds = {**{f"{k}@rank0": v for k, v in zero.probe_seconds.items()},
+               **report.probe_seconds}
+    shared = {name: getattr(zero, name) for name in SHARED
+              if getattr(report, name) is None and getattr(zero, name) is not None}
+    return replace(report, findings=tuple(rank([*kept, *extra], cats)),
+                   probe_seconds=seconds, **shared)
 
 
 if __name__ == "__main__":

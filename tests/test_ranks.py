@@ -577,3 +577,14 @@ def test_the_collective_timeout_caps_a_timeout_given_by_position_or_name():
         assert init_process_group(*a, **k) == datetime.timedelta(seconds=5)
     a, k = _with_timeout(init_process_group, ("gloo",), {"timeout": short}, 5.0)
     assert init_process_group(*a, **k) == short  # the user's shorter one stays
+
+
+def test_probes_that_need_live_objects_run_on_rank_0_of_a_launched_job(tmp_path):
+    sgd = LAUNCHED.replace("torch.optim.Adam", "torch.optim.SGD")
+    report = _diagnose(tmp_path, sgd, "5.0", flags=("--nproc-per-node", "2"))
+    _table(report)
+    assert report["classification"]["primary"] == "gradient_instability"
+    sweep = _finding(report, "lr_range")  # a learning-rate sweep on rank 0's model and batches
+    assert sweep["confirmed"] and sweep["root_cause"] == "hyperparameter"
+    assert sweep["evidence"]["rank"] == 0
+    assert sweep["location"]["line"] == _line(sgd, "torch.optim.SGD")

@@ -18,6 +18,9 @@ MAX_BATCHES = 32
 MAX_SAMPLES = 4096
 
 
+WRAPPERS = ("DistributedDataParallel", "DataParallel")  # kept unwrapped (their .module)
+
+
 class Keeper(SpilledState):
     """What Isolate needs from a captured PyTorch run.
 
@@ -70,6 +73,9 @@ class Keeper(SpilledState):
 
         if self.model is not None:
             return
+        if type(model).__name__ in WRAPPERS and isinstance(getattr(model, "module", None),
+                                                           torch.nn.Module):
+            model = model.module  # probes train copies of the model itself, on one process
         self.model = model
         self.namespace = namespace
         state = model.state_dict()

@@ -46,7 +46,8 @@ class RankDesync(Probe):
         called = max((s.get("cn") or 0) for r in ranks for s in r.steps[-1:] or [{}])
         step = sig["rank_desync_step"]
         apart = ", ".join(f"rank {k}" for k in sig.get("rank_desync_ranks", [])) or "some ranks"
-        common = dict(rank_desync=sig["rank_desync"], step=step, ranks=sig.get(
+        common = dict(rank=(sig.get("rank_desync_ranks") or [None])[0],
+                      rank_desync=sig["rank_desync"], step=step, ranks=sig.get(
             "rank_desync_ranks", []), ddp=wrapped, collectives=called,
             checksums=_checksums(ranks, step))
         head = (f"The ranks' parameter checksums differ from step {step} on ({apart} apart "

@@ -60,7 +60,8 @@ class RankHang(Probe):
             text += f": it ended ({places.get(label(gone))}) without joining."
             location = gone.refs().get("step") or gone.refs().get("backward")
         return [self.finding("training_loop", True, "The job hung: " + text, location,
-                             strength=0.9, missing=missing, waiting=sig["rank_hang_waiting"],
+                             strength=0.9, rank=missing[0], missing=missing,
+                             waiting=sig["rank_hang_waiting"],
                              places=places)]
 
 
