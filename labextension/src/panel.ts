@@ -275,6 +275,45 @@ export class DebuggerPanel extends Widget {
       }
     }
     box.appendChild(table);
+    const ranks = this._ranks(report);
+    if (ranks) {
+      box.appendChild(ranks);
+    }
+    return box;
+  }
+
+  /** A multi-process job's per-rank table, or the note that only this rank was captured. */
+  private _ranks(report: Report): HTMLElement | null {
+    const rep = report.reproduce;
+    if (rep?.single_rank) {
+      return el(
+        'p',
+        'jp-ModelDebugger-singleRank',
+        `Only this process was captured: rank ${rep.single_rank.rank} of ${rep.single_rank.world_size}. ` +
+          'For every rank: model-debugger diagnose SCRIPT --nproc-per-node N'
+      );
+    }
+    const rows = rep?.rank_table;
+    if (!rows || !rows.length) {
+      return null;
+    }
+    const table = el('table', 'jp-ModelDebugger-ranks');
+    const head = el('tr', '');
+    for (const h of ['rank', 'status', 'steps', 'step ms', 'own ms', 'blocked ms', 'loss']) {
+      head.appendChild(el('th', '', h));
+    }
+    table.appendChild(head);
+    for (const r of rows) {
+      const row = el('tr', 'jp-ModelDebugger-rank');
+      row.dataset.rank = String(r.rank);
+      for (const v of [r.rank, r.status, r.steps, r.step_ms, r.own_ms, r.blocked_ms, r.loss_final]) {
+        row.appendChild(el('td', '', num(v)));
+      }
+      table.appendChild(row);
+    }
+    const box = el('div', 'jp-ModelDebugger-rankBox');
+    box.appendChild(el('h4', '', `Ranks (${rep?.ranks ?? rows.length})`));
+    box.appendChild(table);
     return box;
   }
 
@@ -291,6 +330,10 @@ export class DebuggerPanel extends Widget {
       item.dataset.confirmed = String(f.confirmed);
       item.appendChild(el('span', 'jp-ModelDebugger-check', f.check));
       item.appendChild(el('span', 'jp-ModelDebugger-kind', `${f.root_cause} · ${f.confirmed ? 'confirmed' : 'hypothesis'}`));
+      const onRank = (f.evidence as { rank?: unknown }).rank;
+      if (typeof onRank === 'number') {
+        item.appendChild(el('span', 'jp-ModelDebugger-rankBadge', `rank ${onRank}`));
+      }
       if (f.location?.file) {
         const where = el('a', 'jp-ModelDebugger-location', `${PathExt.basename(f.location.file)}:${f.location.line ?? ''}`);
         where.title = `${f.location.file}:${f.location.line ?? ''}`;

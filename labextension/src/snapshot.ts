@@ -86,6 +86,44 @@ export interface Reproduce {
   epochs?: number | null;
   seconds?: Number | null;
   error?: unknown;
+  /**
+   * world size of a multi-process job
+   */
+  ranks?: number;
+  /**
+   * one row per rank of a multi-process job
+   */
+  rank_table?: RankRow[];
+  single_rank?: SingleRank;
+  [k: string]: unknown;
+}
+/**
+ * one rank's own numbers (model_debugger.ranks.table)
+ *
+ * This interface was referenced by `Snapshot`'s JSON-Schema
+ * via the `definition` "RankRow".
+ */
+export interface RankRow {
+  rank: number | null;
+  status: string;
+  steps: number;
+  step_ms?: Number | null;
+  data_wait_ms?: Number | null;
+  own_ms?: Number | null;
+  blocked_ms?: Number | null;
+  peak_rss_mb?: Number | null;
+  loss_final?: Number | null;
+  [k: string]: unknown;
+}
+/**
+ * one rank of a larger group, captured in process: only it was seen
+ *
+ * This interface was referenced by `Snapshot`'s JSON-Schema
+ * via the `definition` "SingleRank".
+ */
+export interface SingleRank {
+  rank: number | null;
+  world_size: number | null;
   [k: string]: unknown;
 }
 /**
