@@ -121,6 +121,9 @@ def load_job(record: str, wait: float = 0.0) -> Run:
     ranks.sort(key=_order)
     rep = representative(ranks, parent)
     events = _with_origin(rep, ranks)
+    if torn_down(rep):  # its training and output were done: the teardown is no crash
+        events.append({"t": "end", "status": "ok", "torn_down": True,
+                       "steps": len(rep.steps)})
     if rep.error is None:  # another rank's crash is the job's
         failed = next((r for r in ranks if r.error is not None and
                        r.error.get("kind") not in ("interrupted",)), None)
@@ -232,10 +235,24 @@ def _sync_work(run: Run) -> float | None:
     return _median([max(0.0, (s.get("bz") or 0.0) - s["fw"]) for s in rows])
 
 
+def torn_down(run: Run) -> bool:
+    """A rank that died inside ``destroy_process_group`` after all its work, with no error.
+
+    torch 2.13's gloo sometimes aborts a rank there (SIGABRT); its record has no ``end``
+    event, but a ``group_destroyed`` after its last step.
+    """
+    if run.ended or run.error is not None:
+        return False
+    done = run.of("group_destroyed")
+    return bool(done) and done[-1].get("step") == len(run.steps)
+
+
 def _status(run: Run) -> str:
     err = run.error
     if err is not None:
         return "stopped" if err.get("type") in PLANNED_STOPS else err.get("kind", "error")
+    if torn_down(run):
+        return "ok (died in destroy_process_group)"
     return "ok" if run.ended else "killed"
 
 

@@ -588,3 +588,25 @@ def test_probes_that_need_live_objects_run_on_rank_0_of_a_launched_job(tmp_path)
     assert sweep["confirmed"] and sweep["root_cause"] == "hyperparameter"
     assert sweep["evidence"]["rank"] == 0
     assert sweep["location"]["line"] == _line(sgd, "torch.optim.SGD")
+
+
+def test_a_rank_that_dies_in_destroy_process_group_after_its_work_is_no_crash(tmp_path):
+    from model_debugger.phases.outcome import _result_of
+
+    steps = [{"t": "step", "i": i, "loss": 1.0} for i in range(6)]
+    record = tmp_path / "record.jsonl"
+    record.write_text(json.dumps({"t": "start", "pid": 1}) + "\n")
+    folder = tmp_path / "record.ranks"
+    folder.mkdir()
+    for rank, last in ((0, {"t": "group_destroyed", "step": 6}), (1, {"t": "end"})):
+        events = [{"t": "start", "pid": 10 + rank},
+                  {"t": "rank", "rank": rank, "world_size": 2}, *steps, last]
+        (folder / f"proc-{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    job = R.load_job(str(record))
+    res = _result_of(job, "healthy")
+    assert res["status"] == "completed", res
+    assert res["rank_table"][0]["status"] == "ok (died in destroy_process_group)"
+    # killed before its last step's teardown: a crash, as it is
+    (folder / "proc-0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"t": "start", "pid": 10}, {"t": "rank", "rank": 0, "world_size": 2}, *steps]))
+    assert _result_of(R.load_job(str(record)), "healthy")["status"] == "crashed"

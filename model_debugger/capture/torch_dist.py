@@ -21,7 +21,10 @@ Nothing here runs until a process group exists. Then:
   where it waits (inside which collective, ``backward`` where DDP's all-reduce runs, ``forward``,
   ``data`` or the loop's own code) and on which line of the user's code, written by the
   recorder's flusher thread while it waits;
-  when the capture ends, a ``collectives`` event holds the last collective reached.
+  when the capture ends, a ``collectives`` event holds the last collective reached;
+- ``destroy_process_group`` (patched) writes ``group_destroyed`` first: with torch 2.13's gloo
+  a rank sometimes aborts (SIGABRT) inside it after all its work is done, and its record then
+  says so instead of reading as a crash.
 
 DDP's own all-reduce runs inside ``backward()`` in C++ and is not a Python call: its waiting
 shows as backward time, compared across ranks by the rank analysis (:mod:`model_debugger.ranks`).
@@ -78,6 +81,7 @@ class DistHooks:
         if not dist.is_available():
             return
         self.patch(dist, "init_process_group", self._wrap_init)
+        self.patch(dist, "destroy_process_group", self._wrap_destroy)
         for name in COLLECTIVES:
             if hasattr(dist, name):
                 self.patch(dist, name, lambda nxt, name=name: self._wrap_collective(nxt, name))
@@ -101,6 +105,26 @@ class DistHooks:
 
         init_process_group.__wrapped__ = original
         return init_process_group
+
+    def _wrap_destroy(self, original):
+        link = self._link
+
+        def destroy_process_group(*args, **kwargs):
+            inst = link()
+            if inst is not None and inst._dist is not None:
+                inst._guarded_destroyed()
+            return original(*args, **kwargs)
+
+        destroy_process_group.__wrapped__ = original
+        return destroy_process_group
+
+    def _guarded_destroyed(self) -> None:
+        self.guard(self._destroyed)()
+
+    def _destroyed(self) -> None:
+        """``group_destroyed``, on disk before the call: gloo may abort the process inside it."""
+        self._drain()
+        self.rec.emit("group_destroyed", step=self.rec.step)
 
     def _guarded_on_group(self) -> None:
         self.guard(self._on_group)()
