@@ -77,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         from .capture.torch_dist import TIMEOUT_ENV
 
         os.environ[TIMEOUT_ENV] = str(float(launch["collective_timeout"]))
+    if ns.seed is not None or ns.intervention or ns.max_steps is not None:
+        from functools import partial
+
+        from .capture.recorder import set_rank_context
+        from .interventions import process_context
+
+        set_rank_context(partial(process_context, ns.seed, ns.intervention, ns.max_steps))
     if ns.rank_of:  # one rank of a launched job: its record among the job's; rank 0 probes
         ns.record = process_record(ns.rank_of)  # its live objects (the parent merges them)
         if os.environ.get("RANK", "0") != "0":

@@ -295,3 +295,25 @@ def installed(intervention: Intervention | None = None, max_steps: int | None = 
         finally:
             for fn in reversed(undo):
                 fn()
+
+
+@contextlib.contextmanager
+def process_context(seed: int | None, intervention: str | None, max_steps: int | None):
+    """What a process a script starts runs in: the run's seed, intervention and step budget.
+
+    The same as the run's own process (``_child``'s ``--seed``, ``--intervention``,
+    ``--max-steps``), so that a re-run of a job that spawns its ranks changes one thing on every
+    rank (:func:`model_debugger.capture.recorder.set_rank_context`). A module function: the
+    ``spawn`` start method pickles it by name.
+    """
+    if seed is not None:
+        from .artifacts.seeding import seed_everything
+
+        seed_everything(seed, lazily=True)
+    change = None
+    if intervention:
+        from .artifacts.base import Intervention
+
+        change = Intervention.from_json(intervention)
+    with installed(change, max_steps):
+        yield

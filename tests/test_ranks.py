@@ -610,3 +610,41 @@ def test_a_rank_that_dies_in_destroy_process_group_after_its_work_is_no_crash(tm
     (folder / "proc-0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
         {"t": "start", "pid": 10}, {"t": "rank", "rank": 0, "world_size": 2}, *steps]))
     assert _result_of(R.load_job(str(record)), "healthy")["status"] == "crashed"
+
+
+def test_spawned_ranks_get_the_runs_seed_and_step_budget(tmp_path):
+    """What a re-run changes (Verify's seeds, Isolate's step budget) reaches spawned ranks."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        import torch.multiprocessing as mp
+        from torch import nn
+
+
+        def work(i):
+            model = nn.Linear(4, 1)  # initialised from the seed this process was given
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            X = torch.randn(64, 4)
+            for _ in range(30):
+                loss = nn.functional.mse_loss(model(X), X.sum(1, keepdim=True))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+
+        if __name__ == "__main__":
+            mp.spawn(work, nprocs=2)
+    '''))
+
+    def first_losses(seed: int, folder: str, *more: str) -> list:
+        record = tmp_path / folder / "record.jsonl"
+        subprocess.run([sys.executable, "-m", "model_debugger._child", "--record", str(record),
+                        "--seed", str(seed), *more, str(script)], env=ENV, timeout=120,
+                       capture_output=True)
+        job = R.load_job(str(record))
+        return [[s["loss"] for s in r.steps] for r in job.ranks]
+
+    a, b, c = first_losses(7, "a"), first_losses(7, "b"), first_losses(8, "c")
+    assert len(a) == 2 and a == b and a != c  # the same seed, the same runs on every rank
+    stopped = first_losses(7, "d", "--max-steps", "5")
+    assert [len(r) for r in stopped] == [5, 5]

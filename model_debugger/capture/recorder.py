@@ -449,18 +449,33 @@ _NOT_RANKS = ("torch.utils.data", "multiprocessing", "concurrent.futures", "torc
               "torch.distributed.elastic")
 
 
+_rank_context: list = [None]  # what each started process runs its target in (set_rank_context)
+
+
+def set_rank_context(factory) -> None:
+    """Run every process started under capture from now on inside ``factory()``.
+
+    ``factory`` is picklable (a ``functools.partial`` of a module function) and returns a
+    context manager, entered inside the process's capture: the run's seed, its intervention
+    and step budget (:mod:`model_debugger._child`). None: nothing.
+    """
+    _rank_context[0] = factory
+
+
 class RankTarget:
     """What a process started under capture runs: its target inside a capture of its own.
 
     Picklable (a process started with the ``spawn`` or ``forkserver`` method receives it as it
-    receives its target); its record is ``proc-<pid>.jsonl`` in ``folder``. In a forked child
-    the parent's recorders (copies holding no file) are closed first: their hooks, inherited
-    with the memory, would otherwise record into memory beside this one.
+    receives its target); its record is ``proc-<pid>.jsonl`` in ``folder``; ``context`` is the
+    factory of :func:`set_rank_context`. In a forked child the parent's recorders (copies
+    holding no file) are closed first: their hooks, inherited with the memory, would otherwise
+    record into memory beside this one.
     """
 
-    def __init__(self, target, folder: str) -> None:
+    def __init__(self, target, folder: str, context=None) -> None:
         self.target = target
         self.folder = folder
+        self.context = context
 
     def __call__(self, *args, **kwargs):
         """Run the target under a capture writing this process's record."""
@@ -470,7 +485,10 @@ class RankTarget:
             except Exception:  # noqa: BLE001 - a copy's hooks: undo what can be undone
                 pass
         with Recorder(process_record(self.folder)):
-            return self.target(*args, **kwargs)
+            if self.context is None:
+                return self.target(*args, **kwargs)
+            with self.context():
+                return self.target(*args, **kwargs)
 
 
 def process_record(folder: str) -> str:
@@ -494,11 +512,11 @@ def _capture_rank(proc) -> None:
     if module == "torch.multiprocessing.spawn" and getattr(target, "__name__", "") == "_wrap":
         args = tuple(getattr(proc, "_args", ()))
         if args and not isinstance(args[0], RankTarget):
-            proc._args = (RankTarget(args[0], folder), *args[1:])
+            proc._args = (RankTarget(args[0], folder, _rank_context[0]), *args[1:])
         return
     if module.startswith(_NOT_RANKS):
         return
-    proc._target = RankTarget(target, folder)
+    proc._target = RankTarget(target, folder, _rank_context[0])
 
 
 def _after_fork_in_child() -> None:
