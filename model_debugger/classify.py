@@ -46,6 +46,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     UNREACHABLE_SHARE,
     UPDATE_RATIO_HIGH,
     UPDATE_RATIO_LOW,
+    UPDATES_APART,
     VAL_RISE,
     VANISH_RATIO,
 )
@@ -67,7 +68,11 @@ def nonfinite(sig: dict):
     ev = [_ev(sig, "first_nonfinite_step", f"first non-finite {sig['nonfinite_what']}")]
     if where:
         ev.append(_ev(sig, "nonfinite_module", "first module where it appears"))
-    if sig.get("nonfinite_rank") is not None and sig.get("ranks", 1) > 1:
+    if sig.get("nonfinite_rank_tie"):
+        ev.append(Evidence("nonfinite_rank_tie", sig["nonfinite_rank_tie"], "ranks where it "
+                           "appeared at the same step and place: every rank's doing, not one "
+                           "rank's data"))
+    elif sig.get("nonfinite_rank") is not None and sig.get("ranks", 1) > 1:
         ev.append(_ev(sig, "nonfinite_rank", f"the rank where it appeared first, of "
                       f"{sig['ranks']} (the all-reduce then spread it to "
                       f"{sig.get('nonfinite_ranks', '?')} ranks)"))
@@ -114,6 +119,11 @@ def rank_desync(sig: dict):
     stay equal (DDP keeps them bit-equal). Checksums that differ mean each rank trains its own
     model, and the one saved is one of several.
     """
+    if sig.get("rank_updates"):  # a rank that steps less often trains another model
+        return "convergence_to_wrong_solution", [
+            _ev(sig, "rank_updates_apart", f"1 - fewest / most optimizer steps over the ranks "
+                f"(>= {UPDATES_APART:g}: the replicas cannot stay equal)"),
+            Evidence("rank_updates", sig["rank_updates"], "optimizer steps per rank")]
     if sig.get("rank_desync", 0.0) <= DESYNC_REL or "rank_desync_step" not in sig:
         return None
     return "convergence_to_wrong_solution", [

@@ -103,6 +103,9 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
         shown_when=lambda sig: sig.get("rank_straggler_share", 0.0) >= 0.25),
     DefiningSignal("rank_desync", -1, 1e-5, cited_as=("rank_desync", "rank_desync_step"),
                    shown_when=lambda sig: sig.get("rank_desync", 0.0) > 1e-5),
+    DefiningSignal("rank_updates_apart", -1, 0.05, cited_as=("rank_updates_apart",
+                                                              "rank_updates"),
+                   shown_when=lambda sig: sig.get("rank_updates_apart", 0.0) >= 0.1),
     DefiningSignal("loss_broadcast_factor", -1, 0.5, log_scale=True,
                    shown_when=lambda sig: sig.get("loss_broadcast_factor", 1.0) >= 2),
     DefiningSignal("output_range_unreachable", -1, 0.05,
@@ -141,7 +144,7 @@ CATEGORIES: dict[str, Target] = {
         "nor the loop's own work each step, the GPU, if any, should be kept busy, and no rank "
         "should hang or straggle (now {})"),
     "convergence_to_wrong_solution": Target(
-        _of("rank_desync", "loss_broadcast_factor", "output_range_unreachable", "val_f1_final",
+        _of("rank_updates_apart", "rank_desync", "loss_broadcast_factor", "output_range_unreachable", "val_f1_final",
             "train_f1_final", "val_acc_final", "train_acc_final"),
         "the tracked metric should rise above the trivial level (now {})"),
 }

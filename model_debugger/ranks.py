@@ -28,6 +28,7 @@ Every number is read from the records; nothing here imports torch.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import numpy as np
@@ -35,7 +36,7 @@ import numpy as np
 from .records import Run, as_float
 from .safe_write import read_inside
 from .store import Store
-from .thresholds import DESYNC_REL, STRAGGLER_MS, STRAGGLER_SHARE
+from .thresholds import DESYNC_REL, STRAGGLER_MS, STRAGGLER_SHARE, UPDATES_APART
 
 HANG_SECONDS = 30.0  # a wait this long at the end of a record, without an error, is a hang
 PLANNED_STOPS = ("TimeLimit", "StepBudget")  # how a record names a planned stop
@@ -339,6 +340,7 @@ def signals(run: Run) -> dict:
     out.update(_straggler(ranks))
     out.update(_nonfinite_origin(ranks))
     out.update(_desync(ranks))
+    out.update(_updates(ranks))
     out.update(_hang(ranks, out["ranks"]))
     return out
 
@@ -368,8 +370,15 @@ def _nonfinite_origin(ranks: list[Run]) -> dict:
     if first is None:
         return {}
     run, e = first
-    out = {"nonfinite_rank": _rank(run), "nonfinite_rank_step": e["step"],
+    key = (e["step"], _STAGE.get(e.get("what"), 2))
+    tied = [r for r in ranks if (r.first("nonfinite") or {}).get("step") == key[0] and
+            _STAGE.get(r.first("nonfinite").get("what"), 2) == key[1]]
+    out = {"nonfinite_rank_step": e["step"],
            "nonfinite_ranks": sum(r.first("nonfinite") is not None for r in ranks)}
+    if len(tied) > 1:  # at the same step, in the same place, on several ranks: no one rank's
+        out["nonfinite_rank_tie"] = ", ".join(str(_rank(r)) for r in tied)
+        return out
+    out["nonfinite_rank"] = _rank(run)
     if e.get("module"):
         out["nonfinite_rank_module"] = str(e["module"])
     return out
@@ -401,6 +410,12 @@ def _desync(ranks: list[Run]) -> dict:
         if first is None and spread > DESYNC_REL:
             first = i
     out = {"rank_desync": max(spreads), "rank_checksums": len(common)}
+    start = [as_float(e.get("pcs")) for r in ranks for e in r.of("checksum0")[:1]
+             if e.get("pn") == common_size]
+    start = np.array([v for v in start if np.isfinite(v)])
+    if len(start) >= 2:  # before the first update
+        out["rank_desync_start"] = float((start.max() - start.min()) / max(
+            float(np.median(np.abs(start))), 1e-12))
     if first is not None:
         vals = by_step[first]
         ref = vals.get(0, np.median(list(vals.values())))
@@ -409,6 +424,42 @@ def _desync(ranks: list[Run]) -> dict:
             k for k, v in vals.items() if k is not None and
             abs(v - ref) > DESYNC_REL * max(abs(ref), 1e-12))
     return out
+
+
+def batches(run: Run) -> int | None:
+    """Batches per epoch of the rank's training DataLoader (None: not a sized DataLoader)."""
+    ref = next((e for e in run.of("ref") if e.get("kind") == "loader"), None)
+    n = (ref or {}).get("batches")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def _fewest(values: dict) -> list[int]:
+    """The ranks with the smallest value, when the values differ (else [])."""
+    known = {k: v for k, v in values.items() if v is not None and k is not None}
+    if len(set(known.values())) < 2:
+        return []
+    low = min(known.values())
+    return sorted(k for k, v in known.items() if v == low)
+
+
+def _mismatched(waiting: list[Run]) -> list[int]:
+    """Of ranks that all ended waiting: those in another collective than the rest (or []).
+
+    The ranks that made fewer steps, else those with fewer batches per epoch (they left the
+    loop first), else those whose place differs from most ranks'.
+    """
+    astray = _fewest({_rank(r): len(r.steps) for r in waiting}) or \
+        _fewest({_rank(r): batches(r) for r in waiting})
+    if astray:
+        return astray
+    places = {_rank(r): str((last_collective(r) or {}).get("where")) for r in waiting}
+    counts = {p: list(places.values()).count(p) for p in places.values()}
+    if len(counts) < 2:
+        return []  # all in the same place: waiting on something outside the job
+    common = max(counts, key=counts.get)
+    if list(counts.values()).count(counts[common]) > 1:
+        return []  # no majority place: which rank went astray cannot be told
+    return sorted(k for k, p in places.items() if p != common and k is not None)
 
 
 def waited_at_end(run: Run) -> float | None:
@@ -435,6 +486,22 @@ def waited_at_end(run: Run) -> float | None:
     return max(waited) if waited else 0.0
 
 
+def _updates(ranks: list[Run]) -> dict:
+    """How far apart the ranks' optimizer step counts are: ``1 - fewest / most``.
+
+    Data-parallel ranks step together; a rank that steps less often (or never: an update behind
+    a rank condition) trains another model. Recorded when two ranks counted their steps.
+    """
+    counts = {_rank(r): (r.first("calls") or {}).get("optimizer_steps") for r in ranks}
+    counts = {k: v for k, v in counts.items() if isinstance(v, int) and k is not None}
+    if len(counts) < 2 or max(counts.values()) == 0:
+        return {}
+    out = {"rank_updates_apart": round(1 - min(counts.values()) / max(counts.values()), 4)}
+    if out["rank_updates_apart"] >= UPDATES_APART:
+        out["rank_updates"] = ", ".join(f"rank {k}: {v}" for k, v in sorted(counts.items()))
+    return out
+
+
 def waiting_at_end(run: Run) -> bool:
     """Whether a rank ended waiting for a rank that never came.
 
@@ -443,7 +510,7 @@ def waiting_at_end(run: Run) -> bool:
     record ended otherwise (stopped at the time limit, killed). A shorter wait cut short by a
     stop is a rank waiting for a slow one (an evaluation on rank 0), not a hang.
     """
-    if run.of("collective_error"):
+    if run.of("collective_error") or comm_failed(run):
         return True
     waited = waited_at_end(run)
     if waited is None:
@@ -453,7 +520,29 @@ def waiting_at_end(run: Run) -> bool:
     return failed or waited >= HANG_SECONDS
 
 
+# what torch.distributed raises when a collective cannot complete: a peer gone, a timeout
+_COMM = re.compile(r"gloo|nccl|ProcessGroup|c10d|Connection (closed|reset)|closed by peer|"
+                   r"Timed out|timed out|Broken pipe", re.IGNORECASE)
+
+
+def comm_failed(run: Run) -> bool:
+    """Whether the rank ended in an error of the communication itself.
+
+    A collective (DDP's all-reduce inside ``backward``, a barrier) that could not complete: its
+    peer left the job (``Connection closed by peer``) or never came (``Timed out``).
+    """
+    err = run.error or {}
+    return err.get("kind") == "exception" and bool(_COMM.search(str(err.get("message", ""))))
+
+
 def _hang(ranks: list[Run], world: int) -> dict:
+    """Ranks that ended waiting for a rank that never came, and the ranks that did not come.
+
+    The missing ranks are those not waiting (they waited elsewhere, ended, or wrote no record).
+    When every rank ended waiting, they waited in different collectives (a mismatch): the
+    missing ones are those that made fewer steps, else those whose place differs from most
+    ranks'.
+    """
     waiting = [r for r in ranks if waiting_at_end(r)]
     if not waiting:
         return {"rank_hang": 0.0}
@@ -462,6 +551,9 @@ def _hang(ranks: list[Run], world: int) -> dict:
     missing = sorted([_rank(r) for r in ranks if r not in waiting and _rank(r) is not None]
                      + absent)
     if not missing:
+        missing = _mismatched(waiting)
+        waiting = [r for r in waiting if _rank(r) not in missing]
+    if not missing or not waiting:
         return {"rank_hang": 0.0}
     seconds = [as_float(e.get("seconds")) for r in waiting for e in r.of("collective_error")]
     seconds += [waited_at_end(r) or 0.0 for r in waiting]

@@ -42,5 +42,6 @@ GPU_IDLE_STEP_MS = 20.0      # ... with steps long enough for the idle time to m
 UPDATE_RATIO_LOW = 1e-5      # median update/weight ratio: steps too small to move the weights
 UPDATE_RATIO_HIGH = 1e-1     # ... steps that overshoot
 STRAGGLER_SHARE = 0.25       # one rank's own work per step exceeds the others' by 25% of a step
-STRAGGLER_MS = 5.0           # ... and by at least this much per step
+STRAGGLER_MS = 2.0           # ... and by at least this much per step
 DESYNC_REL = 1e-5            # replicas' parameter checksums apart by more than this (relative)
+UPDATES_APART = 0.1          # ... or one rank made >= 10% fewer optimizer steps than another

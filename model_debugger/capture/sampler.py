@@ -31,11 +31,17 @@ class LineSampler:
         The training thread (``threading.get_ident()`` of the thread that trains).
     idle : callable
         True while the thread is outside data loading, forward, backward and the optimizer.
+    loop_code : code object, optional
+        The code of the training loop (the user's function that steps the optimizer): each
+        sample also counts the line that function is on (``loop_counts``), the call in the loop
+        behind time spent deeper (in a helper it calls).
     """
 
-    def __init__(self, thread_id: int, idle: Callable[[], bool]) -> None:
+    def __init__(self, thread_id: int, idle: Callable[[], bool], loop_code=None) -> None:
         self._thread_id = thread_id
         self._idle = idle
+        self._loop_code = loop_code
+        self.loop_counts: collections.Counter = collections.Counter()
         self._stop = threading.Event()
         self.counts: collections.Counter = collections.Counter()
         self.samples = 0  # samples taken while idle (lines in user code or not)
@@ -65,13 +71,24 @@ class LineSampler:
                 f = user_frame(frame)
                 if f is not None:
                     self.counts[(f.f_code.co_filename, f.f_lineno)] += 1
+                    g = f
+                    while g is not None and self._loop_code is not None and \
+                            g.f_code is not self._loop_code:
+                        g = g.f_back
+                    if g is not None and self._loop_code is not None:
+                        self.loop_counts[(g.f_code.co_filename, g.f_lineno)] += 1
+                    del g
                 del frame, f
             except Exception:  # noqa: BLE001 - sampling is best effort, never a failure
                 return
 
-    def top(self, n: int = 5) -> list[dict]:
-        """The ``n`` lines sampled most: ``{"file", "line", "share"}`` of the idle samples."""
+    def top(self, n: int = 5, loop: bool = False) -> list[dict]:
+        """The ``n`` lines sampled most: ``{"file", "line", "share"}`` of the idle samples.
+
+        With ``loop``, the training loop's own lines (``loop_counts``).
+        """
         if not self.samples:
             return []
+        counts = self.loop_counts if loop else self.counts
         return [{"file": f, "line": line, "share": round(c / self.samples, 4)}
-                for (f, line), c in self.counts.most_common(n)]
+                for (f, line), c in counts.most_common(n)]

@@ -83,7 +83,7 @@ class DataHooks:
             alive = ref() if ref is not None else None
             if first and made is not None and made[0] is not None and alive is not None \
                     and made[2]() is alive:  # not a dead loader's reused id
-                self.ref("loader", made[0], batch_size=made[1])
+                self.ref("loader", made[0], batch_size=made[1], batches=_length(alive))
 
     def _wrap_loader_init(self, original):
         link = self._link
@@ -124,3 +124,11 @@ class DataHooks:
         if id(loader) in self._train_loaders:  # a training loader iterated again: next epoch
             self.losses.flush_eval()
             self.rec.set_epoch(self.rec.epoch + 1, "dataloader")
+
+
+def _length(loader) -> int | None:
+    """Batches per epoch of a loader (None for an iterable dataset without a length)."""
+    try:
+        return int(len(loader))
+    except (TypeError, ValueError, NotImplementedError):
+        return None

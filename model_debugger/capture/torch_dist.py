@@ -12,9 +12,10 @@ Nothing here runs until a process group exists. Then:
   is timed: the step rows of a multi-rank job gain ``co`` (seconds inside those calls),
   ``cn`` (collectives entered so far) and ``fw`` (seconds inside the model's forward, which
   holds no collective: the rank's own work, comparable across ranks), and every
-  :data:`CHECKSUM_EVERY` steps ``pcs``, a float64 checksum of the optimizer's parameters, and
-  ``pn``, how many values it covers (replicas that train in lockstep hold the same; sharded
-  parameters, FSDP or DTensor, are not summed);
+  :data:`CHECKSUM_EVERY` steps ``pcs``, a float64 checksum of the optimizer's parameters (the
+  model's, on a rank whose optimizer never stepped), and ``pn``, how many values it covers
+  (replicas that train in lockstep hold the same; sharded parameters, FSDP or DTensor, are not
+  summed); ``checksum0`` holds the same before the first update (did the ranks start equal?);
 - a collective that raises (a timeout, a peer gone) is a ``collective_error`` event; a training
   thread that has not finished a step for :data:`STALL_SECONDS` is a ``stall`` event (written
   again each time the wait doubles, so its ``seconds`` tell how long it lasted) saying
@@ -71,6 +72,7 @@ class DistHooks:
         self._stalled_at = None  # (step, seconds) of the last ``stall`` event written
         self._group_t0 = 0.0  # perf_counter when the group was seen
         self._train_thread = None  # the thread that made the group (where training runs)
+        self._checked_start = False  # ``checksum0`` was taken
 
     def _attach_dist(self) -> None:
         """Patch ``init_process_group`` and the collectives (when torch.distributed exists)."""
@@ -191,11 +193,29 @@ class DistHooks:
             return None
         out = {"co": self._coll_s, "fw": self._fw_s, "cn": self._coll[0]}
         self._coll_s = self._fw_s = 0.0
-        if opt is not None and self.rec.step % CHECKSUM_EVERY == 0:
-            summed = _checksum(opt)
+        if self.rec.step % CHECKSUM_EVERY == 0:
+            summed = _checksum(self._replica(opt))
             if summed is not None:
                 out["pcs"], out["pn"] = summed
         return out
+
+    def _replica(self, opt) -> list:
+        """The parameters a replica checksum covers: the optimizer's, else the model's.
+
+        (A rank whose optimizer never steps still has a model: its checksum shows it apart.)
+        """
+        if opt is not None:
+            return [p for g in opt.param_groups for p in g["params"]]
+        root = self._root() if self._root else None
+        return list(root.parameters()) if root is not None else []
+
+    def _before_first_update(self, opt) -> None:
+        """``checksum0``: the replica before any update (did the ranks start equal?)."""
+        if self._multi and not self._opt_steps and not self._checked_start:
+            self._checked_start = True
+            summed = _checksum(self._replica(opt))
+            if summed is not None:
+                self.rec.emit("checksum0", pcs=summed[0], pn=summed[1])
 
     # -- where a rank waits ----------------------------------------------------------------
     def _waiting_in(self) -> str:
@@ -290,8 +310,8 @@ def _sharded(p) -> bool:
         getattr(p, "_is_flat_param", False) or hasattr(p, "_local_tensor")
 
 
-def _checksum(opt) -> tuple[float, int] | None:
-    """A float64 checksum of an optimizer's parameters (sum of values plus sum of squares).
+def _checksum(params: list) -> tuple[float, int] | None:
+    """A float64 checksum of parameters (sum of values plus sum of squares).
 
     And how many values it covers. Summed on each parameter's device, read once per device.
     None when a parameter is a shard (FSDP, tensor parallel: the ranks hold different parts)
@@ -301,15 +321,16 @@ def _checksum(opt) -> tuple[float, int] | None:
 
     sums: dict = {}
     count = 0
+    if not params:
+        return None
     with torch.no_grad():
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if getattr(p, "is_meta", False) or _sharded(p):
-                    return None
-                d = p.detach()
-                count += d.numel()
-                part = d.sum(dtype=torch.float64) + torch.linalg.vector_norm(
-                    d, dtype=torch.float64) ** 2
-                sums[d.device] = sums.get(d.device, 0) + part
+        for p in params:
+            if getattr(p, "is_meta", False) or _sharded(p):
+                return None
+            d = p.detach()
+            count += d.numel()
+            part = d.sum(dtype=torch.float64) + torch.linalg.vector_norm(
+                d, dtype=torch.float64) ** 2
+            sums[d.device] = sums.get(d.device, 0) + part
     total = sum(float(v) for v in sums.values())
     return (total, count) if math.isfinite(total) else None

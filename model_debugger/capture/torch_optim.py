@@ -114,6 +114,8 @@ class OptimizerHooks:
         self._nest = [opt, self._backwards, 1]  # a step that raised leaves a stale one: fine
         self._busy_enter()  # left in _post_step (or reset with the step's row)
         self._site("step")
+        if self._multi and not self._opt_steps:
+            self._before_first_update(opt)
         if opt is not self._last_opt and opt not in self._seen_optimizers:  # built before
             self._seen_optimizers.add(opt)  # this capture began
             self.keeper.on_optimizer(opt)

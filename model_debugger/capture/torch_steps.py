@@ -22,12 +22,14 @@ State owned here: the kept rows, the step clock, the cost of measuring norms, th
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 
 import torch
 
 from ._util import FLUSH_SECONDS, num, rss_bytes
+from .codeloc import user_frame
 from .norms import MGN_MAX
 from .norms import window as norms_window
 from .sampler import INTERVAL as SAMPLE_INTERVAL
@@ -102,7 +104,9 @@ class StepRows:
         self._early = None
         median = rest[len(rest) // 2]
         if median >= OVERHEAD_SECONDS and share and share[len(share) // 2] >= OVERHEAD_SHARE:
-            self._sampler = LineSampler(threading.get_ident(), self._idle).start()
+            loop = user_frame(sys._getframe())  # the user's function that steps: the loop
+            self._sampler = LineSampler(threading.get_ident(), self._idle,
+                                        loop.f_code if loop is not None else None).start()
             self.hold(self._sampler.stop)
 
     def _emit_overhead(self) -> None:
@@ -112,7 +116,7 @@ class StepRows:
             return
         sampler.stop()
         self.rec.emit("step_overhead", samples=sampler.samples, lines=sampler.top(),
-                      interval=SAMPLE_INTERVAL)
+                      loop_lines=sampler.top(loop=True), interval=SAMPLE_INTERVAL)
 
     def _emit_step(self, loss, gn, parts=None, ratio=None, clipped=None) -> None:
         """Keep one step's numbers as a row; rows become ``step`` events in :meth:`_drain`."""

@@ -88,15 +88,27 @@ class RankStraggler(Probe):
                 f"the forward pass of the same model{wait}: its device is slower or shared "
                 "(or it is given larger batches).", _ref(slow, "model"), strength=0.7,
                 **common)]
-        sampled = (slow.first("step_overhead") or {}).get("lines") or []
-        line = {"file": sampled[0]["file"], "line": sampled[0]["line"]} if sampled else None
+        overhead = slow.first("step_overhead") or {}
+        sampled = overhead.get("lines") or []
+        calls = overhead.get("loop_lines") or []
+        top = sampled[0] if sampled else None  # where the time is spent
+        call = calls[0] if calls and calls[0]["share"] >= 0.5 else None  # the loop's call to it
+        via = call if call is not None and top is not None and \
+            (call["file"], call["line"]) != (top["file"], top["line"]) else None
+        line = {"file": top["file"], "line": top["line"]} if top else None
         return [self.finding(
             "training_loop", confirmed, f"{where}, {excess['loop'] * 1000:.1f} ms of it in the "
             f"loop's own code{wait}"
-            + (f"; the capture sampled that rank's loop on this line ({sampled[0]['share']:.0%}"
-               " of its samples)." if sampled else ": work only that rank does every step."),
-            line or _ref(slow, "step") or _ref(slow, "backward"), strength=0.9, **common)]
+            + (f"; the capture sampled that rank's loop on this line ({top['share']:.0%} of its "
+               "samples)" + (f", called from the loop at {_short(via)}" if via else "") + "."
+               if top else ": work only that rank does every step."),
+            line or _ref(slow, "step") or _ref(slow, "backward"), strength=0.9,
+            **{**common, "loop_line": via})]
 
 
 def _ref(run, kind: str) -> dict | None:
     return run.refs().get(kind)
+
+
+def _short(loc: dict) -> str:
+    return f"{str(loc['file']).rsplit('/', 1)[-1]}:{loc['line']}"
