@@ -648,3 +648,29 @@ def test_spawned_ranks_get_the_runs_seed_and_step_budget(tmp_path):
     assert len(a) == 2 and a == b and a != c  # the same seed, the same runs on every rank
     stopped = first_losses(7, "d", "--max-steps", "5")
     assert [len(r) for r in stopped] == [5, 5]
+
+
+# -- a sample of the rank fault matrix (benchmarks/rank_matrix: programs by another hand) ----------
+
+MATRIX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                      "rank_matrix")
+
+
+@pytest.mark.parametrize("program", [
+    "f4b_torchrun_uneven_batches_barrier_hang.py",  # ranks waiting in different collectives
+    "f9_spawn_only_rank0_steps.py",  # one rank never steps its optimizer
+    "h6_torchrun_long_rank0_eval.py",  # healthy: rank 1 waits 2.5 s at a barrier each epoch
+])
+def test_a_sample_of_the_rank_fault_matrix(program, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rank_matrix_run",
+                                                  os.path.join(MATRIX, "run.py"))
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    path = os.path.join(matrix.PROGRAMS, program)
+    report, _, err = matrix.diagnose(path, str(tmp_path / "s"), ENV)
+    assert report is not None, err
+    row = matrix.judge(program, path, report)
+    assert row["category_hit"] and row["finding_hit"] and row["rank_hit"], row
+    assert row["location_hit"], row
