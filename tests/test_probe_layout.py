@@ -349,7 +349,8 @@ def test_the_defining_declaration_keeps_what_verify_used():
         "loss_broadcast_factor": 0.5, "output_range_unreachable": 0.05,  # ... and the loss's
         # broadcast pairing, and the targets a bounded output cannot reach; across ranks: a
         # hang, a straggler's share of each step, the spread of the replicas' checksums
-        "rank_hang": 0.5, "rank_straggler_share": 0.1, "rank_desync": 1e-5}
+        "rank_hang": 0.5, "rank_straggler_share": 0.1, "rank_desync": 1e-5,
+        "rank_updates_apart": 0.05}  # ... and a rank that steps less often than another
     assert defining.LOG_SIGNALS == ("loss_peak_ratio", "grad_norm_growth",
                                     "first_to_last_grad_ratio", "loss_broadcast_factor")
     assert defining.DEFINING["gradient_instability"] == (

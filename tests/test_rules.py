@@ -68,10 +68,10 @@ def classify_and_check(sig: dict) -> Classification:
 
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
-    assert names == ["nonfinite", "oom", "exploding", "memory_growth", "broadcast_loss",
-                     "bounded_output", "overfitting",
+    assert names == ["nonfinite", "oom", "rank_hang", "exploding", "memory_growth",
+                     "rank_desync", "broadcast_loss", "bounded_output", "overfitting",
                      "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing",
-                     "slow_data", "loop_overhead", "gpu_idle", "plateau"]
+                     "rank_straggler", "slow_data", "loop_overhead", "gpu_idle", "plateau"]
 
 
 # -- nonfinite -------------------------------------------------------------------------------
@@ -1143,3 +1143,44 @@ def test_a_sigmoid_bound_counts_only_when_the_outputs_saturate_against_it():
     assert sig["output_range"].startswith("[0, 1]")
     loose = {**targets, "input_pressed": {"1": 0.01}}  # a linear output that stays below 1
     quiet(C.bounded_output, syn.make_run(steps, loose))
+
+
+# -- across ranks (the signals come from model_debugger.ranks; records in tests/test_ranks.py) -----
+
+@pytest.mark.parametrize("sig, fires_", [
+    ({"rank_hang": 1.0, "rank_hang_missing": [1], "rank_hang_waiting": [0],
+      "rank_hang_seconds": 3.0}, True),
+    ({"rank_hang": 0.0}, False),
+])
+def test_rank_hang_is_a_performance_issue_naming_the_missing_rank(sig, fires_):
+    out = C.rank_hang(sig)
+    assert (out is not None) is fires_
+    if fires_:
+        cat, ev = out
+        assert cat == "performance_issue"
+        assert {e.signal: e.value for e in ev}["rank_hang_missing"] == "1"
+        assert C.classify({"steps": 10, **sig}).primary == "performance_issue"
+
+
+@pytest.mark.parametrize("sig, fires_", [
+    ({"rank_desync": 2e-3, "rank_desync_step": 10, "rank_desync_ranks": [1]}, True),
+    ({"rank_desync": 5e-6, "rank_desync_step": 10}, False),  # float noise of equal replicas
+    ({"rank_desync": 0.0, "rank_updates_apart": 1.0, "rank_updates": "rank 0: 60, rank 1: 0"},
+     True),  # a rank that never steps
+    ({"rank_desync": 0.0, "rank_updates_apart": 0.02}, False),  # 49 against 48: uneven data
+])
+def test_rank_desync_is_a_wrong_solution(sig, fires_):
+    out = C.rank_desync(sig)
+    assert (out is not None) is fires_
+    if fires_:
+        assert out[0] == "convergence_to_wrong_solution"
+
+
+@pytest.mark.parametrize("share, ms, fires_", [(0.5, 10.0, True), (0.2, 10.0, False),
+                                               (0.5, 1.0, False)])
+def test_rank_straggler_needs_both_its_share_and_its_milliseconds(share, ms, fires_):
+    sig = {"rank_straggler": 1, "rank_straggler_share": share, "rank_straggler_ms": ms}
+    out = C.rank_straggler(sig)
+    assert (out is not None) is fires_
+    if fires_:
+        assert out[0] == "performance_issue"
