@@ -77,13 +77,22 @@ def main(argv: list[str] | None = None) -> int:
         from .capture.torch_dist import TIMEOUT_ENV
 
         os.environ[TIMEOUT_ENV] = str(float(launch["collective_timeout"]))
-    if ns.seed is not None or ns.intervention or ns.max_steps is not None:
+    if ns.seed is not None or ns.intervention or ns.max_steps is not None or \
+            (ns.isolate > 0 and not ns.rank_of):
+        import time
         from functools import partial
 
         from .capture.recorder import set_rank_context
         from .interventions import process_context
+        from .probing import probe_process
 
-        set_rank_context(partial(process_context, ns.seed, ns.intervention, ns.max_steps))
+        # what the processes the script starts run in, and (rank 0) the probes after it: the
+        # probes before this run's time limit ends (they run inside the script's time here)
+        deadline = time.time() + ns.max_seconds if ns.max_seconds else None
+        after = partial(probe_process, ns.isolate, ns.probes, os.path.abspath(ns.script),
+                        deadline) if ns.isolate > 0 and not ns.rank_of else None
+        set_rank_context(partial(process_context, ns.seed, ns.intervention, ns.max_steps),
+                         after)
     if ns.rank_of:  # one rank of a launched job: its record among the job's; rank 0 probes
         ns.record = process_record(ns.rank_of)  # its live objects (the parent merges them)
         if os.environ.get("RANK", "0") != "0":

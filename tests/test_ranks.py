@@ -206,6 +206,9 @@ def test_an_exploding_learning_rate_on_both_ranks_is_gradient_instability(tmp_pa
     rows = _table(report)
     assert all(r["first_nonfinite"] is not None for r in rows), rows
     assert report["classification"]["primary"] == "gradient_instability"
+    sweep = _finding(report, "lr_range")  # on spawned rank 0's live model, after its script
+    assert sweep["confirmed"] and sweep["evidence"]["rank"] == 0
+    assert sweep["location"]["line"] == _line(SPAWN, "torch.optim.SGD")
 
 
 def test_a_nonfinite_batch_on_one_rank_names_that_rank_before_the_all_reduce_spreads_it(

@@ -449,17 +449,19 @@ _NOT_RANKS = ("torch.utils.data", "multiprocessing", "concurrent.futures", "torc
               "torch.distributed.elastic")
 
 
-_rank_context: list = [None]  # what each started process runs its target in (set_rank_context)
+_rank_context: list = [None, None]  # (factory, after) of set_rank_context
 
 
-def set_rank_context(factory) -> None:
+def set_rank_context(factory, after=None) -> None:
     """Run every process started under capture from now on inside ``factory()``.
 
     ``factory`` is picklable (a ``functools.partial`` of a module function) and returns a
     context manager, entered inside the process's capture: the run's seed, its intervention
-    and step budget (:mod:`model_debugger._child`). None: nothing.
+    and step budget (:mod:`model_debugger._child`). ``after(recorder)``, picklable too, runs
+    once the process's capture has ended (its hooks removed, its live objects kept): rank 0's
+    probes. None: nothing.
     """
-    _rank_context[0] = factory
+    _rank_context[0], _rank_context[1] = factory, after
 
 
 class RankTarget:
@@ -472,10 +474,11 @@ class RankTarget:
     record into memory beside this one.
     """
 
-    def __init__(self, target, folder: str, context=None) -> None:
+    def __init__(self, target, folder: str, context=None, after=None) -> None:
         self.target = target
         self.folder = folder
         self.context = context
+        self.after = after
 
     def __call__(self, *args, **kwargs):
         """Run the target under a capture writing this process's record."""
@@ -484,11 +487,20 @@ class RankTarget:
                 inherited._stack.close()
             except Exception:  # noqa: BLE001 - a copy's hooks: undo what can be undone
                 pass
-        with Recorder(process_record(self.folder)):
-            if self.context is None:
-                return self.target(*args, **kwargs)
-            with self.context():
-                return self.target(*args, **kwargs)
+        rec = Recorder(process_record(self.folder))
+        try:
+            with rec:
+                if self.context is None:
+                    return self.target(*args, **kwargs)
+                with self.context():
+                    return self.target(*args, **kwargs)
+        except KeyboardInterrupt:
+            self.after = None  # stopped (Ctrl-C, a time limit): no probes after it
+            raise
+        finally:
+            if self.after is not None:
+                self.after(rec)
+                rec.release()
 
 
 def process_record(folder: str) -> str:
@@ -512,11 +524,11 @@ def _capture_rank(proc) -> None:
     if module == "torch.multiprocessing.spawn" and getattr(target, "__name__", "") == "_wrap":
         args = tuple(getattr(proc, "_args", ()))
         if args and not isinstance(args[0], RankTarget):
-            proc._args = (RankTarget(args[0], folder, _rank_context[0]), *args[1:])
+            proc._args = (RankTarget(args[0], folder, *_rank_context), *args[1:])
         return
     if module.startswith(_NOT_RANKS):
         return
-    proc._target = RankTarget(target, folder, _rank_context[0])
+    proc._target = RankTarget(target, folder, *_rank_context)
 
 
 def _after_fork_in_child() -> None:
