@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         import time
         from functools import partial
 
+        from ._rank_probes import probe_process
         from .capture.recorder import set_rank_context
         from .interventions import process_context
-        from .probing import probe_process
 
         # what the processes the script starts run in, and (rank 0) the probes after it: the
         # probes before this run's time limit ends (they run inside the script's time here)
