@@ -186,6 +186,43 @@ def test_frozen_and_dropout_probes_quiet_on_a_keras_model_that_trains_everything
     assert run_probes(ctx, ["frozen_parameters", "dropout_rate"]).findings == ()
 
 
+def _keras_settings_case(keras, init: str, clipnorm: float | None):
+    """A Keras MLP with hidden kernels initialised by ``init`` and an optional gradient clip."""
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    X, y = problem()
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        net = keras.Sequential([keras.Input((10,)),
+                                keras.layers.Dense(32, activation="relu",
+                                                   kernel_initializer=init),  # <keras-init>
+                                keras.layers.Dense(2, kernel_initializer=init)])
+        opt = keras.optimizers.SGD(0.1, clipnorm=clipnorm)  # <keras-clip>
+        net.compile(optimizer=opt,
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        net.fit(X, y, batch_size=64, epochs=2, verbose=0)
+    source = {HERE: open(HERE, encoding="utf-8").read()}
+    return build_context(Run(rec.events), rec.keeper, source, budget=60.0)
+
+
+@pytest.mark.parametrize("init,clipnorm,pid,tag,root", [
+    ("zeros", None, "initialization", "keras-init", "architecture"),
+    ("glorot_uniform", 1e-5, "optimizer_settings", "keras-clip", "hyperparameter"),
+])
+def test_zero_kernels_and_a_tiny_clip_confirmed_on_keras_copies(tk, init, clipnorm, pid, tag,
+                                                                 root):
+    from model_debugger.probes import run_probes
+
+    ctx = _keras_settings_case(tk, init, clipnorm)
+    [f] = run_probes(ctx, [pid]).findings
+    assert (f.check, f.root_cause, f.confirmed) == (pid, root, True), f
+    assert f.location["line"] == line_of(tag), f.location
+    quiet = _keras_settings_case(tk, "glorot_uniform", 1.0)
+    assert run_probes(quiet, ["initialization", "optimizer_settings"]).findings == ()
+
+
 @pytest.mark.parametrize("activation,from_logits,confirmed", [
     ("softmax", True, True),    # probabilities into a loss that expects logits
     (None, False, True),        # logits into a loss that expects probabilities (clipped)

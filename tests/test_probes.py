@@ -255,6 +255,45 @@ def train_frozen_layers():
             opt.step()
 
 
+def train_zero_init():
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    zeroed = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                           nn.Linear(64, 2))
+    for layer in zeroed:
+        if isinstance(layer, nn.Linear):
+            nn.init.zeros_(layer.weight)  # <zero-init>
+    opt = torch.optim.Adam(zeroed.parameters(), lr=1e-2)
+    for _epoch in range(3):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            loss = F.cross_entropy(zeroed(X[i:i + 64]), y[i:i + 64])
+            loss.backward()
+            opt.step()
+
+
+def train_settings(**hyper):
+    """A small classifier with SGD settings ``hyper`` (and ``clip``: a clip in the loop)."""
+    clip = hyper.pop("clip", None)
+
+    def train():
+        torch.manual_seed(8)
+        X = torch.randn(1024, 12)
+        y = (X[:, 0] + X[:, 1] - X[:, 2] > 0).long()
+        net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 2))
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, **hyper)  # <settings-opt>
+        for _epoch in range(3):
+            for i in range(0, len(X), 64):
+                opt.zero_grad()
+                loss = F.cross_entropy(net(X[i:i + 64]), y[i:i + 64])
+                loss.backward()
+                if clip is not None:
+                    torch.nn.utils.clip_grad_norm_(net.parameters(), clip)  # <settings-clip>
+                opt.step()
+    return train
+
+
 def train_heavy_dropout():
     torch.manual_seed(9)
     X = torch.randn(1024, 12)
@@ -566,6 +605,45 @@ def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):
 def test_frozen_and_dropout_probes_quiet_on_a_model_that_trains_everything(healthy):
     assert probe(healthy, "frozen_parameters") == []
     assert probe(healthy, "dropout_rate") == []
+
+
+def test_initialization_far_from_the_default_is_confirmed_by_a_default_initialised_copy(
+        tmp_path):
+    ctx = captured(tmp_path, train_zero_init)
+    f = confirmed_one(ctx, "initialization", "architecture")
+    assert_at(f, "zero-init")
+    ev = f.evidence
+    assert {"0.weight", "2.weight", "4.weight"} <= set(ev["layers"])
+    assert all(o["kind"] == "small" and o["ratio"] == 0.0 for o in ev["layers"].values())
+    assert ev["heldout_default"] < 0.8 * ev["heldout_as_set"]
+    from model_debugger.probes.suggestions import intervention_for
+
+    assert intervention_for(f).id == "default_init"
+
+
+@pytest.mark.parametrize("hyper,setting,tag", [
+    ({"weight_decay": 5.0}, "weight_decay", "settings-opt"),
+    ({"momentum": 0.999}, "momentum", "settings-opt"),
+    ({"clip": 1e-5}, "clip", "settings-clip"),
+])
+def test_an_optimizer_setting_that_stalls_training_is_confirmed_one_at_a_time(
+        tmp_path, hyper, setting, tag):
+    from model_debugger.probes.suggestions import intervention_for, suggestion_for
+
+    ctx = captured(tmp_path, train_settings(**hyper))
+    f = confirmed_one(ctx, "optimizer_settings", "hyperparameter")
+    assert f.evidence["setting"] == setting
+    assert_at(f, tag)
+    assert f.evidence["heldout_changed"] < 0.8 * f.evidence["heldout_as_set"]
+    change = intervention_for(f)
+    assert change.id == ("clip_off" if setting == "clip" else "optimizer_setting")
+    assert setting in suggestion_for(f)
+
+
+def test_setting_and_init_probes_quiet_on_usual_settings(tmp_path, healthy):
+    assert probe(healthy, "initialization") == []
+    usual = captured(tmp_path, train_settings(momentum=0.9, weight_decay=5e-4, clip=1.0))
+    assert probe(usual, "optimizer_settings") == []
 
 
 def test_nll_loss_fed_raw_logits_is_measured(tmp_path):

@@ -428,7 +428,7 @@ def test_a_finding_whose_intervention_changes_nothing_is_refuted(tmp_path):
     lr = _f("lr_range", confirmed=True)
     lr = Finding(lr.check, lr.root_cause, True, "lr 10 diverges", None,
                  {"category": "gradient_instability", "lr": 10.0, "safe_lr": 0.01})
-    other = _f("missing_zero_grad", "training_loop")  # no intervention: left as it was
+    other = _f("detached_output", "training_loop")  # no intervention: left as it was
     out = confirm(s, art, [lr, other], Version("current", s.store.path("artifact.py")), 1, 60.0)
     assert out[1] == other
     assert not out[0].confirmed and out[0].evidence["intervention"]["moved"] is False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from ..records import Intervention
 from ._heldout import SettingExperiment, source_line
 from .base import ProbeContext, register
 
@@ -23,6 +24,10 @@ class DropoutRate(SettingExperiment):
 
     id = "dropout_rate"
     fix = "Lower the dropout rate (0.1-0.3 is usual) or remove the layer."
+
+    def intervention(self, finding):
+        """Every dropout drops nothing in the re-run."""
+        return Intervention("dropout_off")
 
     def run(self, ctx: ProbeContext):
         """One finding for the strongest dropout; confirmed by the experiment."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..records import Intervention
 from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
 
@@ -13,6 +14,10 @@ class EvalModeNotReset(Probe):
     id = "eval_mode_not_reset"
     categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution")
     fix = "Call model.train() again after evaluation, before the next training steps."
+
+    def intervention(self, finding):
+        """A training forward runs in train mode in the re-run."""
+        return Intervention("train_mode")
 
     def run(self, ctx: ProbeContext):
         """Confirmed when some optimizer steps ran in eval mode; a lint hit alone: a hypothesis."""

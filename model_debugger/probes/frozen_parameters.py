@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from ..records import Intervention
 from ._heldout import SettingExperiment, source_line
 from .base import ProbeContext, register
 
@@ -23,6 +24,10 @@ class FrozenParameters(SettingExperiment):
     id = "frozen_parameters"
     fix = ("Let the frozen layers train (remove the requires_grad=False / trainable=False), or "
            "unfreeze them after a few epochs when fine-tuning.")
+
+    def intervention(self, finding):
+        """Every parameter trains in the re-run."""
+        return Intervention("unfreeze")
 
     def run(self, ctx: ProbeContext):
         """One finding when >= 50% of the parameters are frozen; confirmed by the experiment."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..records import Intervention
 from ..thresholds import NOT_RESET
 from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
@@ -16,6 +17,10 @@ class MissingZeroGrad(Probe):
     frameworks = ("torch", "none")  # Keras clears gradients itself
     fix = ("Call optimizer.zero_grad() once per step, before loss.backward(), so gradients do "
            "not accumulate across steps.")
+
+    def intervention(self, finding):
+        """The gradients are cleared after every optimizer step in the re-run."""
+        return Intervention("zero_grad")
 
     def run(self, ctx: ProbeContext):
         """Confirmed when the gradients were measured not reset between steps.

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+SMALL, LARGE = 0.1, 5.0   # a weight's spread against the default init's: outside is suspect
+OFFSET = 1.0              # a vector's mean distance from its default beyond this (and 10x its
+                          # default spread) is suspect: a bias of -10 before a ReLU
+
 
 class SampleTrainer:
     """What both framework trainers share: the user's rate and the size of the kept sample.
@@ -50,3 +56,34 @@ class SampleTrainer:
         self.fit(model, inputs, target, 2, batch_size=batch_size)
         took = max((time.perf_counter() - t0) / 2, 1e-6)
         return max(5, min(count, int(seconds / took)))
+
+
+def init_outlier(value: np.ndarray, default: np.ndarray) -> dict | None:
+    """How an initial weight departs from a default-initialised one, or None when it does not.
+
+    A matrix or kernel (2+ dimensions) is judged by its spread: below ``SMALL`` (zeros
+    included) or above ``LARGE`` times the default's standard deviation. A vector (bias,
+    normalisation scale) by its mean distance from the default's mean: more than ``OFFSET`` and
+    more than 10 times the default's largest magnitude.
+
+    Returns
+    -------
+    dict or None
+        ``{"kind": "small" | "large" | "offset", "ratio" or "offset": float}``.
+    """
+    value = np.asarray(value, dtype="float64")
+    default = np.asarray(default, dtype="float64")
+    if value.size < 2 or not np.isfinite(value).all():
+        return None
+    if value.ndim >= 2:
+        ref = float(default.std())
+        if not ref > 0:
+            return None
+        ratio = float(value.std()) / ref
+        if ratio < SMALL:
+            return {"kind": "small", "ratio": ratio}
+        return {"kind": "large", "ratio": ratio} if ratio > LARGE else None
+    offset = float(np.abs(value - default.mean()).mean())
+    scale = max(float(np.abs(default).max()), 0.1)
+    return {"kind": "offset", "offset": offset} if offset > OFFSET and offset > 10 * scale \
+        else None

@@ -12,7 +12,9 @@ import math
 
 import numpy as np
 
-from .base import SampleTrainer
+from .base import SampleTrainer, init_outlier
+
+_CLIPS = ("clipnorm", "global_clipnorm", "clipvalue")
 
 
 def from_keeper(keeper) -> KerasTrainer | None:
@@ -92,6 +94,59 @@ class KerasTrainer(SampleTrainer):
             return cls.from_config(config)
         except Exception:  # noqa: BLE001 - another optimizer class: only the rate carries over
             return cls(learning_rate=config["learning_rate"])
+
+    def settings(self) -> dict:
+        """The optimizer settings a probe may suspect, by framework-neutral name.
+
+        ``weight_decay``, ``momentum``, ``beta1`` and ``clip`` (the tightest of the config's
+        gradient clips), None where the optimizer has none.
+        """
+        clips = [float(self.config[k]) for k in _CLIPS if self.config.get(k) is not None]
+        return {"weight_decay": self.config.get("weight_decay"),
+                "momentum": self.config.get("momentum"), "beta1": self.config.get("beta_1"),
+                "clip": min(clips) if clips else None}
+
+    def with_settings(self, **changes) -> KerasTrainer:
+        """A copy of the trainer with some of :meth:`settings` changed (``clip=None``: no clipping)."""
+        import copy
+
+        new = copy.copy(self)
+        new.config, new._steps = dict(self.config), {}
+        keys = {"weight_decay": "weight_decay", "momentum": "momentum", "beta1": "beta_1"}
+        for name, value in changes.items():
+            if name == "clip":  # one norm clip, or none at all
+                new.config.update({k: None for k in _CLIPS}, clipnorm=value)
+            elif name in keys:
+                new.config[keys[name]] = value
+            else:
+                raise ValueError(f"unknown optimizer setting {name!r}")
+        return new
+
+    def init_outliers(self) -> dict[str, dict]:
+        """Initial weights far from Keras' own initialisation (Glorot kernels, zero biases).
+
+        See :func:`~model_debugger.trainers.base.init_outlier`; embeddings and normalisation
+        weights are not judged.
+        """
+        model = self.fresh_model()
+        out: dict[str, dict] = {}
+        for var in model.weights:
+            default = _default_value(var)
+            if default is None:
+                continue
+            odd = init_outlier(np.asarray(var.numpy()), default)
+            if odd is not None:
+                out[getattr(var, "path", var.name)] = odd
+        return out
+
+    @staticmethod
+    def default_init(model):
+        """Give ``model`` (a clone) Keras' default initialisation; returns it."""
+        for var in model.weights:
+            default = _default_value(var, seed=0)
+            if default is not None:
+                var.assign(default.astype(np.dtype(var.dtype)))
+        return model
 
     def subset(self, idx):
         """``(inputs, target)`` rows ``idx`` of the training sample."""
@@ -262,6 +317,27 @@ class KerasTrainer(SampleTrainer):
     def evaluate(self, model, inputs, target) -> float:
         """Mean loss of ``model`` on the given rows (inference mode)."""
         return float(self._loss(model, inputs, target, False))
+
+
+def _default_value(var, seed: int = 0) -> np.ndarray | None:
+    """A Keras default initial value for a kernel or bias, or None for other weights.
+
+    Glorot-uniform kernels, orthogonal recurrent kernels, zero biases: what ``Dense``, the
+    convolutions and the recurrent layers use unless told otherwise.
+    """
+    import keras
+
+    name = str(getattr(var, "path", var.name)).rsplit("/", 1)[-1]
+    shape = tuple(int(d) for d in var.shape)
+    if name == "kernel" and len(shape) >= 2:
+        init = keras.initializers.GlorotUniform(seed=seed)
+    elif name == "recurrent_kernel" and len(shape) == 2:
+        init = keras.initializers.Orthogonal(seed=seed)
+    elif name == "bias" and len(shape) == 1:
+        return np.zeros(shape, dtype="float32")
+    else:
+        return None
+    return np.asarray(init(shape), dtype="float32")
 
 
 def _leaves(model) -> list:

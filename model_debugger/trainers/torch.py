@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from .base import SampleTrainer
+from .base import SampleTrainer, init_outlier
 
 
 def from_keeper(keeper) -> TorchTrainer | None:
@@ -51,6 +51,7 @@ class TorchTrainer(SampleTrainer):
     """
 
     framework = "torch"
+    max_norm: float | None = None  # the copies' gradient-norm clip (:meth:`with_settings`)
 
     def __init__(self, model, initial_state, optimizer, loss, train_batches, val_batches=(),
                  input_names=()):
@@ -91,6 +92,76 @@ class TorchTrainer(SampleTrainer):
             return cls(model.parameters(), **hyper)
         except TypeError:
             return cls(model.parameters(), lr=hyper.get("lr", 1e-3))
+
+    def settings(self) -> dict:
+        """The optimizer settings a probe may suspect, by framework-neutral name.
+
+        ``weight_decay``, ``momentum`` and ``beta1`` (None where the optimizer has none), and
+        ``clip``, the copies' gradient-norm clip (the loop's clip is in the record, not here).
+        """
+        betas = self.hyper.get("betas")
+        return {"weight_decay": self.hyper.get("weight_decay"),
+                "momentum": self.hyper.get("momentum"),
+                "beta1": betas[0] if isinstance(betas, (tuple, list)) and betas else None,
+                "clip": self.max_norm}
+
+    def with_settings(self, **changes) -> TorchTrainer:
+        """A copy of the trainer with some of :meth:`settings` changed (``clip=None``: no clipping)."""
+        new = copy.copy(self)
+        new.hyper = dict(self.hyper)
+        for name, value in changes.items():
+            if name == "clip":
+                new.max_norm = value
+            elif name == "beta1":
+                betas = tuple(self.hyper.get("betas") or (0.9, 0.999))
+                new.hyper["betas"] = (value, *betas[1:])
+            elif name in ("weight_decay", "momentum"):
+                new.hyper[name] = value
+            else:
+                raise ValueError(f"unknown optimizer setting {name!r}")
+        return new
+
+    def init_outliers(self) -> dict[str, dict]:
+        """Initial weights far from what the framework's own initialisation would give.
+
+        Each module's parameters before the first step are compared with a copy of the module
+        re-initialised by its ``reset_parameters`` (:func:`init_outlier`). Embeddings are not
+        judged (a small normal init of embeddings is the transformer norm).
+        """
+        model = self.fresh_model()
+        out: dict[str, dict] = {}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            for name, m in model.named_modules():
+                own = dict(m.named_parameters(recurse=False))
+                if not own or isinstance(m, torch.nn.Embedding) or \
+                        not callable(getattr(m, "reset_parameters", None)):
+                    continue
+                ref = copy.deepcopy(m)
+                try:
+                    ref.reset_parameters()
+                except Exception:  # noqa: BLE001 - a custom reset that cannot run on a copy
+                    continue
+                fresh = dict(ref.named_parameters(recurse=False))
+                for pname, p in own.items():
+                    odd = init_outlier(p.detach().float().numpy(),
+                                       fresh[pname].detach().float().numpy())
+                    if odd is not None:
+                        out[f"{name}.{pname}" if name else pname] = odd
+        return out
+
+    @staticmethod
+    def default_init(model):
+        """Re-initialise every module of ``model`` (a copy) by its ``reset_parameters``."""
+        with torch.no_grad():
+            for m in model.modules():
+                if callable(getattr(m, "reset_parameters", None)) and \
+                        next(m.parameters(recurse=False), None) is not None:
+                    try:
+                        m.reset_parameters()
+                    except Exception:  # noqa: BLE001 - a custom reset that cannot run
+                        pass
+        return model
 
     def forward(self, model, inputs):
         """``model`` called on ``inputs`` as the user's code called it (keywords included)."""
@@ -138,6 +209,8 @@ class TorchTrainer(SampleTrainer):
             if not math.isfinite(value) or (stop_below is not None and value < stop_below):
                 break
             loss.backward()
+            if self.max_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_norm)
             opt.step()
             if check is not None and (len(losses) % every == 0 or len(losses) == steps):
                 check(model)

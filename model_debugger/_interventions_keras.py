@@ -1,0 +1,176 @@
+"""The Keras side of the interventions (:mod:`model_debugger.interventions`).
+
+Each function ``f(params, keras) -> undo`` installs one change into the run when Keras is
+imported, and returns what removes it. Model-level changes happen when ``fit`` starts (a custom
+``tf.GradientTape`` loop gets the optimizer-level ones, at its first ``apply_gradients``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+_SETTINGS = {"weight_decay": "weight_decay", "momentum": "momentum", "beta1": "beta_1"}
+
+
+def _removes(undo: list[Callable]) -> Callable[[], None]:
+    def remove() -> None:
+        for fn in reversed(undo):
+            fn()
+    return remove
+
+
+def _each_optimizer(keras, fn) -> Callable[[], None]:
+    """Call ``fn(optimizer)`` once per optimizer.
+
+    When ``fit`` starts, or at its first ``apply_gradients`` in a custom loop (eagerly, even
+    while a step is being traced).
+    """
+    from .capture.patches import install
+
+    seen: set[int] = set()
+
+    def once(opt) -> None:
+        opt = getattr(opt, "inner_optimizer", opt)  # a LossScaleOptimizer drives its inner one
+        if opt is None or id(opt) in seen:
+            return
+        seen.add(id(opt))  # first: a second trace (replica) must not change it again
+        try:
+            import tensorflow as tf
+
+            with tf.init_scope():
+                fn(opt)
+        except Exception:  # noqa: BLE001 - an intervention must never break the user's step
+            pass
+
+    def fit_factory(fit):
+        def patched(model, *args, **kwargs):
+            once(getattr(model, "optimizer", None))
+            return fit(model, *args, **kwargs)
+        return patched
+
+    def apply_factory(apply_gradients):
+        def patched(opt, *args, **kwargs):
+            once(opt)
+            return apply_gradients(opt, *args, **kwargs)
+        return patched
+
+    return _removes([install(keras.Model, "fit", fit_factory),
+                     install(keras.optimizers.Optimizer, "apply_gradients", apply_factory)])
+
+
+def _each_model(keras, fn) -> Callable[[], None]:
+    """Call ``fn(model)`` once per model, when its first ``fit`` starts."""
+    from .capture.patches import install
+
+    seen: set[int] = set()
+
+    def factory(fit):
+        def patched(model, *args, **kwargs):
+            if id(model) not in seen:
+                seen.add(id(model))
+                fn(model)
+            return fit(model, *args, **kwargs)
+        return patched
+
+    return install(keras.Model, "fit", factory)
+
+
+def scale_lr(params: dict, keras) -> Callable[[], None]:
+    """Multiply each optimizer's learning rate by ``factor`` (a schedule is left alone)."""
+    factor = float(params["factor"])  # > 0: checked before the run
+
+    def scale(opt) -> None:
+        lr = getattr(opt, "_learning_rate", None)
+        if hasattr(lr, "assign"):  # a variable, not a schedule object
+            lr.assign(float(lr.numpy()) * factor)
+
+    return _each_optimizer(keras, scale)
+
+
+def optimizer_setting(params: dict, keras) -> Callable[[], None]:
+    """Set one setting of every optimizer to ``params["value"]``.
+
+    ``params["setting"]`` is ``weight_decay`` (0 turns it off), ``momentum`` or ``beta1``.
+    """
+    setting, value = params["setting"], float(params["value"])
+    attr = _SETTINGS[setting]
+
+    def change(opt) -> None:
+        if setting == "weight_decay":
+            opt.weight_decay = value or None
+        elif hasattr(opt, attr):
+            setattr(opt, attr, value)  # a plain attribute, read when the step is traced
+
+    return _each_optimizer(keras, change)
+
+
+def clip_off(params: dict, keras) -> Callable[[], None]:
+    """No optimizer clips its gradients (``clipnorm``, ``global_clipnorm``, ``clipvalue``)."""
+    def change(opt) -> None:
+        for attr in ("clipnorm", "global_clipnorm", "clipvalue"):
+            if getattr(opt, attr, None) is not None:
+                setattr(opt, attr, None)
+
+    return _each_optimizer(keras, change)
+
+
+def dropout_off(params: dict, keras) -> Callable[[], None]:
+    """Every ``Dropout`` layer (and its subclasses) passes its input through."""
+    from .capture.patches import install
+
+    def factory(call):
+        def passthrough(layer, inputs, *args, **kwargs):
+            return inputs
+        return passthrough
+
+    return install(keras.layers.Dropout, "call", factory)
+
+
+def unfreeze(params: dict, keras) -> Callable[[], None]:
+    """Every layer of a model trains, set before its first ``fit``."""
+    def thaw(model) -> None:
+        model.trainable = True
+        stack = list(getattr(model, "layers", []))
+        while stack:
+            layer = stack.pop()
+            layer.trainable = True
+            stack += list(getattr(layer, "layers", []))
+
+    return _each_model(keras, thaw)
+
+
+def default_init(params: dict, keras) -> Callable[[], None]:
+    """Keras' default initialisation for every model, before its first ``fit``.
+
+    Glorot kernels, orthogonal recurrent kernels, zero biases.
+    """
+    from .trainers.keras import KerasTrainer
+
+    return _each_model(keras, KerasTrainer.default_init)
+
+
+def standardize_inputs(params: dict, keras) -> Callable[[], None]:
+    """Standardise the arrays ``fit`` is given, per feature, by the training inputs' statistics.
+
+    The validation data given to ``fit`` gets the same transform.
+    """
+    import numpy as np
+
+    from .capture.patches import install
+
+    def scale(x, mean, std):
+        return (np.asarray(x, dtype="float32") - mean) / std
+
+    def factory(fit):
+        def patched(model, x=None, y=None, *args, **kwargs):
+            if isinstance(x, np.ndarray) and x.dtype.kind == "f" and x.ndim >= 2:
+                mean, std = x.mean(axis=0), x.std(axis=0)
+                std = np.where(std > 1e-8, std, 1.0)
+                x = scale(x, mean, std)
+                val = kwargs.get("validation_data")
+                if isinstance(val, tuple) and len(val) >= 2 and isinstance(val[0], np.ndarray):
+                    kwargs["validation_data"] = (scale(val[0], mean, std), *val[1:])
+            return fit(model, x, y, *args, **kwargs)
+        return patched
+
+    return install(keras.Model, "fit", factory)

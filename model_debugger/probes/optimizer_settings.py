@@ -1,0 +1,116 @@
+"""``optimizer_settings``: an optimizer setting that keeps the updates from working.
+
+The settings besides the rate that can stall or destabilise training: a weight decay that pulls
+the weights to zero faster than the gradient moves them, a momentum (or Adam's first beta) so
+close to 1 that the update follows gradients from long ago, and a gradient clip so tight that
+every update is shrunk a hundredfold. Measured on the captured optimizer (and, for a clip in a
+PyTorch loop, on the record: the bound against the gradient norms it cut), then tested by
+experiment, one setting at a time: two fresh copies trained on the same rows, one as set up and
+one with the setting at its usual value; confirmed when that copy reaches a clearly lower
+held-out loss. Located at the optimizer (or the clip call).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..records import Intervention
+from ._heldout import BETTER, heldout_loss
+from .base import Probe, ProbeContext, register
+
+DECAY = 0.1         # weight decay at or above this is suspect (AdamW's default is 0.01)
+DECAY_PER_STEP = 1e-3  # or a decoupled shrink (rate x decay) of this much per step
+MOMENTUM = 0.99     # momentum / beta1 at or above this is suspect
+CLIP_SHARE = 0.01   # a clip that leaves under 1% of the median gradient norm is suspect
+CLIP_ABS = 1e-3     # without recorded norms: a bound this small is suspect whatever they were
+USUAL = {"weight_decay": 0.0, "momentum": 0.9, "beta1": 0.9, "clip": None}
+_WHAT = {"weight_decay": "a weight decay of {v:.3g} (pulling the weights towards zero)",
+         "momentum": "a momentum of {v:.4g} (each update follows gradients from long ago)",
+         "beta1": "a first-moment beta of {v:.4g} (each update follows gradients from long ago)",
+         "clip": "a gradient clip at {v:.3g}, {share:.2g}x the median gradient norm"}
+
+
+@register
+class OptimizerSettings(Probe):
+    """A suspect weight decay, momentum or clip, and a copy without it learns clearly better."""
+
+    id = "optimizer_settings"
+    categories = ("loss_not_decreasing", "gradient_instability", "convergence_to_wrong_solution")
+    needs_live = True
+    fix = ("Set {setting} back to a usual value ({usual}); tune it only once training works.")
+
+    def suggestion(self, finding) -> str:
+        """The fix for the setting the finding names."""
+        setting = finding.evidence.get("setting", "the setting")
+        usual = USUAL.get(setting, "its default")
+        return self.fix.format(setting=setting, usual="no clipping" if usual is None else usual)
+
+    def intervention(self, finding):
+        """The setting at its usual value in the re-run (the clip removed)."""
+        setting = finding.evidence.get("setting")
+        if setting not in USUAL:
+            return None
+        if setting == "clip":
+            return Intervention("clip_off")
+        return Intervention("optimizer_setting", {"setting": setting, "value": USUAL[setting]})
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        """With a trainer over the kept sample."""
+        return super().applies(ctx) and ctx.trainer is not None and ctx.trainer.n >= 16
+
+    def run(self, ctx: ProbeContext):
+        """One finding per suspect setting, each tested by its own experiment."""
+        tr = ctx.trainer
+        settings = dict(tr.settings())
+        clip_at = None
+        if tr.framework == "torch":  # the loop clips, not the optimizer: read the record
+            clip = ctx.run.first("clip")
+            if clip is not None:
+                settings["clip"] = float(clip["max_norm"])
+                clip_at = clip.get("location")
+                tr = tr.with_settings(clip=settings["clip"])  # copies clip as the loop did
+        suspects = _suspects(settings, tr.lr, ctx.run.series("gn"))
+        if not suspects:
+            return []
+        as_set = heldout_loss(tr, ctx)
+        out = []
+        for setting, why in suspects.items():
+            if ctx.time_left() <= 0:
+                break
+            changed = heldout_loss(tr.with_settings(**{setting: USUAL[setting]}), ctx)
+            confirmed = changed < BETTER * as_set
+            usual = "no clip" if USUAL[setting] is None else f"{setting} {USUAL[setting]}"
+            out.append(self.finding(
+                "hyperparameter", confirmed,
+                f"The optimizer runs with {why}. Two fresh copies trained on the same rows reach "
+                f"a held-out loss of {changed:.4g} with {usual} and {as_set:.4g} as set up"
+                + (f": the {setting} setting holds the training back." if confirmed else
+                   ": no clearly better, so it is not what holds the training back."),
+                (clip_at if setting == "clip" and clip_at else None) or ctx.ref("optimizer")
+                or ctx.ref("step"),
+                strength=0.8 if confirmed else 0.15, setting=setting,
+                value=settings[setting], usual=USUAL[setting], heldout_as_set=as_set,
+                heldout_changed=changed))
+        return out
+
+
+def _suspects(settings: dict, lr: float, gn: np.ndarray) -> dict[str, str]:
+    """The settings outside their usual range, each with the words that describe it."""
+    out = {}
+    wd = settings.get("weight_decay")
+    if isinstance(wd, (int, float)) and wd > 0 and (wd >= DECAY or lr * wd >= DECAY_PER_STEP):
+        out["weight_decay"] = _WHAT["weight_decay"].format(v=wd)
+    for key in ("momentum", "beta1"):
+        v = settings.get(key)
+        if isinstance(v, (int, float)) and v >= MOMENTUM:
+            out[key] = _WHAT[key].format(v=v)
+    clip = settings.get("clip")
+    norms = gn[np.isfinite(gn)] if gn.size else gn
+    if isinstance(clip, (int, float)) and clip > 0:
+        if norms.size:
+            share = clip / max(float(np.median(norms)), 1e-12)
+            if share < CLIP_SHARE:
+                out["clip"] = _WHAT["clip"].format(v=clip, share=share)
+        elif clip < CLIP_ABS:
+            out["clip"] = f"a gradient clip at {clip:.3g}"
+    return out

@@ -1,0 +1,161 @@
+"""Each intervention changes exactly what it names in a real re-run, and is gone afterwards.
+
+A cell is run twice through the artifact, as written and with one intervention installed; the
+cell's own hooks record what the model and optimizer saw, so each test checks the change from
+the inside (weights at the first call, dropout masks, gradients at the step, the optimizer's
+groups) and that a run after it is unchanged again. Keras runs through a script in a child.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from model_debugger.artifacts import CellArtifact, Intervention, ScriptArtifact, Version
+from model_debugger.interventions import INTERVENTIONS
+
+TORCH = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    X = torch.randn(256, 6)
+    y = (X[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.9), nn.Linear(16, 2))
+    nn.init.zeros_(model[0].weight)
+    for p in model[0].parameters():
+        p.requires_grad = False
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1,
+                          momentum=0.999, weight_decay=3.0)
+    seen = {"w0_std": [], "zeros": [], "grad_before": [], "mode": [], "eval_mode": [],
+            "groups": [], "clipped": []}
+    model[0].register_forward_pre_hook(
+        lambda m, a: seen["w0_std"].append(float(m.weight.detach().std())))
+    model.eval()                                      # training goes on in eval mode
+    for i in range(0, 256, 32):
+        seen["grad_before"].append(model[3].weight.grad is not None)
+        loss = nn.functional.cross_entropy(model(X[i:i + 32]), y[i:i + 32])
+        seen["mode"].append(model.training)
+        loss.backward()                                # no zero_grad: gradients pile up
+        before = float(model[3].weight.grad.norm())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-6)
+        seen["clipped"].append(float(model[3].weight.grad.norm()) / before)
+        seen["groups"].append([(g["momentum"], g["weight_decay"], len(g["params"]))
+                               for g in opt.param_groups])
+        opt.step()
+    model.eval()
+    with torch.no_grad():                             # evaluation keeps its mode
+        model(X[:8])
+        seen["eval_mode"].append(model.training)
+    drop = nn.Dropout(0.9)                            # in train mode: drops 90%
+    seen["zeros"].append(float((drop(torch.ones(1000)) == 0).float().mean()))
+""")
+
+
+@pytest.fixture()
+def cell(tmp_path):
+    ns: dict = {}
+    art = CellArtifact(ns, TORCH)
+    version = Version("reproduced", str(tmp_path / "copy.py"))
+    runs = iter(range(100))
+
+    def run(change: Intervention | None = None) -> dict:
+        cap = art.run(version, 0, str(tmp_path / f"r{next(runs)}.jsonl"), intervention=change)
+        assert cap.error is None, cap.error
+        return ns["seen"]
+
+    return run
+
+
+def test_the_cell_as_written_has_every_fault(cell):
+    seen = cell()
+    assert seen["w0_std"][0] == 0.0 and min(seen["zeros"]) > 0.5
+    assert seen["grad_before"][1:] == [True] * 7 and seen["mode"] == [False] * 8
+    assert max(seen["clipped"]) < 1e-3
+    assert seen["groups"][0] == [(0.999, 3.0, 2)]
+
+
+@pytest.mark.parametrize("change,check", [
+    (Intervention("default_init"), lambda s: s["w0_std"][0] > 0.05),
+    (Intervention("dropout_off"), lambda s: max(s["zeros"]) < 0.5),
+    (Intervention("zero_grad"), lambda s: s["grad_before"] == [False] * 8),
+    (Intervention("train_mode"), lambda s: s["mode"] == [True] * 8 and s["eval_mode"] == [False]),
+    (Intervention("clip_off"), lambda s: min(s["clipped"]) == 1.0),
+    (Intervention("unfreeze"),  # a group for the frozen ones, at the first step
+     lambda s: [n for *_, n in s["groups"][1]] == [2, 2] and s["w0_std"][-1] > 0),
+    (Intervention("optimizer_setting", {"setting": "weight_decay", "value": 0.0}),
+     lambda s: s["groups"][1] == [(0.999, 0.0, 2)]),
+    (Intervention("optimizer_setting", {"setting": "momentum", "value": 0.9}),
+     lambda s: s["groups"][1] == [(0.9, 3.0, 2)]),
+])
+def test_each_torch_intervention_changes_what_it_names_and_is_removed_after(cell, change, check):
+    assert check(cell(change)), cell(change)
+    assert not check(cell())  # the next run is the cell as written again
+
+
+def test_every_intervention_is_documented_and_bad_parameters_are_refused(cell):
+    for kind in INTERVENTIONS.values():
+        assert kind.description and set(kind.install) == set(kind.frameworks)
+    with pytest.raises(ValueError, match="optimizer_setting needs a setting"):
+        cell(Intervention("optimizer_setting", {"setting": "lr", "value": 1.0}))
+
+
+KERAS = textwrap.dedent("""\
+    import json, sys
+    import numpy as np
+    import keras
+    keras.utils.set_random_seed(0)
+    X = np.random.default_rng(0).normal(size=(256, 6)).astype("float32")
+    y = (X[:, 0] > 0).astype("int64")
+    hidden = keras.layers.Dense(16, activation="relu", kernel_initializer="zeros")
+    hidden.trainable = False
+    model = keras.Sequential([keras.Input((6,)), hidden, keras.layers.Dropout(0.9),
+                              keras.layers.Dense(2)])
+    opt = keras.optimizers.SGD(0.1, momentum=0.999, weight_decay=3.0, clipnorm=1e-6)
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    start = [float(np.std(w)) for w in hidden.get_weights()[:1]]
+    seen = {}
+
+    class Look(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen["kernel_std"] = float(np.std(hidden.get_weights()[0]))
+            seen["trainable"] = len(model.trainable_weights)
+            seen["opt"] = [opt.momentum, opt.weight_decay, opt.clipnorm]
+
+    model.fit(X, y, batch_size=32, epochs=1, verbose=0, callbacks=[Look()])
+    drop = model.layers[1]
+    seen["dropped"] = float(np.mean(np.asarray(drop(np.ones((64, 16), "float32"),
+                                                    training=True)) == 0))
+    print("SEEN " + json.dumps(seen))
+""")
+
+
+@pytest.mark.slow
+def test_keras_interventions_change_what_they_name(tmp_path):
+    script = tmp_path / "k.py"
+    script.write_text(KERAS)
+    art = ScriptArtifact(str(script))
+    version = Version("current", str(script))
+
+    def seen(change: Intervention | None, n: int) -> dict:
+        out = tmp_path / f"out{n}.txt"
+        with open(out, "w") as fh:
+            cap = art.run(version, 0, str(tmp_path / f"k{n}.jsonl"), intervention=change,
+                          stdout=fh)
+        assert cap.error is None, cap.error
+        line = next(x for x in out.read_text().splitlines() if x.startswith("SEEN "))
+        return json.loads(line[5:])
+
+    plain = seen(None, 0)
+    assert plain["kernel_std"] == 0.0 and plain["trainable"] == 2 and plain["dropped"] > 0.5
+    assert plain["opt"] == [0.999, 3.0, 1e-6]
+    assert seen(Intervention("default_init"), 1)["kernel_std"] > 0.05
+    assert seen(Intervention("unfreeze"), 2)["trainable"] == 4
+    assert seen(Intervention("dropout_off"), 3)["dropped"] == 0.0
+    assert seen(Intervention("clip_off"), 4)["opt"] == [0.999, 3.0, None]
+    assert seen(Intervention("optimizer_setting", {"setting": "momentum", "value": 0.9}),
+                5)["opt"] == [0.9, 3.0, 1e-6]
+    assert seen(Intervention("optimizer_setting", {"setting": "weight_decay", "value": 0.0}),
+                6)["opt"] == [0.999, None, 1e-6]
