@@ -337,7 +337,9 @@ def wrong_solution(sig: dict):
 def vanishing(sig: dict):
     """``gradient_instability`` when first-layer gradients are far below the last layer's.
 
-    Only while the loss barely moves.
+    Only while the loss barely moves. A mechanism measured inside the model, not what the user
+    sees: when the loss is also flat by :func:`not_decreasing`, that symptom is the category and
+    vanishing gradients the secondary one (the rule comes after it in :data:`RULES`).
     """
     if sig.get("first_to_last_grad_ratio", 1.0) >= VANISH_RATIO:
         return None
@@ -492,7 +494,7 @@ def gpu_idle(sig: dict):
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, rank_hang, exploding, memory_growth, rank_desync, broadcast_loss,
     bounded_output, overfitting, wrong_solution, generalisation_gap,
-    vanishing, not_decreasing, rank_straggler, slow_data, loop_overhead, gpu_idle, plateau,
+    not_decreasing, vanishing, rank_straggler, slow_data, loop_overhead, gpu_idle, plateau,
 )
 
 

@@ -114,9 +114,11 @@ def test_apply_edits_lines_follow_earlier_insertions():
     source = "a = 1\nb = 2\nc = 3\n"
     edits = [Edit(0, 0, "import x\n", aux=True), Edit(6, 11, "b = 20", change=True),
              Edit(12, 12, "z = 0\n", location=True)]
-    mutated, changed, expected = apply_edits(source, edits)
+    mutated, changed, expected, last = apply_edits(source, edits)
     assert mutated == "import x\na = 1\nb = 20\nz = 0\nc = 3\n"
-    assert (changed, expected) == (3, 4)
+    assert (changed, expected, last) == (3, 4, 4)
+    block = apply_edits(source, [Edit(6, 6, "for i in x:\n    f(i)\n")])
+    assert block[1:] == (2, 2, 3)  # an inserted block: every line of it is the change
     assert apply_edits(source, [Edit(0, 0, "y = 0\n", aux=True), Edit(6, 11, "b = 3")])[1] == 3
 
 

@@ -294,6 +294,21 @@ def train_settings(**hyper):
     return train
 
 
+def train_zeroed_inputs():
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] + X[:, 1] > 0).long()
+    X = X * 0.0  # <zeroed-inputs>
+    net = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _epoch in range(2):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            loss = F.cross_entropy(net(X[i:i + 64]), y[i:i + 64])
+            loss.backward()
+            opt.step()
+
+
 def train_heavy_dropout():
     torch.manual_seed(9)
     X = torch.randn(1024, 12)
@@ -644,6 +659,15 @@ def test_setting_and_init_probes_quiet_on_usual_settings(tmp_path, healthy):
     assert probe(healthy, "initialization") == []
     usual = captured(tmp_path, train_settings(momentum=0.9, weight_decay=5e-4, clip=1.0))
     assert probe(usual, "optimizer_settings") == []
+
+
+def test_inputs_identical_in_every_row_are_a_data_cause_at_the_line_that_made_them(
+        tmp_path, healthy):
+    ctx = captured(tmp_path, train_zeroed_inputs)
+    f = confirmed_one(ctx, "constant_inputs", "data")
+    assert_at(f, "zeroed-inputs")
+    assert f.evidence["varying"] == 0 and f.evidence["features"] == 12
+    assert probe(healthy, "constant_inputs") == []
 
 
 def test_nll_loss_fed_raw_logits_is_measured(tmp_path):

@@ -70,7 +70,7 @@ def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "rank_hang", "exploding", "memory_growth",
                      "rank_desync", "broadcast_loss", "bounded_output", "overfitting",
-                     "wrong_solution", "generalisation_gap", "vanishing", "not_decreasing",
+                     "wrong_solution", "generalisation_gap", "not_decreasing", "vanishing",
                      "rank_straggler", "slow_data", "loop_overhead", "gpu_idle", "plateau"]
 
 
@@ -502,6 +502,14 @@ def test_vanishing_fires_below_ratio_when_loss_barely_moves():
     assert sig["first_to_last_grad_ratio"] == pytest.approx(0.1 * C.VANISH_RATIO)
     assert (sig["first_layer"], sig["last_layer"]) == ("layers.0", "layers.2")
     assert cls.secondary == ()
+
+
+def test_a_flat_loss_is_the_category_and_vanishing_gradients_its_secondary():
+    """The symptom the user sees (a flat loss) decides; the mechanism measured inside ranks
+    second, so Isolate still runs the gradient probes for it."""
+    flat = syn.two_level(100, 1.0, 1.0 - 0.2 * C.PLATEAU_DROP)
+    cls = classify_and_check(compute(_vanishing_run(0.1 * C.VANISH_RATIO, flat)))
+    assert (cls.primary, cls.secondary) == ("loss_not_decreasing", ("gradient_instability",))
 
 
 def test_vanishing_quiet_above_ratio():

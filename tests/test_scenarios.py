@@ -29,6 +29,8 @@ def test_scenario_category(path, reports):
     cls = report["classification"]
     assert cls["primary"] == want, (cls, report["reproduce"], stderr[-2000:])
     assert want not in cls["secondary"]
+    if "secondary" in expectations(path):
+        assert expectations(path)["secondary"] in cls["secondary"], cls
     assert cls["evidence"], "a classification must cite numbers"
     for ev in cls["evidence"]:
         assert set(ev) == {"signal", "value", "detail"}

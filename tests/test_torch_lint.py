@@ -682,7 +682,7 @@ def test_healthy_scenarios_are_clean(path):
 
 
 QUIET = ["cws_imbalanced_majority", "cws_minority_f1", "gi_log_of_zero", "gi_lr_too_high",
-         "gi_vanishing_sigmoid", "lnd_lr_too_low", "lnd_random_labels", "mem_oom",
+         "lnd_vanishing_sigmoid", "lnd_lr_too_low", "lnd_random_labels", "mem_oom",
          "ovf_auto_val_regression", "ovf_small_data_big_mlp", "perf_python_collate",
          "perf_slow_dataset"]
 

@@ -55,6 +55,8 @@ class Mutant:
         1-based line in ``source`` that holds the change.
     expected_line : int
         1-based line in ``source`` that makes the faulty object (the expected location).
+    expected_last : int
+        The last line of that edit (an inserted block spans several lines; 0: one line).
     category : str
         The expected primary category.
     root_cause : str
@@ -71,6 +73,7 @@ class Mutant:
     root_cause: str
     family: str
     description: str = ""
+    expected_last: int = 0
     extra: dict = field(default_factory=dict)
 
     def meta(self) -> dict:
@@ -80,8 +83,11 @@ class Mutant:
         return out
 
 
-def apply_edits(source: str, edits: list[Edit]) -> tuple[str, int, int]:
-    """Apply non-overlapping edits; return the new source, the changed line and the location line.
+def apply_edits(source: str, edits: list[Edit]) -> tuple[str, int, int, int]:
+    """Apply non-overlapping edits.
+
+    Returns the new source, the changed line, the location line and the location edit's last
+    line.
 
     Without an edit marked ``change`` the first edit not marked ``aux`` is the change; without one marked
     ``location`` the change is the location.
@@ -109,4 +115,5 @@ def apply_edits(source: str, edits: list[Edit]) -> tuple[str, int, int]:
     def line_of(e: Edit) -> int:
         return mutated.count("\n", 0, starts[id(e)]) + 1
 
-    return mutated, line_of(change), line_of(location)
+    first = line_of(location)
+    return mutated, line_of(change), first, first + location.text.strip("\n").count("\n")

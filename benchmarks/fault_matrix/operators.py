@@ -76,9 +76,9 @@ class Operator:
     def apply(self, source: str) -> Mutant:
         """The mutant of ``source``; raises :class:`NotApplicable` where it does not apply."""
         edits = self.build(Program(source))
-        mutated, changed, expected = apply_edits(source, edits)
+        mutated, changed, expected, last = apply_edits(source, edits)
         return Mutant(self.id, mutated, changed, expected, self.category, self.root_cause,
-                      self.family, self.description)
+                      self.family, self.description, last)
 
 
 OPERATORS: dict[str, Operator] = {}

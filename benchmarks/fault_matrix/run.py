@@ -153,7 +153,8 @@ def run_job(job: dict, probe_seconds: float, bare_timeout: float, diagnose_timeo
         mutant = OPERATORS[job["operator"]].apply(source)
         source = mutant.source
         row["expected"] = {"category": mutant.category, "root_cause": mutant.root_cause,
-                           "line": mutant.expected_line, "changed_line": mutant.changed_line,
+                           "line": mutant.expected_line, "last_line": mutant.expected_last or
+                           mutant.expected_line, "changed_line": mutant.changed_line,
                            "family": mutant.family}
     else:
         row["expected"] = {"category": "healthy", "root_cause": None, "line": None,
@@ -230,10 +231,10 @@ def score(report: dict | None, expected: dict, script: str) -> dict:
     if expected["category"] == "healthy":
         return {"got": got, "category_hit": primary == "healthy", "root_cause_hit": None,
                 "location_hit": None, "false_alarm": primary != "healthy"}
-    line = expected["line"]
+    line, last = expected["line"], expected.get("last_line") or expected["line"]
     located = any(_same_file((f.get("location") or {}).get("file"), script)
                   and isinstance((f.get("location") or {}).get("line"), int)
-                  and abs(f["location"]["line"] - line) <= 1 for f in confirmed)
+                  and line - 1 <= f["location"]["line"] <= last + 1 for f in confirmed)
     return {"got": got, "category_hit": primary == expected["category"],
             "root_cause_hit": bool(first and first.get("root_cause") == expected["root_cause"]),
             "location_hit": located, "false_alarm": None}

@@ -122,6 +122,7 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
         out.append(replace(finding, confirmed=moved, explanation=explanation,
                            evidence={**finding.evidence, "intervention": result,
                                      "confirmed_by": "intervention",
+                                     "undone": moved,
                                      "strength": _strength(finding, moved, gone, new)}))
     return out
 

@@ -217,15 +217,20 @@ def probes_for(category: str) -> list[str]:
 
 
 def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
-    """``findings`` ranked: confirmed first, then the primary category, then by strength.
+    """``findings`` ranked: confirmed first, then the primary category, then causes undone.
 
-    Findings for the primary category (the first of ``categories``) come before secondaries;
-    strength of evidence is ``evidence["strength"]``, 0..1.
+    Findings for the primary category (the first of ``categories``) come before secondaries.
+    Among those, a finding whose suspected cause was undone in an experiment that then removed
+    the problem (``evidence["undone"]``: a copy with the setting undone learned clearly better,
+    or a re-run with the intervention moved the defining signal) comes before findings that only
+    observed something, whatever their strength (``evidence["strength"]``, 0..1), which orders
+    the rest: undoing a cause is the strongest evidence that it is one.
     """
     def key(f: Finding):
         cat = f.evidence.get("category")
         pos = categories.index(cat) if cat in categories else len(categories)
-        return (not f.confirmed, pos, -float(f.evidence.get("strength", 0.5)))
+        return (not f.confirmed, pos, f.evidence.get("undone") is not True,
+                -float(f.evidence.get("strength", 0.5)))
 
     return sorted(findings, key=key)
 

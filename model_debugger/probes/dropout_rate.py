@@ -45,5 +45,5 @@ class DropoutRate(SettingExperiment):
             + (": the dropout keeps the model from fitting." if confirmed else
                ": no clearly better, so dropout is not what holds the loss up."),
             source_line(ctx, _RATE, ctx.ref("model")) or source_line(ctx, _ANY, ctx.ref("model"))
-            or ctx.ref("model"), strength=0.75 if confirmed else 0.15,
+            or ctx.ref("model"), undone=confirmed, strength=0.75 if confirmed else 0.15,
             layer=layer, rate=rate, rates=rates, heldout_with=kept, heldout_without=dropped)]

@@ -44,5 +44,5 @@ class FrozenParameters(SettingExperiment):
             + (": the frozen layers hold the loss up." if confirmed else
                ": no clearly better, so freezing is not what holds the loss up."),
             source_line(ctx, _FREEZE, ctx.ref("model")) or ctx.ref("model"),
-            strength=0.8 if confirmed else 0.15,
+            undone=confirmed, strength=0.8 if confirmed else 0.15,
             frozen_share=share, heldout_frozen=frozen, heldout_unfrozen=unfrozen)]

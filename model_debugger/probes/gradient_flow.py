@@ -127,7 +127,8 @@ def _blown_up(ctx: ProbeContext) -> list[str]:
     """
     cls = ctx.classification
     signals = [e.signal for e in getattr(cls, "evidence", ())]
-    if "first_to_last_grad_ratio" in signals:
+    if getattr(cls, "primary", None) != "gradient_instability" or \
+            "first_to_last_grad_ratio" in signals:  # a flat loss cites loss_final too
         return []
     return [s for s in signals if s in BLOW_UP_SIGNALS]
 

@@ -59,5 +59,5 @@ class Initialization(SettingExperiment):
             + (": the initialisation holds the training back." if confirmed else
                ": no clearly better, so the initialisation is not what holds it back."),
             source_line(ctx, _INIT, ctx.ref("model")) or ctx.ref("model"),
-            strength=0.85 if confirmed else 0.15,
+            undone=confirmed, strength=0.85 if confirmed else 0.15,
             layers=odd, heldout_as_set=as_set, heldout_default=default)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..records import Intervention
+from ..thresholds import DIVERGE_RATIO
 from ._heldout import BETTER, heldout_loss
 from .base import Probe, ProbeContext, register
 
@@ -70,6 +71,8 @@ class OptimizerSettings(Probe):
                 clip_at = clip.get("location")
                 tr = tr.with_settings(clip=settings["clip"])  # copies clip as the loop did
         suspects = _suspects(settings, tr.lr, ctx.run.series("gn"))
+        if _blew_up(ctx):  # a decay shrinks the weights: it cannot make a loss grow
+            suspects.pop("weight_decay", None)
         if not suspects:
             return []
         as_set = heldout_loss(tr, ctx)
@@ -88,7 +91,7 @@ class OptimizerSettings(Probe):
                    ": no clearly better, so it is not what holds the training back."),
                 (clip_at if setting == "clip" and clip_at else None) or ctx.ref("optimizer")
                 or ctx.ref("step"),
-                strength=0.8 if confirmed else 0.15, setting=setting,
+                undone=confirmed, strength=0.8 if confirmed else 0.15, setting=setting,
                 value=settings[setting], usual=USUAL[setting], heldout_as_set=as_set,
                 heldout_changed=changed))
         return out
@@ -114,3 +117,11 @@ def _suspects(settings: dict, lr: float, gn: np.ndarray) -> dict[str, str]:
         elif clip < CLIP_ABS:
             out["clip"] = f"a gradient clip at {clip:.3g}"
     return out
+
+
+def _blew_up(ctx: ProbeContext) -> bool:
+    """Whether the run went non-finite or its loss diverged (ended ``DIVERGE_RATIO`` x higher)."""
+    sig = ctx.signals or {}
+    final, initial = sig.get("loss_final"), sig.get("loss_initial")
+    return "first_nonfinite_step" in sig or (
+        isinstance(final, (int, float)) and isinstance(initial, (int, float)) and final >= DIVERGE_RATIO * max(initial, 0.0))

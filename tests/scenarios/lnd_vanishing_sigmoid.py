@@ -1,6 +1,10 @@
 """Vanishing gradients: a 12-layer sigmoid MLP; early layers get almost no gradient.
 
-expect-category: gradient_instability
+The loss stays at the constant predictor's: that symptom is the category, and the vanishing
+gradients that explain it the secondary one.
+
+expect-category: loss_not_decreasing
+expect-secondary: gradient_instability
 expect-root-cause: architecture
 expect-check: gradient_flow
 expect-line: model = nn.Sequential(*layers
