@@ -282,6 +282,17 @@ def test_class_imbalance_from_sampled_record_counts_says_so():
     assert "[2] never occur" in g.explanation and "a sample of" not in g.explanation
 
 
+def test_a_single_class_in_every_training_target_is_the_extreme_of_imbalance():
+    from model_debugger.probes.suggestions import suggestion_for
+
+    (f,) = ClassImbalance().run(ctx_for((np.ones((600, 2)), np.zeros(600, dtype=int)),
+                                        category="convergence_to_wrong_solution"))
+    assert f.confirmed and f.evidence["single_class"] and f.evidence["majority_share"] == 1.0
+    assert "Every one of the 600 training targets is class 0" in f.explanation
+    assert "overwrote" in suggestion_for(f)
+    assert ClassImbalance().run(ctx_for((np.ones((10, 2)), np.zeros(10, dtype=int)))) == []
+
+
 def test_class_imbalance_silent_on_balanced_or_regression_targets():
     rng = np.random.default_rng(41)
     assert ClassImbalance().run(ctx_for((np.zeros((600, 1)), rng.integers(0, 3, 600)))) == []

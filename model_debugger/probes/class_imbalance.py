@@ -24,10 +24,21 @@ MIN_SAMPLES = 20
 AT_MAJORITY = 0.01      # |accuracy - majority share| counted as "sits at the majority rate"
 
 
-def _from_arrays(ctx: ProbeContext) -> dict[int, int] | None:
-    if ctx.train_xy is None or ctx.train_xy[1] is None:
+def _targets(ctx: ProbeContext):
+    """The kept training targets: the arrays, else the targets of the sampled batches."""
+    if ctx.train_xy is not None and ctx.train_xy[1] is not None:
+        return ctx.train_xy[1]
+    y = getattr(ctx.trainer, "targets", None)
+    if y is None:
         return None
-    labels = st.as_labels(ctx.train_xy[1], st.loss_name(ctx))
+    return y.detach().cpu().numpy() if hasattr(y, "detach") else np.asarray(y)
+
+
+def _from_arrays(ctx: ProbeContext) -> dict[int, int] | None:
+    y = _targets(ctx)
+    if y is None:
+        return None
+    labels = st.as_labels(y, st.loss_name(ctx))
     if labels is None:
         return None
     classes, counts = np.unique(labels, return_counts=True)
@@ -59,9 +70,16 @@ class ClassImbalance(Probe):
     fix = ("Weight the loss by inverse class frequency (CrossEntropyLoss(weight=...)) or "
            "resample; for a binary score, choose the decision threshold on validation data.")
 
+    def suggestion(self, finding) -> str:
+        """For a single class: the step that overwrote the labels; else the class's fix."""
+        if finding.evidence.get("single_class"):
+            return ("Every training label is the same class: find the step that overwrote or "
+                    "mis-read the labels (a mask, a `* 0`, the wrong column) and fix it.")
+        return self.fix
+
     def applies(self, ctx: ProbeContext) -> bool:
         """When there are training targets: as arrays, or a ``targets`` event in the record."""
-        return super().applies(ctx) and (ctx.train_xy is not None or bool(ctx.run.of("targets")))
+        return super().applies(ctx) and (_targets(ctx) is not None or bool(ctx.run.of("targets")))
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
         """One confirmed finding when the majority class holds >= 80% or the rarest class <= 5%."""
@@ -72,8 +90,16 @@ class ClassImbalance(Probe):
         counts, source = max(sources, key=lambda s: sum(s[0].values()))
         seen = {k: v for k, v in counts.items() if v > 0}
         n = sum(seen.values())
-        if n < MIN_SAMPLES or len(seen) < 2:
+        if n < MIN_SAMPLES or not seen:
             return []
+        if len(seen) == 1:  # the extreme: one class, nothing to learn about the inputs
+            [only] = seen
+            return [self.finding(
+                "data", True, f"Every one of the {n} training targets is class {only}: the "
+                "model can only learn to predict it, whatever the inputs (the labels were "
+                "overwritten or read from the wrong place).", st.data_location(ctx),
+                strength=0.95, counts=counts, n=n, source=source, majority_class=only,
+                majority_share=1.0, single_class=True)]
         major, minor = max(seen, key=seen.get), min(seen, key=seen.get)
         major_share, minor_share = seen[major] / n, seen[minor] / n
         if major_share < MAJORITY and minor_share > RARE:
