@@ -443,6 +443,25 @@ def test_a_finding_whose_intervention_changes_nothing_is_refuted(tmp_path):
     assert spent == lr  # no budget: untested, as the probe judged it
 
 
+def test_after_an_intervention_that_cures_the_symptom_the_rest_are_not_re_run(tmp_path):
+    from model_debugger.phases.confirm import confirm
+
+    s = _at_fix(tmp_path, [])
+    nan = syn.make_run(syn.steps_events([1.0, 2.0, 5.0, float("nan")] * 5))
+    art = syn.CannedArtifact({"current": nan, "current+lr_scale": syn.make_run(
+        syn.healthy_steps(20))})
+    lr = Finding("lr_range", "hyperparameter", False, "lr 10 diverges", None,
+                 {"category": "gradient_instability", "lr": 10.0, "safe_lr": 0.01})
+    drop = Finding("dropout_rate", "architecture", True, "dropout 0.9", None,
+                   {"category": "gradient_instability"})
+    cured, left = confirm(s, art, [lr, drop], Version("current", s.store.path("artifact.py")),
+                          1, 60.0)
+    assert cured.confirmed and cured.evidence["undone"] and cured.evidence["strength"] == 1.0
+    assert left.confirmed and "already removed the symptom" in \
+        left.evidence["intervention"]["untested"]
+    assert [c for c in art.calls if "dropout" in c[0]] == []
+
+
 SCALED = textwrap.dedent("""\
     import torch
     from torch import nn

@@ -47,7 +47,8 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
         The Isolate round: the re-runs' records go under ``isolate/<n>/``.
     budget : float
         Seconds for every re-run together; hypotheses left when it is spent stay as the probes
-        judged them (marked untested).
+        judged them (marked untested), and so do those after an intervention that removed the
+        symptom and brought no other problem (none of them could do better).
     seeds : list of int, optional
         Default: ``SEEDS`` seeds from the session's seed.
     max_steps : int, optional
@@ -71,11 +72,17 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
     cls = state.classification
     baseline: list[dict] | None = None
     out: list[Finding] = []
+    cured: str | None = None  # an intervention that removed the symptom and brought nothing new
     for finding in findings:
         intervention = intervention_for(finding)
         category = finding.category or (cls.primary if cls else None)
         if intervention is None or category in (None, "healthy") or _budget_left(deadline) <= 0:
             out.append(finding)
+            continue
+        if cured is not None:  # nothing can beat a cure: the rest stay as the probes judged
+            out.append(replace(finding, evidence={**finding.evidence, "intervention": {
+                "id": intervention.id, "params": dict(intervention.params),
+                "untested": f"not re-run: {cured} already removed the symptom"}}))
             continue
 
         def runs(label: str, change: Intervention | None, which: list[int]) -> list[dict]:
@@ -119,6 +126,8 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                        f"band {judged['noise_band']:.3g}, seeds {shown})"
                        f"{'; the symptom is gone' if moved and gone else ''}"
                        f"{'; but the re-runs show ' + ', '.join(sorted(set(new))) if new else ''}.")
+        if moved and gone and not new:
+            cured = intervention.id
         out.append(replace(finding, confirmed=moved, explanation=explanation,
                            evidence={**finding.evidence, "intervention": result,
                                      "confirmed_by": "intervention",
