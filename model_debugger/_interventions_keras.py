@@ -19,32 +19,73 @@ def _removes(undo: list[Callable]) -> Callable[[], None]:
     return remove
 
 
+def _seen_set():
+    """A set of objects seen in this run: weak where the objects allow it (ids are reused)."""
+    import weakref
+
+    class Seen:
+        def __init__(self):
+            self.weak, self.strong = weakref.WeakSet(), []
+
+        def add(self, obj) -> bool:
+            """True the first time ``obj`` is added."""
+            try:
+                if obj in self.weak:
+                    return False
+                self.weak.add(obj)
+                return True
+            except TypeError:  # not weak-referenceable: keep it alive instead
+                if any(o is obj for o in self.strong):
+                    return False
+                self.strong.append(obj)
+                return True
+
+    return Seen()
+
+
+def _retrace(model) -> None:
+    """Drop a model's traced training step so the next ``fit`` traces the changed settings."""
+    for attr in ("train_function", "test_function", "predict_function"):
+        if getattr(model, attr, None) is not None:
+            try:
+                setattr(model, attr, None)
+            except Exception:  # noqa: BLE001 - a model that guards the attribute
+                pass
+
+
 def _each_optimizer(keras, fn) -> Callable[[], None]:
     """Call ``fn(optimizer)`` once per optimizer.
 
-    When ``fit`` starts, or at its first ``apply_gradients`` in a custom loop (eagerly, even
-    while a step is being traced).
+    When ``fit`` starts (the model's traced step is dropped, so the change is traced in), or at
+    its first ``apply_gradients`` in a custom loop (eagerly, even while a step is being traced).
     """
+    import contextlib
+
     from .capture.patches import install
 
-    seen: set[int] = set()
+    seen = _seen_set()
 
-    def once(opt) -> None:
+    def once(opt) -> bool:
         opt = getattr(opt, "inner_optimizer", opt)  # a LossScaleOptimizer drives its inner one
-        if opt is None or id(opt) in seen:
-            return
-        seen.add(id(opt))  # first: a second trace (replica) must not change it again
+        if opt is None or not seen.add(opt):  # first: a second trace must not change it again
+            return False
         try:
-            import tensorflow as tf
+            try:
+                import tensorflow as tf
 
-            with tf.init_scope():
+                eager = tf.init_scope()
+            except ImportError:  # another Keras backend: nothing is being traced here
+                eager = contextlib.nullcontext()
+            with eager:
                 fn(opt)
         except Exception:  # noqa: BLE001 - an intervention must never break the user's step
-            pass
+            return False
+        return True
 
     def fit_factory(fit):
         def patched(model, *args, **kwargs):
-            once(getattr(model, "optimizer", None))
+            if once(getattr(model, "optimizer", None)):
+                _retrace(model)
             return fit(model, *args, **kwargs)
         return patched
 
@@ -59,16 +100,19 @@ def _each_optimizer(keras, fn) -> Callable[[], None]:
 
 
 def _each_model(keras, fn) -> Callable[[], None]:
-    """Call ``fn(model)`` once per model, when its first ``fit`` starts."""
+    """Call ``fn(model)`` once per model, when its first ``fit`` starts (then retraced)."""
     from .capture.patches import install
 
-    seen: set[int] = set()
+    seen = _seen_set()
 
     def factory(fit):
         def patched(model, *args, **kwargs):
-            if id(model) not in seen:
-                seen.add(id(model))
-                fn(model)
+            if seen.add(model):
+                try:
+                    fn(model)
+                    _retrace(model)
+                except Exception:  # noqa: BLE001 - an intervention must never break fit
+                    pass
             return fit(model, *args, **kwargs)
         return patched
 
@@ -115,7 +159,7 @@ def clip_off(params: dict, keras) -> Callable[[], None]:
 
 
 def dropout_off(params: dict, keras) -> Callable[[], None]:
-    """Every ``Dropout`` layer (and its subclasses) passes its input through."""
+    """Every ``Dropout`` layer, and every subclass with its own ``call``, passes its input on."""
     from .capture.patches import install
 
     def factory(call):
@@ -123,7 +167,13 @@ def dropout_off(params: dict, keras) -> Callable[[], None]:
             return inputs
         return passthrough
 
-    return install(keras.layers.Dropout, "call", factory)
+    classes, stack = [], [keras.layers.Dropout]
+    while stack:
+        cls = stack.pop()
+        if "call" in vars(cls):
+            classes.append(cls)
+        stack += cls.__subclasses__()
+    return _removes([install(cls, "call", factory) for cls in classes])
 
 
 def unfreeze(params: dict, keras) -> Callable[[], None]:

@@ -102,7 +102,9 @@ def _outermost(torch, fn) -> Callable[[], None]:
     """Call ``fn(module, args)`` on every outermost call of a module with parameters.
 
     The model, not its layers nor a loss module: a global forward pre-hook counts the call
-    depth, a forward hook that always runs counts it down. ``fn`` may return new arguments.
+    depth, a forward hook that always runs counts it down. Calls made while a backward runs
+    (activation checkpointing recomputes its blocks then) are not the model's. ``fn`` may
+    return new arguments.
     """
     from torch.nn.modules.module import (
         register_module_forward_hook,
@@ -110,10 +112,11 @@ def _outermost(torch, fn) -> Callable[[], None]:
     )
 
     depth = [0]
+    in_backward = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
     def pre(module, args):
         depth[0] += 1
-        if depth[0] != 1 or next(module.parameters(), None) is None:
+        if depth[0] != 1 or next(module.parameters(), None) is None or in_backward() != -1:
             return None
         return fn(module, args)
 
@@ -122,59 +125,88 @@ def _outermost(torch, fn) -> Callable[[], None]:
 
     handles = [register_module_forward_pre_hook(pre),
                register_module_forward_hook(post, always_call=True)]
-
-    def undo() -> None:
-        for h in handles:
-            h.remove()
-
-    return undo
+    return _removes([h.remove for h in handles])
 
 
-def _once_per_model(torch, fn) -> Callable[[], None]:
-    """Call ``fn(model)`` once per model, at its first outermost call (before training)."""
+def _removes(undo: list[Callable]) -> Callable[[], None]:
+    def remove() -> None:
+        for fn in reversed(undo):
+            fn()
+    return remove
+
+
+def _before_training(torch, fn) -> Callable[[], None]:
+    """Call ``fn(model)`` once per model called before the first optimizer step of the run.
+
+    A model first called once training has begun (an EMA copy, a target network, a submodule
+    called on its own for samples) is left alone, and so is every module of a model already
+    seen.
+    """
     import weakref
 
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
     seen: weakref.WeakSet = weakref.WeakSet()
+    stepped = [False]
 
     def first(module, args):
-        if module not in seen:
-            seen.add(module)
+        if not stepped[0] and module not in seen:
+            seen.update(module.modules())
             fn(module)
         return None
 
-    return _outermost(torch, first)
+    def post_hook(optimizer, args, kwargs):
+        stepped[0] = True
+
+    return _removes([_outermost(torch, first),
+                     register_optimizer_step_post_hook(post_hook).remove])
+
+
+def _owned(optimizer, models) -> list:
+    """The models among ``models`` that have at least one parameter in ``optimizer``."""
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    return [m for m in list(models) if any(id(p) in held for p in m.parameters())]
 
 
 def default_init(params: dict, torch) -> Callable[[], None]:
-    """Re-initialise every layer of each model by its ``reset_parameters``.
+    """Re-initialise every layer of each model the framework's default way, before training.
 
-    Before the model's first call: the framework's default initialisation instead of the user's.
+    Each module's own ``reset_parameters`` (``_reset_parameters`` for attention), at the
+    model's first call if no optimizer has stepped yet. Embeddings keep their weights (a small
+    normal init of embeddings is the transformer norm, and ``initialization`` does not judge
+    them).
     """
     def reset(model) -> None:
         with torch.no_grad():
             for m in model.modules():
-                if callable(getattr(m, "reset_parameters", None)) and \
-                        next(m.parameters(recurse=False), None) is not None:
+                if isinstance(m, torch.nn.Embedding) or \
+                        next(m.parameters(recurse=False), None) is None:
+                    continue
+                fn = getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+                if callable(fn):
                     try:
-                        m.reset_parameters()
+                        fn()
                     except Exception:  # noqa: BLE001 - a custom reset that cannot run
                         pass
 
-    return _once_per_model(torch, reset)
+    return _before_training(torch, reset)
 
 
 def unfreeze(params: dict, torch) -> Callable[[], None]:
     """Let every parameter of each model train.
 
-    ``requires_grad`` is turned on before the model's first call, and the parameters an optimizer
-    was not given are added to it (one new group) at its first step.
+    ``requires_grad`` is turned on before the model's first call (before training), and at an
+    optimizer's first step the parameters of the models it trains that it was not given join
+    its first group; a parameter another optimizer holds is never added, nor a model's that
+    this optimizer does not train at all (the other network of a GAN, a teacher).
     """
     import weakref
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     models: weakref.WeakSet = weakref.WeakSet()
-    stepped: set[int] = set()
+    stepped: weakref.WeakSet = weakref.WeakSet()
+    held: weakref.WeakSet = weakref.WeakSet()  # parameters some optimizer already trains
 
     def thaw(model) -> None:
         models.add(model)
@@ -183,56 +215,68 @@ def unfreeze(params: dict, torch) -> Callable[[], None]:
                 p.requires_grad_(True)
 
     def pre_hook(optimizer, args, kwargs):
-        if id(optimizer.param_groups) in stepped:
+        if optimizer in stepped:
             return None
-        stepped.add(id(optimizer.param_groups))
-        have = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        missing = [p for m in list(models) for p in m.parameters()
-                   if p.requires_grad and id(p) not in have]
+        stepped.add(optimizer)
+        mine = [p for g in optimizer.param_groups for p in g["params"]]
+        held.update(mine)
+        have = {id(p) for p in mine}
+        missing = {id(p): p for m in _owned(optimizer, models) for p in m.parameters()
+                   if p.requires_grad and id(p) not in have and p not in held}
         if missing:
-            optimizer.add_param_group({"params": list({id(p): p for p in missing}.values())})
+            optimizer.param_groups[0]["params"].extend(missing.values())
+            held.update(missing.values())
         return None
 
-    undo_thaw = _once_per_model(torch, thaw)
-    handle = register_optimizer_step_pre_hook(pre_hook)
-
-    def undo() -> None:
-        undo_thaw()
-        handle.remove()
-
-    return undo
+    return _removes([_before_training(torch, thaw),
+                     register_optimizer_step_pre_hook(pre_hook).remove])
 
 
 def train_mode(params: dict, torch) -> Callable[[], None]:
-    """Put a model back in train mode whenever it is called with gradients on.
+    """Put the models an optimizer trains back in train mode after each of its steps.
 
-    That is a training forward; calls under ``no_grad`` (evaluation) keep the mode they were
-    given.
+    The next training forward then runs in train mode even when the loop never calls
+    ``model.train()`` after an evaluation; an evaluation that calls ``model.eval()`` itself
+    keeps its mode.
     """
-    def check(module, args):
-        if torch.is_grad_enabled() and not module.training:
-            module.train()
+    import weakref
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    models: weakref.WeakSet = weakref.WeakSet()
+
+    def seen(module, args):
+        models.add(module)
         return None
 
-    return _outermost(torch, check)
+    def post_hook(optimizer, args, kwargs):
+        for model in _owned(optimizer, models):
+            if not model.training:
+                model.train()
+
+    return _removes([_outermost(torch, seen),
+                     register_optimizer_step_post_hook(post_hook).remove])
 
 
 def zero_grad(params: dict, torch) -> Callable[[], None]:
-    """Clear every gradient an optimizer stepped with, right after its step."""
+    """Zero every gradient an optimizer stepped with, in place, right after its step."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     def post_hook(optimizer, args, kwargs):
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                p.grad = None
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.zero_()
 
     return register_optimizer_step_post_hook(post_hook).remove
 
 
 def dropout_off(params: dict, torch) -> Callable[[], None]:
-    """Every dropout drops nothing.
+    """Every dropout module and functional dropout drops nothing.
 
-    The functional dropouts (which the modules call) run at rate 0.
+    The functional dropouts (which the modules call) run at rate 0; an attention kernel's own
+    ``dropout_p`` is left as it is.
     """
     from torch.nn import functional
 
@@ -243,14 +287,8 @@ def dropout_off(params: dict, torch) -> Callable[[], None]:
             return original(input, 0.0, *args, **kwargs)
         return no_drop
 
-    undo = [install(functional, name, factory) for name in _DROPOUTS
-            if hasattr(functional, name)]
-
-    def remove() -> None:
-        for fn in reversed(undo):
-            fn()
-
-    return remove
+    return _removes([install(functional, name, factory) for name in _DROPOUTS
+                     if hasattr(functional, name)])
 
 
 def optimizer_setting(params: dict, torch) -> Callable[[], None]:
@@ -299,13 +337,9 @@ def clip_off(params: dict, torch) -> Callable[[], None]:
             return None
         return clip_nothing
 
-    undo = [install(clip_grad, "_clip_grads_with_norm_", no_scale)] \
-        if hasattr(clip_grad, "_clip_grads_with_norm_") else []
+    undo = [install(owner, name, no_scale) for owner in (clip_grad, utils)
+            for name in ("_clip_grads_with_norm_", "clip_grads_with_norm_")
+            if hasattr(owner, name)]
     undo += [install(owner, "clip_grad_value_", no_value) for owner in (clip_grad, utils)]
-
-    def remove() -> None:
-        for fn in reversed(undo):
-            fn()
-
-    return remove
+    return _removes(undo)
 

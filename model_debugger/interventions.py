@@ -53,19 +53,29 @@ def _kind(id: str, description: str, installer: str, frameworks=("torch", "keras
 SETTINGS = ("weight_decay", "momentum", "beta1")  # what optimizer_setting may change
 
 
+def _number(value) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
 def _factor(params: dict) -> None:
     factor = params.get("factor")
-    if not isinstance(factor, (int, float)) or not factor > 0:
-        raise ValueError(f"lr_scale needs a factor > 0, not {factor!r}")
+    if not _number(factor) or not factor > 0:
+        raise ValueError(f"lr_scale needs a finite factor > 0, not {factor!r}")
 
 
 def _setting(params: dict) -> None:
-    if params.get("setting") not in SETTINGS:
+    setting, value = params.get("setting"), params.get("value")
+    if setting not in SETTINGS:
         raise ValueError(f"optimizer_setting needs a setting among {', '.join(SETTINGS)}, not "
-                         f"{params.get('setting')!r}")
-    if not isinstance(params.get("value"), (int, float)):
-        raise ValueError(f"optimizer_setting needs a number as its value, not "
-                         f"{params.get('value')!r}")
+                         f"{setting!r}")
+    ok = _number(value) and (value >= 0 if setting == "weight_decay" else 0 <= value < 1)
+    if not ok:
+        raise ValueError(f"optimizer_setting {setting} needs a finite number "
+                         f"{'>= 0' if setting == 'weight_decay' else 'in [0, 1)'}, not "
+                         f"{value!r}")
 
 
 INTERVENTIONS: dict[str, Kind] = {k.id: k for k in (

@@ -291,6 +291,11 @@ def test_a_single_class_in_every_training_target_is_the_extreme_of_imbalance():
     assert "Every one of the 600 training targets is class 0" in f.explanation
     assert "overwrote" in suggestion_for(f)
     assert ClassImbalance().run(ctx_for((np.ones((10, 2)), np.zeros(10, dtype=int)))) == []
+    # a contrastive loss's positive is always column 0: without a constant prediction seen,
+    # one class is only a hypothesis
+    (h,) = ClassImbalance().run(ctx_for((np.ones((600, 2)), np.zeros(600, dtype=int)),
+                                        category="loss_not_decreasing"))
+    assert not h.confirmed and h.evidence["single_class"]
 
 
 def test_class_imbalance_silent_on_balanced_or_regression_targets():

@@ -34,7 +34,8 @@ TORCH = textwrap.dedent("""\
         lambda m, a: seen["w0_std"].append(float(m.weight.detach().std())))
     model.eval()                                      # training goes on in eval mode
     for i in range(0, 256, 32):
-        seen["grad_before"].append(model[3].weight.grad is not None)
+        grad = model[3].weight.grad
+        seen["grad_before"].append(grad is not None and float(grad.norm()) > 0)
         loss = nn.functional.cross_entropy(model(X[i:i + 32]), y[i:i + 32])
         seen["mode"].append(model.training)
         loss.backward()                                # no zero_grad: gradients pile up
@@ -80,10 +81,11 @@ def test_the_cell_as_written_has_every_fault(cell):
     (Intervention("default_init"), lambda s: s["w0_std"][0] > 0.05),
     (Intervention("dropout_off"), lambda s: max(s["zeros"]) < 0.5),
     (Intervention("zero_grad"), lambda s: s["grad_before"] == [False] * 8),
-    (Intervention("train_mode"), lambda s: s["mode"] == [True] * 8 and s["eval_mode"] == [False]),
+    (Intervention("train_mode"),  # back in train mode after the first step
+     lambda s: s["mode"] == [False] + [True] * 7 and s["eval_mode"] == [False]),
     (Intervention("clip_off"), lambda s: min(s["clipped"]) == 1.0),
-    (Intervention("unfreeze"),  # a group for the frozen ones, at the first step
-     lambda s: [n for *_, n in s["groups"][1]] == [2, 2] and s["w0_std"][-1] > 0),
+    (Intervention("unfreeze"),  # the frozen ones join the group, at the first step
+     lambda s: s["groups"][1] == [(0.999, 3.0, 4)] and s["w0_std"][-1] > 0),
     (Intervention("optimizer_setting", {"setting": "weight_decay", "value": 0.0}),
      lambda s: s["groups"][1] == [(0.999, 0.0, 2)]),
     (Intervention("optimizer_setting", {"setting": "momentum", "value": 0.9}),
@@ -99,6 +101,11 @@ def test_every_intervention_is_documented_and_bad_parameters_are_refused(cell):
         assert kind.description and set(kind.install) == set(kind.frameworks)
     with pytest.raises(ValueError, match="optimizer_setting needs a setting"):
         cell(Intervention("optimizer_setting", {"setting": "lr", "value": 1.0}))
+    for bad in (1.0, True, float("nan"), -0.5):  # beta1 = 1 would make Adam's update NaN
+        with pytest.raises(ValueError, match="needs a finite number"):
+            cell(Intervention("optimizer_setting", {"setting": "beta1", "value": bad}))
+    with pytest.raises(ValueError, match="finite factor"):
+        cell(Intervention("lr_scale", {"factor": float("inf")}))
 
 
 KERAS = textwrap.dedent("""\

@@ -636,6 +636,21 @@ def test_initialization_far_from_the_default_is_confirmed_by_a_default_initialis
     assert intervention_for(f).id == "default_init"
 
 
+def test_a_deliberately_zeroed_layer_among_normal_ones_is_not_an_init_suspect():
+    from model_debugger.probes.initialization import _judged
+    from model_debugger.trainers.base import init_outlier
+
+    zero, normal = np.zeros((8, 8)), np.random.default_rng(0).uniform(-0.3, 0.3, (8, 8))
+    assert init_outlier(zero, normal) == {"kind": "small", "ratio": 0.0}
+    assert init_outlier(normal * 4, normal) is None  # a He/fan-out scale is not "huge"
+    last = {"head.weight": init_outlier(zero, normal)}  # a zero last layer (or LoRA's B)
+    assert _judged(last) == {}
+    every = {f"{i}.weight": init_outlier(zero, normal) for i in range(3)}
+    assert _judged(every) == every
+    bias = {"0.bias": init_outlier(np.full(8, -10.0), np.full(8, 0.1))}
+    assert _judged(bias) == bias
+
+
 @pytest.mark.parametrize("hyper,setting,tag", [
     ({"weight_decay": 5.0}, "weight_decay", "settings-opt"),
     ({"momentum": 0.999}, "momentum", "settings-opt"),
@@ -666,7 +681,8 @@ def test_inputs_identical_in_every_row_are_a_data_cause_at_the_line_that_made_th
     ctx = captured(tmp_path, train_zeroed_inputs)
     f = confirmed_one(ctx, "constant_inputs", "data")
     assert_at(f, "zeroed-inputs")
-    assert f.evidence["varying"] == 0 and f.evidence["features"] == 12
+    assert f.evidence["same_rows"] == f.evidence["rows"] and f.evidence["features"] == 12
+    assert f.evidence["decisive"]
     assert probe(healthy, "constant_inputs") == []
 
 

@@ -457,9 +457,28 @@ def test_after_an_intervention_that_cures_the_symptom_the_rest_are_not_re_run(tm
     cured, left = confirm(s, art, [lr, drop], Version("current", s.store.path("artifact.py")),
                           1, 60.0)
     assert cured.confirmed and cured.evidence["undone"] and cured.evidence["strength"] == 1.0
-    assert left.confirmed and "already removed the symptom" in \
+    assert left.confirmed and "already removed gradient_instability" in \
         left.evidence["intervention"]["untested"]
     assert [c for c in art.calls if "dropout" in c[0]] == []
+    other = Finding("dropout_rate", "architecture", True, "dropout 0.9", None,
+                    {"category": "loss_not_decreasing"})  # another category: still re-run
+    _, tested = confirm(s, art, [lr, other], Version("current", s.store.path("artifact.py")),
+                        2, 60.0)
+    assert "already removed" not in tested.evidence["intervention"].get("untested", "")
+
+
+def test_a_cause_its_probe_undid_is_weakened_not_refuted_by_a_re_run_that_did_not_move(
+        tmp_path):
+    from model_debugger.phases.confirm import confirm
+
+    s = _at_fix(tmp_path, [])
+    nan = syn.make_run(syn.steps_events([1.0, 2.0, 5.0, float("nan")] * 5))
+    art = syn.CannedArtifact({"current": nan})
+    undone = Finding("dropout_rate", "architecture", True, "dropout 0.9", None,
+                     {"category": "gradient_instability", "undone": True, "strength": 0.8})
+    [kept] = confirm(s, art, [undone], Version("current", s.store.path("artifact.py")), 1, 60.0)
+    assert kept.confirmed and kept.evidence["undone"] is True
+    assert kept.evidence["intervention"]["moved"] is False and kept.evidence["strength"] == 0.4
 
 
 SCALED = textwrap.dedent("""\

@@ -72,17 +72,17 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
     cls = state.classification
     baseline: list[dict] | None = None
     out: list[Finding] = []
-    cured: str | None = None  # an intervention that removed the symptom and brought nothing new
+    cured: dict[str, str] = {}  # category -> the intervention that removed it, nothing new
     for finding in findings:
         intervention = intervention_for(finding)
         category = finding.category or (cls.primary if cls else None)
         if intervention is None or category in (None, "healthy") or _budget_left(deadline) <= 0:
             out.append(finding)
             continue
-        if cured is not None:  # nothing can beat a cure: the rest stay as the probes judged
+        if category in cured:  # nothing can beat a cure: the rest stay as the probes judged
             out.append(replace(finding, evidence={**finding.evidence, "intervention": {
                 "id": intervention.id, "params": dict(intervention.params),
-                "untested": f"not re-run: {cured} already removed the symptom"}}))
+                "untested": f"not re-run: {cured[category]} already removed {category}"}}))
             continue
 
         def runs(label: str, change: Intervention | None, which: list[int]) -> list[dict]:
@@ -127,12 +127,17 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                        f"{'; the symptom is gone' if moved and gone else ''}"
                        f"{'; but the re-runs show ' + ', '.join(sorted(set(new))) if new else ''}.")
         if moved and gone and not new:
-            cured = intervention.id
-        out.append(replace(finding, confirmed=moved, explanation=explanation,
-                           evidence={**finding.evidence, "intervention": result,
-                                     "confirmed_by": "intervention",
-                                     "undone": moved,
-                                     "strength": _strength(finding, moved, gone, new)}))
+            cured[category] = intervention.id
+        if moved or finding.evidence.get("undone") is not True:
+            out.append(replace(finding, confirmed=moved, explanation=explanation,
+                               evidence={**finding.evidence, "intervention": result,
+                                         "confirmed_by": "intervention", "undone": moved,
+                                         "strength": _strength(finding, moved, gone, new)}))
+        else:  # the probe's own experiment undid the cause: a re-run that did not move the
+            # signal (an intervention a loop can escape) weakens it, never refutes it
+            out.append(replace(finding, explanation=explanation, evidence={
+                **finding.evidence, "intervention": result,
+                "strength": 0.5 * float(finding.evidence.get("strength", 0.5))}))
     return out
 
 

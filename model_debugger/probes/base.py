@@ -222,15 +222,16 @@ def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
     Findings for the primary category (the first of ``categories``) come before secondaries.
     Among those, a finding whose suspected cause was undone in an experiment that then removed
     the problem (``evidence["undone"]``: a copy with the setting undone learned clearly better,
-    or a re-run with the intervention moved the defining signal) comes before findings that only
-    observed something, whatever their strength (``evidence["strength"]``, 0..1), which orders
-    the rest: undoing a cause is the strongest evidence that it is one.
+    or a re-run with the intervention moved the defining signal), or that a measurement settles
+    on its own (``evidence["decisive"]``: inputs identical in every row), comes before findings
+    that only observed something, whatever their strength (``evidence["strength"]``, 0..1), which
+    orders the rest: undoing a cause is the strongest evidence that it is one.
     """
     def key(f: Finding):
         cat = f.evidence.get("category")
         pos = categories.index(cat) if cat in categories else len(categories)
-        return (not f.confirmed, pos, f.evidence.get("undone") is not True,
-                -float(f.evidence.get("strength", 0.5)))
+        decisive = f.evidence.get("undone") is True or f.evidence.get("decisive") is True
+        return (not f.confirmed, pos, not decisive, -float(f.evidence.get("strength", 0.5)))
 
     return sorted(findings, key=key)
 

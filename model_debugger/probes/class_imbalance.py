@@ -94,12 +94,16 @@ class ClassImbalance(Probe):
             return []
         if len(seen) == 1:  # the extreme: one class, nothing to learn about the inputs
             [only] = seen
+            # a constant prediction is what Classify saw; else (a contrastive loss whose
+            # positive is always column 0, built in the loop) it stays a hypothesis
+            constant = getattr(ctx.classification, "primary", None) == \
+                "convergence_to_wrong_solution"
             return [self.finding(
-                "data", True, f"Every one of the {n} training targets is class {only}: the "
+                "data", constant, f"Every one of the {n} training targets is class {only}: the "
                 "model can only learn to predict it, whatever the inputs (the labels were "
                 "overwritten or read from the wrong place).", st.data_location(ctx),
-                strength=0.95, counts=counts, n=n, source=source, majority_class=only,
-                majority_share=1.0, single_class=True)]
+                strength=0.95 if constant else 0.3, decisive=constant, counts=counts, n=n,
+                source=source, majority_class=only, majority_share=1.0, single_class=True)]
         major, minor = max(seen, key=seen.get), min(seen, key=seen.get)
         major_share, minor_share = seen[major] / n, seen[minor] / n
         if major_share < MAJORITY and minor_share > RARE:

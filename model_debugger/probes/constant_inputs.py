@@ -16,7 +16,8 @@ from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
 
 MIN_ROWS = 16
-VARYING = 0.01  # at most this share of the features may vary (a constant bias column, a flag)
+ROWS = 512    # rows compared at most
+SAME = 0.99   # share of the rows equal to the first one
 
 
 @register
@@ -35,26 +36,26 @@ class ConstantInputs(Probe):
         return super().applies(ctx) and _inputs(ctx) is not None
 
     def run(self, ctx: ProbeContext):
-        """One confirmed finding when (almost) no feature varies across the kept rows."""
-        x = st.as_matrix(_inputs(ctx))
-        if len(x) < MIN_ROWS or x.shape[1] == 0:
+        """One confirmed finding when (almost) every kept row equals the first one."""
+        x = _inputs(ctx)
+        if x is None or len(x) < MIN_ROWS:
             return []
-        finite = np.where(np.isfinite(x), x, np.nan)
-        if np.isnan(finite).all():
+        x = np.asarray(x[:ROWS]).reshape(min(len(x), ROWS), -1)
+        if x.shape[1] == 0:
             return []
-        spread = np.nanmax(finite, axis=0) - np.nanmin(finite, axis=0)
-        varying = int(np.sum(spread > 1e-12 * np.maximum(1.0, np.nanmax(np.abs(finite), axis=0))))
-        if varying > VARYING * x.shape[1]:
+        x = x.astype("float32", copy=False)
+        same = np.array([np.array_equal(row, x[0], equal_nan=True) for row in x])
+        if same.mean() < SAME:
             return []
-        values = np.unique(finite[0][np.isfinite(finite[0])])[:3]
+        values = np.unique(x[0][np.isfinite(x[0])])[:3]
         return [self.finding(
             "data", True,
-            f"The training inputs are the same in every row: {varying} of {x.shape[1]} input "
-            f"values vary across {len(x)} kept rows (the first row holds "
+            f"The training inputs are the same in every row: {int(same.sum())} of {len(x)} "
+            f"kept rows equal the first (which holds "
             f"{', '.join(f'{v:.4g}' for v in values)}{' ...' if len(values) == 3 else ''}). No "
             "model can tell the examples apart, so the loss can only reach the constant "
-            "predictor's.", st.data_location(ctx),
-            strength=0.95, rows=len(x), features=int(x.shape[1]), varying=varying)]
+            "predictor's.", st.data_location(ctx), strength=0.95, decisive=True,
+            rows=len(x), features=int(x.shape[1]), same_rows=int(same.sum()))]
 
 
 def _inputs(ctx: ProbeContext):

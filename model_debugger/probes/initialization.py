@@ -44,7 +44,7 @@ class Initialization(SettingExperiment):
     def run(self, ctx: ProbeContext):
         """One finding naming the layers whose initial weights are out of scale."""
         tr = ctx.trainer
-        odd = tr.init_outliers()
+        odd = _judged(tr.init_outliers())
         if not odd:
             return []
         as_set, default, confirmed = self.compare(ctx, tr.default_init)
@@ -61,3 +61,15 @@ class Initialization(SettingExperiment):
             source_line(ctx, _INIT, ctx.ref("model")) or ctx.ref("model"),
             undone=confirmed, strength=0.85 if confirmed else 0.15,
             layers=odd, heldout_as_set=as_set, heldout_default=default)]
+
+
+def _judged(odd: dict[str, dict]) -> dict[str, dict]:
+    """The outliers worth an experiment.
+
+    A few zero-initialised matrices among normal ones are a deliberate choice (a zero last layer,
+    LoRA's B, adaLN-zero): small spreads count only when they are at least half the outliers
+    and cover two matrices or more.
+    """
+    small = {k: o for k, o in odd.items() if o["kind"] == "small"}
+    rest = {k: o for k, o in odd.items() if o["kind"] != "small"}
+    return odd if len(small) >= 2 and len(small) >= len(rest) else rest

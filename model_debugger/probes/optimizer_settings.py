@@ -19,8 +19,8 @@ from ..thresholds import DIVERGE_RATIO
 from ._heldout import BETTER, heldout_loss
 from .base import Probe, ProbeContext, register
 
-DECAY = 0.1         # weight decay at or above this is suspect (AdamW's default is 0.01)
-DECAY_PER_STEP = 1e-3  # or a decoupled shrink (rate x decay) of this much per step
+DECAY = 0.1         # a decay added to the gradient (SGD, Adam) at or above this is suspect
+DECAY_PER_STEP = 1e-3  # and any decay shrinking the weights by rate x decay this much per step
 MOMENTUM = 0.99     # momentum / beta1 at or above this is suspect
 CLIP_SHARE = 0.01   # a clip that leaves under 1% of the median gradient norm is suspect
 CLIP_ABS = 1e-3     # without recorded norms: a bound this small is suspect whatever they were
@@ -70,7 +70,9 @@ class OptimizerSettings(Probe):
                 settings["clip"] = float(clip["max_norm"])
                 clip_at = clip.get("location")
                 tr = tr.with_settings(clip=settings["clip"])  # copies clip as the loop did
-        suspects = _suspects(settings, tr.lr, ctx.run.series("gn"))
+        decoupled = tr.framework == "keras" or tr.opt_cls.__name__ == "AdamW" or \
+            bool(getattr(tr, "hyper", {}).get("decoupled_weight_decay"))
+        suspects = _suspects(settings, tr.lr, ctx.run.series("gn"), decoupled)
         if _blew_up(ctx):  # a decay shrinks the weights: it cannot make a loss grow
             suspects.pop("weight_decay", None)
         if not suspects:
@@ -97,11 +99,17 @@ class OptimizerSettings(Probe):
         return out
 
 
-def _suspects(settings: dict, lr: float, gn: np.ndarray) -> dict[str, str]:
-    """The settings outside their usual range, each with the words that describe it."""
+def _suspects(settings: dict, lr: float, gn: np.ndarray, decoupled: bool) -> dict[str, str]:
+    """The settings outside their usual range, each with the words that describe it.
+
+    A decoupled weight decay (AdamW, Keras) shrinks the weights by rate x decay per step, so
+    only that product is judged (AdamW's 0.1 at 1e-3 is the usual choice); a decay added to the
+    gradient (SGD, Adam) is judged by its size too.
+    """
     out = {}
     wd = settings.get("weight_decay")
-    if isinstance(wd, (int, float)) and wd > 0 and (wd >= DECAY or lr * wd >= DECAY_PER_STEP):
+    if isinstance(wd, (int, float)) and wd > 0 and (
+            lr * wd >= DECAY_PER_STEP or not decoupled and wd >= DECAY):
         out["weight_decay"] = _WHAT["weight_decay"].format(v=wd)
     for key in ("momentum", "beta1"):
         v = settings.get(key)
@@ -124,4 +132,4 @@ def _blew_up(ctx: ProbeContext) -> bool:
     sig = ctx.signals or {}
     final, initial = sig.get("loss_final"), sig.get("loss_initial")
     return "first_nonfinite_step" in sig or (
-        isinstance(final, (int, float)) and isinstance(initial, (int, float)) and final >= DIVERGE_RATIO * max(initial, 0.0))
+        isinstance(final, (int, float)) and isinstance(initial, (int, float)) and initial > 0 and final >= DIVERGE_RATIO * initial)

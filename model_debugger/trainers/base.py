@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-SMALL, LARGE = 0.1, 5.0   # a weight's spread against the default init's: outside is suspect
+SMALL, LARGE = 0.1, 10.0  # a weight's spread against the default init's: outside is suspect
+                          # (fan-out and He schemes reach 5x the default on narrow layers)
 OFFSET = 1.0              # a vector's mean distance from its default beyond this (and 10x its
                           # default spread) is suspect: a bias of -10 before a ReLU
 

@@ -98,10 +98,11 @@ class KerasTrainer(SampleTrainer):
     def settings(self) -> dict:
         """The optimizer settings a probe may suspect, by framework-neutral name.
 
-        ``weight_decay``, ``momentum``, ``beta1`` and ``clip`` (the tightest of the config's
-        gradient clips), None where the optimizer has none.
+        ``weight_decay``, ``momentum``, ``beta1`` and ``clip`` (the tighter of the config's norm
+        clips), None where the optimizer has none.
         """
-        clips = [float(self.config[k]) for k in _CLIPS if self.config.get(k) is not None]
+        clips = [float(self.config[k]) for k in ("clipnorm", "global_clipnorm")
+                 if self.config.get(k) is not None]  # clipvalue is per element: not a norm
         return {"weight_decay": self.config.get("weight_decay"),
                 "momentum": self.config.get("momentum"), "beta1": self.config.get("beta_1"),
                 "clip": min(clips) if clips else None}
@@ -142,8 +143,8 @@ class KerasTrainer(SampleTrainer):
     @staticmethod
     def default_init(model):
         """Give ``model`` (a clone) Keras' default initialisation; returns it."""
-        for var in model.weights:
-            default = _default_value(var, seed=0)
+        for i, var in enumerate(model.weights):
+            default = _default_value(var, seed=i)
             if default is not None:
                 var.assign(default.astype(np.dtype(var.dtype)))
         return model
