@@ -202,6 +202,25 @@ def _jsonable(v):
     return v
 
 
+BLOW_UP_SIGNALS = ("loss_final", "loss_spike", "loss_max", "grad_norm_growth", "loss_uninformed",
+                   "first_nonfinite_step")
+
+
+def blown_up(ctx: ProbeContext) -> list[str]:
+    """The signals by which Classify saw this run blow up (empty: it did not).
+
+    Only a ``gradient_instability`` decided by a growing loss or gradient (not by vanishing
+    gradients). What shrinks the updates (vanishing gradients, a weight decay, a clip) can
+    explain a loss that does not move, never one that grew: it is at most a consequence.
+    """
+    cls = ctx.classification
+    signals = [e.signal for e in getattr(cls, "evidence", ())]
+    if getattr(cls, "primary", None) != "gradient_instability" or \
+            "first_to_last_grad_ratio" in signals:  # a flat loss cites loss_final too
+        return []
+    return [s for s in signals if s in BLOW_UP_SIGNALS]
+
+
 def register(cls: type[Probe]) -> type[Probe]:
     """Class decorator adding a probe to the registry (ids never change once shipped)."""
     if not cls.id or cls.id in PROBES:

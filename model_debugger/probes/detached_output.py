@@ -31,6 +31,7 @@ class DetachedOutput(Probe):
                 f"In all {len(steps)} optimizer steps no parameter had a gradient: backward() "
                 "never reaches the weights, so the optimizer has nothing to apply. The model "
                 "output is cut from the graph (detach/.data/numpy round trip) before the loss.",
-                where, steps=len(steps), steps_without_gradient=no_grad, strength=0.95)]
+                where, steps=len(steps), steps_without_gradient=no_grad, strength=0.95,
+                decisive=True)]
         return [self.finding("training_loop", False, hits[0].message + " (gradients did reach "
                              "some weights)", where, strength=0.3)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, blown_up, register
 
 VANISH = 1e-3      # layer median norm / largest layer median norm
 GROWTH = 100.0     # gradient norm growth before a NaN that points at the learning rate
@@ -56,7 +56,7 @@ class GradientFlow(Probe):
                 ratio = med / top
                 dead = [n for n, r in zip(names, ratio) if np.isfinite(r) and r < VANISH]
                 if dead and names.index(dead[0]) < len(names) - 1:
-                    blown = _blown_up(ctx)
+                    blown = blown_up(ctx)
                     out.append(self.finding(
                         "architecture", not blown,
                         f"Gradients vanish towards the input: the median gradient norm of "
@@ -115,24 +115,6 @@ class GradientFlow(Probe):
 
 
 # evidence of a classification that the loss or the gradients grew (classify.exploding, nonfinite)
-BLOW_UP_SIGNALS = ("loss_final", "loss_spike", "loss_max", "grad_norm_growth", "loss_uninformed",
-                   "first_nonfinite_step")
-
-
-def _blown_up(ctx: ProbeContext) -> list[str]:
-    """The signals by which Classify saw this run blow up (empty: it did not).
-
-    Vanishing gradients are a cause of a loss that does not move; when the primary category was
-    decided by a growing loss or gradient, they are at most its consequence.
-    """
-    cls = ctx.classification
-    signals = [e.signal for e in getattr(cls, "evidence", ())]
-    if getattr(cls, "primary", None) != "gradient_instability" or \
-            "first_to_last_grad_ratio" in signals:  # a flat loss cites loss_final too
-        return []
-    return [s for s in signals if s in BLOW_UP_SIGNALS]
-
-
 def _module_location(ctx: ProbeContext, name: str) -> dict | None:
     """Where the named submodule's ``forward`` is defined (user code only)."""
     if ctx.model is None or not hasattr(ctx.model, "get_submodule"):

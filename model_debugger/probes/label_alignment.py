@@ -171,4 +171,4 @@ class LabelAlignment(Probe):
             heldout_loss_shuffled=mean_shuffled, heldout_loss_each_shuffle=shuffled,
             control_memorised_loss=control_loss, control_constant_loss=control_base,
             train_fit_loss=pooled(0, 1), constant_loss=base, rows=n, folds=FOLDS,
-            strength=0.85)]
+            strength=0.85, decisive=True)]

@@ -56,6 +56,6 @@ class MissingZeroGrad(Probe):
                 "to the gradients of all previous steps, so the update grows with the step "
                 "count and points at the sum of old gradients.",
                 where, zero_grad_calls=zero, steps=steps, grad_not_reset_share=stale,
-                grad_norm_growth=growth, strength=0.95)]
+                grad_norm_growth=growth, strength=0.95, decisive=True)]
         return [self.finding("training_loop", False, hits[0].message + " (zero_grad calls were "
                              "not counted in this run)", where, strength=0.4)]

@@ -71,5 +71,5 @@ class NonfiniteInputs(Probe):
         location = data_origin(st.data_location(ctx), role)
         return [Finding(self.id, "data", True, text, location, {
             "role": role, "batch": batch or None, "share_of_rows": share[role],
-            "rows_checked": rows, "step": bad.get("step"), "strength": 0.95,
+            "rows_checked": rows, "step": bad.get("step"), "strength": 0.95, "decisive": True,
             **({"rank": bad["rank"]} if bad.get("rank") is not None else {})})]

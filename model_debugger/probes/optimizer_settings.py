@@ -17,7 +17,7 @@ import numpy as np
 from ..records import Intervention
 from ..thresholds import DIVERGE_RATIO
 from ._heldout import BETTER, heldout_loss
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, blown_up, register
 
 DECAY = 0.1         # a decay added to the gradient (SGD, Adam) at or above this is suspect
 DECAY_PER_STEP = 1e-3  # and any decay shrinking the weights by rate x decay this much per step
@@ -73,8 +73,9 @@ class OptimizerSettings(Probe):
         decoupled = tr.framework == "keras" or tr.opt_cls.__name__ == "AdamW" or \
             bool(getattr(tr, "hyper", {}).get("decoupled_weight_decay"))
         suspects = _suspects(settings, tr.lr, ctx.run.series("gn"), decoupled)
-        if _blew_up(ctx):  # a decay shrinks the weights: it cannot make a loss grow
+        if blown_up(ctx) or _diverged(ctx):  # a decay or a clip shrinks the updates: neither makes a loss grow
             suspects.pop("weight_decay", None)
+            suspects.pop("clip", None)
         if not suspects:
             return []
         as_set = heldout_loss(tr, ctx)
@@ -127,7 +128,7 @@ def _suspects(settings: dict, lr: float, gn: np.ndarray, decoupled: bool) -> dic
     return out
 
 
-def _blew_up(ctx: ProbeContext) -> bool:
+def _diverged(ctx: ProbeContext) -> bool:
     """Whether the run went non-finite or its loss diverged (ended ``DIVERGE_RATIO`` x higher)."""
     sig = ctx.signals or {}
     final, initial = sig.get("loss_final"), sig.get("loss_initial")
