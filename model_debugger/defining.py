@@ -87,6 +87,7 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
     DefiningSignal("loss_peak_ratio", -1, 0.3, log_scale=True, cited_as=("loss_max", "loss_spike"),
                    shown_when=lambda sig: sig.get("loss_peak_ratio", 0) >= 10),
     DefiningSignal("grad_norm_growth", -1, 0.5, log_scale=True),
+    DefiningSignal("grad_not_reset_share", -1, 0.2),
     DefiningSignal("first_to_last_grad_ratio", +1, 0.5, log_scale=True),
     DefiningSignal("completed", +1, 0.5, cited_as=("error",),
                    shown_when=lambda sig: sig.get("error_kind") == "oom"),
@@ -130,8 +131,8 @@ CATEGORIES: dict[str, Target] = {
         _of("val_loss_rise", "gap_final"),
         f"the validation loss should stop rising: val_loss_rise below {VAL_RISE:.2f} (now {{}})"),
     "gradient_instability": Target(
-        _of("finite_fraction", "loss_peak_ratio", "grad_norm_growth", "first_to_last_grad_ratio",
-            "loss_relative_drop"),
+        _of("finite_fraction", "loss_peak_ratio", "grad_not_reset_share", "grad_norm_growth",
+            "first_to_last_grad_ratio", "loss_relative_drop"),
         "no non-finite loss or gradient, and no exploding or vanishing gradient norms (now {})"),
     "memory_issue": Target(
         _of("completed", "graphs_kept_share", "cuda_growth_mb", "rss_growth_mb"),

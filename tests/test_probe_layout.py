@@ -350,12 +350,13 @@ def test_the_defining_declaration_keeps_what_verify_used():
         # broadcast pairing, and the targets a bounded output cannot reach; across ranks: a
         # hang, a straggler's share of each step, the spread of the replicas' checksums
         "rank_hang": 0.5, "rank_straggler_share": 0.1, "rank_desync": 1e-5,
-        "rank_updates_apart": 0.05}  # ... and a rank that steps less often than another
+        "rank_updates_apart": 0.05,  # ... and a rank that steps less often than another
+        "grad_not_reset_share": 0.2}  # ... and gradients never reset between steps
     assert defining.LOG_SIGNALS == ("loss_peak_ratio", "grad_norm_growth",
                                     "first_to_last_grad_ratio", "loss_broadcast_factor")
     assert defining.DEFINING["gradient_instability"] == (
-        ("finite_fraction", 1), ("loss_peak_ratio", -1), ("grad_norm_growth", -1),
-        ("first_to_last_grad_ratio", 1), ("loss_relative_drop", 1))
+        ("finite_fraction", 1), ("loss_peak_ratio", -1), ("grad_not_reset_share", -1),
+        ("grad_norm_growth", -1), ("first_to_last_grad_ratio", 1), ("loss_relative_drop", 1))
     assert defining.defining_signal("gradient_instability",
                                     {"finite_fraction": 1.0, "grad_norm_growth": 5.0}) == (
         "grad_norm_growth", -1)

@@ -128,13 +128,15 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                        f"{'; but the re-runs show ' + ', '.join(sorted(set(new))) if new else ''}.")
         if moved and gone and not new:
             cured[category] = intervention.id
-        if moved or finding.evidence.get("undone") is not True:
+        settled = finding.evidence.get("undone") is True or \
+            finding.evidence.get("decisive") is True
+        if moved or not settled:
             out.append(replace(finding, confirmed=moved, explanation=explanation,
                                evidence={**finding.evidence, "intervention": result,
                                          "confirmed_by": "intervention", "undone": moved,
                                          "strength": _strength(finding, moved, gone, new)}))
-        else:  # the probe's own experiment undid the cause: a re-run that did not move the
-            # signal (an intervention a loop can escape) weakens it, never refutes it
+        else:  # the probe's own experiment undid the cause, or measured it outright: a re-run
+            # that did not move the signal (an intervention a loop can escape) weakens it only
             out.append(replace(finding, explanation=explanation, evidence={
                 **finding.evidence, "intervention": result,
                 "strength": 0.5 * float(finding.evidence.get("strength", 0.5))}))
