@@ -9,14 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .interventions import removes as _removes
+
 _SETTINGS = {"weight_decay": "weight_decay", "momentum": "momentum", "beta1": "beta_1"}
-
-
-def _removes(undo: list[Callable]) -> Callable[[], None]:
-    def remove() -> None:
-        for fn in reversed(undo):
-            fn()
-    return remove
 
 
 def _seen_set():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .interventions import removes as _removes
+
 _DROPOUTS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
              "feature_alpha_dropout")
 
@@ -126,13 +128,6 @@ def _outermost(torch, fn) -> Callable[[], None]:
     handles = [register_module_forward_pre_hook(pre),
                register_module_forward_hook(post, always_call=True)]
     return _removes([h.remove for h in handles])
-
-
-def _removes(undo: list[Callable]) -> Callable[[], None]:
-    def remove() -> None:
-        for fn in reversed(undo):
-            fn()
-    return remove
 
 
 def _before_training(torch, fn) -> Callable[[], None]:

@@ -33,6 +33,14 @@ class Kind:
     validate: Callable[[dict], None] | None = None
 
 
+def removes(undo: list[Callable]) -> Callable[[], None]:
+    """One function that calls every ``undo`` function, last installed first."""
+    def remove() -> None:
+        for fn in reversed(undo):
+            fn()
+    return remove
+
+
 def _both(name: str) -> dict[str, Callable]:
     """The torch and Keras installers of one kind, imported when it is installed."""
     def lazy(module: str) -> Callable:
