@@ -76,6 +76,57 @@ def data_origin(location: dict | None, role: str | None = None) -> dict | None:
     return {**location, "line": line, "used_at": location["line"]}
 
 
+def batches_origin(location: dict | None) -> dict | None:
+    """The line that made what a custom loop draws its batches from, or ``location`` unchanged.
+
+    From the use line (``loss = train_step(xb, yb)``), the inputs' loop target
+    (``for xb, yb in train_ds``) and the binding of that iterable (``train_ds = ...batch(64)``):
+    where the batch size and the rows of each epoch are set. Unlike :func:`data_origin`, the
+    trace stops at the iterable and does not go on to the arrays inside it.
+    """
+    if not location or not isinstance(location.get("line"), int) or not location.get("file"):
+        return location
+    try:
+        tree = _parse(location["file"], os.path.getmtime(location["file"]))
+        stmt = _statement_at(tree, location["line"]) if tree is not None else None
+        if stmt is None:
+            return location
+        scope = _scope_of(tree, stmt)
+        _, inputs, targets = _data_arguments(stmt, scope)
+        line = _iterable_line(tree, scope, next((n for n in inputs + targets if n), ""),
+                              stmt.lineno)
+    except Exception:  # noqa: BLE001 - a trace that fails keeps the use line
+        return location
+    if line is None or line == location["line"]:
+        return location
+    return {**location, "line": line, "used_at": location["line"]}
+
+
+def _iterable_line(tree: ast.Module, scope: list[ast.AST], name: str, before: int,
+                   hops: int = 0) -> int | None:
+    """The binding line of the iterable whose loop bound ``name`` (a plain rebinding followed)."""
+    if not name or hops > _MAX_HOPS:
+        return None
+    found = next((b for body in scope for b in [_bindings(body, name, before)] if b), None)
+    if not found:
+        return None
+    line, node, value = max(found, key=lambda b: b[0])
+    if isinstance(node, ast.For):
+        it = node.iter
+        while isinstance(it, ast.Call) and getattr(it.func, "id", None) in _DATA_FUNCS and \
+                it.args:  # enumerate(loader), tqdm(loader), iter(ds)
+            it = it.args[0]
+        root = _root(it) if isinstance(it, (ast.Name, ast.Attribute)) else None
+        if root is None:
+            return line  # built inline: ``for xb, yb in DataLoader(...)``
+        made = next((b for body in _scope_of(tree, node) for b in [_bindings(body, root, line)]
+                     if b), None)
+        return max(made, key=lambda b: b[0])[0] if made else line
+    if isinstance(value, (ast.Name, ast.Subscript, ast.Attribute)):
+        return _iterable_line(tree, _scope_of(tree, node), _root(value) or "", line, hops + 1)
+    return None
+
+
 def _origin_line(tree: ast.Module, line: int, role: str | None) -> int | None:
     stmt = _statement_at(tree, line)
     if stmt is None:
@@ -122,7 +173,8 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
 
     A ``fit`` call's first and second arguments (``""`` for one computed on that line). Else the
     loss call's arguments: a model called inline (``criterion(model(xb), yb)``), or a name that
-    holds a model's output, gives the inputs; the other names are the targets.
+    holds a model's output, gives the inputs; the other names are the targets. A step function
+    of the file called with data (``train_step(xb, yb)``) takes the inputs first.
     """
     calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
     for call in calls:
@@ -148,7 +200,18 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
             inputs += [r for r in map(_root, pred.args) if r]
         else:
             targets.append(root)  # X[i:i + 32]: X, not the index
+    if not inputs and len(targets) >= 2 and _user_function(loss_call, scope):
+        inputs = targets[:1]  # train_step(x, y): a step function of this file takes (x, y)
+        targets = targets[1:]
     return False, inputs, [t for t in targets if t not in inputs]
+
+
+def _user_function(call: ast.Call | None, scope: list[ast.AST]) -> bool:
+    """Whether ``call`` calls, by its plain name, a function defined in this file (a step)."""
+    if call is None or not isinstance(call.func, ast.Name) or not scope:
+        return False
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == call.func.id
+               for n in ast.walk(scope[-1]))
 
 
 _TRAINER_DATA = ("train_dataloaders", "train_dataset", "datamodule")

@@ -167,7 +167,9 @@ def test_custom_loops_eager_and_tf_function():
     assert run.first("optimizer")["cls"] == "Adam" and run.first("model")["name"] == "model"
     keeper = rec.keeper
     assert keeper.model is model and keeper.loss["name"] == "cross_entropy"
-    assert len(keeper.train_batches) == 2 and keeper.train_batches[0][0][0].shape == (32, 8)
+    assert len(keeper.train_batches) == 4  # two eager batches, then two from the traced step
+    for j, ((xb,), yb) in enumerate(keeper.train_batches):
+        assert np.array_equal(xb, X[32 * j:32 * j + 32]) and np.array_equal(yb, y[32 * j:32 * j + 32])
 
 
 def test_targets_of_a_loss_that_only_runs_inside_a_tf_function():
@@ -193,6 +195,44 @@ def test_targets_of_a_loss_that_only_runs_inside_a_tf_function():
     targets = run.of("targets")[-1]
     assert targets["loss"] == "cross_entropy" and targets["n"] == 128
     assert targets["counts"] == np.bincount(y, minlength=len(targets["counts"])).tolist()
+
+
+def test_a_tf_function_loop_keeps_its_batches_and_its_initial_weights():
+    """A loop that never runs eagerly still gives Isolate a trainer: the rows it trained on, paired
+    with their targets, and the weights from before the first step (read out of the trace)."""
+    X, y = data(512)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])  # built outside: found by its variables
+    before = [w.copy() for w in model.get_weights()]
+    with capture() as rec:
+        optimizer = keras.optimizers.Adam(1e-2)
+        loss_fn = ce()
+
+        @tf.function
+        def train_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        for _ in range(3):
+            for i in range(0, 512, 32):
+                train_step(X[i:i + 32], y[i:i + 32])
+    keeper = rec.keeper
+    kept = keeper.train_batches
+    assert len(kept) == 16  # one epoch: the next one brings the same rows again
+    for j, ((xb,), yb) in enumerate(kept):
+        assert np.array_equal(xb, X[32 * j:32 * j + 32]) and \
+            np.array_equal(yb, y[32 * j:32 * j + 32])
+    assert all(np.array_equal(a, b) for a, b in zip(keeper.initial_state, before))
+    assert not any(np.array_equal(a, b) for a, b in zip(model.get_weights()[:1], before[:1]))
+    from model_debugger.trainers import trainer_for
+
+    trainer = trainer_for(keeper)
+    assert trainer is not None and trainer.n == 512
+    assert math.isfinite(float(train_step(X[:32], y[:32])))  # the trace still runs afterwards
+    assert len(keeper.train_batches) == 16
 
 
 def test_first_nonfinite_step_and_layer():

@@ -251,3 +251,40 @@ def test_keras_output_activation_against_the_loss_is_measured(tk, activation, fr
     if confirmed:
         assert found[0].root_cause == "architecture"
         assert ("from_logits=True" in found[0].explanation) == (not from_logits)
+
+
+def test_a_collapsed_model_is_not_read_as_a_sigmoid_output(tk):
+    """A model whose trained output is one constant in [0, 1] (every unit dead after a blow-up)
+    says nothing about an output activation: the output is judged as built, from the initial
+    weights, and a constant is no kind of squashed output."""
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probes.loss_output_mismatch import output_kind
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    assert output_kind(np.full((8, 1), 0.26))["kind"] == "constant"
+    assert output_kind(np.linspace(0.1, 0.9, 8).reshape(8, 1))["kind"] == "unit_interval"
+    X, y = problem()
+    yb = (y == 0).astype("float32")
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        head = tk.Sequential([tk.Input((10,)), tk.layers.Dense(16, activation="relu"),
+                              tk.layers.Dense(1)])
+        head.compile(optimizer="adam", loss=tk.losses.BinaryCrossentropy(from_logits=True))
+        head.fit(X, yb, batch_size=64, epochs=1, verbose=0)
+    kernel, bias = head.layers[-1].get_weights()
+    head.layers[-1].set_weights([np.zeros_like(kernel), np.full_like(bias, 0.26)])  # collapsed
+    ctx = build_context(Run(rec.events), rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=60.0)
+    assert not [f for f in run_probes(ctx, ["loss_output_mismatch"]).findings if f.confirmed]
+
+
+def test_a_constant_loss_input_is_its_own_kind_in_torch():
+    torch = pytest.importorskip("torch")
+    from model_debugger.capture.keeper import describe_loss_input
+
+    name = "binary_cross_entropy_with_logits"
+    assert describe_loss_input(name, torch.full((8, 1), 0.26))["kind"] == "constant"
+    assert describe_loss_input(name, torch.linspace(0.1, 0.9, 8)[:, None])["kind"] == \
+        "unit_interval"

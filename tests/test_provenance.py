@@ -320,3 +320,60 @@ def test_different_splits_of_the_halves_are_where_they_were_paired(tmp_path):
     """
     got, made, _ = _origin(tmp_path, source)
     assert got == made
+
+
+STEP_FUNCTION = """
+    import numpy as np
+    import tensorflow as tf
+
+    points = np.random.uniform(-1, 1, size=(200, 2)).astype("float32")
+    points[::50] = np.nan  # <inputs>
+    inside = (points[:, 0] > 0).astype("float32")  # <targets>
+    train_ds = (tf.data.Dataset.from_tensor_slices((points, inside))  # <batches>
+                .shuffle(200).batch(32))
+
+    @tf.function
+    def train_step(x, y):
+        return x, y
+
+    for epoch in range(2):
+        for x_batch, y_batch in train_ds:
+            loss = train_step(x_batch, y_batch)  # <use>
+"""
+
+
+@pytest.mark.parametrize("role, marker", [("inputs", "inputs"), ("targets", "targets")])
+def test_a_step_function_of_the_file_takes_inputs_first(tmp_path, role, marker):
+    got, _, _ = _origin(tmp_path, STEP_FUNCTION.replace(f"# <{marker}>", "# <made>"), role)
+    lines = textwrap.dedent(STEP_FUNCTION).splitlines()
+    assert got == next(i for i, line in enumerate(lines, 1) if f"# <{marker}>" in line)
+
+
+def test_a_call_of_a_library_function_is_not_read_as_inputs_then_targets(tmp_path):
+    """``np.dot(a, b)`` is not a step of this file: no half is taken as the inputs."""
+    src = """
+        import numpy as np
+        a = np.ones((4, 2))
+        b = np.ones((2, 4))
+        out = np.dot(a, b)  # <use>
+    """
+    assert _origin(tmp_path, src, "inputs")[0] == 5
+
+
+@pytest.mark.parametrize("loop, expected", [
+    ("for x_batch, y_batch in train_ds:", "batches"),
+    ("for step, (x_batch, y_batch) in enumerate(train_ds):", "batches"),
+    ("for x_batch, y_batch in train_ds.take(3):", "loop"),
+])
+def test_the_batches_are_traced_to_the_iterable_not_the_arrays(tmp_path, loop, expected):
+    from model_debugger.provenance import batches_origin
+
+    source = textwrap.dedent(STEP_FUNCTION).replace(
+        "for x_batch, y_batch in train_ds:", loop + "  # <loop>")
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    at = {m: next(i for i, line in enumerate(lines, 1) if f"# <{m}>" in line)
+          for m in ("use", "batches", "loop")}
+    got = batches_origin({"file": str(path), "line": at["use"]})
+    assert got["line"] == at[expected] and got.get("used_at") == at["use"]

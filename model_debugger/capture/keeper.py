@@ -261,7 +261,7 @@ def _positional(name: str, extra) -> dict:
 
 
 def describe_loss_input(name: str, input) -> dict:
-    """What the loss received: logits, probabilities, log-probabilities or values in [0, 1].
+    """What the loss received: logits, probabilities, log-probabilities, [0, 1] or a constant.
 
     ``zero_share`` is the share of exact zeros (a ReLU's floor).
     """
@@ -282,7 +282,9 @@ def describe_loss_input(name: str, input) -> dict:
                     kind, dev = "log_probabilities", dev_log
         else:
             dev = None
-            if lo >= 0 and hi <= 1:
+            if hi - lo <= 1e-6 * max(1.0, abs(hi)):
+                kind = "constant"  # one value: nothing to tell about an output activation
+            elif lo >= 0 and hi <= 1:
                 kind = "unit_interval"
         zeros = float((x == 0).float().mean())
     return {"name": name, "kind": kind, "min": lo, "max": hi, "row_sum_dev": dev,

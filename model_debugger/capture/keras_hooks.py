@@ -2,8 +2,8 @@
 
 - :class:`FitHooks`: ``model.fit`` — a recording callback, a timed train function (data wait,
   sample batches, label statistics), what fit received for Isolate;
-- :class:`LoopHooks`: custom ``tf.GradientTape`` loops run eagerly — the loss objects and model
-  calls give the training loss, sample batches and label statistics.
+- :class:`LoopHooks`: custom ``tf.GradientTape`` loops, eager or in a ``tf.function`` — the loss
+  objects and model calls give the training loss, sample batches and label statistics.
 """
 
 from __future__ import annotations
@@ -196,10 +196,13 @@ class FitHooks:
 
 
 class LoopHooks:
-    """Custom loops: the model's last eager input, paired with the targets by the loss.
+    """Custom loops: the model's last input, paired with the targets by the loss.
 
-    ``Model.__call__`` remembers the last eager input; ``Loss.__call__`` pairs it with the
-    targets, as training while a gradient tape records, else as validation.
+    ``Model.__call__`` remembers the last input (eager, or symbolic while a ``tf.function`` is
+    traced); ``Loss.__call__`` pairs it with the targets, as training while a gradient tape
+    records, else as validation. In a traced step the pair leaves the graph through
+    ``tf.py_function`` until the keeper holds enough batches (a variable gates it, so a full
+    keeper costs no host copy per step).
     """
 
     def _wrap_model_call(self, original):
@@ -207,10 +210,15 @@ class LoopHooks:
 
         def __call__(model, *args, **kwargs):
             inst = link()
-            if inst is not None and args and not inst._fit_depth and \
-                    inst._tf.executing_eagerly():
-                inst._call = args[0]
-            return original(model, *args, **kwargs)
+            if inst is None:
+                return original(model, *args, **kwargs)
+            if args and not inst._fit_depth and not inst._call_depth:
+                inst._call = args[0]  # the outermost model's input, not a nested model's
+            inst._call_depth += 1
+            try:
+                return original(model, *args, **kwargs)
+            finally:
+                inst._call_depth -= 1
 
         __call__.__wrapped__ = original
         return __call__
@@ -250,8 +258,10 @@ class LoopHooks:
         """
         from tensorflow.python.eager import record
 
+        x, self._call = self._call, None
         if not record.could_possibly_record() or in_xla() or not self._describe_loss(loss):
             return
+        tf = self._tf
         link = self._link  # the py_function outlives the capture in TensorFlow's registry
 
         def observe(y):
@@ -259,12 +269,37 @@ class LoopHooks:
             if inst is not None:
                 inst.guard(lambda: inst.labels.observe(y.numpy()))()
 
-        self._tf.py_function(observe, [y_true], [])
+        tf.py_function(observe, [y_true], [])
+        if not (tf.is_tensor(x) and tf.is_symbolic_tensor(x)
+                and x.graph is tf.compat.v1.get_default_graph()
+                and x.shape.rank and y_true.shape.rank
+                and x.shape[:1].is_compatible_with(y_true.shape[:1])):
+            return
+        if self._keep_gate is None:
+            with tf.init_scope():
+                self._keep_gate = tf.Variable(True, trainable=False, name="model_debugger_keep")
+        gate = self._keep_gate
+
+        def keep(xb, yb):
+            inst = link()
+            if inst is not None:
+                inst.guard(inst._on_traced_batch)(xb.numpy(), yb.numpy())
+
+        tf.cond(gate, lambda: tf.py_function(keep, [x, y_true], []) or tf.constant(True),
+                lambda: tf.constant(True))
+
+    def _on_traced_batch(self, x, y) -> None:
+        """One training batch of a traced step, kept like an eager one; closes the gate when full."""
+        self.keeper.on_batch(x, y, self.rec.epoch)
+        if self.keeper.full(self.rec.epoch) and self._keep_gate is not None:
+            self._keep_gate.assign(False)
 
     def _on_loss_call(self, loss, y_true, y_pred) -> None:
         from tensorflow.python.eager import record
 
         x, self._call = self._call, None
+        if self._tf.is_tensor(x) and self._tf.is_symbolic_tensor(x):
+            x = None  # traced earlier, not this eager batch
         if not record.could_possibly_record():  # no tape: an evaluation
             y = to_numpy(y_true)
             if x is not None and len(self.keeper.val_batches) < 32 and hasattr(y, "shape") \

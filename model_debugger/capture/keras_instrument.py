@@ -61,6 +61,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._pending = None
         self._target = None
         self._call = None
+        self._call_depth = 0
+        self._keep_gate = None  # a traced loop's batches leave the graph while this is True
         self._fitting = None
         self._stash_of: dict[int, tuple] = {}  # id(model) -> stash key of its traced fit step
         self._fit_depth = 0
@@ -116,7 +118,10 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         Models trained under capture retrace without the probes; what Isolate needs stays in
         :attr:`keeper`.
         """
+        if self._keep_gate is not None:  # the user's traced step keeps the gate: shut it
+            self._keep_gate.assign(False)
         self._last_x = self._fitting = self._call = self._target = self._root = None
+        self._keep_gate = None
         self._pending = None
         self._models.clear()
         self._stashes.clear()
@@ -249,4 +254,5 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
                       modules=modules[:500], training=True, framework="keras")
         self.ref("model", definition_location(model) or assignment(namespace, name), name=name)
-        self.keeper.on_model(model, namespace)
+        with self._tf.init_scope():  # found while a tf.function traces: read the weights eagerly
+            self.keeper.on_model(model, namespace)

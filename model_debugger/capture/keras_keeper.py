@@ -173,6 +173,8 @@ class KerasKeeper(SpilledState):
         self.loss_input: dict | None = None
         self._samples = 0
         self._epoch: int | None = None
+        self._rows: set[int] = set()  # hashes of the kept (x, y) rows
+        self._wrapped = False  # a batch of rows all kept already: the data came round again
 
     def on_model(self, model, namespace: dict | None) -> None:
         """Keep the first model seen, its namespace and a host copy of its initial weights.
@@ -234,15 +236,26 @@ class KerasKeeper(SpilledState):
         """Keep a sample of the first epoch's training batches (bounded)."""
         if self._epoch is None:
             self._epoch = epoch
-        if epoch != self._epoch or len(self.train_batches) >= MAX_BATCHES or \
-                self._samples >= MAX_SAMPLES or y is None or isinstance(x, dict):
+        if self.full(epoch) or y is None or isinstance(x, dict):
             return
         x, y = to_numpy(x), to_numpy(y)
         xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
         if not all(hasattr(a, "shape") and a.shape[:1] == y.shape[:1] for a in xs):
             return
+        if not _new_rows(self._rows, (*xs, y)).any():  # every row kept already: a custom
+            self._wrapped = True                         # loop's next epoch (none signalled)
+            return
         self.train_batches.append((xs, y))
         self._samples += int(y.shape[0])
+
+    def full(self, epoch: int) -> bool:
+        """Whether :meth:`on_batch` keeps no more batches.
+
+        True when the bound is reached, ``epoch`` is past the first one seen, or a batch held
+        only rows kept already (the data came round again).
+        """
+        return self._wrapped or len(self.train_batches) >= MAX_BATCHES or \
+            self._samples >= MAX_SAMPLES or (self._epoch is not None and epoch != self._epoch)
 
     def materialise_validation(self) -> None:
         """Turn what ``fit`` got as validation data into ``val_batches`` (arrays or a dataset)."""
@@ -273,6 +286,21 @@ class KerasKeeper(SpilledState):
         """``(train_xy, val_xy)``: flattened NumPy samples for the data probes (rows deduplicated)."""
         self.materialise_validation()
         return _arrays(self.train_batches), _arrays(self.val_batches)
+
+
+def _new_rows(seen: set, arrays: tuple) -> np.ndarray:
+    """Which rows of a batch (its inputs and target, row-aligned) are not in ``seen``; adds them.
+
+    A row repeated within the batch counts once.
+    """
+    flat = [np.ascontiguousarray(a).reshape(len(a), -1) for a in arrays]
+    keep = np.zeros(len(flat[0]), dtype=bool)
+    for i in range(len(keep)):
+        key = hash(b"".join(f[i].tobytes() for f in flat))
+        if key not in seen:
+            seen.add(key)
+            keep[i] = True
+    return keep
 
 
 def _arrays(batches) -> tuple | None:

@@ -43,17 +43,31 @@ def output_kind(out) -> dict:
         dev_log = float(np.abs(m[:, 0] + np.log(np.exp(x - m).sum(1))).max())
         if hi <= 0 and dev_log < 1e-3:
             return {"kind": "log_probabilities", "min": lo, "max": hi, "row_sum_dev": dev_log}
-        kind = "unit_interval" if lo >= 0 and hi <= 1 else "logits"  # multi-label sigmoids
+        kind = _single_kind(lo, hi)  # multi-label sigmoids
     else:
-        kind = "unit_interval" if lo >= 0 and hi <= 1 else "logits"
+        kind = _single_kind(lo, hi)
     return {"kind": kind, "min": lo, "max": hi, "row_sum_dev": dev,
             "zero_share": float((x == 0).mean()),
             "pressed": {"1": float((x >= 0.98).mean()), "-1": float((x <= -0.98).mean()),
                         "0": float(((x >= 0) & (x <= 0.02)).mean())}}
 
 
+def _single_kind(lo: float, hi: float) -> str:
+    """The kind of a one-score output: ``unit_interval``, ``constant`` or ``logits``.
+
+    ``unit_interval`` for outputs that vary inside [0, 1]; ``constant`` for one value (a dead or
+    collapsed model says nothing about an output activation).
+    """
+    if hi - lo <= 1e-6 * max(1.0, abs(hi)):
+        return "constant"
+    return "unit_interval" if lo >= 0 and hi <= 1 else "logits"
+
+
 def _keras_seen(ctx: ProbeContext) -> dict:
-    """The Keras model's output on kept rows, named by what its compiled loss expects."""
+    """The Keras model's output on kept rows, from its initial weights.
+
+    Named by what its loss expects.
+    """
     tr, loss = ctx.trainer, ctx.loss or {}
     if ctx.framework != "keras" or tr is None or tr.inputs is None or not loss.get("name"):
         return {}
@@ -62,7 +76,8 @@ def _keras_seen(ctx: ProbeContext) -> dict:
         name = "cross_entropy_on_probabilities"
     if name not in _EXPECTS_LOGITS and name not in _SIGNED:
         return {}
-    out = tr.model(tr._x(tuple(x[:ROWS] for x in tr.inputs)), training=False)
+    model = tr.fresh_model()  # as built: the trained model may have collapsed to a constant
+    out = model(tr._x(tuple(x[:ROWS] for x in tr.inputs)), training=False)
     if isinstance(out, (list, tuple, dict)):  # several outputs: which one the loss reads is unknown
         return {}
     return {"name": name, **output_kind(out)}

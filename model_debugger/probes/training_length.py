@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from ..provenance import batches_origin
 from ..thresholds import FEW_STEPS, FLOOR_SHARE
 from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
@@ -47,7 +48,8 @@ class TrainingLength(Probe):
     """A fresh copy trained as long as the run, against one trained much longer."""
 
     id = "training_length"
-    categories = ("loss_not_decreasing",)
+    # a short run's metric below the majority's is as undertrained as a loss near the prior's
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = True
     frameworks = ("torch", "keras")
     fix = ("Make more optimizer updates: a smaller batch size or more epochs (the run stopped "
@@ -82,7 +84,7 @@ class TrainingLength(Probe):
         if not (math.isfinite(short) and math.isfinite(long)) or not long < CLEAR * short:
             return []
         where = ctx.ref("loader") or ctx.ref("fit") or ctx.ref("trainer") or \
-            st.data_location(ctx)
+            batches_origin(st.data_location(ctx))  # a custom loop: where its batches are made
         return [self.finding(
             "hyperparameter", True,
             f"The run made only {steps} optimizer updates (about {batch} rows each). Fresh "
