@@ -235,6 +235,51 @@ def test_a_tf_function_loop_keeps_its_batches_and_its_initial_weights():
     assert len(keeper.train_batches) == 16
 
 
+def _custom_loop(traced: bool, stall: float, steps: int = 50):
+    X, y = data(steps * 16)
+    with capture(hist_every=0) as rec:
+        model = mlp()
+        optimizer = keras.optimizers.Adam(1e-2)
+        loss_fn = ce()
+
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        step = tf.function(step) if traced else step
+        for i in range(0, steps * 16, 16):
+            if stall:
+                time.sleep(stall)  # <keras-stall>
+            step(X[i:i + 16], y[i:i + 16])
+    return Run(rec.events)
+
+
+@pytest.mark.parametrize("traced", [True, False], ids=["tf_function", "eager"])
+def test_a_stall_in_a_custom_loop_is_measured_and_its_line_sampled(traced):
+    """A custom loop's step work is timed (from the forward, or the tf.function call, to the
+    apply), so the rest of each step is the loop's own: a sleep there is found at its line."""
+    from model_debugger.signals import compute
+
+    run = _custom_loop(traced, 0.02)
+    assert all(0 < s["bz"] < s["dt"] for s in run.steps[1:])
+    sig = compute(run)
+    assert sig["step_overhead_share"] > 0.6 and sig["step_overhead_ms"] >= 15
+    event = run.first("step_overhead")
+    top = event["lines"][0]
+    assert top["file"] == HERE and top["line"] == line_of("keras-stall")
+    assert top["share"] > 0.8 and event["samples"] >= 20
+
+
+def test_a_custom_loop_without_own_work_is_not_sampled():
+    from model_debugger.signals import compute
+
+    sig = compute(_custom_loop(True, 0.0))
+    assert sig["step_overhead_share"] < 0.5 and sig["step_overhead_ms"] < 10
+
+
 def test_first_nonfinite_step_and_layer():
     X, y = data(256)
     model = mlp()

@@ -11,11 +11,13 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import threading
 import time
 import weakref
 
 import numpy as np
 
+from .codeloc import user_frame
 from .keras_keeper import describe_loss, split_batch, to_numpy
 from .keras_util import in_xla, user_location
 
@@ -214,6 +216,10 @@ class LoopHooks:
                 return original(model, *args, **kwargs)
             if args and not inst._fit_depth and not inst._call_depth:
                 inst._call = args[0]  # the outermost model's input, not a nested model's
+                if inst._busy_from is None and inst._tf.executing_eagerly() and \
+                        inst._recording():  # an eager training step's forward starts
+                    inst._busy_from = time.perf_counter()
+                    inst._note_loop()
             inst._call_depth += 1
             try:
                 return original(model, *args, **kwargs)
@@ -222,6 +228,48 @@ class LoopHooks:
 
         __call__.__wrapped__ = original
         return __call__
+
+    def _wrap_function_call(self, original):
+        """``tf.function`` calls: a traced training step's time is the step's own work (``bz``).
+
+        The outermost call starts the clock; a step emitted inside it (the apply's
+        ``py_function``) reads it. A call that made no step (an evaluation) leaves no clock.
+        """
+        link = self._link
+
+        def __call__(fn, *args, **kwargs):
+            inst = link()
+            if inst is None or inst._fit_depth or inst._fn_depth:
+                return original(fn, *args, **kwargs)
+            started, steps = time.perf_counter(), inst._steps
+            if inst._busy_from is None:
+                inst._busy_from = started
+                inst._note_loop()
+            inst._fn_depth += 1
+            try:
+                return original(fn, *args, **kwargs)
+            finally:
+                inst._fn_depth -= 1
+                if inst._steps == steps and inst._busy_from == started:
+                    inst._busy_from = None
+
+        __call__.__wrapped__ = original
+        return __call__
+
+    def _note_loop(self) -> None:
+        """Note the training thread and the user's loop function, once.
+
+        The line sampler needs them: a traced step's hooks run on TensorFlow's threads.
+        """
+        if self._loop is None:
+            loop = user_frame(sys._getframe())
+            self._loop = (threading.get_ident(), loop.f_code if loop is not None else None)
+
+    @staticmethod
+    def _recording() -> bool:
+        from tensorflow.python.eager import record
+
+        return bool(record.could_possibly_record())
 
     def _wrap_loss_call(self, original):
         link = self._link

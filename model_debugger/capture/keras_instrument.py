@@ -62,6 +62,10 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._target = None
         self._call = None
         self._call_depth = 0
+        self._fn_depth = 0  # tf.function calls in progress
+        self._busy_from: float | None = None  # when the current custom-loop step's work began
+        self._loop: tuple | None = None  # (thread id, code) of the user's custom loop
+        self._init_overhead()
         self._keep_gate = None  # a traced loop's batches leave the graph while this is True
         self._fitting = None
         self._stash_of: dict[int, tuple] = {}  # id(model) -> stash key of its traced fit step
@@ -91,8 +95,11 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         from tensorflow.python.eager import backprop
 
         self._tf = tf
+        from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
+
         self.patch(backprop.GradientTape, "gradient",
                    lambda nxt: self._nograph(self._wrap_gradient(nxt)))
+        self.patch(Function, "__call__", self._wrap_function_call)
 
     def _attach_keras(self) -> None:
         import keras
@@ -133,6 +140,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             self._pending = None
             self._emit_from_vec(vec, layout)
         self._emit_targets()
+        self._emit_overhead()
         if self._steps:  # imported but not trained with (PyTorch did the training): say nothing
             self.rec.emit("calls", optimizer_steps=self._steps, backward=self._steps)
 

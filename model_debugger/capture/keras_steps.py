@@ -10,7 +10,8 @@ What they record:
   variable read after each batch; in eager loops they are read directly; in ``tf.function``
   custom loops they leave the graph through ``tf.py_function``;
 - one ``step`` event per apply: ``loss``, ``gn``, ``mgn`` (a bounded window of layers, see
-  :mod:`.norms`), ``dt``, ``dw``, ``rss``, ``tm``, and ``cuda``/``cuda_peak`` on a GPU; the first
+  :mod:`.norms`), ``dt``, ``dw``, ``rss``, ``tm``, in custom loops ``bz`` (the step's own work,
+  from the forward or the ``tf.function`` call to the apply), and ``cuda``/``cuda_peak`` on a GPU; the first
   non-finite loss or gradient norm is a ``nonfinite`` event naming the first layer with
   non-finite weights or output on the last batch.
 
@@ -30,10 +31,18 @@ from ._util import num, rss_bytes
 from .keras_util import in_xla, layer_of, user_location
 from .norms import MGN_MAX
 from .norms import window as norms_window
+from .sampler import OverheadWatch
 
 
-class StepHooks:
+class StepHooks(OverheadWatch):
     """``GradientTape.gradient`` and ``BaseOptimizer.apply``: the loss and norms of each step."""
+
+    def _idle(self) -> bool:
+        """Outside a custom loop's step work: no forward begun, no ``tf.function`` running.
+
+        (The line sampler asks, from its own thread.)
+        """
+        return self._busy_from is None and not self._fn_depth
 
     def _wrap_gradient(self, original):
         link = self._link
@@ -183,6 +192,11 @@ class StepHooks:
         self._last_step_end = now
         step = {"i": self.rec.step, "ep": self.rec.epoch, "loss": num(loss), "gn": num(gn),
                 "dt": dt, "dw": self._data_wait, "rss": rss_bytes()}
+        if self._busy_from is not None:  # a custom loop: forward, backward and step (see
+            step["bz"] = now - self._busy_from  # LoopHooks); the rest is the loop's own work
+            self._busy_from = None
+            if dt is not None and self._loop is not None:
+                self._watch_overhead(dt, self._data_wait, step["bz"], *self._loop)
         if mgn:
             step["mgn"] = {k: num(v) for k, v in mgn.items()}
         step["tm"] = True

@@ -6,6 +6,9 @@ metric computed on the CPU). When the capture sees that rest dominate, a :class:
 thread looks at the training thread every few milliseconds while it is outside those four and
 counts the user's line it is on: a direct measurement of where the time goes.
 
+:class:`OverheadWatch` (mixed into both instruments) decides when to start one: after the first
+steps, when the rest of each step dominates.
+
 Importing this module imports neither torch nor tensorflow.
 """
 
@@ -20,6 +23,12 @@ from .codeloc import user_frame
 
 INTERVAL = 0.005  # seconds between samples
 MAX_SAMPLES = 20_000  # then it stops: enough to rank the lines
+# the loop's own time per step (not data, forward, backward or the optimizer): after this many
+# steps, when its median is >= OVERHEAD_SECONDS and >= OVERHEAD_SHARE of the step, the user's
+# lines it is spent on are sampled (``step_overhead``)
+OVERHEAD_AFTER = 32
+OVERHEAD_SECONDS = 0.005
+OVERHEAD_SHARE = 0.3
 
 
 class LineSampler:
@@ -92,3 +101,53 @@ class LineSampler:
         counts = self.loop_counts if loop else self.counts
         return [{"file": f, "line": line, "share": round(c / self.samples, 4)}
                 for (f, line), c in counts.most_common(n)]
+
+
+class OverheadWatch:
+    """The first steps' timings; a :class:`LineSampler` when the loop's own time dominates them.
+
+    The instrument defines ``_idle()`` (outside data loading, forward, backward and the step),
+    ``hold`` and ``rec``, calls :meth:`_init_overhead` once, :meth:`_watch_overhead` per step
+    and :meth:`_emit_overhead` when the capture ends.
+    """
+
+    def _init_overhead(self) -> None:
+        self._early: list[tuple] | None = []  # (dt, data wait, busy) of the first steps
+        self._sampler: LineSampler | None = None
+
+    def _idle(self) -> bool:  # pragma: no cover - each instrument defines it
+        raise NotImplementedError
+
+    def _watch_overhead(self, dt: float, dw: float, busy: float, thread_id: int | None = None,
+                        loop_code=None) -> None:
+        """Keep one step's timings; after the first steps, sample if the rest dominates.
+
+        ``thread_id`` and ``loop_code`` name the training thread and the user's loop function
+        (by default the calling thread and the user's frame that called: a step hook that runs
+        on another thread, inside a traced function, passes them).
+        """
+        if self._early is None:
+            return
+        self._early.append((dt, dw, busy))
+        if len(self._early) < OVERHEAD_AFTER:
+            return
+        rest = sorted(max(0.0, d - w - b) for d, w, b in self._early[1:])
+        share = sorted(max(0.0, d - w - b) / d for d, w, b in self._early[1:] if d > 0)
+        self._early = None
+        median = rest[len(rest) // 2]
+        if median >= OVERHEAD_SECONDS and share and share[len(share) // 2] >= OVERHEAD_SHARE:
+            if thread_id is None:
+                loop = user_frame(sys._getframe())  # the user's function that steps: the loop
+                thread_id = threading.get_ident()
+                loop_code = loop.f_code if loop is not None else None
+            self._sampler = LineSampler(thread_id, self._idle, loop_code).start()
+            self.hold(self._sampler.stop)
+
+    def _emit_overhead(self) -> None:
+        """The ``step_overhead`` event: the lines the sampler saw the idle loop on."""
+        sampler = self._sampler
+        if sampler is None:
+            return
+        sampler.stop()
+        self.rec.emit("step_overhead", samples=sampler.samples, lines=sampler.top(),
+                      loop_lines=sampler.top(loop=True), interval=INTERVAL)

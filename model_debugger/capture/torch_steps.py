@@ -22,18 +22,14 @@ State owned here: the kept rows, the step clock, the cost of measuring norms, th
 from __future__ import annotations
 
 import math
-import sys
-import threading
 import time
 
 import torch
 
 from ._util import FLUSH_SECONDS, num, rss_bytes
-from .codeloc import user_frame
 from .norms import MGN_MAX
 from .norms import window as norms_window
-from .sampler import INTERVAL as SAMPLE_INTERVAL
-from .sampler import LineSampler
+from .sampler import OverheadWatch
 from .torch_grads import per_module
 
 GPU_UTIL_EVERY = 10  # steps between GPU utilisation readings (an NVML query each)
@@ -42,16 +38,10 @@ NORM_BUDGET = 0.005
 NORM_ALWAYS = 32  # the first steps always have norms (and time what they cost)
 NORM_RETUNE = 256  # steps between later re-evaluations of norm_every
 NORM_MAX_EVERY = 16
-# the loop's own time per step (not data, forward, backward or the optimizer): after this many
-# steps, when its median is >= OVERHEAD_SECONDS and >= OVERHEAD_SHARE of the step, the user's
-# lines it is spent on are sampled (``step_overhead``)
-OVERHEAD_AFTER = 32
-OVERHEAD_SECONDS = 0.005
-OVERHEAD_SHARE = 0.3
 UNMEASURED = "unmeasured"  # the gradient norm of a step that norm_every skipped
 
 
-class StepRows:
+class StepRows(OverheadWatch):
     """One row of numbers per training step, written as ``step`` events in batches."""
 
     def _init_step_state(self) -> None:
@@ -72,8 +62,7 @@ class StepRows:
         self._busy_depth = 0
         self._busy_t0 = 0.0
         self._in_data = False  # waiting in a DataLoader's __next__
-        self._early: list[tuple] = []  # (dt, data wait, busy) of the first steps
-        self._sampler = None
+        self._init_overhead()
 
     # -- where the step's time goes ---------------------------------------------------------
     def _busy_enter(self) -> None:
@@ -93,30 +82,6 @@ class StepRows:
         (The sampler asks.)
         """
         return not self._busy_depth and not self._in_data and not self._coll[4]
-
-    def _watch_overhead(self, dt: float, dw: float, busy: float) -> None:
-        """After the first steps, sample the loop's lines if the rest of each step dominates."""
-        self._early.append((dt, dw, busy))
-        if len(self._early) < OVERHEAD_AFTER:
-            return
-        rest = sorted(max(0.0, d - w - b) for d, w, b in self._early[1:])
-        share = sorted(max(0.0, d - w - b) / d for d, w, b in self._early[1:] if d > 0)
-        self._early = None
-        median = rest[len(rest) // 2]
-        if median >= OVERHEAD_SECONDS and share and share[len(share) // 2] >= OVERHEAD_SHARE:
-            loop = user_frame(sys._getframe())  # the user's function that steps: the loop
-            self._sampler = LineSampler(threading.get_ident(), self._idle,
-                                        loop.f_code if loop is not None else None).start()
-            self.hold(self._sampler.stop)
-
-    def _emit_overhead(self) -> None:
-        """The ``step_overhead`` event: the lines the sampler saw the idle loop on."""
-        sampler = self._sampler
-        if sampler is None:
-            return
-        sampler.stop()
-        self.rec.emit("step_overhead", samples=sampler.samples, lines=sampler.top(),
-                      loop_lines=sampler.top(loop=True), interval=SAMPLE_INTERVAL)
 
     def _emit_step(self, loss, gn, parts=None, ratio=None, clipped=None) -> None:
         """Keep one step's numbers as a row; rows become ``step`` events in :meth:`_drain`."""

@@ -23,7 +23,7 @@ class StepOverhead(Probe):
     id = "step_overhead"
     categories = ("performance_issue",)
     needs_live = False
-    frameworks = ("torch", "none")
+    frameworks = ("torch", "keras", "none")
     fix = ("Take the blocking work out of the per-step path: do it every N steps, after the "
            "epoch, or asynchronously (logging, checkpoints, syncs, host copies, sleeps).")
 

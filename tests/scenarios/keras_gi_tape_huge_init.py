@@ -4,8 +4,8 @@ is initialised with a spread far beyond its fan-in's (stddev 8), so the first lo
 expect-category: gradient_instability
 expect-root-cause: architecture
 expect-check: initialization
-expect-line: kernel_initializer=
-expect-backward: tape.gradient(
+expect-line: RandomNormal(stddev=8.0)
+expect-backward: loss = step(
 fault: architecture (RandomNormal(stddev=8.0) kernels in every layer)
 """
 import os

@@ -5,7 +5,7 @@ expect-category: loss_not_decreasing
 expect-root-cause: hyperparameter
 expect-check: training_length
 expect-line: train_data = (
-expect-backward: tape.gradient(
+expect-backward: value = train_on(
 fault: hyperparameter (batch(2048): one update per epoch)
 """
 import os
