@@ -288,3 +288,25 @@ def test_a_constant_loss_input_is_its_own_kind_in_torch():
     assert describe_loss_input(name, torch.full((8, 1), 0.26))["kind"] == "constant"
     assert describe_loss_input(name, torch.linspace(0.1, 0.9, 8)[:, None])["kind"] == \
         "unit_interval"
+
+
+def test_keras_targets_in_the_thousands_are_confirmed_by_a_standardised_copy(tk):
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((1024, 6)).astype("float32")
+    y = (X[:, :3].sum(axis=1, keepdims=True) * 1500.0 + 300.0).astype("float32")  # <k-target>
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        reg = tk.Sequential([tk.Input((6,)), tk.layers.Dense(32, activation="relu"),
+                             tk.layers.Dense(1)])
+        reg.compile(optimizer=tk.optimizers.Adam(1e-3), loss="mse")
+        reg.fit(X, y, batch_size=64, epochs=1, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=60.0)
+    found = [f for f in run_probes(ctx, ["target_scale"]).findings if f.confirmed]
+    assert found and found[0].root_cause == "data", run_probes(ctx, ["target_scale"]).findings
+    assert found[0].location["line"] == line_of("k-target")

@@ -1121,3 +1121,62 @@ def test_a_sigmoid_output_cannot_reach_targets_beyond_one(tmp_path):
     assert ctx.classification.primary == "convergence_to_wrong_solution"
     f = confirmed_one(ctx, "loss_output_mismatch", "architecture")
     assert_at(f, "floored-output")
+
+
+def test_a_setting_repeated_on_consecutive_layers_is_located_at_the_first():
+    """Three layers built one per line with the same initialiser: the first of them, not the
+    one nearest the model line; a match on its own stays where it is."""
+    from types import SimpleNamespace
+
+    from model_debugger.probes._heldout import source_line
+    from model_debugger.probes.initialization import _INIT
+
+    text = "\n".join([
+        "import keras",
+        "big = keras.initializers.RandomNormal(stddev=8.0)",   # 2: on its own
+        "x = 1",
+        "h = Dense(8, kernel_initializer=big)(inp)",            # 4: the run starts
+        "h = Dense(8, kernel_initializer=big)(h)",
+        "out = Dense(1, kernel_initializer=big)(h)",             # 6: nearest the model
+        "model = keras.Model(inp, out)",                         # 7
+    ])
+    ctx = SimpleNamespace(source_files={"t.py": text})
+    near = {"file": "t.py", "line": 7}
+    assert source_line(ctx, _INIT, near)["line"] == 6
+    assert source_line(ctx, _INIT, near, run_start=True)["line"] == 4
+    assert source_line(ctx, _INIT, {"file": "t.py", "line": 2}, run_start=True)["line"] == 2
+
+
+# -- target_scale ------------------------------------------------------------------------------
+def train_regression(scale: float, loss: str = "mse"):
+    """A small regression whose targets are multiplied by ``scale`` (1: unit scale)."""
+    torch.manual_seed(0)
+    X = torch.randn(1024, 6)
+    y = (X[:, :3].sum(1, keepdim=True) + 0.1 * torch.randn(1024, 1))
+    y = y * scale  # <target-scale>
+    loader = DataLoader(TensorDataset(X, y), batch_size=64, shuffle=True)
+    net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    crit = nn.MSELoss() if loss == "mse" else nn.L1Loss()
+    for _epoch in range(2):
+        for xb, yb in loader:
+            opt.zero_grad()
+            crit(net(xb), yb).backward()
+            opt.step()
+
+
+@pytest.mark.parametrize("loss", ["mse", "l1"])
+def test_targets_in_the_thousands_are_confirmed_by_a_standardised_copy(tmp_path, loss):
+    """Adam at 1e-3 cannot grow the output to thousands in a few hundred steps; the copy on
+    standardised targets fits them: compared as shares of the constant predictor's loss."""
+    ctx = captured(tmp_path, lambda: train_regression(1000.0, loss))
+    f = confirmed_one(ctx, "target_scale", "data")
+    assert_at(f, "target-scale")  # where the targets were made, not the loss call
+    ev = f.evidence
+    assert ev["target_std"] > 100
+    assert ev["heldout_relative_standardised"] < 0.8 * ev["heldout_relative_as_is"]
+
+
+def test_unit_scale_targets_give_no_target_scale_finding(tmp_path):
+    ctx = captured(tmp_path, lambda: train_regression(1.0))
+    assert probe(ctx, "target_scale") == []

@@ -55,11 +55,12 @@ def heldout_loss(tr, ctx, lr: float | None = None, change: Callable | None = Non
     return value if math.isfinite(value) else float("inf")
 
 
-def source_line(ctx, pattern, near: dict | None = None) -> dict | None:
+def source_line(ctx, pattern, near: dict | None = None, run_start: bool = False) -> dict | None:
     """A line of the user's sources matching ``pattern`` (a compiled regex), or None.
 
     With ``near`` (a location, e.g. where the model was built), the match in that file closest
-    to it; else the first match.
+    to it; else the first match. With ``run_start``, the first of the consecutive matching lines
+    around it (layers built one per line, each with the same setting: the first one).
     """
     hits = [{"file": path, "line": i}
             for path, text in (ctx.source_files or {}).items()
@@ -68,7 +69,11 @@ def source_line(ctx, pattern, near: dict | None = None) -> dict | None:
     if near and isinstance(near.get("line"), int):
         same = [h for h in hits if h["file"] == near.get("file")]
         if same:
-            return min(same, key=lambda h: abs(h["line"] - near["line"]))
+            best = min(same, key=lambda h: abs(h["line"] - near["line"]))
+            lines = {h["line"] for h in same}
+            while run_start and best["line"] - 1 in lines:
+                best = {**best, "line": best["line"] - 1}
+            return best
     return hits[0] if hits else None
 
 

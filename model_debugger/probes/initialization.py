@@ -58,7 +58,7 @@ class Initialization(SettingExperiment):
             f"{default:.4g} re-initialised by default and {as_set:.4g} from these weights"
             + (": the initialisation holds the training back." if confirmed else
                ": no clearly better, so the initialisation is not what holds it back."),
-            source_line(ctx, _INIT, ctx.ref("model")) or ctx.ref("model"),
+            source_line(ctx, _INIT, ctx.ref("model"), run_start=True) or ctx.ref("model"),
             undone=confirmed, strength=0.85 if confirmed else 0.15,
             layers=odd, heldout_as_set=as_set, heldout_default=default)]
 
