@@ -1180,3 +1180,32 @@ def test_targets_in_the_thousands_are_confirmed_by_a_standardised_copy(tmp_path,
 def test_unit_scale_targets_give_no_target_scale_finding(tmp_path):
     ctx = captured(tmp_path, lambda: train_regression(1.0))
     assert probe(ctx, "target_scale") == []
+
+
+# -- feature_scaling: every feature on one large scale ------------------------------------------
+def train_raw_pixels():
+    """Inputs left as 0-255 'pixel' values (all on one scale: no disparity to measure)."""
+    torch.manual_seed(0)
+    X = torch.rand(1024, 16) * 255.0  # <raw-pixels>
+    y = (X[:, :4].sum(1) > 2 * 255.0).long()
+    loader = DataLoader(TensorDataset(X, y), batch_size=64, shuffle=True)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for _epoch in range(2):
+        for xb, yb in loader:
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+
+
+def test_inputs_all_on_one_large_scale_are_confirmed_by_a_standardised_copy(tmp_path):
+    ctx = captured(tmp_path, train_raw_pixels)
+    f = confirmed_one(ctx, "feature_scaling", "data")
+    assert_at(f, "raw-pixels")
+    ev = f.evidence
+    assert ev["typical_std"] > 20 and ev["heldout_standardised"] < 0.8 * ev["heldout_as_is"]
+
+
+def test_unit_scale_inputs_give_no_scaling_experiment(tmp_path):
+    ctx = captured(tmp_path, train_healthy)
+    assert probe(ctx, "feature_scaling") == []

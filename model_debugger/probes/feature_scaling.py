@@ -8,7 +8,10 @@ training inputs, per feature (constant features are ignored):
 - spread disparity: ``max std / min std >= 100``, and the ranges (max - min) differ by as much,
   so a sparse feature (mostly zeros, same range as the others) does not count;
 - offset: ``|mean| >= 10 * std`` and ``|mean| >= 10`` (e.g. a year or a timestamp);
-- magnitude: ``max |x| > 1e3``.
+- magnitude: ``max |x| > 1e3``;
+- every feature on one large scale (median std >= 20: raw pixels, values in the hundreds): no
+  threshold confirms it, an experiment does, a fresh copy on standardised inputs against one on
+  the inputs as they are.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ RATIO = 100.0       # spread disparity between features
 OFFSET = 10.0       # |mean| / std
 OFFSET_ABS = 10.0   # and |mean| itself
 MAGNITUDE = 1e3     # max |x|
+SPREAD = 20.0       # every feature's spread this large: tested by a standardised copy
 DECADE = 1.0        # a feature is named when its std is this many decades from the typical one
 TOP = 10
 
@@ -71,7 +75,7 @@ class FeatureScaling(Probe):
                       & (np.abs(mean[live]) >= OFFSET_ABS)]
         large = np.flatnonzero(peak > MAGNITUDE)
         if not disparity and not len(offset) and not len(large):
-            return []
+            return self._uniformly_large(ctx, std[live], names, x.shape[1])
 
         log_std = np.log10(np.where(std > 0, std, 1.0))
         decades = np.abs(log_std - np.median(log_std[live]))
@@ -109,3 +113,65 @@ class FeatureScaling(Probe):
                              large_features=[names[j] for j in large[:TOP]],
                              offending=offending, features=int(x.shape[1]),
                              constant_features=int(x.shape[1] - len(live)))]
+
+    def _uniformly_large(self, ctx: ProbeContext, std: np.ndarray, names: list, d: int) -> list:
+        """Every feature on one large scale (raw pixels 0-255, values in the hundreds).
+
+        No disparity to measure, so an experiment decides: a fresh copy on standardised inputs
+        against one on the inputs as they are (:func:`standardised_inputs_better`).
+        """
+        typical = float(np.median(std))
+        if typical < SPREAD:
+            return []
+        got = standardised_inputs_better(ctx)
+        if got is None:
+            return []
+        as_is, standardised, confirmed = got
+        return [self.finding(
+            "data", confirmed,
+            f"Every input feature is on a large scale (median standard deviation {typical:.3g} "
+            f"over {len(std)} features). Two fresh copies trained on the same rows reach a "
+            f"held-out loss of {standardised:.4g} on standardised inputs and {as_is:.4g} on the "
+            "inputs as they are"
+            + (": the scale of the inputs holds the training back. Standardise them (or divide "
+               "raw pixels by 255)." if confirmed else
+               ": no clearly better, so their scale is not what holds it back."),
+            st.data_location(ctx), undone=confirmed, strength=0.8 if confirmed else 0.15,
+            typical_std=typical, heldout_as_is=as_is, heldout_standardised=standardised,
+            features=int(d))]
+
+
+def standardised_inputs_better(ctx: ProbeContext) -> tuple[float, float, bool] | None:
+    """``(held-out loss as is, on standardised inputs, whether clearly better)``, or None.
+
+    Two fresh copies on the same rows of the kept sample; the first input is standardised per
+    feature with the training rows' statistics (held-out rows with the same). None without a
+    trainer or a floating-point first input.
+    """
+    import math
+
+    from ._heldout import BETTER, ROWS, SPLIT
+
+    tr = ctx.trainer
+    if tr is None or not ctx.live or tr.n < 40:
+        return None
+    n = min(tr.n, ROWS)
+    inputs, target = tr.subset(tr.randperm(tr.n, 3)[:n])
+    first = inputs[0]
+    torch_like = hasattr(first, "is_floating_point")  # a tensor, else a NumPy array
+    if not hasattr(first, "ndim") or first.ndim < 2 or not (
+            first.is_floating_point() if torch_like else np.issubdtype(first.dtype, np.floating)):
+        return None
+    cut = int(SPLIT * n)
+    keep = {"keepdim" if torch_like else "keepdims": True}
+    mean, std = first[:cut].mean(0, **keep), first[:cut].std(0, **keep)
+    std = std + (std == 0) * 1.0  # constant features are left as they are
+    steps = tr.steps_within(150, seconds=min(3.0, ctx.time_left() / 6))
+    losses = []
+    for xs in (inputs, ((first - mean) / std, *inputs[1:])):
+        model = tr.fresh_model()
+        tr.fit(model, tuple(x[:cut] for x in xs), target[:cut], steps, seed=0)
+        held = tr.evaluate(model, tuple(x[cut:] for x in xs), target[cut:])
+        losses.append(held if math.isfinite(held) else float("inf"))
+    as_is, standardised = losses
+    return as_is, standardised, math.isfinite(standardised) and standardised < BETTER * as_is
