@@ -55,6 +55,20 @@ def ce():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def custom_step(model, traced: bool):
+    """A custom training step (Adam, cross-entropy on logits), a ``tf.function`` or eager."""
+    optimizer, loss_fn = keras.optimizers.Adam(1e-2), ce()
+
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return tf.function(train_step) if traced else train_step
+
+
 def test_fit_record_has_the_torch_schema_and_code_references():
     X, y = data()
     Xv, yv = data(128, seed=1)
@@ -176,18 +190,7 @@ def test_targets_of_a_loss_that_only_runs_inside_a_tf_function():
     """A loop that never runs eagerly still records its label prior (the baselines need it)."""
     X, y = data(128)
     with capture() as rec:
-        model = mlp()
-        optimizer = keras.optimizers.Adam(1e-2)
-        loss_fn = ce()
-
-        @tf.function
-        def train_step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
+        train_step = custom_step(mlp(), traced=True)
         for i in range(0, 128, 32):
             train_step(X[i:i + 32], y[i:i + 32])
     run = Run(rec.events)
@@ -205,17 +208,7 @@ def test_a_tf_function_loop_keeps_its_batches_and_its_initial_weights():
                               keras.layers.Dense(2)])  # built outside: found by its variables
     before = [w.copy() for w in model.get_weights()]
     with capture() as rec:
-        optimizer = keras.optimizers.Adam(1e-2)
-        loss_fn = ce()
-
-        @tf.function
-        def train_step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
+        train_step = custom_step(model, traced=True)
         for _ in range(3):
             for i in range(0, 512, 32):
                 train_step(X[i:i + 32], y[i:i + 32])
@@ -238,18 +231,7 @@ def test_a_tf_function_loop_keeps_its_batches_and_its_initial_weights():
 def _custom_loop(traced: bool, stall: float, steps: int = 50):
     X, y = data(steps * 16)
     with capture(hist_every=0) as rec:
-        model = mlp()
-        optimizer = keras.optimizers.Adam(1e-2)
-        loss_fn = ce()
-
-        def step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        step = tf.function(step) if traced else step
+        step = custom_step(mlp(), traced)
         for i in range(0, steps * 16, 16):
             if stall:
                 time.sleep(stall)  # <keras-stall>
