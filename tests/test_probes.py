@@ -1209,3 +1209,23 @@ def test_inputs_all_on_one_large_scale_are_confirmed_by_a_standardised_copy(tmp_
 def test_unit_scale_inputs_give_no_scaling_experiment(tmp_path):
     ctx = captured(tmp_path, train_healthy)
     assert probe(ctx, "feature_scaling") == []
+
+
+def test_a_run_classified_unstable_at_a_rate_the_sweep_diverges_at_is_confirmed():
+    """A loss that exploded in the first updates and then settled (no NaN, no growth left to
+    see) is still an unstable run: the sweep diverging below the user's rate confirms the rate."""
+    from types import SimpleNamespace
+
+    from model_debugger.probes.lr_range import LRRange
+    from model_debugger.records import Classification
+
+    def judged(primary: str):
+        ctx = SimpleNamespace(signals={"loss_relative_drop": 0.6, "grad_norm_growth": 1.0},
+                              classification=Classification(primary, (), ()),
+                              ref=lambda kind: {"file": "t.py", "line": 3})
+        tr = SimpleNamespace(lr=3.0, opt_cls=torch.optim.SGD)
+        return LRRange()._judge(ctx, tr, best_lr=0.05, diverge_lr=1.57, safe_lr=0.157)
+
+    [f] = judged("gradient_instability")
+    assert f.confirmed and f.root_cause == "hyperparameter" and "above the rate" in f.explanation
+    assert not any(f.confirmed for f in judged("loss_not_decreasing"))

@@ -94,8 +94,10 @@ class LRRange(Probe):
         user = tr.lr
         common = dict(lr=user, best_lr=best_lr, diverge_lr=diverge_lr, safe_lr=safe_lr)
         sig = ctx.signals
-        unstable = "first_nonfinite_step" in sig or sig.get("loss_relative_drop", 0) < 0 or \
-            sig.get("grad_norm_growth", 0) >= GRAD_GROWTH
+        unstable_run = ctx.classification is not None and \
+            ctx.classification.primary == "gradient_instability"
+        unstable = unstable_run or "first_nonfinite_step" in sig or \
+            sig.get("loss_relative_drop", 0) < 0 or sig.get("grad_norm_growth", 0) >= GRAD_GROWTH
         stuck = sig.get("loss_relative_drop", 1.0) < 0.2
         if diverge_lr is not None and user >= diverge_lr and unstable:
             from ..pitfalls.optimization import typical_lr
@@ -116,8 +118,6 @@ class LRRange(Probe):
                 f"from the initial weights ({diverge_lr:.3g}); updates overshoot, the loss and "
                 f"gradients grow until they overflow. A safe rate is about {safe_lr:.3g}.",
                 ctx.ref("optimizer"), strength=0.8, **common)]
-        unstable_run = ctx.classification is not None and \
-            ctx.classification.primary == "gradient_instability"
         if unstable_run and user >= UNSAFE * safe_lr:
             # the run blew up although a short sweep from the initial weights did not: a
             # hypothesis only; a re-run at the safe rate (the intervention) tells
