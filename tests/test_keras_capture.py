@@ -228,14 +228,18 @@ def test_a_tf_function_loop_keeps_its_batches_and_its_initial_weights():
     assert len(keeper.train_batches) == 16
 
 
-def _custom_loop(traced: bool, stall: float, steps: int = 50):
+def _custom_loop(traced: bool, stall: float, steps: int = 50, evaluate: bool = False):
     X, y = data(steps * 16)
+    Xv = np.tile(X, (8, 1))  # an evaluation far longer than a training step
     with capture(hist_every=0) as rec:
-        step = custom_step(mlp(), traced)
+        model = mlp()
+        step = custom_step(model, traced)
         for i in range(0, steps * 16, 16):
             if stall:
                 time.sleep(stall)  # <keras-stall>
             step(X[i:i + 16], y[i:i + 16])
+            if evaluate:
+                np.asarray(model(Xv, training=False))
     return Run(rec.events)
 
 
@@ -255,10 +259,13 @@ def test_a_stall_in_a_custom_loop_is_measured_and_its_line_sampled(traced):
     assert top["share"] > 0.8 and event["samples"] >= 20
 
 
-def test_a_custom_loop_without_own_work_is_not_sampled():
+@pytest.mark.parametrize("evaluate", [False, True], ids=["plain", "evaluated_every_step"])
+def test_a_custom_loop_without_own_work_is_not_sampled(evaluate):
+    """An evaluation between steps is the model's work, not the loop's (as a no-grad forward is
+    in PyTorch)."""
     from model_debugger.signals import compute
 
-    sig = compute(_custom_loop(True, 0.0))
+    sig = compute(_custom_loop(True, 0.0, evaluate=evaluate))
     assert sig["step_overhead_share"] < 0.5 and sig["step_overhead_ms"] < 10
 
 

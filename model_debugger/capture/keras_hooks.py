@@ -216,45 +216,66 @@ class LoopHooks:
                 return original(model, *args, **kwargs)
             if args and not inst._fit_depth and not inst._call_depth:
                 inst._call = args[0]  # the outermost model's input, not a nested model's
-                if inst._busy_from is None and inst._tf.executing_eagerly() and \
-                        inst._recording():  # an eager training step's forward starts
-                    inst._busy_from = time.perf_counter()
-                    inst._note_loop()
+            work = not inst._fit_depth and inst._tf.executing_eagerly()  # a training forward,
+            if work:                                                      # or an evaluation's
+                inst._work_enter()
             inst._call_depth += 1
             try:
                 return original(model, *args, **kwargs)
             finally:
                 inst._call_depth -= 1
+                if work:
+                    inst._work_exit()
 
         __call__.__wrapped__ = original
         return __call__
 
     def _wrap_function_call(self, original):
-        """``tf.function`` calls: a traced training step's time is the step's own work (``bz``).
+        """``tf.function`` calls outside ``fit``: the model's work (``bz``) while they run.
 
-        The outermost call starts the clock; a step emitted inside it (the apply's
-        ``py_function``) reads it. A call that made no step (an evaluation) leaves no clock.
+        An evaluation between steps is the model's work too, as a forward under ``no_grad`` is
+        in PyTorch: only what the loop does outside the model is its own time.
         """
         link = self._link
 
         def __call__(fn, *args, **kwargs):
             inst = link()
-            if inst is None or inst._fit_depth or inst._fn_depth:
+            if inst is None or inst._fit_depth:
                 return original(fn, *args, **kwargs)
-            started, steps = time.perf_counter(), inst._steps
-            if inst._busy_from is None:
-                inst._busy_from = started
-                inst._note_loop()
-            inst._fn_depth += 1
+            inst._work_enter()
             try:
                 return original(fn, *args, **kwargs)
             finally:
-                inst._fn_depth -= 1
-                if inst._steps == steps and inst._busy_from == started:
-                    inst._busy_from = None
+                inst._work_exit()
 
         __call__.__wrapped__ = original
         return __call__
+
+    def _work_enter(self) -> None:
+        if not self._work_depth:
+            self._work_t0 = time.perf_counter()
+            self._note_loop()
+        self._work_depth += 1
+
+    def _work_exit(self) -> None:
+        if self._work_depth:
+            self._work_depth -= 1
+            if not self._work_depth:
+                self._work += time.perf_counter() - self._work_t0
+
+    def _take_work(self, now: float) -> float | None:
+        """The model's work since the last step (None: none seen, e.g. under ``fit``).
+
+        A step emitted inside a ``tf.function`` (the apply's ``py_function``) counts the call
+        so far; the rest of the call counts towards the next step.
+        """
+        if not self._work and not self._work_depth:
+            return None
+        work = self._work + (now - self._work_t0 if self._work_depth else 0.0)
+        self._work = 0.0
+        if self._work_depth:
+            self._work_t0 = now
+        return work
 
     def _note_loop(self) -> None:
         """Note the training thread and the user's loop function, once.
@@ -264,12 +285,6 @@ class LoopHooks:
         if self._loop is None:
             loop = user_frame(sys._getframe())
             self._loop = (threading.get_ident(), loop.f_code if loop is not None else None)
-
-    @staticmethod
-    def _recording() -> bool:
-        from tensorflow.python.eager import record
-
-        return bool(record.could_possibly_record())
 
     def _wrap_loss_call(self, original):
         link = self._link

@@ -62,8 +62,9 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._target = None
         self._call = None
         self._call_depth = 0
-        self._fn_depth = 0  # tf.function calls in progress
-        self._busy_from: float | None = None  # when the current custom-loop step's work began
+        self._work_depth = 0  # model calls, tf.function calls, gradients, applies in progress
+        self._work_t0 = 0.0  # when the outermost of them began
+        self._work = 0.0  # seconds of the model's work since the last step (custom loops)
         self._loop: tuple | None = None  # (thread id, code) of the user's custom loop
         self._init_overhead()
         self._keep_gate = None  # a traced loop's batches leave the graph while this is True

@@ -10,8 +10,8 @@ What they record:
   variable read after each batch; in eager loops they are read directly; in ``tf.function``
   custom loops they leave the graph through ``tf.py_function``;
 - one ``step`` event per apply: ``loss``, ``gn``, ``mgn`` (a bounded window of layers, see
-  :mod:`.norms`), ``dt``, ``dw``, ``rss``, ``tm``, in custom loops ``bz`` (the step's own work,
-  from the forward or the ``tf.function`` call to the apply), and ``cuda``/``cuda_peak`` on a GPU; the first
+  :mod:`.norms`), ``dt``, ``dw``, ``rss``, ``tm``, in custom loops ``bz`` (the model's work since the
+  last step: model calls, ``tf.function`` calls, gradients and applies, timed as they run), and ``cuda``/``cuda_peak`` on a GPU; the first
   non-finite loss or gradient norm is a ``nonfinite`` event naming the first layer with
   non-finite weights or output on the last batch.
 
@@ -38,20 +38,28 @@ class StepHooks(OverheadWatch):
     """``GradientTape.gradient`` and ``BaseOptimizer.apply``: the loss and norms of each step."""
 
     def _idle(self) -> bool:
-        """Outside a custom loop's step work: no forward begun, no ``tf.function`` running.
+        """Outside the model's work: no model call, ``tf.function``, gradient or apply running.
 
         (The line sampler asks, from its own thread.)
         """
-        return self._busy_from is None and not self._fn_depth
+        return not self._work_depth
 
     def _wrap_gradient(self, original):
         link = self._link
 
         def gradient(tape, target, sources, *args, **kwargs):
             inst = link()
-            if inst is not None:
-                inst.guard(inst._on_gradient)(target)
-            return original(tape, target, sources, *args, **kwargs)
+            if inst is None:
+                return original(tape, target, sources, *args, **kwargs)
+            inst.guard(inst._on_gradient)(target)
+            work = not inst._fit_depth
+            if work:
+                inst._work_enter()
+            try:
+                return original(tape, target, sources, *args, **kwargs)
+            finally:
+                if work:
+                    inst._work_exit()
 
         gradient.__wrapped__ = original
         return gradient
@@ -77,7 +85,14 @@ class StepHooks(OverheadWatch):
             inst._in_apply = True
             try:
                 post = inst.guard(inst._before_apply)(opt, grads, trainable_variables)
-                out = original(opt, grads, trainable_variables)
+                work = not inst._fit_depth
+                if work:
+                    inst._work_enter()
+                try:
+                    out = original(opt, grads, trainable_variables)
+                finally:
+                    if work:
+                        inst._work_exit()
                 if post is not None:
                     inst.guard(post)()
                 return out
@@ -192,9 +207,9 @@ class StepHooks(OverheadWatch):
         self._last_step_end = now
         step = {"i": self.rec.step, "ep": self.rec.epoch, "loss": num(loss), "gn": num(gn),
                 "dt": dt, "dw": self._data_wait, "rss": rss_bytes()}
-        if self._busy_from is not None:  # a custom loop: forward, backward and step (see
-            step["bz"] = now - self._busy_from  # LoopHooks); the rest is the loop's own work
-            self._busy_from = None
+        work = self._take_work(now)  # a custom loop: forward, backward and step (LoopHooks)
+        if work is not None:  # the rest of the step is the loop's own work
+            step["bz"] = work
             if dt is not None and self._loop is not None:
                 self._watch_overhead(dt, self._data_wait, step["bz"], *self._loop)
         if mgn:
