@@ -348,8 +348,11 @@ class LoopHooks:
             if inst is not None:
                 inst.guard(inst._on_traced_batch)(xb.numpy(), yb.numpy())
 
-        tf.cond(gate, lambda: tf.py_function(keep, [x, y_true], []) or tf.constant(True),
-                lambda: tf.constant(True))
+        def kept():
+            tf.py_function(keep, [x, y_true], [])
+            return tf.constant(True)  # (a branch of tf.cond must give a value)
+
+        tf.cond(gate, kept, lambda: tf.constant(True))
 
     def _on_traced_batch(self, x, y) -> None:
         """One training batch of a traced step, kept like an eager one; closes the gate when full."""

@@ -242,8 +242,8 @@ class KerasKeeper(SpilledState):
         xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
         if not all(hasattr(a, "shape") and a.shape[:1] == y.shape[:1] for a in xs):
             return
-        if not _new_rows(self._rows, (*xs, y)).any():  # every row kept already: a custom
-            self._wrapped = True                         # loop's next epoch (none signalled)
+        if not _adds_rows(self._rows, (*xs, y)):  # every row kept already: a custom loop's
+            self._wrapped = True                    # next epoch (none is signalled)
             return
         self.train_batches.append((xs, y))
         self._samples += int(y.shape[0])
@@ -288,19 +288,15 @@ class KerasKeeper(SpilledState):
         return _arrays(self.train_batches), _arrays(self.val_batches)
 
 
-def _new_rows(seen: set, arrays: tuple) -> np.ndarray:
-    """Which rows of a batch (its inputs and target, row-aligned) are not in ``seen``; adds them.
+def _adds_rows(seen: set, arrays: tuple) -> bool:
+    """Whether a batch holds a row not in ``seen`` (adding its rows to ``seen``).
 
-    A row repeated within the batch counts once.
+    A row is its inputs and target together (row-aligned arrays).
     """
     flat = [np.ascontiguousarray(a).reshape(len(a), -1) for a in arrays]
-    keep = np.zeros(len(flat[0]), dtype=bool)
-    for i in range(len(keep)):
-        key = hash(b"".join(f[i].tobytes() for f in flat))
-        if key not in seen:
-            seen.add(key)
-            keep[i] = True
-    return keep
+    before = len(seen)
+    seen.update(hash(b"".join(f[i].tobytes() for f in flat)) for i in range(len(flat[0])))
+    return len(seen) > before
 
 
 def _arrays(batches) -> tuple | None:

@@ -10,10 +10,11 @@ What they record:
   variable read after each batch; in eager loops they are read directly; in ``tf.function``
   custom loops they leave the graph through ``tf.py_function``;
 - one ``step`` event per apply: ``loss``, ``gn``, ``mgn`` (a bounded window of layers, see
-  :mod:`.norms`), ``dt``, ``dw``, ``rss``, ``tm``, in custom loops ``bz`` (the model's work since the
-  last step: model calls, ``tf.function`` calls, gradients and applies, timed as they run), and ``cuda``/``cuda_peak`` on a GPU; the first
-  non-finite loss or gradient norm is a ``nonfinite`` event naming the first layer with
-  non-finite weights or output on the last batch.
+  :mod:`.norms`), ``dt``, ``dw``, ``rss``, ``tm``, ``cuda``/``cuda_peak`` on a GPU, and in custom
+  loops ``bz`` (the model's work since the last step: model calls, ``tf.function`` calls,
+  gradients and applies, timed as they run); the first non-finite loss or gradient norm is a
+  ``nonfinite`` event naming the first layer with non-finite weights or output on the last
+  batch.
 
 State owned here: the variable layouts, the stashes of traced fit steps, the tape's target and
 the step clock.

@@ -55,6 +55,47 @@ def heldout_loss(tr, ctx, lr: float | None = None, change: Callable | None = Non
     return value if math.isfinite(value) else float("inf")
 
 
+def heldout_variants(ctx, variants, seed: int, steps: int = 150,
+                     seconds: float = 3.0) -> tuple[list[tuple[float, object]], int]:
+    """Held-out losses of fresh copies, one per variant of the same rows of the kept sample.
+
+    Parameters
+    ----------
+    ctx : ProbeContext
+        Its trainer and the time left.
+    variants : list of callables
+        ``variant(inputs, target, cut) -> (inputs, target)``: the data a copy trains on (rows
+        ``[:cut]``) and is evaluated on (``[cut:]``), e.g. standardised with the training rows'
+        statistics.
+    seed : int
+        Which rows of the sample (a seeded permutation).
+
+    Returns
+    -------
+    list of (float, target), int
+        Per variant the held-out loss (``inf`` when training went non-finite) and the target it
+        used; the cut.
+    """
+    tr = ctx.trainer
+    n = min(tr.n, ROWS)
+    inputs, target = tr.subset(tr.randperm(tr.n, seed)[:n])
+    cut = int(SPLIT * n)
+    steps = tr.steps_within(steps, seconds=min(seconds, ctx.time_left() / 6))
+    out = []
+    for variant in variants:
+        xs, t = variant(inputs, target, cut)
+        model = tr.fresh_model()
+        tr.fit(model, tuple(x[:cut] for x in xs), t[:cut], steps, seed=0)
+        held = tr.evaluate(model, tuple(x[cut:] for x in xs), t[cut:])
+        out.append((held if math.isfinite(held) else float("inf"), t))
+    return out, cut
+
+
+def as_is(inputs, target, cut):
+    """The variant that changes nothing (for :func:`heldout_variants`)."""
+    return inputs, target
+
+
 def source_line(ctx, pattern, near: dict | None = None, run_start: bool = False) -> dict | None:
     """A line of the user's sources matching ``pattern`` (a compiled regex), or None.
 

@@ -75,7 +75,7 @@ class FeatureScaling(Probe):
                       & (np.abs(mean[live]) >= OFFSET_ABS)]
         large = np.flatnonzero(peak > MAGNITUDE)
         if not disparity and not len(offset) and not len(large):
-            return self._uniformly_large(ctx, std[live], names, x.shape[1])
+            return self._uniformly_large(ctx, std[live], x.shape[1])
 
         log_std = np.log10(np.where(std > 0, std, 1.0))
         decades = np.abs(log_std - np.median(log_std[live]))
@@ -114,7 +114,7 @@ class FeatureScaling(Probe):
                              offending=offending, features=int(x.shape[1]),
                              constant_features=int(x.shape[1] - len(live)))]
 
-    def _uniformly_large(self, ctx: ProbeContext, std: np.ndarray, names: list, d: int) -> list:
+    def _uniformly_large(self, ctx: ProbeContext, std: np.ndarray, d: int) -> list:
         """Every feature on one large scale (raw pixels 0-255, values in the hundreds).
 
         No disparity to measure, so an experiment decides: a fresh copy on standardised inputs
@@ -150,28 +150,23 @@ def standardised_inputs_better(ctx: ProbeContext) -> tuple[float, float, bool] |
     """
     import math
 
-    from ._heldout import BETTER, ROWS, SPLIT
+    from ._heldout import BETTER, as_is, heldout_variants
 
     tr = ctx.trainer
     if tr is None or not ctx.live or tr.n < 40:
         return None
-    n = min(tr.n, ROWS)
-    inputs, target = tr.subset(tr.randperm(tr.n, 3)[:n])
-    first = inputs[0]
+    first = tr.inputs[0]
     torch_like = hasattr(first, "is_floating_point")  # a tensor, else a NumPy array
     if not hasattr(first, "ndim") or first.ndim < 2 or not (
             first.is_floating_point() if torch_like else np.issubdtype(first.dtype, np.floating)):
         return None
-    cut = int(SPLIT * n)
     keep = {"keepdim" if torch_like else "keepdims": True}
-    mean, std = first[:cut].mean(0, **keep), first[:cut].std(0, **keep)
-    std = std + (std == 0) * 1.0  # constant features are left as they are
-    steps = tr.steps_within(150, seconds=min(3.0, ctx.time_left() / 6))
-    losses = []
-    for xs in (inputs, ((first - mean) / std, *inputs[1:])):
-        model = tr.fresh_model()
-        tr.fit(model, tuple(x[:cut] for x in xs), target[:cut], steps, seed=0)
-        held = tr.evaluate(model, tuple(x[cut:] for x in xs), target[cut:])
-        losses.append(held if math.isfinite(held) else float("inf"))
-    as_is, standardised = losses
-    return as_is, standardised, math.isfinite(standardised) and standardised < BETTER * as_is
+
+    def standardised(inputs, target, cut):
+        x = inputs[0]
+        mean, std = x[:cut].mean(0, **keep), x[:cut].std(0, **keep)
+        std = std + (std == 0) * 1.0  # constant features are left as they are
+        return ((x - mean) / std, *inputs[1:]), target
+
+    (raw, _), (changed, _) = heldout_variants(ctx, [as_is, standardised], seed=3)[0]
+    return raw, changed, math.isfinite(changed) and changed < BETTER * raw

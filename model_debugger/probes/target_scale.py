@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from ._heldout import BETTER, ROWS, SPLIT
+from ._heldout import BETTER, as_is, heldout_variants
 from .base import Probe, ProbeContext, register
 
 SCALE = 100.0  # targets whose spread or |mean| reaches this (or whose spread is below 1/this)
@@ -56,33 +56,26 @@ class TargetScale(Probe):
         if not sd > 0 or (max(sd, abs(mu)) < SCALE and sd > 1.0 / SCALE):
             return []
         name = ctx.loss["name"]
-        n = min(tr.n, ROWS)
-        idx = tr.randperm(tr.n, 2)[:n]
-        inputs, target = tr.subset(idx)
-        cut = int(SPLIT * n)
-        steps = tr.steps_within(150, seconds=min(3.0, ctx.time_left() / 6))
+        runs, cut = heldout_variants(
+            ctx, [as_is, lambda x, t, _cut: (x, (t - mu) / sd)], seed=2)
         rel = []
-        for scaled in (False, True):
-            t = (target - mu) / sd if scaled else target
-            model = tr.fresh_model()
-            tr.fit(model, tuple(x[:cut] for x in inputs), t[:cut], steps, seed=0)
-            held = tr.evaluate(model, tuple(x[cut:] for x in inputs), t[cut:])
+        for held, t in runs:  # each as a share of the constant predictor's loss in its units
             base = _constant_loss(name, np.asarray(t, dtype=np.float64), cut)
             rel.append(held / base if math.isfinite(held) and base > 0 else float("inf"))
-        as_is, standardised = rel
-        confirmed = math.isfinite(standardised) and standardised < BETTER * as_is
+        raw, standardised = rel
+        confirmed = math.isfinite(standardised) and standardised < BETTER * raw
         size = f"a spread of {sd:.3g} and a mean of {mu:.3g}"
         return [self.finding(
             "data", confirmed,
             f"The regression targets are far from unit scale ({size}). Two fresh copies trained "
-            f"on the same rows reach a held-out loss of {_shown(as_is)} of the constant "
+            f"on the same rows reach a held-out loss of {_shown(raw)} of the constant "
             f"predictor's on the targets as they are and {_shown(standardised)} on standardised "
             "targets"
             + (": the scale of the targets holds the training back." if confirmed else
                ": no clearly better, so their scale is not what holds it back."),
             ctx.ref("loss_fn") or ctx.ref("fit"), undone=confirmed,
             strength=0.85 if confirmed else 0.15, target_mean=mu, target_std=sd,
-            heldout_relative_as_is=as_is, heldout_relative_standardised=standardised)]
+            heldout_relative_as_is=raw, heldout_relative_standardised=standardised)]
 
 
 def _constant_loss(name: str, t: np.ndarray, cut: int) -> float:
