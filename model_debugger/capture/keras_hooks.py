@@ -251,6 +251,28 @@ class LoopHooks:
         __call__.__wrapped__ = original
         return __call__
 
+    def _wrap_data(self, original):
+        """``tf.data`` iteration in a custom loop (making the iterator, taking a batch): data wait.
+
+        Under ``fit`` the train function's own timed ``next()`` counts it; inside the model's
+        work (a ``tf.function`` being traced) it is not the loop's wait.
+        """
+        link = self._link
+
+        def timed(obj, *args, **kwargs):
+            inst = link()
+            if inst is None or inst._fit_depth or inst._work_depth or \
+                    not inst._tf.executing_eagerly():
+                return original(obj, *args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                inst._data_wait += time.perf_counter() - t0
+
+        timed.__wrapped__ = original
+        return timed
+
     def _work_enter(self) -> None:
         if not self._work_depth:
             self._work_t0 = time.perf_counter()
@@ -290,7 +312,15 @@ class LoopHooks:
         link = self._link
 
         def __call__(loss, y_true, y_pred, *args, **kwargs):
-            out = original(loss, y_true, y_pred, *args, **kwargs)
+            inst = link()
+            work = inst is not None and not inst._fit_depth and inst._tf.executing_eagerly()
+            if work:  # an eager loss is the model's work, as the forward before it
+                inst._work_enter()
+            try:
+                out = original(loss, y_true, y_pred, *args, **kwargs)
+            finally:
+                if work:
+                    inst._work_exit()
             inst = link()
             if inst is not None and not inst._fit_depth:
                 if inst._tf.executing_eagerly():

@@ -15,7 +15,8 @@ a capture is active, and where it is handled:
   (data wait: tf.data, generators, PyDataset), which also yields label statistics and sample
   batches;
 - ``keras.Model.__call__`` and ``keras.losses.Loss.__call__`` (:mod:`.keras_hooks`): custom eager
-  loops;
+  loops; ``tf.data`` iteration outside ``fit`` (``Dataset.__iter__``, ``OwnedIterator.__next__``)
+  is their data wait;
 - ``BaseOptimizer.apply`` and ``tf.GradientTape.gradient`` (:mod:`.keras_steps`): the loss,
   per-variable gradient norms where Keras applies them, one ``step`` event per apply.
 """
@@ -96,11 +97,14 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         from tensorflow.python.eager import backprop
 
         self._tf = tf
+        from tensorflow.python.data.ops import dataset_ops, iterator_ops
         from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
 
         self.patch(backprop.GradientTape, "gradient",
                    lambda nxt: self._nograph(self._wrap_gradient(nxt)))
         self.patch(Function, "__call__", self._wrap_function_call)
+        self.patch(dataset_ops.DatasetV2, "__iter__", self._wrap_data)
+        self.patch(iterator_ops.OwnedIterator, "__next__", self._wrap_data)
 
     def _attach_keras(self) -> None:
         import keras
