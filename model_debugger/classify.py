@@ -26,6 +26,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     GRAD_GROWTH,
     GRAPHS_KEPT,
     GROWTH_WITH_LEARNING,
+    HELD_FLOOR,
     LOSS_FALLS,
     MIN_STEPS,
     NOT_RESET,
@@ -44,6 +45,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     TRIVIAL_F1,
     TRIVIAL_METRIC_MARGIN,
     UNREACHABLE_SHARE,
+    UNTRAINED_SHARE,
     UPDATE_RATIO_HIGH,
     UPDATE_RATIO_LOW,
     UPDATES_APART,
@@ -400,18 +402,23 @@ def plateau(sig: dict):
     """
     share = sig.get(PLATEAU_SIGNAL)
     short = MIN_STEPS <= sig.get("steps", 0) < FEW_STEPS  # may have stopped before it learned
-    if share is None or not FLOOR_SHARE <= share < BASELINE_MARGIN or "first_nonfinite_step" \
-            in sig or not short and (sig.get("loss_points", 0) < 4 * MIN_STEPS or
-                                     sig.get("loss_tail_drop", 0.0) >= TAIL_DROP):
+    held = sig.get("untrained_share", 0.0) >= UNTRAINED_SHARE  # most weights never updated
+    floor = HELD_FLOOR if held else FLOOR_SHARE
+    if share is None or not floor <= share < BASELINE_MARGIN or "first_nonfinite_step" in sig \
+            or not (short or held) and (sig.get("loss_points", 0) < 4 * MIN_STEPS or
+                                        sig.get("loss_tail_drop", 0.0) >= TAIL_DROP):
         return None  # (a long run still learning fast has not settled)
     ev = [_ev(sig, "loss_final", "median of the last steps"),
           _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / mean"),
-          _ev(sig, PLATEAU_SIGNAL, f"the loss ends at >= {FLOOR_SHARE:g} x the constant "
+          _ev(sig, PLATEAU_SIGNAL, f"the loss ends at >= {floor:g} x the constant "
               "predictor's (tentative: it stands only if an experiment finds what holds it up)")]
+    if held:
+        ev.append(_ev(sig, "untrained_share", f"of the model's parameters no step updated "
+                      f"(>= {UNTRAINED_SHARE:g}: what could hold the loss up)"))
     if short:
         ev.append(_ev(sig, "steps", f"optimizer steps in the whole run (< {FEW_STEPS}: it may "
                       "have stopped before it learned)"))
-    elif "loss_tail_drop" in sig:
+    elif "loss_tail_drop" in sig and not held:
         ev.append(_ev(sig, "loss_tail_drop", f"fall over the second half of the run (< "
                       f"{TAIL_DROP:g}: settled, or falling slowly)"))
     return "loss_not_decreasing", ev

@@ -28,6 +28,8 @@ SIGNALS: dict[str, str] = {
     "loss_peak_ratio": "loss_max / loss_first: how far the updates drove the loss above its start",
     "loss_tail_drop": "relative fall of the loss over the second half of the run",
     "loss_floor_share": "loss_final / constant_predictor_loss: where the loss settled",
+    "untrained_share": "share of the model's parameters no optimizer step updated (frozen, "
+                       "left out of the optimizer, or cut from the loss's graph)",
     "loss_uninformed": "loss of an untrained model that knows nothing (uniform scores, zero output)",
     "constant_predictor_loss": "loss of the best input-independent predictor (label prior/mean)",
     "majority_rate": "share of the most frequent class in the training targets",
@@ -346,6 +348,9 @@ def compute(run: Run) -> dict:
         targets[-1] if targets else None)
     if s["constant_predictor_loss"] and "loss_final" in s:
         s["loss_floor_share"] = s["loss_final"] / s["constant_predictor_loss"]
+    trained = run.of("trained")
+    if trained and trained[-1].get("params"):
+        s["untrained_share"] = 1.0 - trained[-1]["updated"] / trained[-1]["params"]
     uninformed = uninformed_loss(targets[-1] if targets else None)
     if uninformed:
         s["loss_uninformed"] = uninformed

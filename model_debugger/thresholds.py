@@ -15,6 +15,8 @@ BASELINE_MARGIN = 0.95       # final loss above 95% of the constant predictor's 
 FLOOR_SHARE = 0.4            # a plateau at >= 40% of it: suspect, to be shown by experiment
 TAIL_DROP = 0.3              # ... unless still learning fast: the second half fell >= 30%
 UNREACHABLE_SHARE = 0.05     # targets an output floored at 0 cannot reach: a wrong solution
+UNTRAINED_SHARE = 0.5        # most of the model never updated (frozen, not in the optimizer) ...
+HELD_FLOOR = 0.05            # ... and the loss ends above 5% of the constant predictor's: suspect
 FEW_STEPS = 100              # a run of fewer optimizer steps may have stopped before it learned
 DIVERGE_RATIO = 2.0          # final loss at least twice the initial loss
 SPIKE_RATIO = 10.0           # a finite loss 10x the initial one

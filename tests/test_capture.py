@@ -1063,3 +1063,43 @@ def test_graphs_kept_measures_whether_past_losses_stay_alive(keep):
     # the model's hooks start at the first backward: forwards 2..20, the last three pending
     assert event["outputs_checked"] == 16
     assert event["outputs_alive"] == (16 if keep == "pred" else 0)
+
+
+@pytest.mark.parametrize("how", ["frozen", "optimizer_over_the_head", "branch_unused"])
+def test_the_share_of_the_model_that_trains_is_recorded(how):
+    """What no step updates (frozen, left out of the optimizer, outside the loss's graph) is
+    counted against the whole model: the ``trained`` event and ``untrained_share``."""
+    from model_debugger.signals import compute
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    body, head = 8 * 32 + 32, 32 * 2 + 2
+    if how == "frozen":
+        for p in model[0].parameters():
+            p.requires_grad_(False)
+    params = model[2].parameters() if how == "optimizer_over_the_head" else model.parameters()
+    X, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    with capture() as rec:
+        opt = torch.optim.SGD(params, lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            out = model[2](torch.randn(64, 32)) if how == "branch_unused" else model(X)
+            F.cross_entropy(out, y).backward()
+            opt.step()
+    run = Run(rec.events)
+    trained = run.of("trained")
+    assert [(e["params"], e["updated"]) for e in trained] == [(body + head, head)]
+    assert compute(run)["untrained_share"] == pytest.approx(body / (body + head))
+
+
+def test_a_model_that_trains_whole_has_no_untrained_share():
+    from model_debugger.signals import compute
+
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    with capture() as rec:
+        opt = torch.optim.Adam(model.parameters())
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 2, (16,))).backward()
+            opt.step()
+    assert compute(Run(rec.events))["untrained_share"] == 0.0

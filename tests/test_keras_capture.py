@@ -420,3 +420,31 @@ def test_pytorch_training_with_tensorflow_imported_has_one_calls_event():
             opt.step()
     calls = [e for e in rec.events if e["t"] == "calls"]
     assert [(c["optimizer_steps"], c["zero_grad"]) for c in calls] == [(3, 3)]
+
+
+@pytest.mark.parametrize("how", ["frozen_fit", "tape_over_the_head"])
+def test_the_share_of_the_model_that_trains_is_recorded(how):
+    """Frozen layers under ``fit``, or a custom loop applying gradients to the head only: the
+    weights no apply updates count against the model (``untrained_share``); normalisation
+    statistics, which never train, do not count."""
+    X, y = data(128)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+    body, norm, head = 8 * 16 + 16, 2 * 16, 16 * 2 + 2
+    with capture(hist_every=0) as rec:
+        if how == "frozen_fit":
+            model.layers[0].trainable = False
+            model.compile(optimizer="adam", loss=ce())
+            model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+        else:
+            opt, loss_fn = keras.optimizers.Adam(1e-2), ce()
+            for i in range(0, 128, 32):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y[i:i + 32], model(X[i:i + 32], training=True))
+                head_vars = model.layers[-1].trainable_variables
+                opt.apply_gradients(zip(tape.gradient(loss, head_vars), head_vars))
+    run = Run(rec.events)
+    last = run.of("trained")[-1]
+    updated = norm + head if how == "frozen_fit" else head
+    assert (last["params"], last["updated"]) == (body + norm + head, updated)
+    assert compute(run)["untrained_share"] == pytest.approx(1 - updated / (body + norm + head))

@@ -635,6 +635,28 @@ def test_a_short_run_still_falling_is_a_tentative_plateau():
     quiet(C.plateau, _settled(0.5 * C.FLOOR_SHARE, n=short))  # a short run that learned
 
 
+def _held(share: float, updated: float, tail_fall: float = 0.0) -> Run:
+    """A settled loss in a run whose steps updated ``updated`` of the model's parameters."""
+    run = _settled(share, tail_fall)
+    trained = {"t": "trained", "params": 1000, "updated": int(1000 * updated)}
+    return Run([*run.events[:-1], trained, run.events[-1]])
+
+
+def test_a_loss_held_up_by_weights_that_never_train_is_a_tentative_plateau():
+    """Most parameters never updated (frozen, left out of the optimizer): a loss well below the
+    usual floor is suspect too, and so is one still falling, for an experiment to decide."""
+    low = 0.5 * C.FLOOR_SHARE
+    assert C.HELD_FLOOR < low
+    for tail in (0.0, 1.5 * C.TAIL_DROP):
+        sig, cls = fires(C.plateau, _held(low, 0.1, tail), "loss_not_decreasing",
+                         {"loss_floor_share", "untrained_share"})
+        assert sig["untrained_share"] == pytest.approx(0.9) and C.tentative(cls)
+        assert "loss_tail_drop" not in {e.signal for e in cls.evidence}
+        assert C.without_cause(cls).primary == HEALTHY
+    quiet(C.plateau, _held(low, 1 - 0.9 * C.UNTRAINED_SHARE))  # most of the model trains
+    quiet(C.plateau, _held(0.5 * C.HELD_FLOOR, 0.1))  # it learned all the same
+
+
 def test_plateau_quiet_below_the_floor_share():
     sig, cls = quiet(C.plateau, _settled(0.5 * C.FLOOR_SHARE))
     assert cls.primary == HEALTHY and not C.tentative(cls)

@@ -57,6 +57,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._models: dict[int, weakref.ref] = {}
         self._root = None
         self._layouts: dict[tuple, tuple] = {}
+        self._updated: set[int] = set()  # ids of the variables some apply updated
         self._stashes: dict[tuple, object] = {}
         self._current: tuple | None = None
         self._pending = None

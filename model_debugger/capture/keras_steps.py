@@ -9,6 +9,8 @@ What they record:
   summed per layer. Inside a traced ``fit`` step the norms and the loss are written to a small
   variable read after each batch; in eager loops they are read directly; in ``tf.function``
   custom loops they leave the graph through ``tf.py_function``;
+- a ``trained`` event for each new set of variables applied: the model's weight count and how
+  many of them the applies so far updated (frozen layers, an optimizer over part of the model);
 - one ``step`` event per apply: ``loss``, ``gn``, ``mgn`` (a bounded window of layers, see
   :mod:`.norms`), ``dt``, ``dw``, ``rss``, ``tm``, ``cuda``/``cuda_peak`` on a GPU, and in custom
   loops ``bz`` (the model's work since the last step: model calls, ``tf.function`` calls,
@@ -119,6 +121,7 @@ class StepHooks(OverheadWatch):
             self._discover_from_variables([v for _, v in pairs], frame)
         key = tuple(id(v) for _, v in pairs)
         if key not in self._layouts:
+            self._note_updated([v for _, v in pairs])
             names: list[str] = []
             index = []
             for _, v in pairs:
@@ -153,6 +156,24 @@ class StepHooks(OverheadWatch):
 
             tf.py_function(step, [vec], [])
         return None
+
+    def _note_updated(self, variables) -> None:
+        """A ``trained`` event: how much of the model the applies seen so far update.
+
+        The model's size counts the weights of its layers that train or were frozen
+        (``trainable=False``), not statistics that never train (normalisation moments).
+        """
+        model = self._root() if self._root is not None else None
+        if model is None or len(self._layouts) >= 8:
+            return
+        self._updated.update(id(v) for v in variables)
+        sizes = {}
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            for w in layer.weights if not layer.trainable else layer.trainable_weights:
+                if "moving" not in getattr(w, "path", ""):
+                    sizes[id(w)] = int(np.prod(w.shape))
+        self.rec.emit("trained", params=sum(sizes.values()),
+                      updated=sum(n for i, n in sizes.items() if i in self._updated))
 
     def _vector(self, pairs):
         """``[has_loss, loss, |g_1|, ..., |g_n|]`` as one float32 tensor (graph or eager)."""

@@ -13,6 +13,9 @@ What they record:
 - ``clip_grad_norm_`` (through ``_clip_grads_with_norm_``): the clip's coefficient, so that the
   norms recorded are those before the clip (the clipped total is the row's ``gnc``) and one
   ``clip`` event per ``max_norm`` (at most three);
+- the first step of each optimizer: a ``trained`` event (the model's parameter count and how
+  many of them the optimizers' steps so far updated: frozen layers, an optimizer over part of
+  the model, a branch cut from the graph all leave parameters without a gradient);
 - the global step post-hook: the update/weight ratio, and the step's row (see
   :mod:`.torch_steps`) with the mean of the losses seen since the last step.
 
@@ -65,6 +68,8 @@ class OptimizerHooks:
         self._clips_seen: set[float] = set()  # max_norm values with a ``clip`` event
         self._step_clipped = None  # the clipped global norm of the step in progress
         self._guarded_on_clip = self.guard(self._on_clip)
+        self._updated: set[int] = set()  # ids of parameters some optimizer's first step updated
+        self._updated_by: set[int] = set()  # ids of the optimizers counted there
 
     def _let_go_optimizer(self) -> None:
         self._last_opt = None
@@ -159,11 +164,24 @@ class OptimizerHooks:
             return (args[0], closure_then_measure, *args[2:]), kwargs
         return args, {**kwargs, "closure": closure_then_measure}
 
+    def _note_updated(self, opt, params) -> None:
+        """A ``trained`` event: how much of the model the optimizers' first steps updated."""
+        self._updated_by.add(id(opt))
+        model = self._root() if self._root is not None else None
+        if model is None or not params:
+            return
+        self._updated.update(id(p) for p in params)
+        sizes = {id(p): p.numel() for p in model.parameters()}  # (a tied weight counts once)
+        self.rec.emit("trained", params=sum(sizes.values()),
+                      updated=sum(n for i, n in sizes.items() if i in self._updated))
+
     def _measure(self, opt, norms: bool, hist: bool, update: bool) -> None:
         """Read this step's gradients (norms, histograms) and copy the weights it will update."""
         params = self._params(opt)
         if not self._param_names and params:
             self._discover(sys._getframe(), params)
+        if id(opt) not in self._updated_by and len(self._updated_by) < 8:
+            self._note_updated(opt, params)
         if norms:
             t0 = time.perf_counter()
             self._step_norms = self._grad_norms(params)

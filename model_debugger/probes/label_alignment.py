@@ -1,7 +1,8 @@
 """``label_alignment``: whether the labels carry information about the inputs.
 
 Fresh copies of the model are trained on real labels and on shuffled labels; on held-out rows, real
-labels must do clearly better. No difference means X and y are not aligned (a sort or merge that
+labels must do clearly better (every parameter of the copies trains: frozen layers would hide
+what the labels carry). No difference means X and y are not aligned (a sort or merge that
 moved one without the other) or the labels are noise.
 
 One train/held-out split is noisy: with uninformative labels, which rows land where and how far
@@ -78,7 +79,7 @@ def memorises(tr, inputs, target, rng: np.random.Generator, ignore_index: int = 
     base = constant_loss(tr.loss_fn.__name__, y, ignore_index, tr.loss_kwargs)
     if base is None or not base > 0:
         return None
-    model = tr.fresh_model()
+    model = tr.unfreeze(tr.fresh_model())
     tr.fit(model, x, y, MEMO_STEPS, lr=1e-3, seed=0, opt_cls=tr.adam, batch_size=MEMO_ROWS)
     return tr.evaluate(model, x, y), base
 
@@ -115,7 +116,7 @@ class LabelAlignment(Probe):
             test = folds[k]
             train = np.concatenate([f for j, f in enumerate(folds) if j != k])
             held = []
-            model = tr.fresh_model()
+            model = tr.unfreeze(tr.fresh_model())  # (a question about the data, not what trains)
             tr.fit(model, tuple(x[train] for x in inputs), labels[train], steps, lr=1e-3,
                    seed=k, opt_cls=tr.adam, every=max(steps // CHECKS, 1),
                    check=lambda m: held.append(

@@ -68,6 +68,9 @@ class Trainer(Protocol):
     def fresh_model(self) -> Any:
         """A copy of the model with its initial weights, ready to train."""
 
+    def unfreeze(self, model: Any) -> Any:
+        """Make every parameter of ``model`` (a fresh copy, not yet trained) train; returns it."""
+
     def optimizer(self, model: Any = None, lr: float | None = None, cls: Any = None) -> Any:
         """A new optimizer of the user's class and settings (``lr`` / ``cls`` override)."""
 
