@@ -238,6 +238,32 @@ def train_lr_too_low():
             opt.step()
 
 
+class _CutBody(nn.Module):
+    """A body whose output is detached inside forward: only the head ever gets a gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+        self.head = nn.Linear(64, 2)
+
+    def forward(self, x):
+        h = self.body(x).detach()  # <cut-body>
+        return self.head(h)
+
+
+def train_cut_body():
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    net = _CutBody()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _epoch in range(4):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+
+
 def train_frozen_layers():
     torch.manual_seed(8)
     X = torch.randn(1024, 12)
@@ -555,7 +581,8 @@ def test_eval_mode_not_reset(tmp_path):
 def test_seed_variance_large_sgd_lr_is_noisy(tmp_path):
     ctx = captured(tmp_path, train_seed_sensitive)
     report = report_of(ctx, "seed_variance")
-    f = confirmed_in(report, "seed_variance", "hyperparameter")
+    f = next(f for f in report.findings if f.check == "seed_variance")
+    assert f.root_cause == "hyperparameter" and not f.confirmed  # context, not a cause
     assert_at(f, "seed-optimizer")
     finals = np.array(f.evidence["finals"])
     assert np.isfinite(finals).all()
@@ -606,6 +633,25 @@ def test_frozen_parameters_confirmed_by_training_an_unfrozen_copy(tmp_path):
     ev = f.evidence
     assert ev["frozen_share"] > 0.9  # every layer but the output
     assert ev["heldout_unfrozen"] < 0.8 * ev["heldout_frozen"]
+
+
+def test_a_graph_cut_inside_forward_is_confirmed_by_a_copy_that_keeps_the_graph(tmp_path):
+    """Most weights never updated, though they need a gradient: the copy's forward detached a
+    tensor; keeping the graph there trains clearly better, and the detach is the location."""
+    ctx = captured(tmp_path, train_cut_body)
+    assert ctx.signals["untrained_share"] > 0.9
+    f = confirmed_one(ctx, "detached_output", "training_loop")
+    assert_at(f, "cut-body")
+    ev = f.evidence
+    assert ev["ungraded_share"] > 0.9 and ev["ungraded_share_kept"] == 0.0
+    assert ev["heldout_kept"] < 0.8 * ev["heldout_cut"]
+
+
+def test_frozen_layers_are_no_graph_cut(tmp_path):
+    """Frozen weights are untrained too, but nothing is detached: frozen_parameters' case."""
+    ctx = captured(tmp_path, train_frozen_layers)
+    assert ctx.signals["untrained_share"] > 0.9
+    assert probe(ctx, "detached_output") == []
 
 
 def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):

@@ -1,29 +1,51 @@
-"""``detached_output``: no gradient reaches the weights because the prediction was detached."""
+"""``detached_output``: gradients do not reach (most of) the weights: the graph is cut before the loss.
+
+Two shapes of one fault:
+
+- no optimizer step had any gradient (the prediction itself was detached): confirmed by the record;
+- most parameters were never updated though they require a gradient (a hidden state detached
+  inside ``forward``, a branch computed under ``no_grad``; measured as ``untrained_share``): a
+  fresh copy's backward shows which parameters get no gradient, and an experiment undoes the cut
+  by letting ``Tensor.detach`` keep the graph inside the copy's forward. The copy with the graph
+  kept reaching a clearly lower held-out loss confirms it, located at the ``detach`` call the
+  copy's forward made on a tensor that needed a gradient.
+"""
 
 from __future__ import annotations
 
+import sys
+
+from ._heldout import SettingExperiment
 from ._lint import lint_hits, loc
-from .base import Probe, ProbeContext, register
+from .base import ProbeContext, register
+
+CUT = 0.5  # share of the parameters needing a gradient that get none: the graph is cut
 
 
 @register
-class DetachedOutput(Probe):
-    """Whether gradients reach the weights: the recorded gradient norms, and the lint's hint."""
+class DetachedOutput(SettingExperiment):
+    """Whether gradients reach the weights: the recorded norms, the copies' backward, the lint."""
 
     id = "detached_output"
     categories = ("loss_not_decreasing",)
+    needs_live = False
     fix = ("Remove the .detach()/.data/no_grad on the path from the model's output to the loss, "
            "so gradients reach the weights.")
 
+    def applies(self, ctx: ProbeContext) -> bool:
+        """Always: the record's norms and the lint need no live model."""
+        return ctx.framework in self.frameworks
+
     def run(self, ctx: ProbeContext):
-        """Confirmed when no optimizer step had a gradient; a lint hit alone is a hypothesis."""
+        """Confirmed when no step had a gradient, or when a copy keeping the graph trains better.
+
+        A lint hit alone is a hypothesis.
+        """
         hits = lint_hits(ctx, "detached_output")
         steps = ctx.run.steps
         # a step without a "gn" key was not measured (a log); None means no gradient at all
         no_grad = sum(1 for s in steps if "gn" in s and s["gn"] in (None, 0, 0.0))
         measured = len(steps) > 1 and no_grad == len(steps)
-        if not hits and not measured:
-            return []
         where = loc(hits[0]) if hits else ctx.ref("backward")
         if measured:
             return [self.finding(
@@ -33,5 +55,85 @@ class DetachedOutput(Probe):
                 "output is cut from the graph (detach/.data/numpy round trip) before the loss.",
                 where, steps=len(steps), steps_without_gradient=no_grad, strength=0.95,
                 decisive=True)]
+        partial = self._partial(ctx)
+        if partial:
+            return partial
+        if not hits:
+            return []
         return [self.finding("training_loop", False, hits[0].message + " (gradients did reach "
                              "some weights)", where, strength=0.3)]
+
+    def _partial(self, ctx: ProbeContext) -> list:
+        """Most parameters untrained in the run: which get no gradient, and the experiment."""
+        untrained = ctx.signals.get("untrained_share", 0.0)
+        tr = ctx.trainer
+        if untrained < CUT or tr is None or tr.framework != "torch" or tr.n < 16 or \
+                not ctx.live:
+            return []
+        before, _ = _cut_share(tr, keep=False)
+        after, sites = _cut_share(tr, keep=True)
+        if before < CUT or after >= before or not sites:
+            return []  # not a cut (frozen, left out of the optimizer), or not one detach undoes
+        cut, kept, confirmed = self.compare(ctx, _keeping_graph)
+        return [self.finding(
+            "training_loop", confirmed,
+            f"{before:.0%} of the parameters that need a gradient get none: the forward pass "
+            f"detaches a tensor on the way to the loss (a fresh copy's backward; {after:.0%} "
+            "once the detach keeps the graph). Two fresh copies trained on the same rows reach "
+            f"a held-out loss of {kept:.4g} with the graph kept and {cut:.4g} as written"
+            + (": the detach holds the loss up." if confirmed else
+               ": no clearly better, so the cut is not what holds the loss up."),
+            sites[0], undone=confirmed, strength=0.85 if confirmed else 0.2,
+            ungraded_share=before, ungraded_share_kept=after, heldout_cut=cut,
+            heldout_kept=kept, detach_sites=sites[:3])]
+
+
+def _cut_share(tr, keep: bool) -> tuple[float, list[dict]]:
+    """Share of a fresh copy's parameters needing a gradient that get none after one backward.
+
+    With ``keep`` (``detach`` keeping the graph), also where the forward detached such tensors.
+    """
+    model = tr.fresh_model()
+    sites: list[dict] = []
+    if keep:
+        model = _keeping_graph(model, sites)
+    inputs, target = tr.subset(slice(0, min(tr.n, 64)))
+    tr.loss(model, inputs, target).backward()
+    need = [p for p in model.parameters() if p.requires_grad]
+    total = sum(p.numel() for p in need)
+    none = sum(p.numel() for p in need if p.grad is None)
+    return (none / total if total else 0.0), sites
+
+
+def _keeping_graph(model, sites: list | None = None):
+    """``model`` (a copy) whose forward keeps the graph where it calls ``Tensor.detach``.
+
+    Only detaches made by the user's code (not the framework's) on tensors that need a gradient
+    are kept; their lines go to ``sites``.
+    """
+    import torch
+
+    from ..capture.codeloc import is_user_file
+
+    forward = model.forward
+    original = torch.Tensor.detach
+
+    def detach(t, *args, **kwargs):
+        caller = sys._getframe(1)
+        if t.requires_grad and is_user_file(caller.f_code.co_filename):
+            if sites is not None:
+                site = {"file": caller.f_code.co_filename, "line": caller.f_lineno}
+                if site not in sites:
+                    sites.append(site)
+            return t
+        return original(t, *args, **kwargs)
+
+    def kept(*args, **kwargs):
+        torch.Tensor.detach = detach
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            torch.Tensor.detach = original
+
+    model.forward = kept
+    return model

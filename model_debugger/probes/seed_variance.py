@@ -26,7 +26,10 @@ class SeedVariance(Probe):
     fix = "Lower the learning rate or enlarge the batch, and judge changes across seeds."
 
     def run(self, ctx: ProbeContext):
-        """The seed noise band, with a confirmed finding when it is wide.
+        """The seed noise band, with a finding when it is wide.
+
+        The finding is a hypothesis, never confirmed: seed noise measures how far single runs
+        can be trusted, it does not cause the category (nothing undone removes the symptom).
 
         Returns a :class:`~model_debugger.probes.report.ProbeResult` sharing ``seed_noise`` (mean,
         std, cv and the final losses); the finding when the coefficient of variation is >= 0.25.
@@ -47,7 +50,7 @@ class SeedVariance(Probe):
         if not np.isfinite(cv) or cv < NOISY_CV:
             return ProbeResult(seed_noise=noise)
         return ProbeResult(seed_noise=noise, findings=(self.finding(
-            "hyperparameter", True,
+            "hyperparameter", False,
             f"The loss after {steps} steps varies by {cv:.0%} across {SEEDS} seeds "
             f"({finals.round(4).tolist()}); with this much seed noise a single run cannot show "
             "whether a change helps. Lower the learning rate or enlarge the batch, and compare "
