@@ -30,6 +30,9 @@ SIGNALS: dict[str, str] = {
     "loss_floor_share": "loss_final / constant_predictor_loss: where the loss settled",
     "untrained_share": "share of the model's parameters no optimizer step updated (frozen, "
                        "left out of the optimizer, or cut from the loss's graph)",
+    "held_name": "the variable of your loop whose container of tensors/arrays grows fastest",
+    "held_mb_per_step": "how fast it grows, MB per step (between the first and last look)",
+    "held_share": "held_mb_per_step / the process's (or GPU's) memory growth per step",
     "loss_uninformed": "loss of an untrained model that knows nothing (uniform scores, zero output)",
     "constant_predictor_loss": "loss of the best input-independent predictor (label prior/mean)",
     "majority_rate": "share of the most frequent class in the training targets",
@@ -317,6 +320,29 @@ def _last_epoch_rate(y: np.ndarray, at: np.ndarray, ep: np.ndarray) -> float | N
     return float((y[end] - y[start]) / (end - start))
 
 
+
+def growing_container(run) -> dict | None:
+    """The user's container of tensors that grew fastest across the ``held`` looks, or None.
+
+    Returns ``{"name", "file", "line", "mb_per_step", "first", "last"}`` (``first``/``last``:
+    the ``held`` entries of its first and last look); None when none grew.
+    """
+    by: dict[tuple, list] = {}
+    for event in run.of("held"):
+        for c in event.get("containers", []):
+            by.setdefault((c.get("name"), c.get("file")), []).append((event["step"], c))
+    best = None
+    for (name, file), seen in by.items():
+        (s0, first), (s1, last) = seen[0], seen[-1]
+        if s1 <= s0 or last["bytes"] <= first["bytes"]:
+            continue
+        rate = (last["bytes"] - first["bytes"]) / (s1 - s0) / 2**20
+        if best is None or rate > best["mb_per_step"]:
+            best = {"name": name, "file": file, "line": last.get("line"), "mb_per_step": rate,
+                    "first": first, "last": last}
+    return best
+
+
 def compute(run: Run) -> dict:
     """Compute every signal of a run.
 
@@ -420,6 +446,12 @@ def compute(run: Run) -> dict:
         slope, r2 = _fit(body / 2**20)
         s["cuda_growth_mb"] = float((body[-1] - body[0]) / 2**20)
         s["cuda_slope_mb_per_step"], s["cuda_growth_r2"] = slope, r2
+    held = growing_container(run)
+    if held is not None:
+        s["held_name"], s["held_mb_per_step"] = held["name"], held["mb_per_step"]
+        memory = max(s.get("rss_slope_mb_per_step", 0.0), s.get("cuda_slope_mb_per_step", 0.0))
+        if memory > 0:
+            s["held_share"] = held["mb_per_step"] / memory
     util = _finite(run.series("gpu_util"))
     if len(util) >= 3:
         s["gpu_util_median"] = float(np.median(util))

@@ -1103,3 +1103,33 @@ def test_a_model_that_trains_whole_has_no_untrained_share():
             F.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 2, (16,))).backward()
             opt.step()
     assert compute(Run(rec.events))["untrained_share"] == 0.0
+
+
+def test_containers_the_loop_keeps_are_looked_at_during_the_run():
+    """Every 50 steps the user's frames are looked at: a list growing 1 MB a step is seen
+    growing, a constant list of parameters (same storage, not growing) is not a growing one."""
+    from model_debugger.capture.held import HELD_EVERY
+    from model_debugger.signals import growing_container
+
+    def train():
+        model = nn.Linear(512, 512)  # 1 MB of weights
+        params = list(model.parameters())
+        opt = torch.optim.SGD(params, lr=0.01)
+        kept = []
+        for _ in range(3 * HELD_EVERY):
+            kept.append(torch.zeros(1 << 18))
+            opt.zero_grad()
+            model(torch.randn(4, 512)).sum().backward()
+            opt.step()
+
+    with capture() as rec:
+        train()
+    run = Run(rec.events)
+    looks = run.of("held")
+    assert [e["step"] for e in looks] == [HELD_EVERY, 2 * HELD_EVERY, 3 * HELD_EVERY]
+    names = {c["name"] for e in looks for c in e["containers"]}
+    assert {"kept", "params"} <= names
+    held = growing_container(run)
+    assert held["name"] == "kept" and held["file"] == HERE
+    assert held["mb_per_step"] == pytest.approx(1.0, rel=0.01)
+    assert held["last"]["len"] == 3 * HELD_EVERY

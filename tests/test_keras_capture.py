@@ -448,3 +448,21 @@ def test_the_share_of_the_model_that_trains_is_recorded(how):
     updated = norm + head if how == "frozen_fit" else head
     assert (last["params"], last["updated"]) == (body + norm + head, updated)
     assert compute(run)["untrained_share"] == pytest.approx(1 - updated / (body + norm + head))
+
+
+def test_a_list_an_eager_loop_keeps_is_looked_at():
+    """The Keras instrument looks at the loop's frames too (every 50 steps)."""
+    from model_debugger.capture.held import HELD_EVERY
+    from model_debugger.signals import growing_container
+
+    X, y = data(2 * HELD_EVERY * 8)
+    outputs_kept = []
+    with capture(hist_every=0) as rec:
+        model = mlp()
+        step = custom_step(model, traced=False)
+        for i in range(0, len(X), 8):
+            step(X[i:i + 8], y[i:i + 8])
+            outputs_kept.append(np.ones(1 << 17))  # 1 MB a step
+    held = growing_container(Run(rec.events))
+    assert held is not None and held["name"] == "outputs_kept"
+    assert held["mb_per_step"] == pytest.approx(1.0, rel=0.05)

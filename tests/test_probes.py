@@ -488,6 +488,21 @@ def train_keeping_outputs(steps: int):
         KEPT_OUTPUTS.append(retain_net(X[i:i + 32]))  # <retain>
 
 
+def train_with_a_local_cache():
+    """A cache local to this function (gone when the probes run) gets 1 MB every step."""
+    torch.manual_seed(13)
+    X = torch.randn(200 * 16, 8)
+    y = (X[:, 0] > 0).long()
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    features_seen = []
+    for i in range(0, len(X), 16):
+        features_seen.append(torch.ones(1 << 18))  # <local-cache>
+        opt.zero_grad()
+        F.cross_entropy(net(X[i:i + 16]), y[i:i + 16]).backward()
+        opt.step()
+
+
 def train_until_oom():
     torch.manual_seed(12)
     oom_net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
@@ -829,6 +844,18 @@ def test_graph_retention_short_run_without_rss_trend(tmp_path):
     # 12 steps: too few for the RSS slope signal (20 points), but 12 kept graphs are measured
     f = _retention(tmp_path, 12)
     assert f.evidence["rss_mb_per_step"] is None
+
+
+def test_a_cache_local_to_the_training_function_is_found_from_the_record(tmp_path):
+    """The list is gone when Isolate runs; the looks taken during the run found it growing by
+    about the 1 MB a step the loop adds, most of the memory growth."""
+    ctx = captured(tmp_path, train_with_a_local_cache)
+    assert "features_seen" not in ctx.namespace
+    assert ctx.signals["held_name"] == "features_seen"
+    assert ctx.signals["held_mb_per_step"] == pytest.approx(1.0, rel=0.02)
+    f = confirmed_one(ctx, "graph_retention", "training_loop")
+    assert_at(f, "local-cache")
+    assert f.evidence["variable"] == "features_seen" and f.evidence["held_share"] >= 0.5
 
 
 def test_batch_memory_real_cpu_allocation_failure(tmp_path):

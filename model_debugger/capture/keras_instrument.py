@@ -69,6 +69,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._work = 0.0  # seconds of the model's work since the last step (custom loops)
         self._loop: tuple | None = None  # (thread id, code) of the user's custom loop
         self._init_overhead()
+        self._init_held()
         self._keep_gate = None  # a traced loop's batches leave the graph while this is True
         self._fitting = None
         self._stash_of: dict[int, tuple] = {}  # id(model) -> stash key of its traced fit step

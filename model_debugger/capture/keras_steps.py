@@ -31,13 +31,14 @@ import time
 import numpy as np
 
 from ._util import num, rss_bytes
+from .held import HELD_EVERY, HeldWatch
 from .keras_util import in_xla, layer_of, user_location
 from .norms import MGN_MAX
 from .norms import window as norms_window
 from .sampler import OverheadWatch
 
 
-class StepHooks(OverheadWatch):
+class StepHooks(OverheadWatch, HeldWatch):
     """``GradientTape.gradient`` and ``BaseOptimizer.apply``: the loss and norms of each step."""
 
     def _idle(self) -> bool:
@@ -244,6 +245,8 @@ class StepHooks(OverheadWatch):
         self.rec.emit("step", **step)
         self.rec.step += 1
         self._steps += 1
+        if not self.rec.step % HELD_EVERY:  # the containers the loop keeps (held.py)
+            self.guard(self._look_held)(self.rec.step)
         if self.cfg.hist_every and self._steps % self.cfg.hist_every == 0:
             self._emit_targets()
 

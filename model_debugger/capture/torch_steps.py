@@ -27,6 +27,7 @@ import time
 import torch
 
 from ._util import FLUSH_SECONDS, num, rss_bytes
+from .held import HELD_EVERY, HeldWatch
 from .norms import MGN_MAX
 from .norms import window as norms_window
 from .sampler import OverheadWatch
@@ -41,7 +42,7 @@ NORM_MAX_EVERY = 16
 UNMEASURED = "unmeasured"  # the gradient norm of a step that norm_every skipped
 
 
-class StepRows(OverheadWatch):
+class StepRows(OverheadWatch, HeldWatch):
     """One row of numbers per training step, written as ``step`` events in batches."""
 
     def _init_step_state(self) -> None:
@@ -63,6 +64,8 @@ class StepRows(OverheadWatch):
         self._busy_t0 = 0.0
         self._in_data = False  # waiting in a DataLoader's __next__
         self._init_overhead()
+        self._init_held()
+        self._guarded_look_held = self.guard(self._look_held)
 
     # -- where the step's time goes ---------------------------------------------------------
     def _busy_enter(self) -> None:
@@ -108,6 +111,8 @@ class StepRows(OverheadWatch):
                            busy, self._dist_fields(self._last_opt) if self._multi else None))
         self._data_wait = 0.0
         self.rec.step += 1
+        if not self.rec.step % HELD_EVERY:  # the containers the loop keeps (held.py)
+            self._guarded_look_held(self.rec.step)
         if self._norm_auto and self.rec.step >= self._retune_at:
             self._retune_norms()
         if now - self._drained >= FLUSH_SECONDS:

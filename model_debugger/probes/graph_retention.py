@@ -1,7 +1,9 @@
 """``graph_retention``: memory growth traced to tensors kept across steps.
 
 Tensors that keep autograd history (each holds its graph), or a container of plain tensors that
-holds most of the memory the run grew by (a cache never cleared).
+holds most of the memory the run grew by (a cache never cleared): in the namespace left after
+the run, or measured during it in the loop's frames (``held`` events, :mod:`~model_debugger.
+capture.held`), so a local of a function that has returned counts too.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class GraphRetention(Probe):
                 "`.item()` or `.detach()` values instead.",
                 loc(hit) if hit else ctx.ref("backward"), variable=name, tensors=count,
                 tensor_bytes=size, rss_mb_per_step=growth, strength=0.95)]
-        cache = self._cache(ctx, namespace, growth)
+        cache = self._cache(ctx, namespace, growth) or self._held(ctx)
         if cache is not None:
             return [cache]
         kept = ctx.signals.get("graphs_kept_share")
@@ -123,6 +125,30 @@ class GraphRetention(Probe):
             return None
         name, (count, size) = max(held.items(), key=lambda kv: kv[1][1])
         return _cache_finding(self, ctx, name, count, size, grown, _growing_line(ctx, name))
+
+
+    def _held(self, ctx: ProbeContext):
+        """The same, from the record: a container in the loop's frames that grew during the run.
+
+        Looked at while it ran (``held`` events), so a local of a function that has returned
+        since counts too.
+        """
+        from ..signals import growing_container
+
+        share = ctx.signals.get("held_share")
+        if share is None or share < CACHE_SHARE:
+            return None
+        held = growing_container(ctx.run)
+        name, last = held["name"], held["last"]
+        return self.finding(
+            "training_loop", True,
+            f"'{name}' grew by {held['mb_per_step']:.3g} MB per step while the run was looked "
+            f"at ({last['len']} items, {last['bytes'] / 2**20:.1f} MB at the last look), "
+            f"{min(share, 1.0):.0%} of the memory growth measured: a cache the loop adds to "
+            "every step and never clears.",
+            _growing_line(ctx, name) or {"file": held["file"], "line": held["line"]},
+            variable=name, items=last["len"], tensor_bytes=last["bytes"],
+            held_mb_per_step=held["mb_per_step"], held_share=share, strength=0.85)
 
 
 CACHE_SHARE = 0.5  # of the memory growth measured, held by one container of tensors

@@ -1,0 +1,125 @@
+"""What the training loop keeps: the containers in the user's frames that hold tensors or arrays.
+
+A list that gets one tensor per step (a cache never cleared, outputs kept "for later", losses
+appended without ``.item()``) is the most common way a loop leaks memory. Every
+``HELD_EVERY`` steps, on the training thread, :class:`HeldWatch` (mixed into both instruments)
+looks at the variables of the user's frames on the stack (locals, and the module's globals) and
+measures the bytes of tensors and arrays each list, tuple, dict, set or deque holds (one level
+deep, plus tuples inside it; a long container is sampled). A ``held`` event lists those holding
+at least ``HELD_MIN_BYTES``: name, length, bytes, and the frame's file and line.
+
+Importing this module imports neither torch nor tensorflow.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+from .codeloc import is_user_file
+
+HELD_EVERY = 50  # steps between looks
+HELD_MAX = 40  # looks at most (then every 50th step after the 2000th is not looked at)
+HELD_MIN_BYTES = 1 << 20  # containers holding less are not reported
+SAMPLE = 512  # elements of a long container looked at (the rest estimated from them)
+_CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
+
+
+def _nbytes(obj, seen: set[int]) -> int:
+    """Bytes of one tensor / array (its storage, once per storage), else 0."""
+    kind = type(obj).__module__.split(".", 1)[0]
+    if kind == "torch" and hasattr(obj, "untyped_storage"):
+        try:
+            storage = obj.untyped_storage()
+            key = storage.data_ptr()
+            if key in seen:
+                return 0
+            seen.add(key)
+            return int(storage.nbytes())
+        except Exception:  # noqa: BLE001 - a meta / sparse tensor: its elements
+            return int(obj.numel() * obj.element_size())
+    if kind == "numpy" and hasattr(obj, "nbytes"):
+        base = obj.base if getattr(obj, "base", None) is not None else obj
+        if id(base) in seen:
+            return 0
+        seen.add(id(base))
+        return int(base.nbytes)
+    if kind in ("tensorflow", "keras") and hasattr(obj, "shape") and hasattr(obj, "dtype"):
+        try:
+            size = getattr(obj.dtype, "size", 4)
+            n = 1
+            for d in obj.shape:
+                n *= int(d)
+            return n * int(size)
+        except Exception:  # noqa: BLE001 - a symbolic tensor
+            return 0
+    return 0
+
+
+def held_bytes(container, seen: set[int] | None = None) -> int:
+    """Tensor / array bytes a container holds (its elements, and the tuples among them).
+
+    Parameters
+    ----------
+    container : list, tuple, dict, set or deque
+        What to measure; longer than ``SAMPLE`` elements, evenly sampled and scaled up.
+    seen : set, optional
+        Storages already counted (shared across containers of one look).
+    """
+    seen = set() if seen is None else seen
+    items = container.values() if isinstance(container, dict) else container
+    n = len(container)
+    stride = max(1, n // SAMPLE)
+    try:
+        picked = list(items)[::stride] if stride > 1 else list(items)
+    except RuntimeError:  # changed size while read (another thread): not this time
+        return 0
+    total = 0
+    for item in picked:
+        if isinstance(item, tuple):
+            total += sum(_nbytes(x, seen) for x in item)
+        else:
+            total += _nbytes(item, seen)
+    return total * stride
+
+
+class HeldWatch:
+    """Every ``HELD_EVERY`` steps: a ``held`` event of the user's containers holding tensors.
+
+    The instrument calls :meth:`_init_held` once and :meth:`_look_held` after each step, on
+    the training thread.
+    """
+
+    def _init_held(self) -> None:
+        self._held_looks = 0
+
+    def _look_held(self, step: int, frame=None) -> None:
+        """Look at the user's frames on the stack when ``step`` is due."""
+        if step % HELD_EVERY or step == 0 or self._held_looks >= HELD_MAX:
+            return
+        self._held_looks += 1
+        found = []
+        seen: set[int] = set()
+        done: set[int] = set()
+        f = frame if frame is not None else sys._getframe(1)
+        depth = 0
+        while f is not None and depth < 30:
+            code = f.f_code
+            if is_user_file(code.co_filename):
+                scopes = [("local", f.f_locals)]
+                if f.f_globals is not f.f_locals:
+                    scopes.append(("global", f.f_globals))
+                for scope, names in scopes:
+                    for name, value in list(names.items()):
+                        if not isinstance(value, _CONTAINERS) or id(value) in done or \
+                                not value or name.startswith("__"):
+                            continue
+                        done.add(id(value))
+                        size = held_bytes(value, seen)
+                        if size >= HELD_MIN_BYTES:
+                            found.append({"name": name, "len": len(value), "bytes": size,
+                                          "scope": scope, "file": code.co_filename,
+                                          "line": f.f_lineno})
+            f, depth = f.f_back, depth + 1
+        if found:
+            self.rec.emit("held", step=step, containers=found[:20])
