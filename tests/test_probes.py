@@ -669,6 +669,15 @@ def test_frozen_layers_are_no_graph_cut(tmp_path):
     assert probe(ctx, "detached_output") == []
 
 
+def test_probes_a_cited_signal_suggests_run_first(tmp_path):
+    """Most of the model untrained is cited: the probes it suggests run before the rest."""
+    ctx = captured(tmp_path, train_frozen_layers)
+    assert "untrained_share" in {e.signal for e in ctx.classification.evidence}
+    started: list[str] = []
+    run_probes(ctx, progress=lambda pid, n, total: started.append(pid))
+    assert set(started[:2]) == {"frozen_parameters", "detached_output"}, started
+
+
 def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):
     ctx = captured(tmp_path, train_heavy_dropout)
     f = confirmed_one(ctx, "dropout_rate", "architecture")

@@ -127,6 +127,9 @@ class Probe:
     data_role : {"inputs", "targets"} or None
         Which half of the training data its ``data`` findings are about: their location is
         traced back to where that half was made (:func:`~model_debugger.provenance.data_origin`).
+    suggested_by : tuple of str
+        Signals that point at this probe's cause: when the classification cites one, the probe
+        runs before the others (the most likely cause is tested while the budget lasts).
     """
 
     id: str = ""
@@ -135,6 +138,7 @@ class Probe:
     frameworks: tuple[str, ...] = ("torch", "keras", "none")
     fix: str = GENERIC_SUGGESTION
     data_role: str | None = None
+    suggested_by: tuple[str, ...] = ()
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Whether the probe can run on this context."""
@@ -259,6 +263,9 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> ProbeReport:
     """Run probes (default: those for the primary and secondary categories).
 
+    By default the probes a cited signal suggests (``Probe.suggested_by``) run first, the rest
+    in registry order, while the budget lasts.
+
     A probe that raises yields an unconfirmed finding naming the error; it never stops the others.
 
     Returns
@@ -272,6 +279,8 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
         ids = []
         for cat in cats:
             ids += [p for p in probes_for(cat) if p not in ids]
+        cited = {e.signal for e in ctx.classification.evidence}
+        ids.sort(key=lambda p: not cited & set(PROBES[p].suggested_by))  # (stable)
     findings: list[Finding] = []
     timings: dict[str, float] = {}
     measured: dict = {}

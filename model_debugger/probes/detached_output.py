@@ -27,6 +27,7 @@ class DetachedOutput(SettingExperiment):
     """Whether gradients reach the weights: the recorded norms, the copies' backward, the lint."""
 
     id = "detached_output"
+    suggested_by = ("untrained_share",)
     categories = ("loss_not_decreasing",)
     needs_live = False
     fix = ("Remove the .detach()/.data/no_grad on the path from the model's output to the loss, "

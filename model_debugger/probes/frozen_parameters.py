@@ -22,6 +22,7 @@ class FrozenParameters(SettingExperiment):
     """Most parameters frozen, and a copy with them training learns clearly better."""
 
     id = "frozen_parameters"
+    suggested_by = ("untrained_share",)
     fix = ("Let the frozen layers train (remove the requires_grad=False / trainable=False), or "
            "unfreeze them after a few epochs when fine-tuning.")
 
