@@ -5,6 +5,7 @@ expect-category: loss_not_decreasing
 expect-root-cause: architecture
 expect-check: frozen_parameters
 expect-line: base.trainable = False
+expect-backward: model.fit(
 fault: architecture (a randomly initialised base frozen, as for transfer learning)
 """
 import os
