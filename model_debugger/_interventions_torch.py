@@ -338,3 +338,59 @@ def clip_off(params: dict, torch) -> Callable[[], None]:
     undo += [install(owner, "clip_grad_value_", no_value) for owner in (clip_grad, utils)]
     return _removes(undo)
 
+
+
+def graph_keeping_detach(torch, sites: list | None = None) -> Callable:
+    """A ``Tensor.detach`` that keeps the graph where your code detaches inside a forward.
+
+    Only calls from the user's code (not the framework's), on tensors that need a gradient,
+    while gradients are on and a module's forward runs (``in_forward()``, set by the caller);
+    their lines go to ``sites``. Elsewhere (``loss.detach()`` for a log) it detaches as usual.
+    """
+    import sys
+
+    from .capture.codeloc import is_user_file
+
+    original = torch.Tensor.detach
+
+    def detach(t, *args, **kwargs):
+        caller = sys._getframe(1)
+        if detach.in_forward() and t.requires_grad and torch.is_grad_enabled() and \
+                is_user_file(caller.f_code.co_filename):
+            if sites is not None:
+                site = {"file": caller.f_code.co_filename, "line": caller.f_lineno}
+                if site not in sites:
+                    sites.append(site)
+            return t
+        return original(t, *args, **kwargs)
+
+    detach.in_forward = lambda: True
+    detach.original = original
+    return detach
+
+
+def keep_graph(params: dict, torch) -> Callable[[], None]:
+    """``.detach()`` in your model's forward keeps the graph (gradients reach what it cut off)."""
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    depth = [0]
+
+    def pre(module, args):
+        depth[0] += 1
+
+    def post(module, args, output):
+        depth[0] = max(0, depth[0] - 1)
+
+    detach = graph_keeping_detach(torch)
+    detach.in_forward = lambda: depth[0] > 0
+    torch.Tensor.detach = detach
+
+    def restore() -> None:
+        torch.Tensor.detach = detach.original
+
+    handles = [register_module_forward_pre_hook(pre),
+               register_module_forward_hook(post, always_call=True)]
+    return _removes([restore, *[h.remove for h in handles]])

@@ -103,6 +103,8 @@ INTERVENTIONS: dict[str, Kind] = {k.id: k for k in (
           ("torch",)),
     _kind("train_mode", "a model called with gradients on is put back in train mode",
           "train_mode", ("torch",)),
+    _kind("keep_graph", "a .detach() in your model's forward keeps the graph", "keep_graph",
+          ("torch",)),
 )}
 
 

@@ -96,6 +96,50 @@ def test_each_torch_intervention_changes_what_it_names_and_is_removed_after(cell
     assert not check(cell())  # the next run is the cell as written again
 
 
+CUT = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = nn.Linear(6, 16), nn.Linear(16, 2)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.body(x)).detach())
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    seen = {"body_grad": [], "logged_needs_grad": []}
+    for _ in range(3):
+        opt.zero_grad()
+        loss = net(torch.randn(32, 6)).pow(2).mean()
+        loss.backward()
+        seen["body_grad"].append(net.body.weight.grad is not None)
+        seen["logged_needs_grad"].append(loss.detach().requires_grad)  # outside forward
+        opt.step()
+""")
+
+
+def test_keep_graph_reconnects_a_detach_inside_forward_only(tmp_path):
+    """The re-run's forward keeps the graph where the model's code detaches; a ``detach`` in
+    the loop (a value logged) still detaches; the run after it is the code as written."""
+    ns: dict = {}
+    art = CellArtifact(ns, CUT)
+    version = Version("reproduced", str(tmp_path / "copy.py"))
+
+    def run(i, change=None):
+        cap = art.run(version, 0, str(tmp_path / f"r{i}.jsonl"), intervention=change)
+        assert cap.error is None, cap.error
+        return ns["seen"]
+
+    assert run(0)["body_grad"] == [False] * 3
+    seen = run(1, Intervention("keep_graph"))
+    assert seen["body_grad"] == [True] * 3 and seen["logged_needs_grad"] == [False] * 3
+    assert run(2)["body_grad"] == [False] * 3
+
+
 def test_every_intervention_is_documented_and_bad_parameters_are_refused(cell):
     for kind in INTERVENTIONS.values():
         assert kind.description and set(kind.install) == set(kind.frameworks)

@@ -13,8 +13,7 @@ Two shapes of one fault:
 
 from __future__ import annotations
 
-import sys
-
+from ..records import Intervention
 from ._heldout import SettingExperiment
 from ._lint import lint_hits, loc
 from .base import ProbeContext, register
@@ -32,6 +31,10 @@ class DetachedOutput(SettingExperiment):
     needs_live = False
     fix = ("Remove the .detach()/.data/no_grad on the path from the model's output to the loss, "
            "so gradients reach the weights.")
+
+    def intervention(self, finding):
+        """The re-run's forward keeps the graph where the code detaches (a cut inside forward)."""
+        return Intervention("keep_graph") if finding.evidence.get("detach_sites") else None
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Always: the record's norms and the lint need no live model."""
@@ -107,34 +110,24 @@ def _cut_share(tr, keep: bool) -> tuple[float, list[dict]]:
 
 
 def _keeping_graph(model, sites: list | None = None):
-    """``model`` (a copy) whose forward keeps the graph where it calls ``Tensor.detach``.
+    """``model`` (a copy) whose forward keeps the graph where your code calls ``detach``.
 
-    Only detaches made by the user's code (not the framework's) on tensors that need a gradient
-    are kept; their lines go to ``sites``.
+    Only detaches made by the user's code on tensors that need a gradient are kept (the
+    ``keep_graph`` intervention's rule); their lines go to ``sites``.
     """
     import torch
 
-    from ..capture.codeloc import is_user_file
+    from .._interventions_torch import graph_keeping_detach
 
     forward = model.forward
-    original = torch.Tensor.detach
-
-    def detach(t, *args, **kwargs):
-        caller = sys._getframe(1)
-        if t.requires_grad and is_user_file(caller.f_code.co_filename):
-            if sites is not None:
-                site = {"file": caller.f_code.co_filename, "line": caller.f_lineno}
-                if site not in sites:
-                    sites.append(site)
-            return t
-        return original(t, *args, **kwargs)
+    detach = graph_keeping_detach(torch, sites)
 
     def kept(*args, **kwargs):
         torch.Tensor.detach = detach
         try:
             return forward(*args, **kwargs)
         finally:
-            torch.Tensor.detach = original
+            torch.Tensor.detach = detach.original
 
     model.forward = kept
     return model
