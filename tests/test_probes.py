@@ -264,6 +264,21 @@ def train_cut_body():
             opt.step()
 
 
+def train_head_only_optimizer():
+    """Nothing frozen, but the optimizer was given the head's parameters only."""
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                        nn.Linear(64, 2))
+    opt = torch.optim.Adam(net[4].parameters(), lr=1e-2)  # <head-only>
+    for _epoch in range(4):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+
+
 def train_frozen_layers():
     torch.manual_seed(8)
     X = torch.randn(1024, 12)
@@ -676,6 +691,16 @@ def test_probes_a_cited_signal_suggests_run_first(tmp_path):
     started: list[str] = []
     run_probes(ctx, progress=lambda pid, n, total: started.append(pid))
     assert set(started[:2]) == {"frozen_parameters", "detached_output"}, started
+
+
+def test_an_optimizer_over_part_of_the_model_is_tested_like_frozen_layers(tmp_path):
+    """Copies train what the user's optimizer trains: the body left out holds the loss up."""
+    ctx = captured(tmp_path, train_head_only_optimizer)
+    assert ctx.signals["untrained_share"] > 0.9 and ctx.trainer.trained_names == {
+        "4.weight", "4.bias"}
+    f = confirmed_one(ctx, "frozen_parameters", "training_loop")  # the loop's optimizer line
+    assert_at(f, "head-only")
+    assert f.evidence["frozen_share"] > 0.9 and "left out of the optimizer" in f.explanation
 
 
 def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):

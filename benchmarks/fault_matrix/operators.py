@@ -737,6 +737,16 @@ def _optimizer_stale(p: Program) -> list[Edit]:
                                                f"copy.deepcopy({model}).parameters()")]
 
 
+@operator("optimizer_partial_params", "loop", "loss_not_decreasing", "training_loop",
+          "the optimizer is given only the last layer's parameters: the rest never updates")
+def _optimizer_partial(p: Program) -> list[Edit]:
+    need(p.is_torch, "PyTorch only")
+    opt = need(p.optimizer(), "no optimizer")
+    model = need(p.model_name(), "no model")
+    need(opt.args and "parameters()" in p.text(opt.args[0]), "parameters not passed directly")
+    return [replace(p, opt.args[0], f"list({model}.parameters())[-2:]")]
+
+
 @operator("detach_prediction", "loop", "loss_not_decreasing", "training_loop",
           "the prediction is detached before the loss: no gradient reaches the model")
 def _detach_prediction(p: Program) -> list[Edit]:

@@ -143,10 +143,15 @@ class Keeper(SpilledState):
         return _arrays(self.train_batches), _arrays(self.val_batches)
 
     def on_optimizer(self, opt) -> None:
-        """Keep the first optimizer's class, name and hyperparameters (``defaults``)."""
+        """Keep the first optimizer's class, name, hyperparameters and parameters.
+
+        ``param_ids`` (which parameters it updates): copies train the same ones.
+        """
         if self.optimizer is None:
             self.optimizer = {"cls": type(opt), "name": type(opt).__name__,
-                              "hyper": dict(opt.defaults)}
+                              "hyper": dict(opt.defaults),
+                              "param_ids": frozenset(id(p) for g in opt.param_groups
+                                                     for p in g["params"])}
 
     def sampling(self, training: bool, epoch: int) -> bool:
         """Whether :meth:`on_loss` may still keep something for this split and epoch."""

@@ -1,6 +1,7 @@
-"""``frozen_parameters``: most of the model does not train (``requires_grad``/``trainable`` off).
+"""``frozen_parameters``: most of the model does not train (frozen, or left out of the optimizer).
 
-Measured on the live model, then tested by experiment: two fresh copies trained on the same rows,
+Frozen: ``requires_grad``/``trainable`` off; copies also train only what the user's optimizer
+trains. Measured on the live model, then tested by experiment: two fresh copies trained on the same rows,
 one as set up and one with every parameter training; the finding is confirmed when the
 unfrozen copy reaches a clearly lower held-out loss.
 """
@@ -23,8 +24,9 @@ class FrozenParameters(SettingExperiment):
 
     id = "frozen_parameters"
     suggested_by = ("untrained_share",)
-    fix = ("Let the frozen layers train (remove the requires_grad=False / trainable=False), or "
-           "unfreeze them after a few epochs when fine-tuning.")
+    fix = ("Let the frozen layers train (remove the requires_grad=False / trainable=False, and "
+           "give the optimizer every parameter), or unfreeze them after a few epochs when "
+           "fine-tuning.")
 
     def intervention(self, finding):
         """Every parameter trains in the re-run."""
@@ -37,13 +39,21 @@ class FrozenParameters(SettingExperiment):
         if share < FROZEN:
             return []
         frozen, unfrozen, confirmed = self.compare(ctx, tr.unfreeze)
+        left_out = getattr(tr, "trained_names", None) is not None
+        flagged = tr.framework != "torch" or any(not p.requires_grad
+                                                 for p in tr.model.parameters())
+        how = ("frozen, or left out of the optimizer" if flagged else
+               "left out of the optimizer") if left_out else "frozen"
+        where = (source_line(ctx, _FREEZE, ctx.ref("model")) if flagged else None) or \
+            (ctx.ref("optimizer") if left_out else None) or ctx.ref("model")
+        root = "training_loop" if left_out and not flagged else "architecture"
         return [self.finding(
-            "architecture", confirmed,
-            f"{share:.0%} of the model's parameters do not train. Two fresh copies trained on "
+            root, confirmed,
+            f"{share:.0%} of the model's parameters do not train ({how}). Two fresh copies "
+            "trained on "
             f"the same rows reach a held-out loss of {unfrozen:.4g} with every parameter "
             f"training and {frozen:.4g} as set up"
-            + (": the frozen layers hold the loss up." if confirmed else
-               ": no clearly better, so freezing is not what holds the loss up."),
-            source_line(ctx, _FREEZE, ctx.ref("model")) or ctx.ref("model"),
-            undone=confirmed, strength=0.8 if confirmed else 0.15,
+            + (": the weights that do not train hold the loss up." if confirmed else
+               ": no clearly better, so they are not what holds the loss up."),
+            where, undone=confirmed, strength=0.8 if confirmed else 0.15,
             frozen_share=share, heldout_frozen=frozen, heldout_unfrozen=unfrozen)]

@@ -59,6 +59,11 @@ class TorchTrainer(SampleTrainer):
         self.input_names = tuple(input_names)
         self.initial_state = initial_state
         self.opt_cls = optimizer.get("cls") or torch.optim.Adam
+        ids = optimizer.get("param_ids") or frozenset()
+        names = {n for n, p in model.named_parameters() if id(p) in ids}
+        # the parameters the user's optimizer updates, when it leaves some of the model out
+        self.trained_names = frozenset(names) if 0 < len(names) < sum(
+            1 for _ in model.parameters()) else None
         self.hyper = dict(optimizer.get("hyper") or {"lr": 1e-3})
         self.loss_fn = getattr(torch.nn.functional, loss["name"])
         self.loss_kwargs = dict(loss.get("kwargs") or {})
@@ -88,10 +93,13 @@ class TorchTrainer(SampleTrainer):
         if lr is not None:
             hyper["lr"] = lr
         cls = cls or self.opt_cls
+        params = list(model.parameters())
+        if self.trained_names is not None and not getattr(model, "_md_every_param", False):
+            params = [p for n, p in model.named_parameters() if n in self.trained_names]
         try:
-            return cls(model.parameters(), **hyper)
+            return cls(params, **hyper)
         except TypeError:
-            return cls(model.parameters(), lr=hyper.get("lr", 1e-3))
+            return cls(params, lr=hyper.get("lr", 1e-3))
 
     def settings(self) -> dict:
         """The optimizer settings a probe may suspect, by framework-neutral name.
@@ -221,9 +229,14 @@ class TorchTrainer(SampleTrainer):
         return sum(p.numel() for p in self.model.parameters())
 
     def frozen_share(self) -> float:
-        """Share of the model's parameters (by count) that do not train (``requires_grad`` off)."""
+        """Share of the model's parameters (by count) that do not train.
+
+        ``requires_grad`` off, or left out of the user's optimizer.
+        """
         total = self.param_count()
-        frozen = sum(p.numel() for p in self.model.parameters() if not p.requires_grad)
+        left_out = self.trained_names
+        frozen = sum(p.numel() for n, p in self.model.named_parameters()
+                     if not p.requires_grad or left_out is not None and n not in left_out)
         return frozen / total if total else 0.0
 
     def dropout_rates(self) -> dict[str, float]:
@@ -233,9 +246,10 @@ class TorchTrainer(SampleTrainer):
 
     @staticmethod
     def unfreeze(model):
-        """Make every parameter of ``model`` (a copy) train; returns it."""
+        """Make every parameter of ``model`` (a copy) train, in its optimizer too; returns it."""
         for p in model.parameters():
             p.requires_grad_(True)
+        model._md_every_param = True  # (read by :meth:`optimizer`)
         return model
 
     @staticmethod
