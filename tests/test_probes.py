@@ -279,6 +279,22 @@ def train_head_only_optimizer():
             opt.step()
 
 
+def train_slow_lambda_collate():
+    """A slow collate written inline on the DataLoader line, over tensors made lines above."""
+    import time as _time
+
+    torch.manual_seed(9)
+    feats = torch.randn(640, 4)
+    labels = (feats[:, 0] > 0).long()
+    loader = DataLoader(TensorDataset(feats, labels), batch_size=32, collate_fn=lambda b: _time.sleep(0.01) or torch.utils.data.default_collate(b))  # noqa: E501  # <slow-collate>
+    net = nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for xb, yb in loader:
+        opt.zero_grad()
+        F.cross_entropy(net(xb), yb).backward()
+        opt.step()
+
+
 def train_frozen_layers():
     torch.manual_seed(8)
     X = torch.randn(1024, 12)
@@ -701,6 +717,13 @@ def test_an_optimizer_over_part_of_the_model_is_tested_like_frozen_layers(tmp_pa
     f = confirmed_one(ctx, "frozen_parameters", "training_loop")  # the loop's optimizer line
     assert_at(f, "head-only")
     assert f.evidence["frozen_share"] > 0.9 and "left out of the optimizer" in f.explanation
+
+
+def test_a_slow_collate_is_located_at_itself_not_where_the_data_was_made(tmp_path):
+    ctx = captured(tmp_path, train_slow_lambda_collate)
+    f = confirmed_one(ctx, "dataloader_throughput", "data")
+    assert_at(f, "slow-collate")
+    assert "used_at" not in f.location
 
 
 def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):

@@ -127,6 +127,9 @@ class Probe:
     data_role : {"inputs", "targets"} or None
         Which half of the training data its ``data`` findings are about: their location is
         traced back to where that half was made (:func:`~model_debugger.provenance.data_origin`).
+    traces_origin : bool
+        Whether its ``data`` findings are moved to where the data was made (False: its location
+        is already the code at fault, e.g. a slow collate function).
     suggested_by : tuple of str
         Signals that point at this probe's cause: when the classification cites one, the probe
         runs before the others (the most likely cause is tested while the budget lasts).
@@ -139,6 +142,7 @@ class Probe:
     fix: str = GENERIC_SUGGESTION
     data_role: str | None = None
     suggested_by: tuple[str, ...] = ()
+    traces_origin: bool = True
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Whether the probe can run on this context."""
@@ -183,7 +187,7 @@ class Probe:
         A ``data`` finding seen where the data was used (the loss call, ``fit``) is located
         where that data was made (:func:`~model_debugger.provenance.data_origin`).
         """
-        if root_cause == "data":
+        if root_cause == "data" and self.traces_origin:
             from ..provenance import data_origin
 
             location = data_origin(location, self.data_role)

@@ -18,6 +18,7 @@ class DataloaderThroughput(Probe):
     categories = ("performance_issue",)
     needs_live = True
     frameworks = ("torch", "keras")
+    traces_origin = False  # located at the slow code itself (collate, __getitem__)
     fix = ("Move the expensive work out of the per-sample path (vectorised collate, precomputed "
            "tensors) or load in parallel with DataLoader(num_workers=N, persistent_workers=True).")
 
