@@ -412,6 +412,9 @@ def plateau(sig: dict):
           _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / mean"),
           _ev(sig, PLATEAU_SIGNAL, f"the loss ends at >= {floor:g} x the constant "
               "predictor's (tentative: it stands only if an experiment finds what holds it up)")]
+    if sig.get("lr_collapsed_share", 0.0) >= 0.5:
+        ev.append(_ev(sig, "lr_collapsed_share", "of the run's steps with the learning rate below "
+                      "1% of its peak (what could hold the loss up)"))
     if held:
         ev.append(_ev(sig, "untrained_share", f"of the model's parameters no step updated "
                       f"(>= {UNTRAINED_SHARE:g}: what could hold the loss up)"))

@@ -30,6 +30,8 @@ SIGNALS: dict[str, str] = {
     "loss_floor_share": "loss_final / constant_predictor_loss: where the loss settled",
     "untrained_share": "share of the model's parameters no optimizer step updated (frozen, "
                        "left out of the optimizer, or cut from the loss's graph)",
+    "lr_peak": "the highest learning rate the first parameter group had",
+    "lr_collapsed_share": "share of the run's steps after the rate fell below 1% of its peak",
     "held_name": "the variable of your loop whose container of tensors/arrays grows fastest",
     "held_mb_per_step": "how fast it grows, MB per step (between the first and last look)",
     "held_share": "held_mb_per_step / the process's (or GPU's) memory growth per step",
@@ -188,6 +190,7 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
 FLOOR_ZEROS = 0.05  # exact zeros among the loss inputs, none below: a ReLU/clamp on the output
 PRESSED_SHARE = 0.05  # ... or this share of them at a sigmoid's or tanh's bound: saturated
 _REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+LR_COLLAPSE = 0.01  # a rate below 1% of its peak: the schedule has all but stopped training
 
 
 def output_range(seen: dict | None, targets: dict | None) -> dict:
@@ -446,6 +449,12 @@ def compute(run: Run) -> dict:
         slope, r2 = _fit(body / 2**20)
         s["cuda_growth_mb"] = float((body[-1] - body[0]) / 2**20)
         s["cuda_slope_mb_per_step"], s["cuda_growth_r2"] = slope, r2
+    lrs = [(e["step"], e["lr"]) for e in run.of("lr") if isinstance(e.get("lr"), (int, float))]
+    if lrs and s.get("steps"):
+        peak = max(lr for _, lr in lrs)
+        s["lr_peak"] = peak
+        low = next((i for i, lr in lrs if peak > 0 and lr < LR_COLLAPSE * peak), None)
+        s["lr_collapsed_share"] = 0.0 if low is None else max(0.0, 1 - low / s["steps"])
     held = growing_container(run)
     if held is not None:
         s["held_name"], s["held_mb_per_step"] = held["name"], held["mb_per_step"]

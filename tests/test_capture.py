@@ -1133,3 +1133,21 @@ def test_containers_the_loop_keeps_are_looked_at_during_the_run():
     assert held["name"] == "kept" and held["file"] == HERE
     assert held["mb_per_step"] == pytest.approx(1.0, rel=0.01)
     assert held["last"]["len"] == 3 * HELD_EVERY
+
+
+def test_the_learning_rate_trajectory_and_the_scheduler_line_are_recorded():
+    """An ``lr`` event when the rate moves by 1.5x or more; the scheduler's line is a ref."""
+    model = nn.Linear(3, 1)
+    with capture() as rec:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.1)  # <sched>
+        for _ in range(12):
+            opt.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            opt.step()
+            sched.step()
+    run = Run(rec.events)
+    assert [(e["step"], round(e["lr"], 6)) for e in run.of("lr")] == [
+        (0, 0.1), (4, 0.01), (8, 0.001)]
+    ref = next(e for e in run.of("ref") if e["kind"] == "scheduler")
+    assert (ref["line"], ref["cls"]) == (line_of("sched"), "StepLR")

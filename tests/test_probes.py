@@ -295,6 +295,22 @@ def train_slow_lambda_collate():
         opt.step()
 
 
+def train_schedule_collapsing():
+    """A StepLR stepped every batch with gamma 0.02: the rate is ~0 after a few steps."""
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.02)  # <collapse>
+    for _epoch in range(4):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+            sched.step()
+
+
 def train_frozen_layers():
     torch.manual_seed(8)
     X = torch.randn(1024, 12)
@@ -724,6 +740,20 @@ def test_a_slow_collate_is_located_at_itself_not_where_the_data_was_made(tmp_pat
     f = confirmed_one(ctx, "dataloader_throughput", "data")
     assert_at(f, "slow-collate")
     assert "used_at" not in f.location
+
+
+def test_a_schedule_that_stops_training_is_confirmed_by_a_copy_at_its_peak_rate(tmp_path):
+    ctx = captured(tmp_path, train_schedule_collapsing)
+    assert ctx.signals["lr_peak"] == pytest.approx(1e-2)
+    assert ctx.signals["lr_collapsed_share"] > 0.9
+    f = confirmed_one(ctx, "lr_schedule", "hyperparameter")
+    assert_at(f, "collapse")
+    assert f.evidence["heldout_peak_lr"] < 0.8 * f.evidence["heldout_median_lr"]
+
+
+def test_a_steady_rate_is_no_schedule_finding(healthy):
+    assert "lr_collapsed_share" in healthy.signals and healthy.signals["lr_collapsed_share"] == 0
+    assert not PROBES["lr_schedule"]().applies(healthy)
 
 
 def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):

@@ -114,6 +114,10 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self.hold(optim_mod.register_optimizer_step_pre_hook(self.guard(self._pre_step)))
         self.hold(optim_mod.register_optimizer_step_post_hook(self.guard(self._post_step)))
         self.patch(optim_mod.Optimizer, "__init__", self._wrap_opt_init)
+        from torch.optim import lr_scheduler
+
+        base = getattr(lr_scheduler, "LRScheduler", None) or lr_scheduler._LRScheduler
+        self.patch(base, "__init__", self._wrap_scheduler_init)
         from torch.nn.utils import clip_grad
 
         if hasattr(clip_grad, "_clip_grads_with_norm_"):  # torch >= 2.6

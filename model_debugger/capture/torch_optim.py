@@ -13,6 +13,9 @@ What they record:
 - ``clip_grad_norm_`` (through ``_clip_grads_with_norm_``): the clip's coefficient, so that the
   norms recorded are those before the clip (the clipped total is the row's ``gnc``) and one
   ``clip`` event per ``max_norm`` (at most three);
+- ``LRScheduler.__init__``: a ``scheduler`` ``ref`` (where the first schedule was built); every
+  step, the first parameter group's learning rate, as an ``lr`` event when it moved by 1.5x or
+  more since the last one (at most ``LR_EVENTS``: the schedule's trajectory);
 - the first step of each optimizer: a ``trained`` event (the model's parameter count and how
   many of them the optimizers' steps so far updated: frozen layers, an optimizer over part of
   the model, a branch cut from the graph all leave parameters without a gradient);
@@ -45,6 +48,8 @@ from .torch_util import hyper
 
 _OPTIMIZER_EVENTS = 3  # ``optimizer`` events per line that builds one (a loop may build many)
 HIST_PARAMS = 64  # gradients histogrammed per step, at most
+LR_EVENTS = 64  # ``lr`` events at most (one each time the rate moved by LR_MOVE or more)
+LR_MOVE = 1.5
 
 
 class OptimizerHooks:
@@ -69,6 +74,9 @@ class OptimizerHooks:
         self._step_clipped = None  # the clipped global norm of the step in progress
         self._guarded_on_clip = self.guard(self._on_clip)
         self._updated: set[int] = set()  # ids of parameters some optimizer's first step updated
+        self._lr_last: float | None = None  # the last learning rate written (``lr`` events)
+        self._lr_events = 0
+        self._scheduler_seen = False
         self._updated_by: set[int] = set()  # ids of the optimizers counted there
 
     def _let_go_optimizer(self) -> None:
@@ -107,6 +115,35 @@ class OptimizerHooks:
             params = [p for g in opt.param_groups for p in g["params"]]
             self._discover(sys._getframe(), params)
 
+    def _wrap_scheduler_init(self, original):
+        link = self._link
+
+        def __init__(sched, *args, **kwargs):
+            original(sched, *args, **kwargs)
+            inst = link()
+            if inst is not None and not inst._scheduler_seen:
+                inst._scheduler_seen = True
+                inst.guard(inst.ref)("scheduler", user_location(sys._getframe()),
+                                     cls=type(sched).__name__)
+
+        __init__.__wrapped__ = original
+        return __init__
+
+    def _note_lr(self, opt) -> None:
+        """An ``lr`` event when the first group's rate moved by ``LR_MOVE`` or more."""
+        groups = opt.param_groups
+        lr = groups[0].get("lr") if groups else None
+        if hasattr(lr, "item"):  # a tensor learning rate
+            lr = float(lr.item())
+        if not isinstance(lr, (int, float)) or self._lr_events >= LR_EVENTS:
+            return
+        last = self._lr_last
+        if last is None or (lr > 0) != (last > 0) or \
+                lr > 0 and not 1 / LR_MOVE < lr / last < LR_MOVE:
+            self._lr_last = float(lr)
+            self._lr_events += 1
+            self.rec.emit("lr", step=self.rec.step, lr=float(lr))
+
     # -- steps -----------------------------------------------------------------------------
     def _params(self, opt) -> list:
         return [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
@@ -127,6 +164,7 @@ class OptimizerHooks:
             self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
                           location=None)
         self._last_opt = opt
+        self._note_lr(opt)
         # schedules count the steps of each set of parameters: a GAN's two optimizers
         # alternate, and an optimizer re-created every step still updates the same weights
         groups = opt.param_groups
