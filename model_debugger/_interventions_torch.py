@@ -340,12 +340,13 @@ def clip_off(params: dict, torch) -> Callable[[], None]:
 
 
 
-def graph_keeping_detach(torch, sites: list | None = None) -> Callable:
+def graph_keeping_detach(torch, sites: list | None = None, only=None) -> Callable:
     """A ``Tensor.detach`` that keeps the graph where your code detaches inside a forward.
 
     Only calls from the user's code (not the framework's), on tensors that need a gradient,
-    while gradients are on and a module's forward runs (``in_forward()``, set by the caller);
-    their lines go to ``sites``. Elsewhere (``loss.detach()`` for a log) it detaches as usual.
+    while gradients are on and a module's forward runs (``in_forward()``, set by the caller),
+    and, given ``only`` (a set of ``(file, line)``), only at those lines; their lines go to
+    ``sites``. Elsewhere (``loss.detach()`` for a log) it detaches as usual.
     """
     import sys
 
@@ -356,7 +357,8 @@ def graph_keeping_detach(torch, sites: list | None = None) -> Callable:
     def detach(t, *args, **kwargs):
         caller = sys._getframe(1)
         if detach.in_forward() and t.requires_grad and torch.is_grad_enabled() and \
-                is_user_file(caller.f_code.co_filename):
+                is_user_file(caller.f_code.co_filename) and (
+                    only is None or (caller.f_code.co_filename, caller.f_lineno) in only):
             if sites is not None:
                 site = {"file": caller.f_code.co_filename, "line": caller.f_lineno}
                 if site not in sites:
@@ -370,27 +372,35 @@ def graph_keeping_detach(torch, sites: list | None = None) -> Callable:
 
 
 def keep_graph(params: dict, torch) -> Callable[[], None]:
-    """``.detach()`` in your model's forward keeps the graph (gradients reach what it cut off)."""
+    """``.detach()`` in your model's forward keeps the graph (gradients reach what it cut off).
+
+    ``params["sites"]`` (``[{"file", "line"}]``, from the finding) limits it to those calls;
+    the forward depth is counted per thread (replicas of ``DataParallel`` run on threads).
+    """
+    import threading
+
     from torch.nn.modules.module import (
         register_module_forward_hook,
         register_module_forward_pre_hook,
     )
 
-    depth = [0]
+    local = threading.local()
 
     def pre(module, args):
-        depth[0] += 1
+        local.depth = getattr(local, "depth", 0) + 1
 
     def post(module, args, output):
-        depth[0] = max(0, depth[0] - 1)
+        local.depth = max(0, getattr(local, "depth", 0) - 1)
 
-    detach = graph_keeping_detach(torch)
-    detach.in_forward = lambda: depth[0] > 0
-    torch.Tensor.detach = detach
+    sites = params.get("sites")
+    only = {(s["file"], s["line"]) for s in sites} if sites else None
+    detach = graph_keeping_detach(torch, only=only)
+    detach.in_forward = lambda: getattr(local, "depth", 0) > 0
+    handles = [register_module_forward_pre_hook(pre),
+               register_module_forward_hook(post, always_call=True)]
+    torch.Tensor.detach = detach  # (last: nothing after it can fail and leave it installed)
 
     def restore() -> None:
         torch.Tensor.detach = detach.original
 
-    handles = [register_module_forward_pre_hook(pre),
-               register_module_forward_hook(post, always_call=True)]
-    return _removes([restore, *[h.remove for h in handles]])
+    return _removes([*[h.remove for h in handles], restore])

@@ -86,6 +86,14 @@ def _setting(params: dict) -> None:
                          f"{value!r}")
 
 
+def _sites(params: dict) -> None:
+    sites = params.get("sites")
+    if sites is not None and not (isinstance(sites, list) and all(
+            isinstance(s, dict) and isinstance(s.get("file"), str) and
+            isinstance(s.get("line"), int) for s in sites)):
+        raise ValueError(f"keep_graph needs sites as a list of {{file, line}}, not {sites!r}")
+
+
 INTERVENTIONS: dict[str, Kind] = {k.id: k for k in (
     _kind("standardize_inputs", "standardise the model's inputs per feature (first-batch stats)",
           "standardize_inputs"),
@@ -103,8 +111,9 @@ INTERVENTIONS: dict[str, Kind] = {k.id: k for k in (
           ("torch",)),
     _kind("train_mode", "a model called with gradients on is put back in train mode",
           "train_mode", ("torch",)),
-    _kind("keep_graph", "a .detach() in your model's forward keeps the graph", "keep_graph",
-          ("torch",)),
+    _kind("keep_graph", "a .detach() in your model's forward keeps the graph (only at "
+          "params['sites'], a list of {file, line}, when given)", "keep_graph", ("torch",),
+          validate=_sites),
 )}
 
 

@@ -327,18 +327,24 @@ def _last_epoch_rate(y: np.ndarray, at: np.ndarray, ep: np.ndarray) -> float | N
 def growing_container(run) -> dict | None:
     """The user's container of tensors that grew fastest across the ``held`` looks, or None.
 
+    Growing: longer and larger at the last look than at the first, and no smaller than at the
+    look before in 80% of the looks (a container emptied every epoch does not grow).
+
     Returns ``{"name", "file", "line", "mb_per_step", "first", "last"}`` (``first``/``last``:
     the ``held`` entries of its first and last look); None when none grew.
     """
     by: dict[tuple, list] = {}
     for event in run.of("held"):
         for c in event.get("containers", []):
-            by.setdefault((c.get("name"), c.get("file")), []).append((event["step"], c))
+            key = (c.get("name"), c.get("file"), c.get("func"))
+            by.setdefault(key, []).append((event["step"], c))
     best = None
-    for (name, file), seen in by.items():
+    for (name, file, _), seen in by.items():
         (s0, first), (s1, last) = seen[0], seen[-1]
-        if s1 <= s0 or last["bytes"] <= first["bytes"]:
-            continue
+        rises = [b[1]["bytes"] >= a[1]["bytes"] for a, b in zip(seen, seen[1:])]
+        if s1 <= s0 or last["bytes"] <= first["bytes"] or last["len"] <= first["len"] or \
+                sum(rises) < 0.8 * len(rises):
+            continue  # (a buffer cleared every epoch, a batch that varies in size)
         rate = (last["bytes"] - first["bytes"]) / (s1 - s0) / 2**20
         if best is None or rate > best["mb_per_step"]:
             best = {"name": name, "file": file, "line": last.get("line"), "mb_per_step": rate,

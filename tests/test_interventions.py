@@ -138,6 +138,10 @@ def test_keep_graph_reconnects_a_detach_inside_forward_only(tmp_path):
     seen = run(1, Intervention("keep_graph"))
     assert seen["body_grad"] == [True] * 3 and seen["logged_needs_grad"] == [False] * 3
     assert run(2)["body_grad"] == [False] * 3
+    elsewhere = {"sites": [{"file": "other.py", "line": 1}]}  # only the finding's own lines
+    assert run(3, Intervention("keep_graph", elsewhere))["body_grad"] == [False] * 3
+    with pytest.raises(ValueError, match="keep_graph needs sites"):
+        run(4, Intervention("keep_graph", {"sites": "everywhere"}))
 
 
 def test_every_intervention_is_documented_and_bad_parameters_are_refused(cell):

@@ -23,6 +23,7 @@ HELD_MAX = 40  # looks at most (then every 50th step after the 2000th is not loo
 HELD_MIN_BYTES = 1 << 20  # containers holding less are not reported
 SAMPLE = 512  # elements of a long container looked at (the rest estimated from them)
 _CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
+_SNAPSHOT = sys.version_info < (3, 13)  # a function frame's f_locals is a dict the frame keeps
 
 
 def _nbytes(obj, seen: set[int]) -> int:
@@ -43,7 +44,8 @@ def _nbytes(obj, seen: set[int]) -> int:
         if id(base) in seen:
             return 0
         seen.add(id(base))
-        return int(base.nbytes)
+        size = getattr(base, "nbytes", None)  # (np.frombuffer's base is a bytes object)
+        return int(size if isinstance(size, int) else obj.nbytes)
     if kind in ("tensorflow", "keras") and hasattr(obj, "shape") and hasattr(obj, "dtype"):
         try:
             size = getattr(obj.dtype, "size", 4)
@@ -106,8 +108,12 @@ class HeldWatch:
         while f is not None and depth < 30:
             code = f.f_code
             if is_user_file(code.co_filename):
-                scopes = [("local", f.f_locals)]
-                if f.f_globals is not f.f_locals:
+                module = f.f_globals is f.f_locals
+                traced = sys.gettrace() is not None
+                # (before 3.13 f_locals is a snapshot the frame keeps: cleared below, so the
+                # look holds none of the loop's locals alive; a debugger's frames are skipped)
+                scopes = [] if traced and not module and _SNAPSHOT else [("local", f.f_locals)]
+                if not module:
                     scopes.append(("global", f.f_globals))
                 for scope, names in scopes:
                     for name, value in list(names.items()):
@@ -119,7 +125,9 @@ class HeldWatch:
                         if size >= HELD_MIN_BYTES:
                             found.append({"name": name, "len": len(value), "bytes": size,
                                           "scope": scope, "file": code.co_filename,
-                                          "line": f.f_lineno})
+                                          "func": code.co_name, "line": f.f_lineno})
+                    if scope == "local" and not module and _SNAPSHOT:
+                        names.clear()
             f, depth = f.f_back, depth + 1
         if found:
             self.rec.emit("held", step=step, containers=found[:20])

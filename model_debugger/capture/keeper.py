@@ -143,15 +143,17 @@ class Keeper(SpilledState):
         return _arrays(self.train_batches), _arrays(self.val_batches)
 
     def on_optimizer(self, opt) -> None:
-        """Keep the first optimizer's class, name, hyperparameters and parameters.
+        """Keep the first optimizer's class, name and hyperparameters; every one's parameters.
 
-        ``param_ids`` (which parameters it updates): copies train the same ones.
+        ``param_ids`` (which parameters the optimizers update, all of them together): copies
+        train the same ones.
         """
+        ids = frozenset(id(p) for g in opt.param_groups for p in g["params"])
         if self.optimizer is None:
             self.optimizer = {"cls": type(opt), "name": type(opt).__name__,
-                              "hyper": dict(opt.defaults),
-                              "param_ids": frozenset(id(p) for g in opt.param_groups
-                                                     for p in g["params"])}
+                              "hyper": dict(opt.defaults), "param_ids": ids}
+        else:
+            self.optimizer["param_ids"] = self.optimizer.get("param_ids", frozenset()) | ids
 
     def sampling(self, training: bool, epoch: int) -> bool:
         """Whether :meth:`on_loss` may still keep something for this split and epoch."""

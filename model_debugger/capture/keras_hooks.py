@@ -262,7 +262,8 @@ class LoopHooks:
         def timed(obj, *args, **kwargs):
             inst = link()
             if inst is None or inst._fit_depth or inst._work_depth or \
-                    not inst._tf.executing_eagerly():
+                    not inst._tf.executing_eagerly() or inst._loop is not None and \
+                    inst._loop[0] != threading.get_ident():  # (a consumer on another thread)
                 return original(obj, *args, **kwargs)
             t0 = time.perf_counter()
             try:

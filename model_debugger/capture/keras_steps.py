@@ -122,7 +122,7 @@ class StepHooks(OverheadWatch, HeldWatch):
             self._discover_from_variables([v for _, v in pairs], frame)
         key = tuple(id(v) for _, v in pairs)
         if key not in self._layouts:
-            self._note_updated([v for _, v in pairs])
+            self.guard(self._note_updated)([v for _, v in pairs])
             names: list[str] = []
             index = []
             for _, v in pairs:

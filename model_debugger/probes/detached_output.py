@@ -34,7 +34,8 @@ class DetachedOutput(SettingExperiment):
 
     def intervention(self, finding):
         """The re-run's forward keeps the graph where the code detaches (a cut inside forward)."""
-        return Intervention("keep_graph") if finding.evidence.get("detach_sites") else None
+        sites = finding.evidence.get("detach_sites")
+        return Intervention("keep_graph", {"sites": sites}) if sites else None
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Always: the record's norms and the lint need no live model."""

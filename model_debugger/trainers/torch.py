@@ -323,7 +323,8 @@ class TorchTrainer(SampleTrainer):
         was = model.training
         model.eval()
         try:
-            return float(self.loss(model, inputs, target))
+            with torch.no_grad():
+                return float(self.loss(model, inputs, target))
         finally:
             model.train(was)
 
