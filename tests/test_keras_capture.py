@@ -55,9 +55,9 @@ def ce():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def custom_step(model, traced: bool):
+def custom_step(model, traced: bool, **settings):
     """A custom training step (Adam, cross-entropy on logits), a ``tf.function`` or eager."""
-    optimizer, loss_fn = keras.optimizers.Adam(1e-2), ce()
+    optimizer, loss_fn = keras.optimizers.Adam(1e-2, **settings), ce()
 
     def train_step(xb, yb):
         with tf.GradientTape() as tape:
@@ -226,6 +226,26 @@ def test_a_tf_function_loop_keeps_its_batches_and_its_initial_weights():
     assert trainer is not None and trainer.n == 512
     assert math.isfinite(float(train_step(X[:32], y[:32])))  # the trace still runs afterwards
     assert len(keeper.train_batches) == 16
+
+
+@pytest.mark.parametrize("traced", [True, False])
+def test_the_copies_train_with_the_optimizer_settings_of_a_custom_loop(traced):
+    """An optimizer first seen inside a traced step still gives its whole config to the copies
+    (read out of the graph): a decay or clip the user set is one a copy trains with."""
+    X, y = data(128)
+    model = mlp()
+    with capture() as rec:
+        train_step = custom_step(model, traced, weight_decay=0.5, clipnorm=2.0)
+        for i in range(0, 128, 32):
+            train_step(X[i:i + 32], y[i:i + 32])
+    from model_debugger.trainers import trainer_for
+
+    trainer = trainer_for(rec.keeper)
+    assert trainer.settings() == {"weight_decay": 0.5, "momentum": None, "beta1": 0.9,
+                                  "clip": 2.0}
+    opt = trainer.optimizer(lr=0.1)
+    assert (opt.weight_decay, opt.clipnorm, float(opt.learning_rate)) == \
+        (0.5, 2.0, pytest.approx(0.1))
 
 
 def _custom_loop(traced: bool, stall: float, steps: int = 50, evaluate: bool = False):

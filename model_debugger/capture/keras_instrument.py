@@ -201,13 +201,19 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             return
         self._opts[id(opt)] = weakref.ref(opt)
         loc = self._opt_locs.get(id(opt)) or fallback
-        hyper = self._hyper(opt)
-        self.keeper.on_optimizer(opt, hyper)
+        hyper, config = self._hyper(opt)
+        self.keeper.on_optimizer(opt, hyper, config)
         self.ref("optimizer", loc, cls=type(opt).__name__)
         self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper, location=loc,
                       framework="keras")
 
-    def _hyper(self, opt) -> dict:
+    def _hyper(self, opt) -> tuple[dict, dict]:
+        """The optimizer's rate and scalar settings, and its whole config, read eagerly.
+
+        ``get_config`` reads variables with ``.numpy()``: inside a traced step (an optimizer
+        first seen in ``apply_gradients`` of a ``tf.function``) it fails unless lifted out of
+        the graph, and the copies would then train without the user's decay or clipping.
+        """
         out: dict = {}
         with self._tf.init_scope():  # read variables eagerly even while a step is traced
             try:
@@ -223,7 +229,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             v = config.get(key)
             if isinstance(v, (int, float, bool)) and v is not None:
                 out[key] = v
-        return out
+        return out, config
 
     # -- models ----------------------------------------------------------------------------
     def _discover_from_frame(self, model, frame) -> None:

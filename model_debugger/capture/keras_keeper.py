@@ -222,13 +222,9 @@ class KerasKeeper(SpilledState):
         self.model = self.namespace = self.train_loader = self.validation = None
         self.train_batches, self.val_batches = [], []
 
-    def on_optimizer(self, opt, hyper: dict) -> None:
-        """Keep the first optimizer's class, name, hyperparameters and config."""
+    def on_optimizer(self, opt, hyper: dict, config: dict) -> None:
+        """Keep the first optimizer's class, name, hyperparameters and config (read eagerly)."""
         if self.optimizer is None:
-            try:
-                config = opt.get_config()
-            except Exception:  # noqa: BLE001
-                config = {}
             self.optimizer = {"cls": type(opt), "name": type(opt).__name__, "hyper": dict(hyper),
                               "config": config}
 
