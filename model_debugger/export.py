@@ -39,7 +39,7 @@ from .session import REPORT_SCHEMA, DebugSession
 from .store import ARTIFACT, REPRO, Store
 
 __all__ = ["REDACTED", "TargetExists", "UnsafePath", "build_notebook", "export", "export_files",
-           "export_notebook", "redact", "redact_args", "write_repro"]
+           "export_notebook", "redact", "redact_args", "verify_runs", "write_repro"]
 
 # -- small formatting helpers -----------------------------------------------------------------
 # Every recorded string that reaches markdown goes through _t (free text) or _c (code), each
@@ -514,8 +514,11 @@ def _verify_records(session: DebugSession, n: int, v: dict) -> dict[str, dict[in
     return out
 
 
-def _verify_runs(session: DebugSession, n: int, v: dict) -> tuple[dict, dict]:
-    """The before and after runs of the ``n``-th Verify, by seed (those that can be read)."""
+def verify_runs(session: DebugSession, n: int, v: dict) -> tuple[dict, dict]:
+    """The before and after runs of the ``n``-th Verify (from 1), by seed (those that can be read).
+
+    ``v`` is that Verify's ``verification`` JSON.
+    """
     records = _verify_records(session, n, v)
     runs: list[dict] = [{}, {}]
     for side, found in zip(("before", "after"), runs):
@@ -559,7 +562,7 @@ def _verify(nb: _Notebook, session: DebugSession, art: dict, rel: _Paths) -> Non
               + (" Back to Isolate with the remaining symptom."
                  if v.get("verdict") == "partially_resolved" else ""))
         records = _verify_records(session, n, v)
-        before, after = _verify_runs(session, n, v)
+        before, after = verify_runs(session, n, v)
         figures = [(_figures.verification_figure(v), f"{v.get('metric')} before/after")]
         if before or after:
             figures.append((_figures.before_after_loss_figure(before, after),

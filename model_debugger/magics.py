@@ -221,6 +221,9 @@ class DebuggerMagics(Magics):
             display(views.message(str(exc), "error"))
             return
         display(views.verification(verification))
+        overlay = ns.verify_overlay()
+        if overlay is not None:
+            display(overlay)
         display(ns.new_tracker())
 
     @magic_arguments()

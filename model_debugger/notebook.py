@@ -173,6 +173,23 @@ class NotebookSession:
 
         return self._widget("findings", lambda: FindingsTable(self.session))
 
+    def verify_overlay(self):
+        """An interactive chart of the last Verify's runs, or None.
+
+        Each seed's loss before (dashed) and after the fix (solid); None when nothing was
+        verified, no run can be read, or plotly is missing.
+        """
+        from .export import verify_runs
+        from .widgets import charts
+
+        events = [e for e in self.session.events if e["kind"] == "verify"]
+        if not events or not charts.available():
+            return None
+        before, after = verify_runs(self.session, len(events), events[-1]["verification"])
+        if not (before or after):
+            return None
+        return charts.widget(charts.overlay_chart(before, after))
+
     def run_records(self, runs: int):
         """``path_of()`` for the live curves: the newest record of Reproduce's ``runs`` runs."""
         store = self.session.store

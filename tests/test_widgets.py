@@ -233,7 +233,7 @@ def _steps(n, start=0, nan_at=None):
 
 
 def test_loss_curves_mark_nan_and_oom():
-    panel = LossCurves()
+    panel = LossCurves(interactive=False)  # the PNG fallback (no plotly)
     events = [{"t": "start"}, *_steps(20, nan_at=12),
               {"t": "metric", "name": "val_acc", "value": 0.5, "step": 10, "epoch": 0},
               {"t": "metric", "name": "val_loss", "value": 0.7, "step": 10, "epoch": 0},
@@ -280,7 +280,7 @@ def test_record_follower_switches_files(tmp_path):
 def test_gradient_panel_histogram_slider():
     hists = [{"t": "hist", "step": s, "param": p, "lo": -1.0, "hi": 1.0, "counts": [1, 2, 3]}
              for s in (10, 20, 30) for p in ("0.weight", "2.weight")]
-    panel = GradientPanel()
+    panel = GradientPanel(interactive=False)
     panel.update(Run([*_steps(40), *hists]))
     assert list(panel.param.options) == ["0.weight", "2.weight"]
     assert panel.step.max == 2
@@ -324,3 +324,97 @@ def test_the_live_figure_has_no_placeholder_axes_and_a_chance_line():
     assert len(fig.axes) == 2
     lines = [ln for ln in fig.axes[1].get_lines() if "majority-class rate" in ln.get_label()]
     assert len(lines) == 1 and lines[0].get_ydata()[0] == pytest.approx(0.7)
+
+
+# -- the interactive (plotly) panels ------------------------------------------------------------
+def _nan_oom_run():
+    return Run([{"t": "start"}, *_steps(20, nan_at=12),
+                {"t": "metric", "name": "val_acc", "value": 0.5, "step": 10, "epoch": 0},
+                {"t": "metric", "name": "val_loss", "value": 0.7, "step": 10, "epoch": 0},
+                {"t": "error", "kind": "oom", "type": "OutOfMemoryError", "message": "x"}])
+
+
+def _vlines(fig) -> dict[float, str]:
+    texts = {round(a.x, 6): a.text for a in fig.layout.annotations if a.x is not None and a.text}
+    return {s.x0: texts.get(s.x0, "") for s in fig.layout.shapes if s.x0 == s.x1}
+
+
+def test_the_interactive_chart_marks_nan_and_oom_and_toggles_log():
+    panel = LossCurves(interactive=True)
+    assert panel.chart is not None and panel.smoothing in panel.children
+    panel.update(_nan_oom_run())
+    chart = panel.chart
+    names = [t.name for t in chart.data]
+    assert names == ["train loss", "train loss (smoothed)", "val_loss", "val_acc"]
+    raw = chart.data[0]
+    assert raw.y[12] is None and raw.y[3] == pytest.approx(0.25)  # NaN is a gap, values exact
+    marks = _vlines(chart)
+    assert "first non-finite (step 12)" in marks[12] and marks[19] == "OOM at step 19"
+    (toggle,) = chart.layout.updatemenus
+    assert [b.label for b in toggle.buttons] == ["linear", "log"]
+    assert toggle.buttons[1].args[0] == {"yaxis.type": "log"}
+
+
+def test_smoothing_slider_redraws_and_zero_shows_the_raw_curve():
+    import _synthetic as syn
+
+    loss = 1.0 + 0.5 * np.sin(np.arange(100))  # noisy: smoothing visibly changes it
+    panel = LossCurves(interactive=True)
+    panel.update(syn.make_run(syn.steps_events(loss)))
+    smoothed = np.array(panel.chart.data[1].y, dtype=float)
+    assert smoothed.std() < 0.5 * loss.std()
+    panel.smoothing.value = 0.9
+    smoother = np.array(panel.chart.data[1].y, dtype=float)
+    assert smoother[20:].std() < smoothed[20:].std()
+    panel.smoothing.value = 0.0
+    assert [t.name for t in panel.chart.data] == ["train loss"]
+    assert panel.chart.data[0].opacity == 1.0
+
+
+def test_one_series_per_quantity_with_chance_and_constant_predictor_lines():
+    import _synthetic as syn
+
+    from model_debugger.widgets import charts
+
+    run = syn.make_run(syn.steps_events(np.linspace(1.0, 0.4, 50)), syn.targets_counts([70, 30]),
+                       syn.metric("val_loss", [0.9, 0.8]), syn.metric("eval_loss", [0.9, 0.8]),
+                       syn.metric("loss", [0.95, 0.85]),  # the per-epoch train loss: not drawn
+                       syn.metric("val_accuracy", [0.6, 0.72]))
+    fig = charts.loss_chart(run)
+    quantities = [t.meta["quantity"] for t in fig.data]
+    assert quantities.count("train_loss") == 1 and "loss" not in quantities
+    assert len([q for q in quantities if q in ("val_loss", "eval_loss")]) == 1
+    levels = {round(s.y0, 4) for s in fig.layout.shapes if s.y0 == s.y1}
+    chance, constant = 0.7, -(0.7 * np.log(0.7) + 0.3 * np.log(0.3))
+    assert {round(chance, 4), round(constant, 4)} <= levels
+    alone = charts.loss_chart(syn.make_run(syn.steps_events(np.linspace(1.0, 0.4, 50))))
+    assert not alone.layout.annotations  # nothing tracked: no metrics panel, no titles of one
+
+
+def test_gradient_panel_heatmap_and_no_histogram_browser_without_histograms():
+    panel = GradientPanel(interactive=True)
+    hists = [{"t": "hist", "step": s, "param": "0.weight", "lo": -1.0, "hi": 1.0,
+              "counts": [1, 2, s]} for s in (10, 20)]
+    panel.update(Run([*_steps(40), *hists]))
+    (heat,) = panel.heatmap.data
+    assert heat.type == "heatmap" and list(heat.y) == ["0", "2"] and len(heat.x) == 40
+    assert heat.z[0][0] == pytest.approx(np.log10(0.5))
+    assert panel.browser.layout.display is None
+    first = panel.hist_chart.data[0].y
+    panel.step.value = 1
+    assert panel.hist_chart.data[0].y != first and "step 20" in panel.hist_chart.layout.title.text
+    panel.update(Run(_steps(5)))  # a Keras run: norms, no histograms
+    assert panel.browser.layout.display == "none"
+    assert "no gradient histograms recorded" in panel.note.value
+
+
+def test_verify_overlay_draws_before_dashed_and_after_solid():
+    from model_debugger.widgets import charts
+
+    before = {0: Run(_steps(10, nan_at=5)), 1: Run(_steps(10))}
+    after = {0: Run(_steps(10)), 1: Run(_steps(10))}
+    fig = charts.overlay_chart(before, after, smoothing=0)
+    styles = {t.name: t.line.dash for t in fig.data}
+    assert styles == {"before, seed 0: train loss": "dash", "after, seed 0: train loss": "solid",
+                      "before, seed 1: train loss": "dash", "after, seed 1: train loss": "solid"}
+    assert "before, seed 0: first non-finite (step 5)" in _vlines(fig).values()

@@ -2,8 +2,10 @@
 
 During ``%%reproduce`` a background thread reads the streaming record (``runs/<n>/record.jsonl``)
 a few times per second and redraws only when new events arrived, at most ``1 / interval`` times
-per second. Figures are plain Agg figures rendered to PNG (no pyplot state), so drawing from the
-thread does not touch anything the user's cell uses.
+per second. The panel is an interactive plotly chart (:mod:`.charts`: hover values, zoom, a
+linear / log toggle, a smoothing slider); where plotly is not installed it falls back to a PNG
+of the same figure (an Agg figure, no pyplot state). Neither touches anything the user's cell
+uses, so drawing from the thread is safe.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import ipywidgets as W
 
 from ..figures import figure_png, loss_figure
 from ..records import Run
+from . import charts
 
 INTERVAL = 0.5  # seconds between redraws while following a record
 
@@ -64,20 +67,47 @@ class RecordFollower:
 
 
 class LossCurves(W.VBox):
-    """Loss and metric curves of the current run, redrawn live while a record is followed."""
+    """Loss and metric curves of the current run, redrawn live while a record is followed.
 
-    def __init__(self) -> None:
+    Parameters
+    ----------
+    interactive : bool, optional
+        A plotly chart (default: when plotly is installed) or a PNG image.
+
+    Attributes
+    ----------
+    chart : plotly.graph_objects.FigureWidget or None
+        The interactive chart (None in the PNG fallback, where ``image`` holds the picture).
+    smoothing : ipywidgets.FloatSlider
+        The EMA weight of the smoothed training loss (redraws the chart).
+    """
+
+    def __init__(self, interactive: bool | None = None) -> None:
+        self.interactive = charts.available() if interactive is None else interactive
         self.image = W.Image(format="png")
+        self.chart = charts.widget(charts.loss_chart([])) if self.interactive else None
         self.status = W.HTML("<small>no run yet</small>")
+        self.smoothing = W.FloatSlider(value=charts.SMOOTHING, min=0.0, max=0.99, step=0.01,
+                                       description="smoothing", continuous_update=False)
         self.redraws = 0
+        self.run: Run | None = None
         self._lock = threading.Lock()
-        super().__init__([self.status, self.image])
+        shown = [self.chart, self.smoothing] if self.interactive else [self.image]
+        super().__init__([self.status, *shown])
+        self.smoothing.observe(self._resmooth, names="value")
+
+    def _resmooth(self, _change=None) -> None:
+        if self.run is not None:
+            self.update(self.run)
 
     def update(self, run: Run, note: str = "") -> None:
         """Redraw from a run (thread-safe: one redraw at a time)."""
         with self._lock:
-            png = figure_png(curves_figure(run))
-            self.image.value = png
+            self.run = run
+            if self.interactive:
+                charts.refill(self.chart, charts.loss_chart(run, smoothing=self.smoothing.value))
+            else:
+                self.image.value = figure_png(curves_figure(run))
             self.redraws += 1
             err = run.error
             state = f"ended with {err.get('type')}" if err else (
