@@ -46,6 +46,35 @@ class Block:
 
 
 @dataclass(frozen=True)
+class Check:
+    """One finding as a check of a checks report: a status badge, what it found, the numbers.
+
+    Attributes
+    ----------
+    status : str
+        ``confirmed`` (an experiment or a measurement supports it), ``refuted`` (the experiment
+        that undid the suspected cause left the problem as it was) or ``hypothesis`` (untested).
+    check, root_cause, where, explanation : str
+        The probe, the root-cause kind, ``file:line`` and the probe's words.
+    href : str or None
+        A link that opens the located file (relative, percent-encoded), None when there is none.
+    measured : str or None
+        The before/after numbers of the experiment, one line.
+    details : tuple of (str, str)
+        The rest of the measured evidence, rounded for reading (shown folded in HTML).
+    """
+
+    status: str
+    check: str
+    root_cause: str
+    where: str
+    explanation: str
+    href: str | None = None
+    measured: str | None = None
+    details: tuple = ()
+
+
+@dataclass(frozen=True)
 class Doc:
     """A view: a title, then lines (``str``, :class:`Table` or :class:`Block`).
 
@@ -75,7 +104,12 @@ def text(docs: Doc | Iterable[Doc]) -> str:
     for doc in docs:
         out.append(doc.title)
         for part in doc.lines:
-            if isinstance(part, Table):
+            if isinstance(part, Check):
+                out += [f"  [{part.status}] {part.check} ({part.root_cause}) at {part.where}",
+                        f"      {part.explanation}"]
+                if part.measured:
+                    out.append(f"      measured: {part.measured}")
+            elif isinstance(part, Table):
                 fmt = part.line
                 rows = (part.header, *part.rows) if part.text_header else part.rows
                 out += [(fmt.format(*(_cell(v) for v in row)) if fmt else
@@ -110,7 +144,10 @@ def _html_one(doc: Doc) -> str:
             lines.clear()
 
     for part in doc.lines:
-        if isinstance(part, Table):
+        if isinstance(part, Check):
+            flush()
+            parts.append(_check_html(part))
+        elif isinstance(part, Table):
             flush()
             head = "".join(f"<th style='text-align:left'>{_e(h)}</th>" for h in part.header)
             body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{_e(c)}</td>"
@@ -123,6 +160,29 @@ def _html_one(doc: Doc) -> str:
             lines.append(str(part))
     flush()
     return "".join(parts) + "</div>"
+
+
+_BADGES = {"confirmed": "#1b5e20", "refuted": "#b00020", "hypothesis": "#616161"}
+
+
+def _check_html(c: Check) -> str:
+    """A finding as a card: badge, check, root cause, a link to the location, folded numbers."""
+    badge = (f"<span class='md-badge md-badge-{_e(c.status)}' style='background:"
+             f"{_BADGES.get(c.status, '#616161')};color:#fff;border-radius:3px;padding:0 6px;"
+             f"font-size:85%'>{_e(c.status)}</span>")
+    where = (f"<a href='{_e(c.href)}' target='_blank' class='md-location'>{_e(c.where)}</a>"
+             if c.href else _e(c.where))
+    body = [f"<div class='md-check md-check-{_e(c.status)}' style='border-left:3px solid "
+            f"{_BADGES.get(c.status, '#616161')};padding:2px 8px;margin:4px 0'>",
+            f"{badge} <b>{_e(c.check)}</b> <span style='color:#555'>({_e(c.root_cause)})</span>"
+            f" at {where}", f"<div>{_e(c.explanation)}</div>"]
+    if c.measured:
+        body.append(f"<div><small><b>measured:</b> {_e(c.measured)}</small></div>")
+    if c.details:
+        rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in c.details)
+        body.append(f"<details><summary><small>evidence</small></summary>"
+                    f"<table class='md-evidence'>{rows}</table></details>")
+    return "".join(body) + "</div>"
 
 
 def _cell(value) -> str:
@@ -292,13 +352,98 @@ def findings(items: Iterable[Finding | Mapping], root: str | None = None, *,
         if not ran:
             return Doc(f"Isolate: not run ({reason or 'no probes have run yet'})", (), "warning")
         return Doc("Isolate: no findings (nothing measured points at a cause)")
-    rows = tuple(("confirmed" if f.confirmed else "hypothesis", f.check, f.root_cause,
-                  location(f.location, root), f.explanation) for f in found)
+    checks = tuple(Check(finding_status(f), f.check, f.root_cause, location(f.location, root),
+                         f.explanation, _href(f.location), _measured(f), _details(f))
+                   for f in found)
     confirmed = sum(f.confirmed for f in found)
     return Doc(f"Isolate: {len(found)} finding{'s' * (len(found) != 1)} ({confirmed} confirmed)",
-               (Table(("status", "check", "root cause", "file:line", "explanation"), rows,
-                      "  [{0}] {1} ({2}) at {3}\n      {4}"),),
-               "ok" if confirmed else "info")
+               (_summary(found, checks, root), *checks), "ok" if confirmed else "info")
+
+
+def finding_status(f: Finding) -> str:
+    """A finding's badge: ``confirmed``, ``refuted`` or ``hypothesis``.
+
+    ``refuted``: its experiment ran (a copy with the cause undone, or a re-run with the
+    intervention) and did not remove the problem; ``hypothesis``: nothing tested it.
+    """
+    if f.confirmed:
+        return "confirmed"
+    ev = f.evidence or {}
+    iv = ev.get("intervention")
+    tested = isinstance(iv, Mapping) and "untested" not in iv and iv.get("moved") is False
+    return "refuted" if tested or ev.get("undone") is False else "hypothesis"
+
+
+def _summary(found: list[Finding], checks: tuple, root: str | None) -> str:
+    """The report's first line: what was found, how sure, and what to type next."""
+    top = found[0]
+    counts = {s: sum(c.status == s for c in checks) for s in ("confirmed", "refuted", "hypothesis")}
+    tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    if not top.confirmed:
+        return (f"  Summary: no cause confirmed ({tally}). Next: %isolate --budget 120 for a "
+                "longer search, or test the hypotheses below by hand.")
+    iv = (top.evidence or {}).get("intervention")
+    how = ("confirmed by a re-run with the cause undone" if isinstance(iv, Mapping) and
+           iv.get("moved") else "confirmed by a copy trained with the cause undone"
+           if (top.evidence or {}).get("undone") else "confirmed by a measurement")
+    cat = top.category or "the problem"
+    return (f"  Summary: {cat} from {top.root_cause} ({top.check}) at "
+            f"{location(top.location, root)}, {how} ({tally}). Next: put the corrected code in "
+            "a %%fix cell (the suggested change is in the plan).")
+
+
+def _href(loc: Mapping | None) -> str | None:
+    """A relative link to a located file under the working folder (percent-encoded), or None."""
+    from urllib.parse import quote
+
+    if not isinstance(loc, Mapping) or not isinstance(loc.get("file"), str):
+        return None
+    path = loc["file"]
+    try:
+        rel = os.path.relpath(path, os.getcwd()) if os.path.isabs(path) else path
+    except ValueError:
+        return None
+    if rel.startswith(".." + os.sep) or rel == ".." or not os.path.isfile(rel):
+        return None
+    return quote(rel.replace(os.sep, "/"))
+
+
+_HIDDEN = ("strength", "category", "undone", "decisive", "intervention", "probe_error")
+
+
+def _measured(f: Finding) -> str | None:
+    """The experiment's before/after numbers, one line (None when no experiment ran)."""
+    iv = (f.evidence or {}).get("intervention")
+    if not isinstance(iv, Mapping) or "untested" in iv or iv.get("metric") is None:
+        return None
+    band = iv.get("noise_band")
+    return (f"re-run with {iv.get('id')}: {iv.get('metric')} {_g(iv.get('before_mean'))} -> "
+            f"{_g(iv.get('after_mean'))} ({iv.get('direction', '?')} is better; noise band "
+            f"{_g(band)}; seeds {list(iv.get('seeds') or [])})")
+
+
+def _details(f: Finding) -> tuple:
+    """The finding's other evidence, rounded: numbers to 4 significant digits, lists shortened."""
+    out = []
+    for key, value in (f.evidence or {}).items():
+        if key in _HIDDEN:
+            continue
+        out.append((str(key), _round(value)))
+    return tuple(out)
+
+
+def _round(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return _cell(value)
+    if isinstance(value, float):
+        return _g(value)
+    if isinstance(value, (list, tuple)):
+        shown = ", ".join(_round(v) for v in list(value)[:8])
+        return f"[{shown}{', ...' if len(value) > 8 else ''}]"
+    if isinstance(value, Mapping):
+        shown = ", ".join(f"{k}: {_round(v)}" for k, v in list(value.items())[:8])
+        return "{" + shown + (", ..." if len(value) > 8 else "") + "}"
+    return str(value)
 
 
 def plan(p: FixPlan | Mapping, root: str | None = None) -> Doc:

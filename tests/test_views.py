@@ -146,7 +146,7 @@ def test_the_widget_views_carry_both_representations(tmp_path):
     s = _session(tmp_path)
     bundle = shown.findings(s.state.findings, s.directory)._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html"}
-    assert "runs/0/cell.py:1" in bundle["text/plain"] and "<table>" in bundle["text/html"]
+    assert "runs/0/cell.py:1" in bundle["text/plain"] and "md-check" in bundle["text/html"]
     empty = DebugSession.create(str(tmp_path / "other"))
     why = shown.classification(empty.report()).text
     assert "needs a reproduce record" in why and "%%reproduce" in why
@@ -162,3 +162,43 @@ def test_status_of_a_finished_session_lists_no_gates():
     assert "gate" not in done and "%md_export" in done
     open_ = views.text([views.status({"phase": "fix", "gates": gates, "session": "s"})])
     assert "gate verify: needs an approved fix" in open_
+
+
+def test_the_findings_view_reads_like_a_checks_report(tmp_path, monkeypatch):
+    """A summary line, a badge per finding (an experiment that ran and failed is ``refuted``),
+    the before/after numbers, the rest of the evidence folded and rounded, a link to the file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("x = 1\n")
+    rerun = {"id": "lr_from_range", "metric": "loss_final", "direction": "lower",
+             "before_mean": 2.302585, "after_mean": 0.1234567, "noise_band": 0.0312345,
+             "seeds": [0, 1], "moved": True}
+    found = [
+        Finding("lr_range", "hyperparameter", True, "the rate is too low",
+                {"file": str(tmp_path / "train.py"), "line": 1},
+                {"category": "loss_not_decreasing", "intervention": rerun, "lr": 1e-05,
+                 "finals": [0.123456789, 0.2] * 6, "strength": 0.9}),
+        Finding("dropout_rate", "architecture", False, "dropout is high", None,
+                {"undone": False, "heldout_changed": 0.51234, "heldout_as_set": 0.5}),
+        Finding("feature_scaling", "data", False, "inputs on a large scale", None,
+                {"intervention": {**rerun, "id": "standardize_inputs", "moved": False}}),
+        Finding("gradient_flow", "architecture", False, "norms shrink", None,
+                {"intervention": {"id": "x", "untested": "not re-run: already cured"}}),
+    ]
+    assert [views.finding_status(f) for f in found] == \
+        ["confirmed", "refuted", "refuted", "hypothesis"]
+    doc = views.findings(found, str(tmp_path))
+    text = views.text(doc)
+    summary = text.splitlines()[1]
+    assert summary.startswith("  Summary: loss_not_decreasing from hyperparameter (lr_range) at "
+                              "train.py:1, confirmed by a re-run with the cause undone "
+                              "(1 confirmed, 2 refuted, 1 hypothesis). Next: ")
+    assert "%%fix" in summary
+    assert "      measured: re-run with lr_from_range: loss_final 2.303 -> 0.1235 (lower is " \
+           "better; noise band 0.03123; seeds [0, 1])" in text
+    body = views.html(doc)
+    assert body.count("md-badge-refuted") == 2 and body.count("md-badge-confirmed") == 1
+    assert "<a href='train.py'" in body  # opens the file, relative to the working folder
+    assert "<details>" in body and "<td>finals</td><td>[0.1235, 0.2, 0.1235" in body
+    assert "strength" not in body
+    unconfirmed = views.text(views.findings(found[1:]))
+    assert "Summary: no cause confirmed (2 refuted, 1 hypothesis). Next: %isolate" in unconfirmed
