@@ -113,7 +113,28 @@ def export(kernel, args: dict) -> dict:
                          for k in ("notebook", "repro")}}
 
 
-COMMANDS = {"snapshot": lambda kernel, args: snapshot(kernel), "export": export}
+def fix_cell(kernel, args: dict) -> dict:
+    """The source of a ``%%fix`` cell to edit: the session's current code under the magic.
+
+    The current code is what was reproduced, or the last kept fix: editing it is one change
+    away from what the session measured. A session of a script (not a cell of this kernel) gets
+    an empty ``%%fix`` cell with a comment, since its code lives in a file.
+    """
+    if not kernel.has_session:
+        raise ValueError("no session yet: run a %%reproduce cell first")
+    session = kernel.session
+    info = session.state.artifact
+    code = session.store.read(session.state.current) if info is not None and \
+        info.type == "cell" else None
+    if code is None:
+        return {"source": FIX_COMMENT, "prefilled": False}
+    body = code.decode("utf-8", "replace").rstrip("\n")
+    return {"source": f"%%fix\n{body}\n", "prefilled": True}
+
+
+FIX_COMMENT = "%%fix\n# the changed training code: one change, for the confirmed finding\n"
+COMMANDS = {"snapshot": lambda kernel, args: snapshot(kernel), "export": export,
+            "fix_cell": fix_cell}
 
 
 class Sidebar:

@@ -185,6 +185,11 @@ def _check_html(c: Check) -> str:
     return "".join(body) + "</div>"
 
 
+def _plural(n, word: str) -> str:
+    """``1 epoch``, ``2 epochs``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def _cell(value) -> str:
     if value is None:
         return "-"
@@ -252,7 +257,7 @@ def reproduction(rep: Reproduction | Mapping | None, error: BaseException | None
     get = rep.get
     seconds = get("seconds")
     title = (f"Reproduce: {rep.summary} ({rep.status}) - {rep.steps} steps, "
-             f"{get('epochs', 0)} epochs, {_g(seconds, '.1f')} s")
+             f"{_plural(get('epochs', 0) or 0, 'epoch')}, {_g(seconds, '.1f')} s")
     lines: list = []
     if get("error"):
         where = get("error_location")

@@ -214,6 +214,29 @@ def test_requests_get_replies_with_their_ids(ns, shell, tmp_path):
     assert frontend.sent[-1]["ok"] is False and "unknown command" in frontend.sent[-1]["error"]
 
 
+def test_fix_cell_is_the_current_code_under_the_magic(ns, shell, tmp_path):
+    """The sidebar's Fix button asks for the cell to insert: the reproduced cell's code (or the
+    last kept fix) under ``%%fix``; a script's session gets the empty template."""
+    from model_debugger.records import ArtifactInfo
+
+    md_comm.register(shell)
+    frontend = _hello(shell)
+    frontend.receive({"type": "request", "id": "f0", "command": "fix_cell"})
+    assert frontend.sent[-1]["ok"] is False and "%%reproduce" in frontend.sent[-1]["error"]
+    s = ns.session
+    code = "import torch\nopt = torch.optim.SGD(params, lr=3.0)\nfor step in range(9):\n    f()\n"
+    s.store.write("cell.py", code)
+    s.record_artifact(ArtifactInfo("cell", seed=0, copy="cell.py"), code=code, prelude="")
+    frontend.receive({"type": "request", "id": "f1", "command": "fix_cell"})
+    reply = frontend.sent[-1]
+    assert reply["ok"] is True and reply["result"] == {"source": "%%fix\n" + code,
+                                                       "prefilled": True}
+    ns.use(_full(tmp_path / "script_session"))  # no cell artifact: the template
+    frontend.receive({"type": "request", "id": "f2", "command": "fix_cell"})
+    result = frontend.sent[-1]["result"]
+    assert result["prefilled"] is False and result["source"].startswith("%%fix\n# ")
+
+
 def test_unregister_closes_comms_and_removes_the_target(ns, shell, tmp_path):
     ns.use(_full(tmp_path / ".model_debugger"))
     md_comm.register(shell)

@@ -10,30 +10,15 @@ disabled to enabled once Isolate confirms a finding. Screenshot: the pytest tmp 
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
+from _lab import ARGS, ARTIFACTS, CHROMIUM, lab_server, needs_chromium, open_notebook, show_panel
+from _lab import panel_state as _state
 
-CHROMIUM = "/usr/bin/chromium"
-HERE = os.path.dirname(os.path.abspath(__file__))
-ARTIFACTS = os.path.join(HERE, "artifacts")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-        "--disable-dev-shm-usage"]
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is missing (apt-get install -y chromium; .ci/run does)"),
-]
+pytestmark = [pytest.mark.slow, needs_chromium]
 
 SETUP = "%load_ext model_debugger"  # registers the sidebar's comm target
 
@@ -54,94 +39,10 @@ for step in range(40):
 ISOLATE = "%isolate --budget 20"
 
 
-def _notebook(path: str) -> None:
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in (SETUP, REPRODUCE, ISOLATE)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nbformat.write(nb, path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _labextension_installed() -> bool:
-    from jupyter_core.paths import jupyter_path
-
-    return any(os.path.isfile(os.path.join(p, "model-debugger", "package.json"))
-               for p in jupyter_path("labextensions"))
-
-
 @pytest.fixture
 def lab(tmp_path):
-    if not _labextension_installed():
-        pytest.fail("the model-debugger labextension is not installed: `pip install -e .` (or "
-                    "`make`) builds it with hatch-jupyter-builder")
-    root = tmp_path / "root"
-    root.mkdir()
-    _notebook(str(root / "debug.ipynb"))
-    port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ)
-    for name in ("JUPYTER_CONFIG_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR",
-                 "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
-        env[name] = str(tmp_path / name.lower())
-    env["MPLBACKEND"] = "Agg"
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=", "--allow-root",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        cwd=str(root), env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
-                    json.load(r)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.flush()
-                    pytest.fail("jupyter lab did not start:\n" +
-                                (tmp_path / "lab.log").read_text()[-3000:])
-                time.sleep(0.5)
-        yield {"base": base, "token": token, "root": root, "log": tmp_path / "lab.log"}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
-def _state(page) -> dict:
-    return page.evaluate("""() => {
-        const panel = document.querySelector('#model-debugger-panel');
-        if (!panel) return null;
-        const fix = panel.querySelector('button.jp-ModelDebugger-fix');
-        const primary = panel.querySelector('.jp-ModelDebugger-primary');
-        return {
-            state: panel.dataset.state,
-            phases: [...panel.querySelectorAll('.jp-ModelDebugger-phase')].map(
-                li => [li.dataset.phase, li.dataset.state]),
-            primary: primary ? primary.textContent : null,
-            numbers: [...panel.querySelectorAll('.jp-ModelDebugger-evidence tr.jp-ModelDebugger-number')].map(
-                tr => tr.textContent),
-            findings: [...panel.querySelectorAll('.jp-ModelDebugger-finding')].map(
-                li => li.textContent),
-            fixDisabled: fix ? fix.disabled : null,
-            text: panel.innerText,
-        };
-    }""")
+    with lab_server(tmp_path, "debug.ipynb", [SETUP, REPRODUCE, ISOLATE]) as server:
+        yield server
 
 
 def test_sidebar_follows_the_kernel_session(lab, tmp_path):
@@ -152,16 +53,12 @@ def test_sidebar_follows_the_kernel_session(lab, tmp_path):
             page = browser.new_page(viewport={"width": 1500, "height": 950})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{lab['base']}/lab/tree/debug.ipynb?token={lab['token']}",
-                      wait_until="domcontentloaded", timeout=90_000)
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+            open_notebook(page, lab, "debug.ipynb")
             # the panel's own tab in the right sidebar (its SVG LabIcon)
             tab = page.locator(".jp-SideBar.jp-mod-right li[data-id='model-debugger-panel']")
             tab.wait_for(timeout=30_000)
             assert tab.locator("svg").count() == 1
-            if "lm-mod-current" not in (tab.get_attribute("class") or ""):
-                tab.click()
-            page.wait_for_selector("#model-debugger-panel", state="visible", timeout=30_000)
+            show_panel(page)
             page.wait_for_function(
                 "() => window.jupyterapp && document.querySelector("
                 "'.jp-NotebookPanel .jp-Notebook-ExecutionIndicator, .jp-KernelStatus')"

@@ -418,3 +418,17 @@ def test_verify_overlay_draws_before_dashed_and_after_solid():
     assert styles == {"before, seed 0: train loss": "dash", "after, seed 0: train loss": "solid",
                       "before, seed 1: train loss": "dash", "after, seed 1: train loss": "solid"}
     assert "before, seed 0: first non-finite (step 5)" in _vlines(fig).values()
+    colors = {t.name: t.line.color for t in fig.data}
+    assert colors["before, seed 1: train loss"] == colors["after, seed 1: train loss"] != \
+        colors["after, seed 0: train loss"]  # one colour per seed
+
+
+def test_a_loss_spanning_decades_starts_on_a_log_axis():
+    import _synthetic as syn
+
+    from model_debugger.widgets import charts
+
+    falling = syn.make_run(syn.steps_events(np.geomspace(10.0, 0.01, 50)))
+    flat = syn.make_run(syn.steps_events(np.linspace(1.0, 0.5, 50)))
+    assert charts.loss_chart(falling).layout.yaxis.type == "log"
+    assert charts.loss_chart(flat).layout.yaxis.type == "linear"

@@ -48,9 +48,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
       openFile: async (path: string) => {
         await app.commands.execute('docmanager:open', { path });
       },
-      insertFixCell: (nb: NotebookPanel) => {
+      insertFixCell: (nb: NotebookPanel, source?: string) => {
         NotebookActions.insertBelow(nb.content);
-        nb.content.activeCell?.model.sharedModel.setSource(FIX_TEMPLATE);
+        nb.content.activeCell?.model.sharedModel.setSource(source ?? FIX_TEMPLATE);
         nb.content.activeCell?.editor?.focus();
       },
       exportViaServer

@@ -17,8 +17,8 @@ export const PHASES = ['reproduce', 'classify', 'isolate', 'fix', 'verify'] as c
 export interface IPanelActions {
   /** Open a file (path relative to the server root) in JupyterLab. */
   openFile(path: string): Promise<void>;
-  /** Insert a `%%fix` cell below the active cell of the notebook. */
-  insertFixCell(panel: NotebookPanel): void;
+  /** Insert a `%%fix` cell below the active cell of the notebook (`source`: its text). */
+  insertFixCell(panel: NotebookPanel, source?: string): void;
   /** Export through the REST endpoint (when the kernel cannot). */
   exportViaServer(sessionPath: string): Promise<{ notebook: string; repro: string }>;
 }
@@ -231,9 +231,17 @@ export class DebuggerPanel extends Widget {
         button.title = allowed
           ? `Insert a %%fix cell for ${report!.queue[0] ?? 'the confirmed finding'}`
           : `Fix is gated: ${gate ?? 'no confirmed finding'}`;
-        button.onclick = () => {
+        button.onclick = async () => {
           if (this._notebook && allowed) {
-            this.actions.insertFixCell(this._notebook);
+            // the kernel's current code under %%fix: the user edits one change into it
+            const notebook = this._notebook;
+            let source: string | undefined;
+            try {
+              source = (await this._connection?.request<{ source: string }>('fix_cell'))?.source;
+            } catch {
+              source = undefined; // an older kernel or a closed comm: the empty template
+            }
+            this.actions.insertFixCell(notebook, source);
           }
         };
         item.appendChild(button);

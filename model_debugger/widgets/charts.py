@@ -113,7 +113,7 @@ def _constant_loss(runs: list[Run]) -> float | None:
 
 def loss_chart(runs: Run | list[Run], labels: list[str] | None = None, *,
                smoothing: float = SMOOTHING, dash: list[str] | None = None,
-               title: str = "Loss and metrics"):
+               colors: list[int] | None = None, title: str = "Loss and metrics"):
     """Training loss per step (raw and smoothed), validation losses and metrics, failures marked.
 
     Parameters
@@ -126,12 +126,16 @@ def loss_chart(runs: Run | list[Run], labels: list[str] | None = None, *,
     dash : list of str, optional
         A plotly dash style per run (``"solid"``, ``"dash"``): the Verify overlay draws the
         reproduction dashed and the fixed code solid.
+    colors : list of int, optional
+        A colour index per run (default: one colour each); the overlay gives a seed one colour.
     title : str
 
     Returns
     -------
     plotly.graph_objects.Figure
-        Loss on the left (with a linear / log toggle), metrics on the right when any was tracked.
+        Loss on the left (with a linear / log toggle; logarithmic from the start when the
+        losses are positive and span more than two decades, as in the exported figures),
+        metrics on the right when any was tracked.
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -140,12 +144,13 @@ def loss_chart(runs: Run | list[Run], labels: list[str] | None = None, *,
     if labels is None:
         labels = [""] if len(runs) == 1 else [f"run {i + 1}" for i in range(len(runs))]
     dash = dash or ["solid"] * len(runs)
+    colors = colors or list(range(len(runs)))
     quantities = [_quantities(r) for r in runs]
     panel = any(q["metric"] for q in quantities)
     fig = make_subplots(rows=1, cols=2 if panel else 1, horizontal_spacing=0.12,
                         subplot_titles=("loss", "tracked metrics") if panel else None)
     for i, (run, label, q) in enumerate(zip(runs, labels, quantities)):
-        color, style = COLORS[i % len(COLORS)], dash[i % len(dash)]
+        color, style = COLORS[colors[i] % len(COLORS)], dash[i % len(dash)]
         pre = f"{label}: " if label else ""
         loss = run.series("loss")
         steps = _steps(run)
@@ -193,11 +198,19 @@ def loss_chart(runs: Run | list[Run], labels: list[str] | None = None, *,
                       annotation_text=f"chance (majority class) {chance:.3g}",
                       annotation_position="bottom left", row=1, col=2)
     fig.update_xaxes(title_text="step")
+    fig.update_yaxes(type="log" if _spans_decades(runs) else "linear", row=1, col=1)
     fig.update_layout(
         title={"text": title, "font": {"size": 13}}, height=340, hovermode="x",
         margin={"l": 50, "r": 10, "t": 60, "b": 40}, legend={"font": {"size": 10}},
         updatemenus=[_log_toggle()])
     return fig
+
+
+def _spans_decades(runs: list[Run]) -> bool:
+    """Every finite training loss positive, and the largest over 100x the smallest."""
+    vals = np.concatenate([r.series("loss") for r in runs] or [np.array([])])
+    vals = vals[np.isfinite(vals)]
+    return bool(vals.size and vals.min() > 0 and vals.max() / vals.min() > 100)
 
 
 def _vline(fig, x: float, text: str, color: str, dash: str, panel: bool) -> None:
@@ -209,7 +222,7 @@ def _vline(fig, x: float, text: str, color: str, dash: str, panel: bool) -> None
 
 def _log_toggle(axis: str = "yaxis") -> dict:
     """Two buttons above the chart: the loss axis linear or logarithmic."""
-    return {"type": "buttons", "direction": "right", "x": 0.0, "xanchor": "left", "y": 1.2,
+    return {"type": "buttons", "direction": "right", "x": 1.0, "xanchor": "right", "y": 1.25,
             "yanchor": "top", "showactive": True, "pad": {"r": 4, "t": 0},
             "buttons": [{"label": "linear", "method": "relayout", "args": [{f"{axis}.type": "linear"}]},
                         {"label": "log", "method": "relayout", "args": [{f"{axis}.type": "log"}]}]}
@@ -218,17 +231,17 @@ def _log_toggle(axis: str = "yaxis") -> dict:
 def overlay_chart(before: Mapping[int, Run], after: Mapping[int, Run],
                   smoothing: float = SMOOTHING):
     """Verify's overlay: each seed's reproduction (dashed) and fixed run (solid) on one chart."""
-    runs, labels, dash = [], [], []
-    for seed in sorted(set(before) | set(after), key=str):
+    runs, labels, dash, colors = [], [], [], []
+    for k, seed in enumerate(sorted(set(before) | set(after), key=str)):
         for side, found, style in (("before", before, "dash"), ("after", after, "solid")):
             run = found.get(seed)
             if run is not None and run.steps:
                 runs.append(run)
                 labels.append(f"{side}, seed {seed}")
                 dash.append(style)
-    fig = loss_chart(runs, labels, smoothing=smoothing, dash=dash,
-                     title="Loss before (dashed) and after (solid) the fix")
-    return fig
+                colors.append(k)
+    return loss_chart(runs, labels, smoothing=smoothing, dash=dash, colors=colors,
+                      title="Loss before (dashed) and after (solid) the fix")
 
 
 def gradient_heatmap(run: Run, title: str = "Gradient norm per layer (log10)"):
