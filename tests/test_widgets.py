@@ -347,7 +347,7 @@ def test_the_interactive_chart_marks_nan_and_oom_and_toggles_log():
     names = [t.name for t in chart.data]
     assert names == ["train loss", "train loss (smoothed)", "val_loss", "val_acc"]
     raw = chart.data[0]
-    assert raw.y[12] is None and raw.y[3] == pytest.approx(0.25)  # NaN is a gap, values exact
+    assert np.isnan(raw.y[12]) and raw.y[3] == pytest.approx(0.25)  # NaN is a gap, values exact
     marks = _vlines(chart)
     assert "first non-finite (step 12)" in marks[12] and marks[19] == "OOM at step 19"
     (toggle,) = chart.layout.updatemenus
@@ -432,3 +432,15 @@ def test_a_loss_spanning_decades_starts_on_a_log_axis():
     flat = syn.make_run(syn.steps_events(np.linspace(1.0, 0.5, 50)))
     assert charts.loss_chart(falling).layout.yaxis.type == "log"
     assert charts.loss_chart(flat).layout.yaxis.type == "linear"
+
+
+def test_a_live_redraw_sends_new_values_into_the_same_traces():
+    """While the structure (traces, marks, axis type) stays, a redraw only replaces x and y."""
+    panel = LossCurves(interactive=True)
+    panel.update(Run(_steps(10)))
+    first = panel.chart.data[0]
+    panel.update(Run(_steps(30)))
+    assert panel.chart.data[0] is first and len(first.x) == 30
+    panel.update(Run(_steps(40, nan_at=35)))  # a new mark: the chart is rebuilt
+    assert panel.chart.data[0] is not first
+    assert any("first non-finite (step 35)" in (a.text or "") for a in panel.chart.layout.annotations)

@@ -30,8 +30,8 @@ SMOOTHING = 0.6  # default EMA weight of the smoothed training loss (0: raw)
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
           "#7f7f7f", "#bcbd22", "#17becf")
 
-__all__ = ["available", "gradient_heatmap", "histogram_chart", "loss_chart", "overlay_chart",
-           "refill", "smooth", "widget"]
+__all__ = ["available", "gradient_heatmap", "histogram_chart", "loss_chart", "loss_spec",
+           "overlay_chart", "redraw", "refill", "smooth", "structure", "widget"]
 
 
 def available() -> bool:
@@ -65,11 +65,17 @@ def smooth(values: np.ndarray, weight: float) -> np.ndarray:
     return out
 
 
-def _thin(x: np.ndarray, y: np.ndarray) -> tuple[list, list]:
+def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At most :data:`MAX_POINTS` evenly spaced points, as float arrays (non-finite: NaN, a gap).
+
+    plotly validates and sends NumPy arrays as typed buffers, a list value by value: a live
+    redraw of a few thousand steps costs a few milliseconds instead of tens.
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.size > MAX_POINTS:
         keep = np.unique(np.linspace(0, x.size - 1, MAX_POINTS).astype(int))
         x, y = x[keep], y[keep]
-    return [float(v) for v in x], [float(v) if np.isfinite(v) else None for v in y]
+    return x, np.where(np.isfinite(y), y, np.nan)
 
 
 def _quantities(run: Run) -> dict[str, list[tuple[str, list, list]]]:
@@ -111,10 +117,27 @@ def _constant_loss(runs: list[Run]) -> float | None:
     return None
 
 
-def loss_chart(runs: Run | list[Run], labels: list[str] | None = None, *,
-               smoothing: float = SMOOTHING, dash: list[str] | None = None,
-               colors: list[int] | None = None, title: str = "Loss and metrics"):
+def loss_chart(runs: Run | list[Run], labels: list[str] | None = None, **kwargs):
     """Training loss per step (raw and smoothed), validation losses and metrics, failures marked.
+
+    The figure of :func:`loss_spec` (same parameters).
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+    """
+    import plotly.graph_objects as go
+
+    return go.Figure(loss_spec(runs, labels, **kwargs))
+
+
+def loss_spec(runs: Run | list[Run], labels: list[str] | None = None, *,
+              smoothing: float = SMOOTHING, dash: list[str] | None = None,
+              colors: list[int] | None = None, title: str = "Loss and metrics") -> dict:
+    """The loss chart as a plain figure dict (``{"data": [...], "layout": {...}}``).
+
+    Plain dicts cost a few milliseconds where plotly's objects (validated, templated) cost
+    tens: the live panel builds one per redraw and hands plotly only what changed.
 
     Parameters
     ----------
@@ -132,14 +155,11 @@ def loss_chart(runs: Run | list[Run], labels: list[str] | None = None, *,
 
     Returns
     -------
-    plotly.graph_objects.Figure
+    dict
         Loss on the left (with a linear / log toggle; logarithmic from the start when the
         losses are positive and span more than two decades, as in the exported figures),
         metrics on the right when any was tracked.
     """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     runs = [runs] if isinstance(runs, Run) else list(runs)
     if labels is None:
         labels = [""] if len(runs) == 1 else [f"run {i + 1}" for i in range(len(runs))]
@@ -147,8 +167,16 @@ def loss_chart(runs: Run | list[Run], labels: list[str] | None = None, *,
     colors = colors or list(range(len(runs)))
     quantities = [_quantities(r) for r in runs]
     panel = any(q["metric"] for q in quantities)
-    fig = make_subplots(rows=1, cols=2 if panel else 1, horizontal_spacing=0.12,
-                        subplot_titles=("loss", "tracked metrics") if panel else None)
+    data: list[dict] = []
+    shapes: list[dict] = []
+    notes: list[dict] = []
+
+    def scatter(xs, ys, name, pre, i, quantity, axis=1, **style) -> None:
+        data.append({"type": "scatter", "x": xs, "y": ys, "name": f"{pre}{name}",
+                     "legendgroup": pre, "meta": {"quantity": quantity, "run": i},
+                     "xaxis": "x" if axis == 1 else "x2", "yaxis": "y" if axis == 1 else "y2",
+                     **style})
+
     for i, (run, label, q) in enumerate(zip(runs, labels, quantities)):
         color, style = COLORS[colors[i] % len(COLORS)], dash[i % len(dash)]
         pre = f"{label}: " if label else ""
@@ -156,54 +184,65 @@ def loss_chart(runs: Run | list[Run], labels: list[str] | None = None, *,
         steps = _steps(run)
         if loss.size:
             x, y = _thin(steps, loss)
-            fig.add_trace(go.Scatter(
-                x=x, y=y, mode="lines", name=f"{pre}train loss", legendgroup=pre,
-                line={"color": color, "width": 1, "dash": style},
-                opacity=0.35 if smoothing > 0 else 1.0,
-                meta={"quantity": "train_loss", "run": i}), row=1, col=1)
+            scatter(x, y, "train loss", pre, i, "train_loss", mode="lines",
+                    line={"color": color, "width": 1, "dash": style},
+                    opacity=0.35 if smoothing > 0 else 1.0)
             if smoothing > 0:
                 x, y = _thin(steps, smooth(loss, smoothing))
-                fig.add_trace(go.Scatter(
-                    x=x, y=y, mode="lines", name=f"{pre}train loss (smoothed)",
-                    legendgroup=pre, line={"color": color, "width": 2, "dash": style},
-                    meta={"quantity": "train_loss_smoothed", "run": i}), row=1, col=1)
+                scatter(x, y, "train loss (smoothed)", pre, i, "train_loss_smoothed",
+                        mode="lines", line={"color": color, "width": 2, "dash": style})
         for name, xs, ys in q["loss"]:
-            fig.add_trace(go.Scatter(
-                x=xs, y=[v if np.isfinite(v) else None for v in ys], mode="lines+markers",
-                name=f"{pre}{name}", legendgroup=pre, marker={"size": 6, "color": color},
-                line={"dash": "dot" if style == "solid" else style, "color": color, "width": 1},
-                meta={"quantity": name, "run": i}), row=1, col=1)
+            scatter(xs, _finite(ys), name, pre, i, name, mode="lines+markers",
+                    marker={"size": 6, "color": color},
+                    line={"dash": "dot" if style == "solid" else style, "color": color,
+                          "width": 1})
         for j, (name, xs, ys) in enumerate(q["metric"]):
-            fig.add_trace(go.Scatter(
-                x=xs, y=[v if np.isfinite(v) else None for v in ys], mode="lines+markers",
-                name=f"{pre}{name}", legendgroup=pre,
-                marker={"size": 6, "color": COLORS[(i + j + 1) % len(COLORS)]},
-                line={"dash": style}, meta={"quantity": name, "run": i}), row=1, col=2)
+            scatter(xs, _finite(ys), name, pre, i, name, axis=2, mode="lines+markers",
+                    marker={"size": 6, "color": COLORS[(i + j + 1) % len(COLORS)]},
+                    line={"dash": style})
         bad = first_nonfinite(run)
         if bad is not None:
-            _vline(fig, bad, f"{pre}first non-finite (step {bad})", "#d62728", "dash", panel)
+            _vline(shapes, notes, bad, f"{pre}first non-finite (step {bad})", "#d62728",
+                   "dash", panel)
         ended = _error_step(run)
         if ended is not None:
             what, step = ended
-            _vline(fig, step, f"{pre}{what} at step {step}", "black", "dot", panel)
+            _vline(shapes, notes, step, f"{pre}{what} at step {step}", "black", "dot", panel)
     baseline = _constant_loss(runs)
     if baseline is not None:
-        fig.add_hline(y=baseline, line={"color": "grey", "dash": "dash", "width": 1},
-                      annotation_text=f"constant predictor {baseline:.3g}",
-                      annotation_position="bottom left", row=1, col=1)
+        _hline(shapes, notes, baseline, f"constant predictor {baseline:.3g}", "")
     chance = _majority_rate(runs) if panel else None
     if chance is not None and any((metric_role(n) or ("", ""))[1] == "acc"
                                   for q in quantities for n, _, _ in q["metric"]):
-        fig.add_hline(y=chance, line={"color": "grey", "dash": "dash", "width": 1},
-                      annotation_text=f"chance (majority class) {chance:.3g}",
-                      annotation_position="bottom left", row=1, col=2)
-    fig.update_xaxes(title_text="step")
-    fig.update_yaxes(type="log" if _spans_decades(runs) else "linear", row=1, col=1)
-    fig.update_layout(
-        title={"text": title, "font": {"size": 13}}, height=340, hovermode="x",
-        margin={"l": 50, "r": 10, "t": 60, "b": 40}, legend={"font": {"size": 10}},
-        updatemenus=[_log_toggle()])
-    return fig
+        _hline(shapes, notes, chance, f"chance (majority class) {chance:.3g}", "2")
+    layout = {
+        "title": {"text": title, "font": {"size": 13}}, "height": 340, "hovermode": "x",
+        "margin": {"l": 50, "r": 10, "t": 60, "b": 40}, "legend": {"font": {"size": 10}},
+        "updatemenus": [_log_toggle()], "shapes": shapes, "annotations": notes,
+        "xaxis": {"title": {"text": "step"}, "domain": [0.0, 0.44] if panel else [0.0, 1.0],
+                  "anchor": "y"},
+        "yaxis": {"type": "log" if _spans_decades(runs) else "linear", "anchor": "x"}}
+    if panel:
+        layout["xaxis2"] = {"title": {"text": "step"}, "domain": [0.56, 1.0], "anchor": "y2"}
+        layout["yaxis2"] = {"anchor": "x2"}
+        notes += [{"text": text, "x": x, "xref": "paper", "y": 1.0, "yref": "paper",
+                   "showarrow": False, "xanchor": "center", "yanchor": "bottom",
+                   "font": {"size": 12}} for text, x in (("loss", 0.22), ("tracked metrics",
+                                                                              0.78))]
+    return {"data": data, "layout": layout}
+
+
+def _finite(values) -> list:
+    return [float(v) if np.isfinite(v) else None for v in values]
+
+
+def structure(spec: dict) -> tuple:
+    """What a redraw cannot change by new x/y values alone: traces, marks, axis types."""
+    layout = spec["layout"]
+    return (tuple((t["name"], t["xaxis"]) for t in spec["data"]),
+            tuple((s["x0"], s["y0"]) for s in layout["shapes"]),
+            tuple(a["text"] for a in layout["annotations"]), layout["yaxis"]["type"],
+            layout["title"]["text"])
 
 
 def _spans_decades(runs: list[Run]) -> bool:
@@ -213,11 +252,24 @@ def _spans_decades(runs: list[Run]) -> bool:
     return bool(vals.size and vals.min() > 0 and vals.max() / vals.min() > 100)
 
 
-def _vline(fig, x: float, text: str, color: str, dash: str, panel: bool) -> None:
-    for col in (1, 2) if panel else (1,):
-        fig.add_vline(x=x, line={"color": color, "dash": dash, "width": 1.2}, row=1, col=col,
-                      annotation_text=text if col == 1 else None,
-                      annotation_position="top right")
+def _vline(shapes: list, notes: list, x: float, text: str, color: str, dash: str,
+           panel: bool) -> None:
+    for axis in ("", "2") if panel else ("",):
+        shapes.append({"type": "line", "xref": f"x{axis}", "yref": f"y{axis} domain", "x0": x,
+                       "x1": x, "y0": 0, "y1": 1,
+                       "line": {"color": color, "dash": dash, "width": 1.2}})
+    notes.append({"text": text, "x": x, "xref": "x", "y": 1, "yref": "y domain",
+                  "showarrow": False, "xanchor": "left", "yanchor": "top",
+                  "font": {"size": 10, "color": color}})
+
+
+def _hline(shapes: list, notes: list, y: float, text: str, axis: str) -> None:
+    shapes.append({"type": "line", "xref": f"x{axis} domain", "yref": f"y{axis}", "x0": 0,
+                   "x1": 1, "y0": y, "y1": y, "line": {"color": "grey", "dash": "dash",
+                                                       "width": 1}})
+    notes.append({"text": text, "x": 0, "xref": f"x{axis} domain", "y": y, "yref": f"y{axis}",
+                  "showarrow": False, "xanchor": "left", "yanchor": "bottom",
+                  "font": {"size": 10, "color": "grey"}})
 
 
 def _log_toggle(axis: str = "yaxis") -> dict:
@@ -301,8 +353,24 @@ def widget(fig):
 
 
 def refill(target, fig) -> None:
-    """Replace a ``FigureWidget``'s traces and layout by a new figure's, in one update."""
+    """Replace a ``FigureWidget``'s traces and layout by a new figure's (or spec's), in one update."""
+    data, layout = (fig["data"], fig["layout"]) if isinstance(fig, dict) else \
+        (list(fig.data), fig.layout)
     with target.batch_update():
         target.data = ()
-        target.add_traces(list(fig.data))
-        target.layout = fig.layout
+        target.add_traces(data)
+        target.layout = layout
+
+
+def redraw(target, spec: dict, same_structure: bool) -> None:
+    """Show ``spec`` in a live widget: only new x/y values when the structure is unchanged.
+
+    A live redraw then costs a few milliseconds of the training process's time (one message of
+    the changed arrays) instead of a rebuilt, re-validated figure.
+    """
+    if not same_structure or len(target.data) != len(spec["data"]):
+        refill(target, spec)
+        return
+    with target.batch_update():
+        for trace, new in zip(target.data, spec["data"]):
+            trace.x, trace.y = new["x"], new["y"]

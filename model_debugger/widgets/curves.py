@@ -22,7 +22,7 @@ from ..figures import figure_png, loss_figure
 from ..records import Run
 from . import charts
 
-INTERVAL = 0.5  # seconds between redraws while following a record
+INTERVAL = 1.0  # seconds between redraws while following a record
 
 
 def curves_figure(run: Run, title: str = "Loss and metrics"):
@@ -91,6 +91,7 @@ class LossCurves(W.VBox):
                                        description="smoothing", continuous_update=False)
         self.redraws = 0
         self.run: Run | None = None
+        self._structure: tuple | None = None
         self._lock = threading.Lock()
         shown = [self.chart, self.smoothing] if self.interactive else [self.image]
         super().__init__([self.status, *shown])
@@ -105,7 +106,10 @@ class LossCurves(W.VBox):
         with self._lock:
             self.run = run
             if self.interactive:
-                charts.refill(self.chart, charts.loss_chart(run, smoothing=self.smoothing.value))
+                spec = charts.loss_spec(run, smoothing=self.smoothing.value)
+                shape = charts.structure(spec)
+                charts.redraw(self.chart, spec, shape == self._structure)
+                self._structure = shape
             else:
                 self.image.value = figure_png(curves_figure(run))
             self.redraws += 1
