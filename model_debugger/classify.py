@@ -30,6 +30,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     LOSS_FALLS,
     MIN_STEPS,
     NOT_RESET,
+    ONE_VALUE_LOSS,
     OVERHEAD_MS,
     OVERHEAD_SHARE,
     PLATEAU_DROP,
@@ -301,6 +302,36 @@ def bounded_output(sig: dict):
             f"{sig.get('output_range', '')} (>= {UNREACHABLE_SHARE:g}: it cannot reach them)")]
 
 
+def one_value_targets(sig: dict):
+    """``convergence_to_wrong_solution`` when every training target is the same.
+
+    One class in every label (or one value in every regression target) makes the constant
+    predictor perfect: its loss is 0, and the model reaches it by learning its output bias,
+    whatever the inputs (the loss falls to a few percent of its first value within steps). A
+    loss that needs the inputs to get low (a contrastive loss whose positive is always class 0)
+    does not fall that way, so it is not read as this.
+    """
+    base = sig.get("constant_predictor_loss")
+    first, final = sig.get("loss_first"), sig.get("loss_final")
+    if base is None or base > 1e-9 or first is None or final is None or first <= 0:
+        return None
+    if not final <= ONE_VALUE_LOSS * first:
+        return None
+    ev = [_ev(sig, "constant_predictor_loss", "loss of always predicting the one target value "
+              "the training labels hold (0: they carry nothing to learn)"),
+          _ev(sig, "loss_first", "loss of the untrained model"),
+          _ev(sig, "loss_final", f"median of the last steps (<= {ONE_VALUE_LOSS:g} x the first: "
+              "the constant was learned)")]
+    if sig.get("majority_rate") is not None:
+        ev.append(_ev(sig, "majority_rate", "share of the most frequent class in the training "
+                      "targets (1: every label is one class)"))
+    for split in ("val", "train"):
+        if f"{split}_acc_final" in sig:
+            ev.append(_ev(sig, f"{split}_acc_final", f"'{sig[f'{split}_acc_name']}' at the end"))
+            break
+    return "convergence_to_wrong_solution", ev
+
+
 def wrong_solution(sig: dict):
     """``convergence_to_wrong_solution``: the loss falls, the metric stays trivial.
 
@@ -503,7 +534,7 @@ def gpu_idle(sig: dict):
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, rank_hang, exploding, memory_growth, rank_desync, broadcast_loss,
-    bounded_output, overfitting, wrong_solution, generalisation_gap,
+    bounded_output, one_value_targets, overfitting, wrong_solution, generalisation_gap,
     not_decreasing, vanishing, rank_straggler, slow_data, loop_overhead, gpu_idle, plateau,
 )
 

@@ -69,8 +69,8 @@ def classify_and_check(sig: dict) -> Classification:
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "rank_hang", "exploding", "memory_growth",
-                     "rank_desync", "broadcast_loss", "bounded_output", "overfitting",
-                     "wrong_solution", "generalisation_gap", "not_decreasing", "vanishing",
+                     "rank_desync", "broadcast_loss", "bounded_output", "one_value_targets",
+                     "overfitting", "wrong_solution", "generalisation_gap", "not_decreasing", "vanishing",
                      "rank_straggler", "slow_data", "loop_overhead", "gpu_idle", "plateau"]
 
 
@@ -384,6 +384,36 @@ def test_overfitting_quiet_when_val_minimum_is_last():
     sig, cls = quiet(C.overfitting, run)
     assert sig["val_loss_min_index"] == sig["val_points"] - 1
     assert cls.primary == HEALTHY
+
+
+# -- one_value_targets -----------------------------------------------------------------------
+def _collapsing(n: int = 120) -> np.ndarray:
+    """A loss that falls to ~0 within a few steps (a bias learned), then stays there."""
+    return 2.3 * np.exp(-np.arange(n) / 3.0)
+
+
+@pytest.mark.parametrize("targets", [syn.targets_counts([640, 0, 0, 0]),
+                                     syn.targets_moments(3.0, 0.0)])
+def test_one_value_targets_fires_when_the_constant_is_learned(targets):
+    """One class in every label, or one value in every regression target: the constant
+    predictor is perfect, the loss collapses to it, whatever a metric on other data says."""
+    run = syn.make_run(syn.steps_events(_collapsing()), targets,
+                       syn.metric("val_acc", [0.25, 0.25, 0.25]))
+    fires(C.one_value_targets, run, "convergence_to_wrong_solution",
+          {"constant_predictor_loss", "loss_first", "loss_final"})
+
+
+def test_one_value_targets_quiet_for_a_loss_that_needs_the_inputs():
+    """A contrastive loss whose positive is always column 0 (MoCo): one class, but the loss
+    stays far from 0 because the logits come from the inputs."""
+    loss = 4.0 - 1.5 * (1 - np.exp(-np.arange(120) / 30.0))
+    quiet(C.one_value_targets, syn.make_run(syn.steps_events(loss),
+                                            syn.targets_counts([640, 0, 0])))
+
+
+def test_one_value_targets_quiet_with_two_classes():
+    quiet(C.one_value_targets, syn.make_run(syn.steps_events(_collapsing()),
+                                            syn.targets_counts([600, 40])))
 
 
 # -- wrong_solution --------------------------------------------------------------------------
