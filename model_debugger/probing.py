@@ -89,13 +89,15 @@ def probe(ctx: ProbeContext, ids: list[str] | None = None) -> ProbeReport:
     Returns
     -------
     ProbeReport
-        Ranked findings, probe timings and shared measurements; empty for a healthy run that
-        did not fail, unless ``ids`` name probes to run anyway.
+        Ranked findings, probe timings and shared measurements. A healthy run that did not
+        fail gets only the probes written for healthy runs (``"healthy"`` among their
+        categories: what good-looking signals can hide, such as the target copied into the
+        inputs), unless ``ids`` name probes to run anyway.
     """
-    from .probes import ProbeReport, run_probes
+    from .probes import PROBES, run_probes
 
     if ctx.classification.primary == "healthy" and ids is None and ctx.run.error is None:
-        return ProbeReport()
+        ids = [pid for pid, cls in PROBES.items() if "healthy" in cls.categories]
     return run_probes(ctx, ids)
 
 

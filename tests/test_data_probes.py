@@ -15,6 +15,7 @@ from model_debugger.probes.constant_baseline import ConstantBaseline
 from model_debugger.probes.distribution_shift import DistributionShift
 from model_debugger.probes.feature_scaling import FeatureScaling
 from model_debugger.probes.leakage import Leakage
+from model_debugger.probes.target_copy import TargetCopy
 from model_debugger.records import Classification, Run
 
 LOC = {"t": "ref", "kind": "loss_fn", "file": "train.py", "line": 42}
@@ -186,6 +187,46 @@ def _split(seed):
     y = (x[:, 0] + x[:, 1] + rng.standard_normal(400) > 0).astype(int)
     v = rng.standard_normal((100, 5))
     return x, y, v, (v[:, 0] + v[:, 1] > 0).astype(int)
+
+
+# --- target_copy ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("encode", [lambda y: y, lambda y: 10.0 - 3.0 * y,
+                                    lambda y: np.array([0.2, 7.0, -1.0])[y]])
+def test_target_copy_finds_the_label_in_a_column_whatever_its_encoding(encode):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 5))
+    y = rng.integers(0, 3, 300)
+    x[:, 3] = encode(y)
+    (f,) = TargetCopy().run(ctx_for((x, y), None, category="healthy"))
+    assert f.confirmed and f.evidence["decisive"] and f.evidence["column"] == 3
+    assert TargetCopy.reveals == "overfitting" and "target_copy" in probes_for("healthy")
+
+
+def test_target_copy_finds_a_regression_target_copied_into_a_feature():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, 4))
+    target = x[:, :2].sum(axis=1) + 0.1 * rng.standard_normal(300)
+    x[:, 2] = 2.0 * target + 5.0
+    (f,) = TargetCopy().run(ctx_for((x, target), None, category="healthy"))
+    assert f.evidence["column"] == 2
+
+
+@pytest.mark.parametrize("case", ["separable", "noisy_copy", "one_column", "few_rows"])
+def test_target_copy_silent_on_easy_tasks_and_near_copies(case):
+    """An easy task (a feature that separates the classes still varies within each), a label
+    column with 5% noise, a one-feature fit of y = 2x + 1 and a handful of rows: no finding."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((400, 4))
+    y = (x[:, 0] > 0).astype(int)
+    if case == "noisy_copy":
+        x[:, 1] = np.where(rng.random(400) < 0.05, 1 - y, y)
+    if case == "one_column":
+        x, y = x[:, :1], 2 * x[:, 0] + 1
+    if case == "few_rows":
+        x[:, 1] = y
+        x, y = x[:30], y[:30]
+    assert TargetCopy().run(ctx_for((x, y), None, category="healthy")) == []
 
 
 def test_leakage_counts_duplicate_rows_across_splits():

@@ -570,6 +570,50 @@ def test_a_plateau_held_up_by_frozen_layers_stands(tmp_path):
     assert "requires_grad_(False)" in script.read_text().splitlines()[f.location["line"] - 1]
 
 
+LEAK = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    X = torch.randn(600, 6)
+    y = (X[:, 0] + X[:, 1] * X[:, 2] > 0).long()
+    X[:, 5] = y.float()  # the label left in the features
+    Xtr, ytr, Xva, yva = X[:480], y[:480], X[480:], y[480:]
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for epoch in range(8):
+        for i in range(0, 480, 32):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(Xtr[i:i + 32]), ytr[i:i + 32])
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            acc = (model(Xva).argmax(1) == yva).float().mean().item()
+        print(f"epoch {epoch} val_acc={acc:.4f}")
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leak", [True, False])
+def test_a_healthy_looking_run_with_the_label_in_its_inputs_is_overfitting(tmp_path, leak):
+    """Perfect validation accuracy, every signal healthy: the probe written for healthy runs
+    finds the label copied into a feature and Isolate re-classifies the run; without the copy
+    the run stays healthy with no finding."""
+    script = tmp_path / "leak.py"
+    script.write_text(LEAK if leak else LEAK.replace("X[:, 5] = y.float()", "pass"))
+    s = DebugSession.create(str(tmp_path / "root"))
+    reproduce(s, ScriptArtifact(str(script)), runs=1, seed=0, probe_budget=30.0)
+    cls = s.state.classification
+    if not leak:
+        assert cls.primary == "healthy" and not s.state.findings, (cls, s.state.findings)
+        return
+    assert cls.primary == "overfitting", (cls, s.state.findings)
+    assert cls.evidence[0].signal == "target_copy_confirmed"
+    f = next(f for f in s.state.findings if f.confirmed)
+    assert (f.check, f.root_cause, f.category) == ("target_copy", "data", "overfitting")
+    assert "X[:, 5] = y.float()" in script.read_text().splitlines()[f.location["line"] - 1]
+    assert s.state.fix_allowed
+
+
 KERAS_TAPE = textwrap.dedent("""\
     import os
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"

@@ -102,10 +102,35 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
             findings = rank(findings, [cls.primary, *cls.secondary])  # tested ones by result
         if ids is None:
             _settle_plateau(session, findings, set(report.probe_seconds))
+            _reveal(session, findings)
         session.record_findings(findings, added=ids is not None,
                                 probe_seconds=dict(report.probe_seconds), live=live,
                                 noise=report.seed_noise, lr_range=report.lr_range)
     return session.findings
+
+
+def _reveal(session: DebugSession, findings: list[Finding]) -> None:
+    """Re-classify a ``healthy`` run when a probe confirmed what its signals could not show.
+
+    A confirmed, decisive finding of a probe with :attr:`~model_debugger.probes.Probe.reveals`
+    (the target copied into the inputs: the good validation score is the leak) makes the run
+    that category, citing the finding's measurement; the signals stay as recorded.
+    """
+    from ..probes import PROBES
+    from ..records import HEALTHY, Classification, Evidence
+
+    cls = session.state.classification
+    if cls is None or cls.primary != HEALTHY:
+        return
+    for f in findings:
+        probe = PROBES.get(f.check)
+        category = getattr(probe, "reveals", None)
+        if f.confirmed and category and f.evidence.get("decisive"):
+            signal = f"{f.check}_confirmed"
+            evidence = (Evidence(signal, 1, f"{f.check}: {f.explanation}"), *cls.evidence)
+            signals = {**session.state.signals, signal: 1}
+            session.record_classification(Classification(category, (), evidence), signals)
+            return
 
 
 EXPERIMENTS = ("frozen_parameters", "dropout_rate", "lr_range")  # what could hold a loss up

@@ -133,6 +133,11 @@ class Probe:
     suggested_by : tuple of str
         Signals that point at this probe's cause: when the classification cites one, the probe
         runs before the others (the most likely cause is tested while the budget lasts).
+    reveals : str or None
+        For a probe that also runs on runs classified ``healthy`` (``"healthy"`` among its
+        categories): the category one of its confirmed findings shows, although the recorded
+        signals looked healthy (a leak inflates the very score that looked good). Isolate then
+        re-classifies the run (:func:`~model_debugger.phases.isolate.isolate`).
     """
 
     id: str = ""
@@ -143,6 +148,7 @@ class Probe:
     data_role: str | None = None
     suggested_by: tuple[str, ...] = ()
     traces_origin: bool = True
+    reveals: str | None = None
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Whether the probe can run on this context."""
@@ -302,6 +308,8 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
             with np.errstate(all="ignore"):  # a diverged model's inf/nan arithmetic is data
                 result = ProbeResult.of(probe.run(ctx))
             cat = next((c for c in order if c in probe.categories), order[0])
+            if cat == "healthy" and probe.reveals:  # what the finding would show the run to be
+                cat = probe.reveals
             findings += [Finding(f.check, f.root_cause, f.confirmed, f.explanation, f.location,
                                  {**f.evidence, "category": cat}) for f in result.findings]
             measured.update({name: getattr(result, name) for name in SHARED
