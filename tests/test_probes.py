@@ -1391,3 +1391,23 @@ def test_a_run_classified_unstable_at_a_rate_the_sweep_diverges_at_is_confirmed(
     [f] = judged("gradient_instability")
     assert f.confirmed and f.root_cause == "hyperparameter" and "above the rate" in f.explanation
     assert not any(f.confirmed for f in judged("loss_not_decreasing"))
+
+
+@pytest.mark.parametrize("growth,nonfinite,blown", [(-4.2, False, True), (0.01, False, False),
+                                                     (0.01, True, True), (-0.5, False, False)])
+def test_a_loss_that_grew_is_a_blow_up_even_when_vanishing_gradients_are_cited(
+        growth, nonfinite, blown):
+    """Both gradient_instability rules fired (the loss grew 5x and the early layers' gradients
+    vanished: saturated after overshooting updates): the blow-up is what a cause must explain,
+    so what shrinks updates is not confirmed. A flat loss citing the same signals is no blow-up.
+    """
+    from model_debugger.probes.base import blown_up
+    from model_debugger.records import Evidence
+
+    cls = Classification("gradient_instability", (), (
+        Evidence("loss_final", 12.9, "median of the last steps, >= 2.0x initial"),
+        Evidence("first_to_last_grad_ratio", 7.8e-05, "vanishing"),
+        Evidence("loss_relative_drop", growth, "the loss barely moves")))
+    signals = {"loss_relative_drop": growth, **({"first_nonfinite_step": 3} if nonfinite else {})}
+    ctx = ProbeContext(run=Run([]), signals=signals, classification=cls)
+    assert bool(blown_up(ctx)) is blown

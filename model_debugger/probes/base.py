@@ -224,14 +224,24 @@ def blown_up(ctx: ProbeContext) -> list[str]:
     """The signals by which Classify saw this run blow up (empty: it did not).
 
     Only a ``gradient_instability`` decided by a growing loss or gradient (not by vanishing
-    gradients). What shrinks the updates (vanishing gradients, a weight decay, a clip) can
-    explain a loss that does not move, never one that grew: it is at most a consequence.
+    gradients alone). What shrinks the updates (vanishing gradients, a weight decay, a clip)
+    can explain a loss that does not move, never one that grew: it is at most a consequence.
+    When vanishing gradients were cited with the loss (the two rules fired together), the run
+    blew up only if the loss did grow (by the divergence ratio) or became non-finite: a flat
+    loss cites ``loss_final`` too.
     """
+    from ..thresholds import DIVERGE_RATIO
+
     cls = ctx.classification
     signals = [e.signal for e in getattr(cls, "evidence", ())]
-    if getattr(cls, "primary", None) != "gradient_instability" or \
-            "first_to_last_grad_ratio" in signals:  # a flat loss cites loss_final too
+    if getattr(cls, "primary", None) != "gradient_instability":
         return []
+    if "first_to_last_grad_ratio" in signals:
+        sig = ctx.signals
+        grew = "first_nonfinite_step" in sig or \
+            sig.get("loss_relative_drop", 0.0) <= 1.0 - DIVERGE_RATIO
+        if not grew:
+            return []
     return [s for s in signals if s in BLOW_UP_SIGNALS]
 
 
