@@ -168,6 +168,30 @@ def test_step_record_matches_reference(tmp_path):
     assert sum(targets["counts"]) == 96
 
 
+@pytest.mark.parametrize("how", ["no_grad", "eval_mode"])
+def test_the_first_evaluation_forward_is_referenced(how):
+    """Where validation inputs enter the model (the line Isolate traces validation data from):
+    a forward under no_grad, or of a model in eval mode, after training began."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xv = torch.randn(16, 8)
+    with capture(update_every=0, hist_every=0) as rec:
+        model(torch.randn(4, 8))  # before any step: not an evaluation of a trained model
+        train_steps(model, opt, 3)
+        if how == "no_grad":
+            with torch.no_grad():
+                model(xv * 10.0)  # <eval-no-grad>
+        else:
+            model.eval()
+            model(xv)  # <eval-mode>
+            model.train()
+        train_steps(model, opt, 2)
+    ref = Run(rec.events).refs()["eval_forward"]
+    assert same_file(ref["file"], HERE)
+    assert ref["line"] == line_of("eval-no-grad" if how == "no_grad" else "eval-mode")
+
+
 def test_each_training_loop_gets_its_own_lines():
     """A second, short loop on other lines (fine-tuning after pre-training) is referenced too."""
     torch.manual_seed(0)

@@ -486,3 +486,25 @@ def test_a_list_an_eager_loop_keeps_is_looked_at():
     held = growing_container(Run(rec.events))
     assert held is not None and held["name"] == "outputs_kept"
     assert held["mb_per_step"] == pytest.approx(1.0, rel=0.05)
+
+
+@pytest.mark.parametrize("traced", [True, False])
+def test_a_custom_loop_validating_with_a_metric_keeps_its_validation_batches(traced):
+    """Validation by a metric object (``val_acc.update_state(y, model(x))``), no loss call:
+    the batches are still kept for Isolate, and the evaluation forward's line is referenced;
+    a training metric under the tape keeps nothing."""
+    X, y = data(256)
+    Xv, yv = data(64, seed=1)
+    model = mlp()
+    val_acc = keras.metrics.SparseCategoricalAccuracy()
+    with capture(hist_every=0) as rec:
+        train_step = custom_step(model, traced)
+        for i in range(0, 256, 32):
+            train_step(X[i:i + 32], y[i:i + 32])
+        for i in range(0, 64, 32):
+            val_acc.update_state(yv[i:i + 32], model(Xv[i:i + 32] * 10.0, training=False))  # <keras-eval>
+    kept = rec.keeper.val_batches
+    assert len(kept) == 2
+    assert np.allclose(kept[0][0][0], Xv[:32] * 10.0) and np.array_equal(kept[1][1], yv[32:])
+    ref = Run(rec.events).refs()["eval_forward"]
+    assert ref["line"] == line_of("keras-eval")

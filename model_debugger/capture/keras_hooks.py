@@ -216,6 +216,8 @@ class LoopHooks:
                 return original(model, *args, **kwargs)
             if args and not inst._fit_depth and not inst._call_depth:
                 inst._call = args[0]  # the outermost model's input, not a nested model's
+                if not inst._eval_seen and inst._models:
+                    inst.guard(inst._note_eval_forward)()
             work = not inst._fit_depth and inst._tf.executing_eagerly()  # a training forward,
             if work:                                                      # or an evaluation's
                 inst._work_enter()
@@ -229,6 +231,17 @@ class LoopHooks:
 
         __call__.__wrapped__ = original
         return __call__
+
+    def _note_eval_forward(self) -> None:
+        """Reference the first evaluation forward: where validation inputs enter the model.
+
+        Eager, no tape recording, after training began (the ``eval_forward`` reference).
+        """
+        from tensorflow.python.eager import record
+
+        if self._tf.executing_eagerly() and not record.could_possibly_record() and self._steps:
+            self._eval_seen = True
+            self.ref("eval_forward", user_location(sys._getframe()))
 
     def _wrap_function_call(self, original):
         """``tf.function`` calls outside ``fit``: the model's work (``bz``) while they run.
@@ -391,6 +404,42 @@ class LoopHooks:
         if self.keeper.full(self.rec.epoch) and self._keep_gate is not None:
             self._keep_gate.assign(False)
 
+    def _wrap_metric_update(self, original):
+        """``update_state`` of Keras' mean-metric wrappers (accuracies, ...) outside ``fit``.
+
+        A custom loop that validates with a metric object (``val_acc.update_state(y,
+        model(x))``) and no loss call still pairs the model's last input with the targets:
+        without a tape recording they are validation batches.
+        """
+        link = self._link
+
+        def update_state(metric, y_true, y_pred, *args, **kwargs):
+            out = original(metric, y_true, y_pred, *args, **kwargs)
+            inst = link()
+            if inst is not None and not inst._fit_depth and inst._tf.executing_eagerly():
+                inst.guard(inst._on_metric_call)(y_true)
+            return out
+
+        update_state.__wrapped__ = original
+        return update_state
+
+    def _on_metric_call(self, y_true) -> None:
+        from tensorflow.python.eager import record
+
+        if record.could_possibly_record():  # under a tape: a training metric
+            return
+        x, self._call = self._call, None
+        self._keep_val(x, y_true)
+
+    def _keep_val(self, x, y_true) -> None:
+        """Keep an evaluation's input and targets as a validation batch (at most 32)."""
+        if x is None or self._tf.is_tensor(x) and self._tf.is_symbolic_tensor(x):
+            return  # traced earlier, not this eager batch
+        y = to_numpy(y_true)
+        if len(self.keeper.val_batches) < 32 and hasattr(y, "shape") \
+                and getattr(x, "shape", (None,))[:1] == y.shape[:1]:
+            self.keeper.val_batches.append(((to_numpy(x),), y))
+
     def _on_loss_call(self, loss, y_true, y_pred) -> None:
         from tensorflow.python.eager import record
 
@@ -398,10 +447,7 @@ class LoopHooks:
         if self._tf.is_tensor(x) and self._tf.is_symbolic_tensor(x):
             x = None  # traced earlier, not this eager batch
         if not record.could_possibly_record():  # no tape: an evaluation
-            y = to_numpy(y_true)
-            if x is not None and len(self.keeper.val_batches) < 32 and hasattr(y, "shape") \
-                    and getattr(x, "shape", (None,))[:1] == y.shape[:1]:
-                self.keeper.val_batches.append(((to_numpy(x),), y))
+            self._keep_val(x, y_true)
             return
         if not self._describe_loss(loss):
             return

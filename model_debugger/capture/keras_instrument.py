@@ -16,7 +16,8 @@ a capture is active, and where it is handled:
   batches;
 - ``keras.Model.__call__`` and ``keras.losses.Loss.__call__`` (:mod:`.keras_hooks`): custom eager
   loops; ``tf.data`` iteration outside ``fit`` (``Dataset.__iter__``, ``OwnedIterator.__next__``)
-  is their data wait;
+  is their data wait; ``MeanMetricWrapper.update_state`` pairs an evaluation's inputs with its
+  targets when a loop validates with a metric object and no loss;
 - ``BaseOptimizer.apply`` and ``tf.GradientTape.gradient`` (:mod:`.keras_steps`): the loss,
   per-variable gradient norms where Keras applies them, one ``step`` event per apply.
 """
@@ -81,6 +82,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._nonfinite_seen = False
         self._epoch_base = 0
         self._steps = 0
+        self._eval_seen = False  # the first evaluation forward is referenced (eval_forward)
         self._gpu = None
         self._mgn_at = 0  # where the next step's window of layer norms starts (norms.py)
 
@@ -111,6 +113,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
     def _attach_keras(self) -> None:
         import keras
         from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+        from keras.src.metrics.reduction_metrics import MeanMetricWrapper
         from keras.src.optimizers.base_optimizer import BaseOptimizer
         from keras.src.trainers.trainer import Trainer
 
@@ -122,6 +125,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self.patch(BaseOptimizer, "apply", lambda nxt: self._nograph(self._wrap_apply(nxt)))
         self.patch(keras.Model, "__call__", self._wrap_model_call)
         self.patch(keras.losses.Loss, "__call__", self._wrap_loss_call)
+        self.patch(MeanMetricWrapper, "update_state", self._wrap_metric_update)
 
     def _nograph(self, fn):
         return self._tf.autograph.experimental.do_not_convert(fn)

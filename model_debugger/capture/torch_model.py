@@ -20,13 +20,14 @@ last inputs and the replay's verdict.
 from __future__ import annotations
 
 import gc
+import sys
 import warnings
 import weakref
 
 import torch
 
 from . import patches
-from .codeloc import assignment, definition_location, user_frame
+from .codeloc import assignment, definition_location, user_frame, user_location
 from .torch_util import replay_first_nonfinite
 
 
@@ -40,6 +41,7 @@ class ModelHooks:
         self._root = None
         self._last_input = None
         self._fwd_open = 0  # training forwards entered and not yet left
+        self._eval_seen = False  # the first evaluation forward's line is referenced
         self._nonfinite_seen = False
         self._replay = None
         self._in_weights = False
@@ -96,6 +98,10 @@ class ModelHooks:
     # -- non-finite values ------------------------------------------------------------------
     def _keep_input(self, module, args, kwargs):
         self._last_input = (args, kwargs)
+        if not self._eval_seen and self._opt_steps and \
+                not (torch.is_grad_enabled() and module.training):
+            self._eval_seen = True  # where validation inputs enter the model (``eval_forward``)
+            self.ref("eval_forward", user_location(sys._getframe()))
         if torch.is_grad_enabled():  # a training forward: part of the step's own work
             if not self._fwd_open:
                 self._forward_started()

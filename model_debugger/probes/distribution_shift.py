@@ -77,7 +77,10 @@ class DistributionShift(Probe):
         else:
             text = (f"Possible mild shift between training and validation inputs: {auc_text}"
                     f"{'; shifted: ' + where if where else ''}. Not strong enough to confirm.")
-        return [self.finding("data", confirmed, text, st.data_location(ctx), strength=strength,
+        # located where the validation inputs were made: traced back from the first
+        # evaluation forward (an inline transform there, ``net(xb * 10.0)``, is that line)
+        where_val = ctx.ref("eval_forward") or st.data_location(ctx)
+        return [self.finding("data", confirmed, text, where_val, strength=strength,
                              auc=score, ks_critical=crit, top_features=top,
                              shifted_features=int(significant.sum()),
                              major_shift_features=int(major.sum()),
