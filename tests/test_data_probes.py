@@ -229,6 +229,19 @@ def test_target_copy_silent_on_easy_tasks_and_near_copies(case):
     assert TargetCopy().run(ctx_for((x, y), None, category="healthy")) == []
 
 
+def test_data_volume_finds_a_training_set_of_a_few_rows_repeated():
+    from model_debugger.probes.data_volume import DataVolume
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((32, 6))[np.arange(1024) % 32]
+    y = rng.integers(0, 2, 32)[np.arange(1024) % 32]
+    (f,) = DataVolume().run(ctx_for((x, y), None))
+    assert f.confirmed and f.evidence["decisive"]
+    assert (f.evidence["rows"], f.evidence["distinct_rows"]) == (1024, 32)
+    varied = rng.standard_normal((1024, 6))
+    assert DataVolume().run(ctx_for((varied, y), None)) == []  # no record: nothing else to say
+
+
 def test_leakage_counts_duplicate_rows_across_splits():
     x, y, v, yv = _split(30)
     v[:15] = x[100:115]

@@ -1,8 +1,11 @@
 """``data_volume``: too few training samples for the model's capacity.
 
-Measured from the run: parameters per training sample (samples per epoch counted by the loss)
-against the generalisation gap. Many parameters per sample and a widening gap mean the model
-memorises the training set.
+Two measurements. First, distinct rows: the kept training batches (input rows with their
+targets) hold only a few distinct examples, each repeated many times (a sampling or indexing
+step that repeats a handful of rows: the epoch looks large, the data is not); that is direct and
+decisive, located where the inputs were made. Second, from the run: parameters per training
+sample (samples per epoch counted by the loss) against the generalisation gap. Many parameters
+per sample and a widening gap mean the model memorises the training set.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from ..thresholds import VAL_RISE
 from .base import Probe, ProbeContext, register
 
 PARAMS_PER_SAMPLE = 10.0
+DISTINCT_SHARE = 0.1  # distinct rows at most this share of the kept rows ...
+MIN_ROWS = 256        # ... of at least this many rows
 
 
 @register
@@ -20,6 +25,7 @@ class DataVolume(Probe):
     """Parameters per training sample, against a validation loss that rises."""
 
     id = "data_volume"
+    data_role = "inputs"
     categories = ("overfitting",)
     fix = ("Regularise the optimisation (weight decay, early stopping on the validation loss) or "
            "train on more data; a smaller model is an architecture change and needs an explicit "
@@ -31,6 +37,9 @@ class DataVolume(Probe):
         Samples per epoch come from the record's ``targets`` event and the epochs observed; the
         parameter count from its ``model`` event.
         """
+        repeated = _repeated_rows(ctx)
+        if repeated is not None:
+            return [repeated]
         model = ctx.run.first("model")
         targets = ctx.run.of("targets")
         sig = ctx.signals
@@ -53,3 +62,25 @@ class DataVolume(Probe):
             ctx.ref("model"), params=model["params"], samples_per_epoch=per_sample,
             params_per_sample=ratio, val_loss_rise=sig["val_loss_rise"],
             val_loss_min_index=sig.get("val_loss_min_index"), strength=0.7)]
+
+
+def _repeated_rows(ctx: ProbeContext):
+    """A confirmed finding when the kept training rows are a few distinct rows repeated."""
+    from . import _numpy_stats as st
+    from .constant_inputs import _inputs
+
+    x = _inputs(ctx)
+    if x is None or len(x) < MIN_ROWS:
+        return None
+    rows = np.ascontiguousarray(np.asarray(x).reshape(len(x), -1), dtype=np.float64) + 0.0
+    distinct = len({r.tobytes() for r in rows})
+    if distinct > DISTINCT_SHARE * len(rows) or distinct < 2:  # one row: constant_inputs
+        return None
+    probe = DataVolume()
+    return probe.finding(
+        "data", True,
+        f"The {len(rows)} kept training rows hold only {distinct} distinct examples, each seen "
+        f"about {len(rows) / distinct:.0f} times: the model learns from {distinct} examples, "
+        "whatever the length of an epoch, and memorises them (a sampling or indexing step "
+        "repeats a handful of rows).", st.data_location(ctx), strength=0.85, decisive=True,
+        rows=len(rows), distinct_rows=distinct)
