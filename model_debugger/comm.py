@@ -10,11 +10,13 @@ Protocol (every message is a JSON object with a ``type``):
 - frontend -> kernel ``{"type": "request", "id": ID, "command": NAME, "args": {...}}``; the
   kernel answers ``{"type": "reply", "id": ID, "ok": true, "result": ...}`` or
   ``{"type": "reply", "id": ID, "ok": false, "error": "..."}``. Commands: ``snapshot``,
-  ``export`` (``args.path``: where to write the record notebook, optional).
+  ``export`` (``args.path``: where to write the record notebook, optional), ``fix_cell`` (the
+  ``%%fix`` cell the sidebar's Fix button inserts).
 
 SNAPSHOT follows ``model_debugger/schema/snapshot.schema.json`` (the sidebar's TypeScript types
 are generated from the same file); its ``report`` is the session's
-:meth:`~model_debugger.session.DebugSession.report` (with the phase strip, ``phases``).
+:meth:`~model_debugger.session.DebugSession.report` (with the phase strip, ``phases``), its
+``running`` the phase the kernel runs now with its progress (pushed as it moves), or null.
 :func:`register` also opens a comm from the kernel, so a sidebar that is already open connects
 as soon as ``%load_ext model_debugger`` runs.
 
@@ -87,7 +89,8 @@ def snapshot(kernel) -> dict:
     plan = report.get("plan") if report else None
     return _clean({"schema": SNAPSHOT_SCHEMA, "protocol": PROTOCOL, "version": __version__,
                    "cwd": os.getcwd(), "root": kernel.root, "report": report,
-                   "plan": {k: v for k, v in plan.items() if k != "source"} if plan else None})
+                   "plan": {k: v for k, v in plan.items() if k != "source"} if plan else None,
+                   "running": getattr(kernel, "running", None)})
 
 
 def export(kernel, args: dict) -> dict:

@@ -91,8 +91,14 @@ class DebuggerMagics(Magics):
         session = ns.new_session()  # a second reproduction is a new investigation
         artifact = ns.keep(CellArtifact(self.shell.user_ns, cell, prelude(history, cell)))
         display(ns.curves)
-        with ns.curves.follow(ns.run_records(args.runs)):
-            verdict = phases.reproduce(session, artifact, runs=args.runs, seed=args.seed)
+        runs = f"{args.runs} runs" if args.runs > 1 else "1 run"
+        ns.tell("reproduce", None, f"training the cell under capture ({runs})")
+        try:
+            with ns.curves.follow(ns.run_records(args.runs), on_update=lambda run: ns.tell(
+                    "reproduce", None, f"training: {len(run.steps)} steps ({runs})")):
+                verdict = phases.reproduce(session, artifact, runs=args.runs, seed=args.seed)
+        finally:
+            ns.idle()
         ns.show_run()
         display(views.reproduce(verdict, root=session.directory))
         if verdict.status == "interrupted":
@@ -122,18 +128,16 @@ class DebuggerMagics(Magics):
         stays in the queue); without, a new round of the categories' probes.
         """
         from . import phases
-        from .widgets import Progress
 
         args = _parse(self.isolate, line)
         if args is None:
             return
         args.probe = _usage(check_probe_ids, args.probe)
         ns, views = self.kernel, _views()
-        progress = Progress("Isolate")
+        progress = ns.progress("isolate", "Isolate")
         display(progress)
         try:
-            with progress.track(lambda t: (t / args.budget if args.budget else 1.0,
-                                           f"probes: {t:.0f} s of at most {args.budget:.0f} s")):
+            with progress, progress.track(lambda t: _probe_clock(t, args.budget)):
                 found = phases.isolate(ns.session, ns.artifact, ids=args.probe,
                                        budget=args.budget)
         except (GateError, ValueError, KeyError) as exc:
@@ -205,16 +209,15 @@ class DebuggerMagics(Magics):
     def verify(self, line: str = "") -> None:
         """Rerun before and after the approved fix across seeds; show the verdict."""
         from . import phases
-        from .widgets import Progress
 
         args = _parse(self.verify, line)
         if args is None:
             return
         ns, views = self.kernel, _views()
-        progress = Progress("Verify")
+        progress = ns.progress("verify", "Verify")
         display(progress)
         try:
-            with contextlib.redirect_stdout(io.StringIO()):  # the runs' own prints
+            with progress, contextlib.redirect_stdout(io.StringIO()):  # the runs' own prints
                 verification = phases.verify(ns.session, ns.artifact, seeds=args.seeds,
                                              progress=progress.step)
         except GateError as exc:
@@ -265,6 +268,18 @@ class DebuggerMagics(Magics):
         replaced = "".join(f"; replaced {p}" for p in out["replaced"])
         display(views.message(f"exported the session record to {out['notebook']} "
                               f"(repro script {out['repro']}{replaced})"))
+
+
+def _probe_clock(elapsed: float, budget: float) -> tuple[float, str]:
+    """Isolate's bar: the share of the budget spent, and words that stay true past it.
+
+    No probe starts once the budget is spent, but the one that runs then finishes (and the
+    findings are saved): the label says so instead of a time "of at most" a smaller budget.
+    """
+    if budget and elapsed <= budget:
+        return elapsed / budget, f"probes: {elapsed:.0f} s of at most {budget:.0f} s"
+    return 1.0, (f"probes: {elapsed:.0f} s; the {budget:.0f} s budget is spent, the probe "
+                 "running now finishes, no other starts")
 
 
 def _parse(magic, line: str, cell: str | None = "") -> object | None:

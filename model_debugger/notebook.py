@@ -49,6 +49,7 @@ class NotebookSession:
         self._widgets: dict[str, object] = {}  # the panels of the current session
         self._earlier: list = []  # panels of earlier sessions (still shown; closed on close())
         self._trackers: list = []  # every tracker shown; the last one is live
+        self.running: dict | None = None  # the phase running now, for the sidebar
 
     # -- the session -----------------------------------------------------------------------
     @property
@@ -129,6 +130,32 @@ class NotebookSession:
             run = Run.load(path)
             self.curves.update(run)
             self.gradients.update(run)
+
+    # -- what runs now ----------------------------------------------------------------------
+    def progress(self, phase: str, description: str):
+        """A progress bar for ``phase`` whose every move the sidebar shows too (:attr:`running`).
+
+        Use it as a context manager around the phase: the sidebar's "running" line is cleared
+        when the block ends, however it ends.
+        """
+        from .widgets import Progress
+
+        return Progress(description, on_move=lambda f, label: self.tell(phase, f, label),
+                        on_close=self.idle)
+
+    def tell(self, phase: str, fraction: float | None, label: str) -> None:
+        """Say what runs now (the sidebar's "running" line): ``fraction`` done, or None."""
+        self.running = {"phase": phase, "label": str(label),
+                        "fraction": None if fraction is None else
+                        min(max(float(fraction), 0.0), 1.0)}
+        if self.sidebar is not None:
+            self.sidebar.push()
+
+    def idle(self) -> None:
+        """Nothing runs any more."""
+        self.running = None
+        if self.sidebar is not None:
+            self.sidebar.push()
 
     # -- views -----------------------------------------------------------------------------
     def _widget(self, name: str, factory):

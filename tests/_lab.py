@@ -137,6 +137,8 @@ def panel_state(page) -> dict | None:
             findings: [...panel.querySelectorAll('.jp-ModelDebugger-finding')].map(
                 li => li.textContent),
             fixDisabled: fix ? fix.disabled : null,
+            running: panel.querySelector('.jp-ModelDebugger-running')?.innerText || null,
+            overflows: panel.scrollWidth > panel.clientWidth + 1,
             text: panel.innerText,
         };
     }""")

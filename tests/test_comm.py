@@ -237,6 +237,29 @@ def test_fix_cell_is_the_current_code_under_the_magic(ns, shell, tmp_path):
     assert result["prefilled"] is False and result["source"].startswith("%%fix\n# ")
 
 
+def test_what_runs_now_is_pushed_with_its_progress_and_cleared_after(ns, shell, tmp_path):
+    """A phase's progress bar moves the sidebar's "running" line too; when the phase ends,
+    however it ends, the line goes (no stale "running")."""
+    md_comm.register(shell)
+    frontend = _hello(shell)
+    assert frontend.sent[-1]["snapshot"]["running"] is None
+    progress = ns.progress("verify", "Verify")
+    with pytest.raises(RuntimeError):
+        with progress:
+            progress.step(2, 6)
+            snap = frontend.sent[-1]["snapshot"]
+            md_schema.validate(snap)
+            assert snap["running"] == {"phase": "verify", "label": "run 2 of 6",
+                                       "fraction": pytest.approx(2 / 6)}
+            raise RuntimeError("a run failed")
+    assert frontend.sent[-1]["snapshot"]["running"] is None and ns.running is None
+    ns.tell("reproduce", None, "training: 40 steps (1 run)")
+    snap = frontend.sent[-1]["snapshot"]
+    md_schema.validate(snap)
+    assert snap["running"]["fraction"] is None
+    ns.idle()
+
+
 def test_unregister_closes_comms_and_removes_the_target(ns, shell, tmp_path):
     ns.use(_full(tmp_path / ".model_debugger"))
     md_comm.register(shell)

@@ -279,3 +279,11 @@ def test_a_cell_magic_on_a_line_says_how_to_use_it(shell, capsys):
     assert "%%reproduce is a cell magic" in out
     assert not (tmp := os.path.join(os.getcwd(), ".model_debugger")) or not os.path.isdir(tmp) \
         or not os.listdir(tmp)  # nothing was run, no session started
+
+
+def test_the_isolate_bar_stays_true_past_its_budget():
+    from model_debugger.magics import _probe_clock
+
+    assert _probe_clock(6.0, 30.0) == (0.2, "probes: 6 s of at most 30 s")
+    share, label = _probe_clock(41.0, 30.0)
+    assert share == 1.0 and "of at most" not in label and "30 s budget is spent" in label

@@ -99,14 +99,31 @@ def test_a_notebook_walks_all_five_phases_in_the_browser(lab, tmp_path):
                 "() => ['missing','connected'].includes("
                 "document.querySelector('#model-debugger-panel')?.dataset.state)",
                 timeout=90_000)
+            # every "running" line the sidebar shows, however briefly (a MutationObserver)
+            page.evaluate("""() => {
+                window.__mdRunning = [];
+                const panel = document.querySelector('#model-debugger-panel');
+                new MutationObserver(() => {
+                    const line = panel.querySelector('.jp-ModelDebugger-running');
+                    if (line) window.__mdRunning.push(line.innerText);
+                }).observe(panel, {childList: true, subtree: true, characterData: true});
+            }""")
             page.evaluate("() => { window.jupyterapp.commands.execute("
                           "'notebook:run-all-cells'); }")
             deadline = time.time() + 300
             while time.time() < deadline and panel_state(page)["fixDisabled"] is not False:
                 page.wait_for_timeout(250)
+            page.wait_for_function("() => !document.querySelector("
+                                   "'#model-debugger-panel .jp-ModelDebugger-running')",
+                                   timeout=30_000)  # nothing runs: no stale "running" line
             state = panel_state(page)
             assert state["fixDisabled"] is False, (state, lab["log"].read_text()[-3000:])
             assert state["primary"] == "gradient_instability"
+            # while the cells ran, the sidebar said what ran, with numbers
+            seen = page.evaluate("() => window.__mdRunning")
+            assert any(re.match(r"running reproduce: training: \d+ steps", t) for t in seen), seen
+            assert any(t.startswith("running isolate: probes: ") for t in seen), seen
+            assert not state["overflows"], "the sidebar clips its content"
 
             # Reproduce: the live chart is interactive (plotly, drawn in the page)
             page.wait_for_function(f"() => !!{_plot_of(1)}?._fullLayout", timeout=60_000)
@@ -187,7 +204,9 @@ def test_a_notebook_walks_all_five_phases_in_the_browser(lab, tmp_path):
                 "() => [...document.querySelectorAll('#model-debugger-panel "
                 ".jp-ModelDebugger-phase')].every(li => li.dataset.state === 'done')",
                 timeout=30_000)
-            assert "awaiting approval" not in panel_state(page)["text"]
+            final = panel_state(page)
+            assert "awaiting approval" not in final["text"] and final["running"] is None
+            assert not final["overflows"]
             _shot(page, tmp_path, "5-done")
             assert not [e for e in errors if "model" in e.lower() or "plotly" in e.lower()], \
                 errors

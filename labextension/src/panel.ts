@@ -10,7 +10,7 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
 import { ConnectionState, KernelConnection } from './connection';
-import { Finding, PhaseStatus, Report, Snapshot } from './snapshot';
+import { Finding, PhaseStatus, Report, Running, Snapshot } from './snapshot';
 
 export const PHASES = ['reproduce', 'classify', 'isolate', 'fix', 'verify'] as const;
 
@@ -112,6 +112,9 @@ export class DebuggerPanel extends Widget {
     const snapshot = this._connection?.snapshot ?? null;
     const report = snapshot?.report ?? null;
     root.appendChild(this._tracker(report));
+    if (snapshot?.running) {
+      root.appendChild(this._running(snapshot.running));
+    }
     if (snapshot && report) {
       root.appendChild(this._classification(report));
       root.appendChild(this._findings(snapshot, report));
@@ -252,6 +255,22 @@ export class DebuggerPanel extends Widget {
       list.appendChild(item);
     });
     return list;
+  }
+
+  /** What the kernel runs now (a phase), with a progress bar: determinate when it knows. */
+  private _running(running: Running): HTMLElement {
+    const box = el('section', 'jp-ModelDebugger-running');
+    box.dataset.phase = running.phase;
+    box.appendChild(el('div', 'jp-ModelDebugger-runningLabel', `running ${running.phase}: ${running.label}`));
+    const bar = el('progress', 'jp-ModelDebugger-runningBar');
+    bar.max = 1;
+    if (typeof running.fraction === 'number') {
+      bar.value = running.fraction;
+    } else {
+      bar.removeAttribute('value'); // indeterminate: the share done is not known
+    }
+    box.appendChild(bar);
+    return box;
   }
 
   private _classification(report: Report): HTMLElement {

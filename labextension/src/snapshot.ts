@@ -46,6 +46,10 @@ export interface Snapshot {
    * the fix plan awaiting approval (report.plan without its source)
    */
   plan: FixPlan | null;
+  /**
+   * the phase the kernel runs now, with its progress (null: idle)
+   */
+  running: Running | null;
 }
 /**
  * This interface was referenced by `Snapshot`'s JSON-Schema
@@ -217,4 +221,22 @@ export interface Gates {
 export interface PhaseStatus {
   phase: GatedPhase;
   status: 'done' | 'current' | 'open' | 'blocked';
+}
+/**
+ * This interface was referenced by `Snapshot`'s JSON-Schema
+ * via the `definition` "Running".
+ */
+export interface Running {
+  /**
+   * reproduce, isolate or verify
+   */
+  phase: string;
+  /**
+   * what it is doing, in words (run 2 of 6)
+   */
+  label: string;
+  /**
+   * share done (null: not known)
+   */
+  fraction: number | null;
 }

@@ -121,11 +121,13 @@ class LossCurves(W.VBox):
                                  f"{state}{' - ' + note if note else ''}</small>")
 
     @contextmanager
-    def follow(self, path_of: Callable[[], str | None], interval: float = INTERVAL):
+    def follow(self, path_of: Callable[[], str | None], interval: float = INTERVAL,
+               on_update: Callable[[Run], None] | None = None):
         """Redraw from the record ``path_of()`` names, in a background thread, until the block ends.
 
         The thread redraws only when new events arrived, at most once per ``interval`` seconds,
         and never raises into the block; the last state is drawn when the block exits.
+        ``on_update(run)`` follows every live redraw (the sidebar's "running" line).
         """
         follower = RecordFollower(path_of)
         stop = threading.Event()
@@ -134,7 +136,10 @@ class LossCurves(W.VBox):
             while not stop.wait(interval):
                 try:
                     if follower.poll():
-                        self.update(Run(list(follower.events)), "live")
+                        run = Run(list(follower.events))
+                        self.update(run, "live")
+                        if on_update is not None:
+                            on_update(run)
                 except Exception:  # noqa: BLE001 - a drawing failure must not touch the run
                     continue
 
