@@ -71,6 +71,9 @@ def lab_server(tmp_path, notebook: str, cells: list[str]):
                  "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
         env[name] = str(tmp_path / name.lower())
     env["MPLBACKEND"] = "Agg"
+    settings = tmp_path / "jupyterlab_settings_dir" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)  # no "get news?" toast over the screenshots
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",

@@ -2,7 +2,7 @@
 
 expect-category: overfitting
 expect-root-cause: data
-expect-check: leakage
+expect-check: target_copy|leakage
 expect-line: X, y = make(1200, leak=True)
 """
 import torch
