@@ -310,3 +310,36 @@ def test_keras_targets_in_the_thousands_are_confirmed_by_a_standardised_copy(tk)
     found = [f for f in run_probes(ctx, ["target_scale"]).findings if f.confirmed]
     assert found and found[0].root_cause == "data", run_probes(ctx, ["target_scale"]).findings
     assert found[0].location["line"] == line_of("k-target")
+
+
+def test_a_gradient_that_is_exactly_zero_is_a_constant_output_not_a_cut_graph(tk):
+    """One softmax unit outputs 1.0 whatever the weights: every gradient exists and is exactly
+    zero. That is the output activation (the lint's cause, now measured), not a detached output
+    (which is about gradients that never reach the weights)."""
+    import tensorflow as tf
+
+    import model_debugger
+    from model_debugger.probing import build_context, probe
+    from model_debugger.records import Classification, Run
+
+    X, y = problem(512)
+    y = y.astype("float32")[:, None]
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        model = tk.Sequential([tk.Input((10,)), tk.layers.Dense(8, activation="relu"),
+                               tk.layers.Dense(1, activation="softmax")])  # <one-unit-softmax>
+        opt = tk.optimizers.Adam(1e-2)
+        for i in range(0, 512, 32):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(X[i:i + 32], training=True) - y[i:i + 32]) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+    run = Run(rec.events)
+    assert all(s["gn"] == 0.0 for s in run.steps)  # gradients there, all exactly zero
+    ctx = build_context(run, rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=30.0, classification=Classification("loss_not_decreasing"))
+    found = probe(ctx, ["detached_output", "loss_output_mismatch"]).findings
+    assert not [f for f in found if f.check == "detached_output" and f.confirmed], found
+    (f,) = [f for f in found if f.check == "loss_output_mismatch"]
+    assert f.confirmed and f.root_cause == "architecture" and f.evidence["decisive"]
+    assert f.location["line"] == line_of("one-unit-softmax")

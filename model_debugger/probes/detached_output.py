@@ -48,8 +48,10 @@ class DetachedOutput(SettingExperiment):
         """
         hits = lint_hits(ctx, "detached_output")
         steps = ctx.run.steps
-        # a step without a "gn" key was not measured (a log); None means no gradient at all
-        no_grad = sum(1 for s in steps if "gn" in s and s["gn"] in (None, 0, 0.0))
+        # a step without a "gn" key was not measured (a log); None means no gradient at all.
+        # An exactly-zero norm is a gradient that exists and is zero (a constant output: a
+        # softmax over one unit, every unit dead): the graph reaches the weights, it is not cut
+        no_grad = sum(1 for s in steps if "gn" in s and s["gn"] is None)
         measured = len(steps) > 1 and no_grad == len(steps)
         where = loc(hits[0]) if hits else ctx.ref("backward")
         if measured:

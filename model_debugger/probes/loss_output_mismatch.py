@@ -124,6 +124,14 @@ class LossOutputMismatch(Probe):
                    "activation, or tell the loss it gets logits (from_logits=True)."),
                 where, loss=name, input_kind=kind, **{k: seen[k] for k in ("min", "max")
                                                       if k in seen}, strength=0.95)]
+        measured_steps = [st for st in ctx.run.steps if "gn" in st]
+        if len(measured_steps) > 1 and all(st["gn"] == 0 for st in measured_steps):
+            # what the lint predicts, measured: the output cannot move (one softmax unit is 1.0)
+            return [self.finding(
+                "architecture", True, hits[0].message + f" Measured: the gradient was exactly 0 "
+                f"in all {len(measured_steps)} optimizer steps recorded (the weights get "
+                "gradients, all zero): the output does not depend on them.", where,
+                strength=0.9, decisive=True, zero_gradient_steps=len(measured_steps))]
         return [self.finding("architecture", False, hits[0].message + " (the loss input was not "
                              "measured)", where, strength=0.4)]
 
