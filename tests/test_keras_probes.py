@@ -343,3 +343,36 @@ def test_a_gradient_that_is_exactly_zero_is_a_constant_output_not_a_cut_graph(tk
     (f,) = [f for f in found if f.check == "loss_output_mismatch"]
     assert f.confirmed and f.root_cause == "architecture" and f.evidence["decisive"]
     assert f.location["line"] == line_of("one-unit-softmax")
+
+
+def test_copies_of_a_subclassed_keras_model_are_built_from_its_constructor_arguments(tk):
+    """Keras cannot clone a subclassed model (and its automatic config holds the constructor's
+    defaults): the copy calls the class again with the arguments it was built with, and starts
+    from the weights taken just before the first step (the model was unbuilt at compile)."""
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    class Net(tk.Model):
+        def __init__(self, width=64, classes=2):
+            super().__init__()
+            self.hidden = tk.layers.Dense(width, activation="relu")
+            self.head = tk.layers.Dense(classes)
+
+        def call(self, x):
+            return self.head(self.hidden(x))
+
+    X, y = problem(256)
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        model = Net(12, classes=2)
+        model.compile(optimizer="adam",
+                      loss=tk.losses.SparseCategoricalCrossentropy(from_logits=True))
+        first = [w.copy() for w in model(X[:1]) is not None and model.get_weights()]
+        model.fit(X, y, batch_size=32, epochs=2, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {}, budget=30.0)
+    fresh = ctx.trainer.fresh_model()
+    assert type(fresh) is Net and fresh.hidden.units == 12
+    for a, b in zip(fresh.get_weights(), first):
+        np.testing.assert_array_equal(a, b)
+    assert ctx.trainer.fit(fresh, *ctx.trainer.subset(np.arange(64)), 5, lr=0.01)

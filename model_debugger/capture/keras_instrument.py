@@ -83,6 +83,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._epoch_base = 0
         self._steps = 0
         self._eval_seen = False  # the first evaluation forward is referenced (eval_forward)
+        self._init_args: dict[int, tuple] = {}  # id(model) -> (weakref, args, kwargs)
         self._gpu = None
         self._mgn_at = 0  # where the next step's window of layer norms starts (norms.py)
 
@@ -124,8 +125,29 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self.patch(BaseOptimizer, "__init__", self._wrap_opt_init)
         self.patch(BaseOptimizer, "apply", lambda nxt: self._nograph(self._wrap_apply(nxt)))
         self.patch(keras.Model, "__call__", self._wrap_model_call)
+        self.patch(keras.Model, "__new__", self._wrap_model_new)
         self.patch(keras.losses.Loss, "__call__", self._wrap_loss_call)
         self.patch(MeanMetricWrapper, "update_state", self._wrap_metric_update)
+
+    def _wrap_model_new(self, original):
+        """Remember the arguments a user's ``keras.Model`` subclass was built with.
+
+        Keras cannot clone a subclassed model (``clone_model`` needs a registered class, and
+        its automatic config may hold the constructor's defaults, not the arguments given):
+        Isolate's copies call the class again with the same arguments instead.
+        """
+        link = self._link
+
+        def __new__(cls, *args, **kwargs):
+            obj = original(cls, *args, **kwargs)
+            inst = link()
+            if inst is not None and not cls.__module__.startswith("keras") and \
+                    len(inst._init_args) < 64:
+                inst._init_args[id(obj)] = (weakref.ref(obj), args, kwargs)
+            return obj
+
+        __new__.__wrapped__ = original
+        return __new__
 
     def _nograph(self, fn):
         return self._tf.autograph.experimental.do_not_convert(fn)
@@ -281,3 +303,6 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self.ref("model", definition_location(model) or assignment(namespace, name), name=name)
         with self._tf.init_scope():  # found while a tf.function traces: read the weights eagerly
             self.keeper.on_model(model, namespace)
+            made = self._init_args.get(id(model))
+            if made is not None and made[0]() is model:
+                self.keeper.init_args = made[1:]

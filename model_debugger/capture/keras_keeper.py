@@ -167,6 +167,7 @@ class KerasKeeper(SpilledState):
         self.loss: dict | None = None
         self.train_batches: list = []
         self.val_batches: list = []
+        self.init_args: tuple | None = None  # (args, kwargs) a subclassed model was built with
         self.train_loader = None
         self.validation = None  # what fit received as validation data (materialised lazily)
         self.zero_grad_calls = 0
@@ -186,8 +187,21 @@ class KerasKeeper(SpilledState):
             return
         self.model = model
         self.namespace = namespace
+        self.keep_initial_weights()
+
+    def keep_initial_weights(self) -> None:
+        """Take the host copy of the model's weights, unless taken already or still unbuilt.
+
+        A subclassed model has no weights until its first call: the capture calls this again
+        just before the first optimizer step (its weights then are still the initial ones).
+        """
+        model = self.model
+        if model is None or self._initial_state is not None or self._spill is not None:
+            return
         try:
             weights = list(model.weights)  # get_weights() order; one host copy at a time
+            if not weights:  # not built yet
+                return
             size = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in weights)
             spill = open_spill() if size > threshold_bytes() else None  # None: in RAM
             if spill is not None:

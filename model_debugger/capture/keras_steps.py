@@ -120,6 +120,9 @@ class StepHooks(OverheadWatch, HeldWatch):
             self._on_optimizer(opt, None)
         if not self._models:
             self._discover_from_variables([v for _, v in pairs], frame)
+        if not self._steps:  # the weights of a model built by its first call, before any update
+            with tf.init_scope():
+                self.guard(self.keeper.keep_initial_weights)()
         key = tuple(id(v) for _, v in pairs)
         if key not in self._layouts:
             self.guard(self._note_updated)([v for _, v in pairs])

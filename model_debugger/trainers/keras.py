@@ -26,7 +26,8 @@ def from_keeper(keeper) -> KerasTrainer | None:
     keeper.materialise_validation()
     try:
         return KerasTrainer(keeper.model, keeper.initial_state, keeper.optimizer, keeper.loss,
-                            keeper.train_batches, keeper.val_batches)
+                            keeper.train_batches, keeper.val_batches,
+                            init_args=getattr(keeper, "init_args", None))
     except Exception:  # noqa: BLE001 - a model Keras cannot clone: record-only probes
         return None
 
@@ -49,10 +50,12 @@ class KerasTrainer(SampleTrainer):
 
     framework = "keras"
 
-    def __init__(self, model, initial_state, optimizer, loss, train_batches, val_batches=()):
+    def __init__(self, model, initial_state, optimizer, loss, train_batches, val_batches=(),
+                 init_args: tuple | None = None):
         import keras
 
         self.model = model
+        self.init_args = init_args  # (args, kwargs) of a subclassed model's constructor
         self.initial_state = initial_state
         self.opt_cls = optimizer.get("cls") or keras.optimizers.Adam
         self.config = dict(optimizer.get("config") or {})
@@ -75,10 +78,20 @@ class KerasTrainer(SampleTrainer):
         return keras.optimizers.Adam
 
     def fresh_model(self):
-        """A clone of the model with its initial weights."""
+        """A clone of the model with its initial weights.
+
+        ``keras.models.clone_model``; a subclassed model Keras cannot clone is built again by
+        calling its class with the arguments the capture saw it built with.
+        """
         import keras
 
-        model = keras.models.clone_model(self.model)
+        try:
+            model = keras.models.clone_model(self.model)
+        except Exception:  # noqa: BLE001 - a subclass Keras cannot revive from its config
+            if self.init_args is None:
+                raise
+            args, kwargs = self.init_args
+            model = type(self.model)(*args, **kwargs)
         if not model.built and self.inputs is not None:
             model(self._x(tuple(x[:1] for x in self.inputs)))
         if self.initial_state is not None:
