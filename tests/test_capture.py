@@ -1042,7 +1042,9 @@ def test_a_stall_in_the_loop_is_measured_and_its_line_sampled():
     steps = run.steps
     assert all(0 < s["bz"] < s["dt"] for s in steps[1:])  # forward + backward + step, timed
     sig = compute(run)
-    assert sig["step_overhead_share"] > 0.7 and sig["step_overhead_ms"] >= 15
+    # the stall in ms (absolute: a loaded machine slows the model's own work, not the sleep);
+    # its share still above what Classify calls an overhead
+    assert sig["step_overhead_ms"] >= 15 and sig["step_overhead_share"] > 0.5
     event = run.first("step_overhead")
     top = event["lines"][0]
     assert same_file(top["file"], HERE) and top["line"] == line_of("stall")

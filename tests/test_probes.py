@@ -500,6 +500,21 @@ def train_detached():
         opt.step()
 
 
+def train_optimizer_over_a_copy():
+    import copy
+
+    torch.manual_seed(9)
+    X = torch.randn(512, 8)
+    y = X @ torch.randn(8, 1)
+    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(copy.deepcopy(net).parameters(), lr=1e-2)  # <stale-opt>
+    for i in range(0, len(X), 32):
+        loss = F.mse_loss(net(X[i:i + 32]), y[i:i + 32])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def train_softmax_into_ce():
     torch.manual_seed(10)
     X = torch.randn(1024, 20)
@@ -898,6 +913,18 @@ def test_detached_output(tmp_path):
     f = confirmed_one(ctx, "detached_output", "training_loop")
     assert_at(f, "detach")
     assert f.evidence["steps"] == 16 and f.evidence["steps_without_gradient"] == 16
+    assert ctx.run.first("optimizer_elsewhere") is None  # nothing reached a parameter
+
+
+def test_an_optimizer_over_another_model_is_not_a_cut_graph(tmp_path):
+    """Backward reaches the model's parameters, the optimizer owns none of them: the gradients
+    exist, on parameters nobody steps. That is the optimizer's fault, at its line."""
+    ctx = captured(tmp_path, train_optimizer_over_a_copy)
+    e = ctx.run.first("optimizer_elsewhere")
+    assert e is not None and e["model_params_with_grad"] == 4 and e["optimizer_params"] == 4
+    f = confirmed_one(ctx, "optimizer_elsewhere", "training_loop")
+    assert_at(f, "stale-opt")
+    assert not [f for f in probe(ctx, "detached_output") if f.confirmed]
 
 
 def test_loss_output_mismatch_softmax_before_cross_entropy(tmp_path):

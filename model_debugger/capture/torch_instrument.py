@@ -338,6 +338,8 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                           **({"in_batch": in_batch} if in_batch else {}))
         if self._opt_steps and not self._pending_losses and self._mode == "optimizer":
             self._check_reset()
+        if not self._backwards and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+            self._reached = _reached_leaves(loss.grad_fn)
         if isinstance(loss, torch.Tensor) and loss.grad_fn is not None and not discovering:
             # (discovery read the frames' locals: a function frame keeps that snapshot, and
             # with it this loss, alive; it would read as kept by the user)
@@ -352,3 +354,23 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                 for loss_value in self._pending_losses:
                     self._emit_step(loss_value, None)
                 self._pending_losses = []
+
+
+def _reached_leaves(fn, limit: int = 20000) -> set[int]:
+    """Ids of the parameters (``nn.Parameter`` leaves) a backward from ``fn`` accumulates into.
+
+    A walk of the autograd graph (``AccumulateGrad`` nodes hold their ``variable``), at most
+    ``limit`` nodes: the first backward only. A plain leaf (a detached prediction made to
+    require grad again) is no parameter.
+    """
+    seen, out, stack = set(), set(), [fn]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        var = getattr(node, "variable", None)
+        if isinstance(var, torch.nn.Parameter):
+            out.add(id(var))
+        stack.extend(nxt for nxt, _ in getattr(node, "next_functions", ()))
+    return out

@@ -78,6 +78,8 @@ class OptimizerHooks:
         self._lr_events = 0
         self._scheduler_seen = False
         self._updated_by: set[int] = set()  # ids of the optimizers counted there
+        self._elsewhere_seen = False  # an optimizer_elsewhere event was written
+        self._reached: set[int] = set()  # ids of the parameters the first backward reached
 
     def _let_go_optimizer(self) -> None:
         self._last_opt = None
@@ -202,6 +204,24 @@ class OptimizerHooks:
             return (args[0], closure_then_measure, *args[2:]), kwargs
         return args, {**kwargs, "closure": closure_then_measure}
 
+    def _optimizer_elsewhere(self, opt) -> None:
+        """Write ``optimizer_elsewhere`` when the optimizer owns none of what backward reached.
+
+        The first backward's graph names the parameters the loss reaches
+        (``_reached``, its leaves); when the optimizer's parameters got no gradient while
+        those did, the optimizer was built over other parameters (another model instance, a
+        stale copy). Told apart from a cut graph, where backward reaches no parameter at all.
+        """
+        reached = self._reached
+        if not reached:
+            return
+        own = {id(p) for g in opt.param_groups for p in g["params"]}
+        if reached & own:
+            return
+        self._elsewhere_seen = True
+        self.rec.emit("optimizer_elsewhere", step=self.rec.step, optimizer_params=len(own),
+                      model_params_with_grad=len(reached), shared=0)
+
     def _note_updated(self, opt, params) -> None:
         """A ``trained`` event: how much of the model the optimizers' first steps updated."""
         self._updated_by.add(id(opt))
@@ -218,6 +238,8 @@ class OptimizerHooks:
         params = self._params(opt)
         if not self._param_names and params:
             self._discover(sys._getframe(), params)
+        if not params and not self._elsewhere_seen:
+            self._optimizer_elsewhere(opt)
         if id(opt) not in self._updated_by and len(self._updated_by) < 8:
             self._note_updated(opt, params)
         if norms:
