@@ -1438,3 +1438,33 @@ def test_a_loss_that_grew_is_a_blow_up_even_when_vanishing_gradients_are_cited(
     signals = {"loss_relative_drop": growth, **({"first_nonfinite_step": 3} if nonfinite else {})}
     ctx = ProbeContext(run=Run([]), signals=signals, classification=cls)
     assert bool(blown_up(ctx)) is blown
+
+
+HISTORY_LOOP = """\
+history = {"train_loss": [], "val_loss": []}
+for epoch in range(8):
+    val_loss = evaluate()
+    history["train_loss"].append(0.5)
+    history["val_loss"].append(val_loss)
+"""
+
+
+@pytest.mark.parametrize("growing", [True, False])
+def test_a_history_dict_keeping_a_few_graphs_is_the_leak_of_a_growing_run(growing):
+    """One validation graph kept per epoch, in a list inside a history dict: few tensors, each
+    a whole pass. On a run whose memory grows, that is the leak, at the line that appends."""
+    from model_debugger.probes.graph_retention import GraphRetention
+
+    w = torch.randn(4, 4, requires_grad=True)
+    kept = [(torch.randn(64, 4) @ w).sum() for _ in range(8)]
+    ctx = ProbeContext(run=Run([]), signals={"rss_growth_mb": 50.0 if growing else 0.0},
+                       classification=Classification("memory_issue"),
+                       namespace={"history": {"train_loss": [0.5] * 8, "val_loss": kept}},
+                       source_files={"train.py": HISTORY_LOOP})
+    found = GraphRetention().run(ctx)
+    if not growing:
+        assert not [f for f in found if f.confirmed]
+        return
+    (f,) = found
+    assert f.confirmed and f.evidence["variable"] == "history['val_loss']"
+    assert f.evidence["tensors"] == 8 and f.location == {"file": "train.py", "line": 5}

@@ -13,6 +13,7 @@ from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
 
 MIN_TENSORS = 10
+MIN_WHEN_GROWING = 3  # on a run whose memory grows steadily: each kept graph may be a whole epoch's
 
 
 def retained(namespace: dict, history_only: bool = True) -> dict[str, tuple[int, int]]:
@@ -23,9 +24,8 @@ def retained(namespace: dict, history_only: bool = True) -> dict[str, tuple[int,
     import torch
 
     found = {}
-    for name, value in list(namespace.items()):
-        if name.startswith("__") or not isinstance(value, (list, tuple, dict, set)):
-            continue
+
+    def look(name: str, value) -> None:
         items = value.values() if isinstance(value, dict) else value
         count = size = 0
         for item in list(items)[:100000]:
@@ -34,6 +34,15 @@ def retained(namespace: dict, history_only: bool = True) -> dict[str, tuple[int,
                 size += item.numel() * item.element_size()
         if count:
             found[name] = (count, size)
+
+    for name, value in list(namespace.items()):
+        if name.startswith("__") or not isinstance(value, (list, tuple, dict, set)):
+            continue
+        look(name, value)
+        if isinstance(value, dict):  # a history dict of lists: history['val_loss']
+            for key, inner in list(value.items())[:64]:
+                if isinstance(key, (str, int)) and isinstance(inner, (list, tuple)):
+                    look(f"{name}[{key!r}]", inner)
     return found
 
 
@@ -52,7 +61,8 @@ def _growing_line(ctx: ProbeContext, name: str) -> dict | None:
             for node in ast.walk(loop):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                         node.func.attr in ("append", "extend", "add", "insert") and \
-                        isinstance(node.func.value, ast.Name) and node.func.value.id == name:
+                        isinstance(node.func.value, (ast.Name, ast.Subscript)) and \
+                        ast.unparse(node.func.value).replace('"', "'") == name:
                     return {"file": path, "line": node.lineno}
                 if isinstance(node, ast.Assign) and any(
                         isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)
@@ -79,11 +89,17 @@ class GraphRetention(Probe):
         hits = lint_hits(ctx, "graph_retention")
         namespace = ctx.namespace
         held = retained(namespace) if namespace else {}
-        held = {k: v for k, v in held.items() if v[0] >= MIN_TENSORS}
+        growing = getattr(ctx.classification, "primary", None) == "memory_issue" and \
+            (ctx.signals.get("rss_growth_mb") or ctx.signals.get("cuda_growth_mb") or 0) > 0
+        least = MIN_WHEN_GROWING if growing else MIN_TENSORS
+        held = {k: v for k, v in held.items() if v[0] >= least}
         growth = ctx.signals.get("rss_slope_mb_per_step")
         if held:
             name, (count, size) = max(held.items(), key=lambda kv: kv[1][0])
-            hit = next((h for h in hits if name in _line(ctx, h)), hits[0] if hits else None)
+            base = name.split("[", 1)[0]
+            hit = next((h for h in hits if base in _line(ctx, h)), None)
+            where = _growing_line(ctx, name) or (loc(hit) if hit else None) or \
+                (loc(hits[0]) if hits else None) or ctx.ref("backward")
             return [self.finding(
                 "training_loop", True,
                 f"'{name}' holds {count} tensors that still carry autograd history "
@@ -91,7 +107,7 @@ class GraphRetention(Probe):
                 f"steps, so memory grows every step"
                 f"{f' ({growth:.3g} MB/step measured)' if growth is not None else ''}. Store "
                 "`.item()` or `.detach()` values instead.",
-                loc(hit) if hit else ctx.ref("backward"), variable=name, tensors=count,
+                where, variable=name, tensors=count,
                 tensor_bytes=size, rss_mb_per_step=growth, strength=0.95)]
         cache = self._cache(ctx, namespace, growth) or self._held(ctx)
         if cache is not None:
