@@ -106,6 +106,21 @@ def lab_server(tmp_path, notebook: str, cells: list[str]):
         log.close()
 
 
+@contextlib.contextmanager
+def browser_page(width: int = 1500, height: int = 950):
+    """``(page, errors)``: a headless chromium page and the page errors it raised."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            yield page, errors
+        finally:
+            browser.close()
+
+
 def open_notebook(page, lab: dict, notebook: str) -> None:
     """Open ``notebook`` in JupyterLab and wait for its cells and the app object."""
     page.goto(f"{lab['base']}/lab/tree/{notebook}?token={lab['token']}",

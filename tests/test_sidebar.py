@@ -15,7 +15,7 @@ import shutil
 import time
 
 import pytest
-from _lab import ARGS, ARTIFACTS, CHROMIUM, lab_server, needs_chromium, open_notebook, show_panel
+from _lab import ARTIFACTS, browser_page, lab_server, needs_chromium, open_notebook, show_panel
 from _lab import panel_state as _state
 
 pytestmark = [pytest.mark.slow, needs_chromium]
@@ -46,80 +46,72 @@ def lab(tmp_path):
 
 
 def test_sidebar_follows_the_kernel_session(lab, tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 950})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            open_notebook(page, lab, "debug.ipynb")
-            # the panel's own tab in the right sidebar (its SVG LabIcon)
-            tab = page.locator(".jp-SideBar.jp-mod-right li[data-id='model-debugger-panel']")
-            tab.wait_for(timeout=30_000)
-            assert tab.locator("svg").count() == 1
-            show_panel(page)
-            page.wait_for_function(
-                "() => window.jupyterapp && document.querySelector("
-                "'.jp-NotebookPanel .jp-Notebook-ExecutionIndicator, .jp-KernelStatus')"
-                " !== undefined", timeout=60_000)
-            # before anything runs: the kernel has no comm target -> the load_ext hint
-            page.wait_for_function(
-                "() => ['missing','connected'].includes("
-                "document.querySelector('#model-debugger-panel')?.dataset.state)",
-                timeout=90_000)
-            first = _state(page)
-            if first["state"] == "missing":
-                assert "%load_ext model_debugger" in first["text"]
-            assert first["fixDisabled"] is True
+    with browser_page(1500, 950) as (page, errors):
+        open_notebook(page, lab, "debug.ipynb")
+        # the panel's own tab in the right sidebar (its SVG LabIcon)
+        tab = page.locator(".jp-SideBar.jp-mod-right li[data-id='model-debugger-panel']")
+        tab.wait_for(timeout=30_000)
+        assert tab.locator("svg").count() == 1
+        show_panel(page)
+        page.wait_for_function(
+            "() => window.jupyterapp && document.querySelector("
+            "'.jp-NotebookPanel .jp-Notebook-ExecutionIndicator, .jp-KernelStatus')"
+            " !== undefined", timeout=60_000)
+        # before anything runs: the kernel has no comm target -> the load_ext hint
+        page.wait_for_function(
+            "() => ['missing','connected'].includes("
+            "document.querySelector('#model-debugger-panel')?.dataset.state)",
+            timeout=90_000)
+        first = _state(page)
+        if first["state"] == "missing":
+            assert "%load_ext model_debugger" in first["text"]
+        assert first["fixDisabled"] is True
 
-            page.evaluate(  # not awaited: sample the panel while the cells run
-                "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            samples: list[dict] = []
-            stamps: list[float] = []
-            start = time.time()
-            deadline = time.time() + 300
-            while time.time() < deadline:
-                s = _state(page)
-                samples.append(s)
-                stamps.append(time.time() - start)
-                if s["fixDisabled"] is False:
-                    break
-                page.wait_for_timeout(100)
-            final = samples[-1]
-            shot = tmp_path / "sidebar.png"
-            page.screenshot(path=str(shot))
-            os.makedirs(ARTIFACTS, exist_ok=True)
-            shutil.copy(shot, os.path.join(ARTIFACTS, "sidebar.png"))
-            assert final["fixDisabled"] is False, (final, lab["log"].read_text()[-3000:])
-            assert final["state"] == "connected"
-            classified = [s for s in samples if s["primary"]]
-            assert classified, samples[-1]
-            # the classification was shown while Fix was still gated (before Isolate finished)
-            transitions = [(round(t, 1), s["primary"], s["fixDisabled"]) for t, s in
-                           zip(stamps, samples) if s["primary"]][:5]
-            assert any(s["fixDisabled"] is True for s in classified), (len(samples), transitions)
-            assert final["primary"] == "gradient_instability"
-            assert final["numbers"] and any(any(c.isdigit() for c in n) for n in final["numbers"])
-            assert [p for p, _ in final["phases"]] == ["reproduce", "classify", "isolate",
-                                                       "fix", "verify"]
-            assert dict(final["phases"])["fix"] == "current"
-            assert dict(final["phases"])["reproduce"] == "done"
-            assert any("lr_range" in f and "confirmed" in f for f in final["findings"])
+        page.evaluate(  # not awaited: sample the panel while the cells run
+            "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        samples: list[dict] = []
+        stamps: list[float] = []
+        start = time.time()
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            s = _state(page)
+            samples.append(s)
+            stamps.append(time.time() - start)
+            if s["fixDisabled"] is False:
+                break
+            page.wait_for_timeout(100)
+        final = samples[-1]
+        shot = tmp_path / "sidebar.png"
+        page.screenshot(path=str(shot))
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        shutil.copy(shot, os.path.join(ARTIFACTS, "sidebar.png"))
+        assert final["fixDisabled"] is False, (final, lab["log"].read_text()[-3000:])
+        assert final["state"] == "connected"
+        classified = [s for s in samples if s["primary"]]
+        assert classified, samples[-1]
+        # the classification was shown while Fix was still gated (before Isolate finished)
+        transitions = [(round(t, 1), s["primary"], s["fixDisabled"]) for t, s in
+                       zip(stamps, samples) if s["primary"]][:5]
+        assert any(s["fixDisabled"] is True for s in classified), (len(samples), transitions)
+        assert final["primary"] == "gradient_instability"
+        assert final["numbers"] and any(any(c.isdigit() for c in n) for n in final["numbers"])
+        assert [p for p, _ in final["phases"]] == ["reproduce", "classify", "isolate",
+                                                   "fix", "verify"]
+        assert dict(final["phases"])["fix"] == "current"
+        assert dict(final["phases"])["reproduce"] == "done"
+        assert any("lr_range" in f and "confirmed" in f for f in final["findings"])
 
-            # a finding's file:line reveals the %%reproduce cell
-            page.locator(".jp-ModelDebugger-location").first.click()
-            page.wait_for_selector(".jp-ModelDebugger-status", timeout=10_000)
-            assert "revealed the %%reproduce cell" in _state(page)["text"]
+        # a finding's file:line reveals the %%reproduce cell
+        page.locator(".jp-ModelDebugger-location").first.click()
+        page.wait_for_selector(".jp-ModelDebugger-status", timeout=10_000)
+        assert "revealed the %%reproduce cell" in _state(page)["text"]
 
-            # Export asks the kernel over the comm (the record notebook and repro.py)
-            page.locator("button.jp-ModelDebugger-export").click()
-            page.wait_for_function(
-                "() => /exported/.test(document.querySelector("
-                "'.jp-ModelDebugger-status')?.textContent || '')", timeout=120_000)
-            exported = list((lab["root"] / ".model_debugger").glob("*/*.ipynb"))
-            assert exported, _state(page)["text"]
-            page.screenshot(path=str(tmp_path / "sidebar-exported.png"))
-            assert not [e for e in errors if "model" in e.lower()], errors
-        finally:
-            browser.close()
+        # Export asks the kernel over the comm (the record notebook and repro.py)
+        page.locator("button.jp-ModelDebugger-export").click()
+        page.wait_for_function(
+            "() => /exported/.test(document.querySelector("
+            "'.jp-ModelDebugger-status')?.textContent || '')", timeout=120_000)
+        exported = list((lab["root"] / ".model_debugger").glob("*/*.ipynb"))
+        assert exported, _state(page)["text"]
+        page.screenshot(path=str(tmp_path / "sidebar-exported.png"))
+        assert not [e for e in errors if "model" in e.lower()], errors

@@ -19,9 +19,8 @@ import time
 
 import pytest
 from _lab import (
-    ARGS,
     ARTIFACTS,
-    CHROMIUM,
+    browser_page,
     lab_server,
     needs_chromium,
     open_notebook,
@@ -86,129 +85,121 @@ def lab(tmp_path):
 
 
 def test_a_notebook_walks_all_five_phases_in_the_browser(lab, tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            open_notebook(page, lab, "walk.ipynb")
-            show_panel(page)
+    with browser_page(1600, 1000) as (page, errors):
+        open_notebook(page, lab, "walk.ipynb")
+        show_panel(page)
+        page.wait_for_function(
+            "() => ['missing','connected'].includes("
+            "document.querySelector('#model-debugger-panel')?.dataset.state)",
+            timeout=90_000)
+        # every "running" line the sidebar shows, however briefly (a MutationObserver)
+        page.evaluate("""() => {
+            window.__mdRunning = [];
+            const panel = document.querySelector('#model-debugger-panel');
+            new MutationObserver(() => {
+                const line = panel.querySelector('.jp-ModelDebugger-running');
+                if (line) window.__mdRunning.push(line.innerText);
+            }).observe(panel, {childList: true, subtree: true, characterData: true});
+        }""")
+        page.evaluate("() => { window.jupyterapp.commands.execute("
+                      "'notebook:run-all-cells'); }")
+        deadline = time.time() + 300
+        while time.time() < deadline and panel_state(page)["fixDisabled"] is not False:
+            page.wait_for_timeout(250)
+        page.wait_for_function("() => !document.querySelector("
+                               "'#model-debugger-panel .jp-ModelDebugger-running')",
+                               timeout=30_000)  # nothing runs: no stale "running" line
+        state = panel_state(page)
+        assert state["fixDisabled"] is False, (state, lab["log"].read_text()[-3000:])
+        assert state["primary"] == "gradient_instability"
+        # while the cells ran, the sidebar said what ran, with numbers
+        seen = page.evaluate("() => window.__mdRunning")
+        assert any(re.match(r"running reproduce: training: \d+ steps", t) for t in seen), seen
+        assert any(t.startswith("running isolate: probes: ") for t in seen), seen
+        assert not state["overflows"], "the sidebar clips its content"
+
+        # Reproduce: the live chart is interactive (plotly, drawn in the page)
+        page.wait_for_function(f"() => !!{_plot_of(1)}?._fullLayout", timeout=60_000)
+        names = page.evaluate(f"() => {_plot_of(1)}.data.map(t => t.name)")
+        assert "train loss" in names, names
+        drag = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(
+            ".js-plotly-plot .nsewdrag").first
+        drag.scroll_into_view_if_needed()
+        box = drag.bounding_box()
+        hover = ""
+        for frac in (0.1, 0.2, 0.3, 0.05):  # a point with a finite loss (NaN later on)
+            page.mouse.move(box["x"] + box["width"] * frac, box["y"] + box["height"] / 2)
+            page.wait_for_timeout(400)
+            hover = page.evaluate(
+                f"() => [...{_cell(1)}.querySelectorAll('.hoverlayer .hovertext')]"
+                ".map(n => n.textContent).join(' | ')")
+            if re.search(r"\d", hover):
+                break
+        assert re.search(r"\d", hover), hover  # a tooltip with the value
+        _shot(page, tmp_path, "1-reproduce-hover")
+        # a loss that spans decades starts on a log axis; the toggle switches it
+        assert page.evaluate(f"() => {_plot_of(1)}._fullLayout.yaxis.type") == "log"
+        for scale in ("linear", "log"):
+            page.locator(".jp-Notebook .jp-Cell").nth(1).locator(
+                ".updatemenu-button", has_text=scale).first.click()
             page.wait_for_function(
-                "() => ['missing','connected'].includes("
-                "document.querySelector('#model-debugger-panel')?.dataset.state)",
-                timeout=90_000)
-            # every "running" line the sidebar shows, however briefly (a MutationObserver)
-            page.evaluate("""() => {
-                window.__mdRunning = [];
-                const panel = document.querySelector('#model-debugger-panel');
-                new MutationObserver(() => {
-                    const line = panel.querySelector('.jp-ModelDebugger-running');
-                    if (line) window.__mdRunning.push(line.innerText);
-                }).observe(panel, {childList: true, subtree: true, characterData: true});
-            }""")
-            page.evaluate("() => { window.jupyterapp.commands.execute("
-                          "'notebook:run-all-cells'); }")
-            deadline = time.time() + 300
-            while time.time() < deadline and panel_state(page)["fixDisabled"] is not False:
-                page.wait_for_timeout(250)
-            page.wait_for_function("() => !document.querySelector("
-                                   "'#model-debugger-panel .jp-ModelDebugger-running')",
-                                   timeout=30_000)  # nothing runs: no stale "running" line
-            state = panel_state(page)
-            assert state["fixDisabled"] is False, (state, lab["log"].read_text()[-3000:])
-            assert state["primary"] == "gradient_instability"
-            # while the cells ran, the sidebar said what ran, with numbers
-            seen = page.evaluate("() => window.__mdRunning")
-            assert any(re.match(r"running reproduce: training: \d+ steps", t) for t in seen), seen
-            assert any(t.startswith("running isolate: probes: ") for t in seen), seen
-            assert not state["overflows"], "the sidebar clips its content"
+                f"() => {_plot_of(1)}._fullLayout.yaxis.type === '{scale}'", timeout=10_000)
 
-            # Reproduce: the live chart is interactive (plotly, drawn in the page)
-            page.wait_for_function(f"() => !!{_plot_of(1)}?._fullLayout", timeout=60_000)
-            names = page.evaluate(f"() => {_plot_of(1)}.data.map(t => t.name)")
-            assert "train loss" in names, names
-            drag = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(
-                ".js-plotly-plot .nsewdrag").first
-            drag.scroll_into_view_if_needed()
-            box = drag.bounding_box()
-            hover = ""
-            for frac in (0.1, 0.2, 0.3, 0.05):  # a point with a finite loss (NaN later on)
-                page.mouse.move(box["x"] + box["width"] * frac, box["y"] + box["height"] / 2)
-                page.wait_for_timeout(400)
-                hover = page.evaluate(
-                    f"() => [...{_cell(1)}.querySelectorAll('.hoverlayer .hovertext')]"
-                    ".map(n => n.textContent).join(' | ')")
-                if re.search(r"\d", hover):
-                    break
-            assert re.search(r"\d", hover), hover  # a tooltip with the value
-            _shot(page, tmp_path, "1-reproduce-hover")
-            # a loss that spans decades starts on a log axis; the toggle switches it
-            assert page.evaluate(f"() => {_plot_of(1)}._fullLayout.yaxis.type") == "log"
-            for scale in ("linear", "log"):
-                page.locator(".jp-Notebook .jp-Cell").nth(1).locator(
-                    ".updatemenu-button", has_text=scale).first.click()
-                page.wait_for_function(
-                    f"() => {_plot_of(1)}._fullLayout.yaxis.type === '{scale}'", timeout=10_000)
+        # Isolate: the findings view reads like a checks report
+        report = page.evaluate(f"() => {_cell(2)}.querySelector('.md-view')?.innerText")
+        assert report and "Summary: gradient_instability" in report, report
+        assert page.evaluate(f"() => {_cell(2)}.querySelectorAll("
+                             "'.md-check .md-badge-confirmed').length") >= 1
+        _shot(page, tmp_path, "2-isolate-findings")
 
-            # Isolate: the findings view reads like a checks report
-            report = page.evaluate(f"() => {_cell(2)}.querySelector('.md-view')?.innerText")
-            assert report and "Summary: gradient_instability" in report, report
-            assert page.evaluate(f"() => {_cell(2)}.querySelectorAll("
-                                 "'.md-check .md-badge-confirmed').length") >= 1
-            _shot(page, tmp_path, "2-isolate-findings")
+        # Fix: the sidebar inserts a %%fix cell holding the reproduced code to edit
+        page.evaluate("() => { window.jupyterapp.shell.currentWidget.content"
+                      ".activeCellIndex = 2; }")
+        page.locator("#model-debugger-panel button.jp-ModelDebugger-fix").click()
+        page.wait_for_function(
+            "() => window.jupyterapp.shell.currentWidget.content.widgets.length === 4",
+            timeout=20_000)
+        source = page.evaluate("() => window.jupyterapp.shell.currentWidget.content"
+                               ".widgets[3].model.sharedModel.getSource()")
+        assert source.startswith("%%fix\n") and "lr=5.0" in source, source
+        assert source.rstrip("\n").endswith("opt.step()")
+        _shot(page, tmp_path, "3-fix-cell")
+        fixed = source.replace("%%fix\n", "%%fix --yes\n", 1).replace("lr=5.0", "lr=0.05")
+        page.evaluate("(s) => window.jupyterapp.shell.currentWidget.content"
+                      ".widgets[3].model.sharedModel.setSource(s)", fixed)
+        page.evaluate("() => { window.jupyterapp.shell.currentWidget.content"
+                      ".activeCellIndex = 3; }")
+        _add_cell_below(page, "%verify --seeds 2")
+        _add_cell_below(page, "%md_status")
+        _run_from(page, 3)
+        page.wait_for_function(f"() => /Session /.test({_cell(5)}?.querySelector("
+                               "'.jp-OutputArea')?.innerText || '')", timeout=300_000)
 
-            # Fix: the sidebar inserts a %%fix cell holding the reproduced code to edit
-            page.evaluate("() => { window.jupyterapp.shell.currentWidget.content"
-                          ".activeCellIndex = 2; }")
-            page.locator("#model-debugger-panel button.jp-ModelDebugger-fix").click()
-            page.wait_for_function(
-                "() => window.jupyterapp.shell.currentWidget.content.widgets.length === 4",
-                timeout=20_000)
-            source = page.evaluate("() => window.jupyterapp.shell.currentWidget.content"
-                                   ".widgets[3].model.sharedModel.getSource()")
-            assert source.startswith("%%fix\n") and "lr=5.0" in source, source
-            assert source.rstrip("\n").endswith("opt.step()")
-            _shot(page, tmp_path, "3-fix-cell")
-            fixed = source.replace("%%fix\n", "%%fix --yes\n", 1).replace("lr=5.0", "lr=0.05")
-            page.evaluate("(s) => window.jupyterapp.shell.currentWidget.content"
-                          ".widgets[3].model.sharedModel.setSource(s)", fixed)
-            page.evaluate("() => { window.jupyterapp.shell.currentWidget.content"
-                          ".activeCellIndex = 3; }")
-            _add_cell_below(page, "%verify --seeds 2")
-            _add_cell_below(page, "%md_status")
-            _run_from(page, 3)
-            page.wait_for_function(f"() => /Session /.test({_cell(5)}?.querySelector("
-                                   "'.jp-OutputArea')?.innerText || '')", timeout=300_000)
+        # Verify: the verdict, and the runs before and after overlaid
+        verdict = page.evaluate(f"() => {_cell(4)}.querySelector('.md-view')?.innerText")
+        assert verdict and verdict.startswith("Verify: resolved"), verdict
+        page.wait_for_function(f"() => !!{_plot_of(4)}?._fullLayout", timeout=60_000)
+        overlay = page.evaluate(f"() => {_plot_of(4)}.data.map(t => [t.name, t.line.dash])")
+        assert ["before, seed 0: train loss", "dash"] in overlay, overlay
+        assert ["after, seed 0: train loss", "solid"] in overlay, overlay
+        _shot(page, tmp_path, "4-verify-overlay")
 
-            # Verify: the verdict, and the runs before and after overlaid
-            verdict = page.evaluate(f"() => {_cell(4)}.querySelector('.md-view')?.innerText")
-            assert verdict and verdict.startswith("Verify: resolved"), verdict
-            page.wait_for_function(f"() => !!{_plot_of(4)}?._fullLayout", timeout=60_000)
-            overlay = page.evaluate(f"() => {_plot_of(4)}.data.map(t => [t.name, t.line.dash])")
-            assert ["before, seed 0: train loss", "dash"] in overlay, overlay
-            assert ["after, seed 0: train loss", "solid"] in overlay, overlay
-            _shot(page, tmp_path, "4-verify-overlay")
-
-            # no stale state: one live tracker, nothing left to approve, Verify done everywhere
-            trackers = page.evaluate("""() => [...document.querySelectorAll('.jp-Notebook button')]
-                .filter(b => b.textContent.includes('Approve fix'))
-                .map(b => [b.disabled, b.closest('.jp-OutputArea').innerText])""")
-            assert trackers and all(disabled for disabled, _ in trackers), trackers
-            assert all("read-only" in text for _, text in trackers[:-1]), trackers
-            assert "%verify" not in trackers[-1][1] and "phase done" in trackers[-1][1], trackers
-            status = page.evaluate(f"() => {_cell(5)}.querySelector('.md-view').innerText")
-            assert "gate " not in status, status
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('#model-debugger-panel "
-                ".jp-ModelDebugger-phase')].every(li => li.dataset.state === 'done')",
-                timeout=30_000)
-            final = panel_state(page)
-            assert "awaiting approval" not in final["text"] and final["running"] is None
-            assert not final["overflows"]
-            _shot(page, tmp_path, "5-done")
-            assert not [e for e in errors if "model" in e.lower() or "plotly" in e.lower()], \
-                errors
-        finally:
-            browser.close()
+        # no stale state: one live tracker, nothing left to approve, Verify done everywhere
+        trackers = page.evaluate("""() => [...document.querySelectorAll('.jp-Notebook button')]
+            .filter(b => b.textContent.includes('Approve fix'))
+            .map(b => [b.disabled, b.closest('.jp-OutputArea').innerText])""")
+        assert trackers and all(disabled for disabled, _ in trackers), trackers
+        assert all("read-only" in text for _, text in trackers[:-1]), trackers
+        assert "%verify" not in trackers[-1][1] and "phase done" in trackers[-1][1], trackers
+        status = page.evaluate(f"() => {_cell(5)}.querySelector('.md-view').innerText")
+        assert "gate " not in status, status
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('#model-debugger-panel "
+            ".jp-ModelDebugger-phase')].every(li => li.dataset.state === 'done')",
+            timeout=30_000)
+        final = panel_state(page)
+        assert "awaiting approval" not in final["text"] and final["running"] is None
+        assert not final["overflows"]
+        _shot(page, tmp_path, "5-done")
+        assert not [e for e in errors if "model" in e.lower() or "plotly" in e.lower()], \
+            errors
