@@ -444,3 +444,16 @@ def test_a_live_redraw_sends_new_values_into_the_same_traces():
     panel.update(Run(_steps(40, nan_at=35)))  # a new mark: the chart is rebuilt
     assert panel.chart.data[0] is not first
     assert any("first non-finite (step 35)" in (a.text or "") for a in panel.chart.layout.annotations)
+
+
+def test_recorded_names_are_text_in_the_charts():
+    """A metric name is recorded text: plotly reads tags in trace names as markup (links,
+    bold), so they are escaped."""
+    import _synthetic as syn
+
+    from model_debugger.widgets import charts
+
+    evil = '<a href="javascript:alert(1)">val_acc</a>'
+    run = syn.make_run(syn.steps_events(np.linspace(1.0, 0.4, 20)), syn.metric(evil, [0.5, 0.6]))
+    names = [t.name for t in charts.loss_chart(run).data]
+    assert not any("<" in n for n in names) and any("&lt;a href" in n for n in names)

@@ -172,7 +172,7 @@ def loss_spec(runs: Run | list[Run], labels: list[str] | None = None, *,
     notes: list[dict] = []
 
     def scatter(xs, ys, name, pre, i, quantity, axis=1, **style) -> None:
-        data.append({"type": "scatter", "x": xs, "y": ys, "name": f"{pre}{name}",
+        data.append({"type": "scatter", "x": xs, "y": ys, "name": _esc(f"{pre}{name}"),
                      "legendgroup": pre, "meta": {"quantity": quantity, "run": i},
                      "xaxis": "x" if axis == 1 else "x2", "yaxis": "y" if axis == 1 else "y2",
                      **style})
@@ -232,6 +232,16 @@ def loss_spec(runs: Run | list[Run], labels: list[str] | None = None, *,
     return {"data": data, "layout": layout}
 
 
+def _esc(text: str) -> str:
+    """Recorded text (metric names, error types) made plotly text.
+
+    plotly reads tags there (``<a href>``, ``<b>``) as markup: ``<``, ``>`` and ``&`` are escaped.
+    """
+    import html
+
+    return html.escape(str(text), quote=False)
+
+
 def _finite(values) -> list:
     return [float(v) if np.isfinite(v) else None for v in values]
 
@@ -258,7 +268,7 @@ def _vline(shapes: list, notes: list, x: float, text: str, color: str, dash: str
         shapes.append({"type": "line", "xref": f"x{axis}", "yref": f"y{axis} domain", "x0": x,
                        "x1": x, "y0": 0, "y1": 1,
                        "line": {"color": color, "dash": dash, "width": 1.2}})
-    notes.append({"text": text, "x": x, "xref": "x", "y": 1, "yref": "y domain",
+    notes.append({"text": _esc(text), "x": x, "xref": "x", "y": 1, "yref": "y domain",
                   "showarrow": False, "xanchor": "left", "yanchor": "top",
                   "font": {"size": 10, "color": color}})
 
@@ -267,7 +277,7 @@ def _hline(shapes: list, notes: list, y: float, text: str, axis: str) -> None:
     shapes.append({"type": "line", "xref": f"x{axis} domain", "yref": f"y{axis}", "x0": 0,
                    "x1": 1, "y0": y, "y1": y, "line": {"color": "grey", "dash": "dash",
                                                        "width": 1}})
-    notes.append({"text": text, "x": 0, "xref": f"x{axis} domain", "y": y, "yref": f"y{axis}",
+    notes.append({"text": _esc(text), "x": 0, "xref": f"x{axis} domain", "y": y, "yref": f"y{axis}",
                   "showarrow": False, "xanchor": "left", "yanchor": "bottom",
                   "font": {"size": 10, "color": "grey"}})
 
@@ -312,7 +322,7 @@ def gradient_heatmap(run: Run, title: str = "Gradient norm per layer (log10)"):
         with np.errstate(all="ignore"):
             logz = np.where(np.isfinite(z) & (z > 0), np.log10(np.where(z > 0, z, 1.0)), np.nan)
         fig.add_trace(go.Heatmap(
-            x=[float(v) for v in x], y=[n or "(root)" for n in names],
+            x=[float(v) for v in x], y=[_esc(n or "(root)") for n in names],
             z=[[None if not np.isfinite(v) else float(v) for v in row] for row in logz.T],
             colorscale="Viridis", colorbar={"title": {"text": "log10"}},
             customdata=[[None if not np.isfinite(v) else float(v) for v in row] for row in z.T],
@@ -338,8 +348,8 @@ def histogram_chart(event: Mapping | None):
         fig.add_trace(go.Bar(x=[float(v) for v in (edges[:-1] + edges[1:]) / 2],
                              y=[float(v) for v in counts], width=float(np.diff(edges)[0]),
                              hovertemplate="value %{x:.3g}<br>count %{y}<extra></extra>"))
-        fig.update_layout(title={"text": f"{event.get('param')} gradient at step "
-                                         f"{event.get('step')}", "font": {"size": 12}})
+        fig.update_layout(title={"text": _esc(f"{event.get('param')} gradient at step "
+                                              f"{event.get('step')}"), "font": {"size": 12}})
     fig.update_layout(height=260, margin={"l": 50, "r": 10, "t": 40, "b": 40},
                       xaxis_title="gradient value", yaxis_title="count", bargap=0)
     return fig
