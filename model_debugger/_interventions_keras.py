@@ -219,3 +219,19 @@ def standardize_inputs(params: dict, keras) -> Callable[[], None]:
         return patched
 
     return install(keras.Model, "fit", factory)
+
+
+def shuffle(params: dict, keras) -> Callable[[], None]:
+    """``fit`` shuffles the training data every epoch (``shuffle=True``, Keras' default).
+
+    A ``tf.data`` dataset is batched before ``fit`` sees it, so its order is left as it is.
+    """
+    from .capture.patches import install
+
+    def factory(fit):
+        def patched(model, *args, **kwargs):
+            kwargs["shuffle"] = True
+            return fit(model, *args, **kwargs)
+        return patched
+
+    return install(keras.Model, "fit", factory)

@@ -404,3 +404,29 @@ def keep_graph(params: dict, torch) -> Callable[[], None]:
         torch.Tensor.detach = detach.original
 
     return _removes([*[h.remove for h in handles], restore])
+
+
+def shuffle(params: dict, torch) -> Callable[[], None]:
+    """Every ``DataLoader`` over a map-style dataset without its own sampler shuffles.
+
+    ``shuffle`` given as a keyword or positionally (the third argument) is set to True; a
+    loader with a sampler, a batch sampler or an iterable dataset is left as it is.
+    """
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from .capture.patches import install
+
+    def factory(init):
+        def patched(self, dataset, *args, **kwargs):
+            own_order = kwargs.get("sampler") is not None or \
+                kwargs.get("batch_sampler") is not None or len(args) > 2 or \
+                isinstance(dataset, IterableDataset)
+            if not own_order:
+                if len(args) == 2:
+                    args = (args[0], True)
+                else:
+                    kwargs["shuffle"] = True
+            return init(self, dataset, *args, **kwargs)
+        return patched
+
+    return install(DataLoader, "__init__", factory)

@@ -107,6 +107,8 @@ INTERVENTIONS: dict[str, Kind] = {k.id: k for k in (
     _kind("optimizer_setting", "set params['setting'] (weight_decay, momentum or beta1) to "
           "params['value'] in every optimizer", "optimizer_setting", validate=_setting),
     _kind("clip_off", "gradient clipping does nothing", "clip_off"),
+    _kind("shuffle", "the training loader (a torch DataLoader without its own sampler, or Keras "
+          "fit) shuffles every epoch", "shuffle"),
     _kind("zero_grad", "clear the gradients after every optimizer step", "zero_grad",
           ("torch",)),
     _kind("train_mode", "a model called with gradients on is put back in train mode",

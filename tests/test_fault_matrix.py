@@ -145,3 +145,29 @@ def test_runner_smoke_writes_one_row_per_job(tmp_path):
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "0 to run" in again.stderr
     assert len(out.read_text().splitlines()) == 4
+
+
+def test_a_fault_counts_as_harmful_only_when_its_bare_run_shows_it():
+    from benchmarks.fault_matrix.run import METRICS, bare_metric, effects, job_key
+
+    assert set(METRICS) == set(SOURCES)  # every base names the metric it prints
+
+    def row(kind, op, tail, category="loss_not_decreasing", rc=0):
+        return {"kind": kind, "base": "torch_loop", "operator": op, "seed": 0, "bare_rc": rc,
+                "bare_tail": [tail], "expected": {"category": category}}
+
+    healthy = [row("healthy", None, f"epoch 8  loss 0.03  val_loss 0.04  val_acc {v}")
+               for v in (0.983, 0.987)]
+    assert bare_metric(healthy[0]) == 0.983
+    faults = {"same": row("fault", "clip_tiny", "epoch 8  loss 0.1  val_acc 0.975"),
+              "worse": row("fault", "lr_too_low", "epoch 8  loss 0.6  val_acc 0.71"),
+              "nan": row("fault", "lr_too_high", "epoch 8  loss nan  val_acc nan"),
+              "crash": row("fault", "oom_batch", "", rc=1),
+              "slow": row("fault", "per_step_stall", "val_acc 0.985", "performance_issue"),
+              "unread": row("fault", "clip_tiny", "no metric here")}
+    for i, r in enumerate(faults.values()):
+        r["seed"] = i  # distinct keys
+    got = effects(healthy + list(faults.values()))
+    verdict = {name: got[job_key(r)] for name, r in faults.items()}
+    assert verdict == {"same": False, "worse": True, "nan": True, "crash": True, "slow": True,
+                       "unread": None}

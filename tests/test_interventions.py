@@ -51,6 +51,12 @@ TORCH = textwrap.dedent("""\
         seen["eval_mode"].append(model.training)
     drop = nn.Dropout(0.9)                            # in train mode: drops 90%
     seen["zeros"].append(float((drop(torch.ones(1000)) == 0).float().mean()))
+    rows = list(range(12))                            # loaders that never shuffle
+    seen["order"] = [int(r) for b in torch.utils.data.DataLoader(rows, batch_size=4) for r in b]
+    seen["order_positional"] = [int(r) for b in torch.utils.data.DataLoader(rows, 4, False)
+                                for r in b]
+    seen["order_sampler"] = [int(r) for b in torch.utils.data.DataLoader(
+        rows, batch_size=4, sampler=torch.utils.data.SequentialSampler(rows)) for r in b]
 """)
 
 
@@ -75,6 +81,7 @@ def test_the_cell_as_written_has_every_fault(cell):
     assert seen["grad_before"][1:] == [True] * 7 and seen["mode"] == [False] * 8
     assert max(seen["clipped"]) < 1e-3
     assert seen["groups"][0] == [(0.999, 3.0, 2)]
+    assert seen["order"] == seen["order_positional"] == seen["order_sampler"] == list(range(12))
 
 
 @pytest.mark.parametrize("change,check", [
@@ -90,6 +97,9 @@ def test_the_cell_as_written_has_every_fault(cell):
      lambda s: s["groups"][1] == [(0.999, 0.0, 2)]),
     (Intervention("optimizer_setting", {"setting": "momentum", "value": 0.9}),
      lambda s: s["groups"][1] == [(0.9, 3.0, 2)]),
+    (Intervention("shuffle"),  # a loader with its own sampler keeps its order
+     lambda s: sorted(s["order"]) == s["order_sampler"] != s["order"]
+     and sorted(s["order_positional"]) == s["order_sampler"] != s["order_positional"]),
 ])
 def test_each_torch_intervention_changes_what_it_names_and_is_removed_after(cell, change, check):
     assert check(cell(change)), cell(change)
@@ -180,6 +190,13 @@ KERAS = textwrap.dedent("""\
             seen["opt"] = [opt.momentum, opt.weight_decay, opt.clipnorm]
 
     model.fit(X, y, batch_size=32, epochs=1, verbose=0, callbacks=[Look()])
+    order = []                                        # the rows fit feeds, in order
+    probe = keras.Sequential([keras.Input((1,)), keras.layers.Lambda(
+        lambda t: (order.extend(np.asarray(t)[:, 0].astype(int).tolist()), t)[1])])
+    probe.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    rows = np.arange(12, dtype="float32")[:, None]
+    probe.fit(rows, rows, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    seen["order"] = order
     drop = model.layers[1]
     seen["dropped"] = float(np.mean(np.asarray(drop(np.ones((64, 16), "float32"),
                                                     training=True)) == 0))
@@ -205,7 +222,7 @@ def test_keras_interventions_change_what_they_name(tmp_path):
 
     plain = seen(None, 0)
     assert plain["kernel_std"] == 0.0 and plain["trainable"] == 2 and plain["dropped"] > 0.5
-    assert plain["opt"] == [0.999, 3.0, 1e-6]
+    assert plain["opt"] == [0.999, 3.0, 1e-6] and plain["order"] == list(range(12))
     assert seen(Intervention("default_init"), 1)["kernel_std"] > 0.05
     assert seen(Intervention("unfreeze"), 2)["trainable"] == 4
     assert seen(Intervention("dropout_off"), 3)["dropped"] == 0.0
@@ -214,3 +231,5 @@ def test_keras_interventions_change_what_they_name(tmp_path):
                 5)["opt"] == [0.9, 3.0, 1e-6]
     assert seen(Intervention("optimizer_setting", {"setting": "weight_decay", "value": 0.0}),
                 6)["opt"] == [0.999, None, 1e-6]
+    order = seen(Intervention("shuffle"), 7)["order"]
+    assert sorted(order) == list(range(12)) != order

@@ -41,6 +41,9 @@ def test_scenario_category(path, reports):
     rep = report["reproduce"]
     if want == HEALTHY:
         assert rep["status"] == "not_reproduced" and rep["tried"]
+    elif "revealed" in expectations(path):  # healthy signals; a probe measured the problem
+        assert rep["status"] == "not_reproduced"
+        assert cls["evidence"][0]["signal"] == f"{expectations(path)['revealed']}_confirmed"
     else:
         assert rep["status"] == "reproduced" and rep["summary"] == "reproduced 1/1"
     assert rep["steps"] > 0

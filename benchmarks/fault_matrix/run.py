@@ -240,6 +240,78 @@ def score(report: dict | None, expected: dict, script: str) -> dict:
             "location_hit": located, "false_alarm": None}
 
 
+# -- did the fault do anything? ----------------------------------------------------------------
+# Each base's own quality metric, as its last lines print it, and which way is better.
+METRICS = {
+    "config_regression": ("val_rmse", "lower"), "dataset_transform": ("val accuracy", "higher"),
+    "digits_cnn": ("test acc", "higher"), "hf_trainer": ("eval_loss", "lower"),
+    "keras_fit": ("final val_accuracy", "higher"), "keras_tape": ("val_acc", "higher"),
+    "lightning_module": ("val_acc", "higher"), "lstm_sequence": ("test_loss", "lower"),
+    "torch_loop": ("val_acc", "higher"), "transformer_warmup": ("val_acc", "higher"),
+}
+SCORE_TOLERANCE = 0.02  # a score (accuracy) this much below the worst healthy run: harm
+LOSS_TOLERANCE = 1.25   # a loss this many times the worst healthy run's: harm
+ALWAYS = ("memory_issue", "performance_issue")  # their cost is time or memory, by construction
+SCORE_LIES = ("target_leak_feature",)  # the fault inflates the very metric: harm by design
+
+
+def bare_metric(row: dict) -> float | None:
+    """The base's metric from the last lines the bare run printed (None when absent)."""
+    import re
+
+    name, _ = METRICS.get(row["base"], (None, None))
+    if name is None:
+        return None
+    pattern = re.compile(re.escape(name) + r"['\"]?\s*[:=]?\s*([-+]?(?:[0-9.]+(?:e[-+]?\d+)?|nan|inf))",
+                         re.IGNORECASE)
+    for line in reversed(row.get("bare_tail") or []):
+        m = pattern.search(line)
+        if m:
+            try:
+                return float(m.group(1))
+            except ValueError:
+                return None
+    return None
+
+
+def effects(rows: list[dict]) -> dict[tuple, bool | None]:
+    """Per fault row: whether the fault measurably harmed its bare run (None: cannot tell).
+
+    A mutant that changes nothing a user could see (a clip that Adam's scale invariance undoes,
+    a sum reduction under Adam) has no symptom to diagnose, so "healthy" is the right answer
+    for it; the tables report the faults with an effect beside all of them. Harm: the bare run
+    failed or printed a non-finite metric; its metric is worse than the worst healthy run of
+    the base by :data:`SCORE_TOLERANCE` (scores) or :data:`LOSS_TOLERANCE` (losses), or better
+    than the best by as much (labels made trivial in both splits); memory and performance faults
+    (a bare run's time on a shared machine is too noisy to judge) and faults that inflate the
+    metric count always.
+    """
+    healthy: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["kind"] == "healthy" and r.get("bare_rc") == 0:
+            healthy[r["base"]].append(r)
+    out: dict[tuple, bool | None] = {}
+    for r in rows:
+        if r["kind"] != "fault":
+            continue
+        key, cat = job_key(r), r["expected"]["category"]
+        if r.get("bare_rc") != 0 or cat in ALWAYS or r["operator"] in SCORE_LIES:
+            out[key] = True
+            continue
+        base = healthy.get(r["base"]) or []
+        value = bare_metric(r)
+        ref = [v for v in (bare_metric(h) for h in base) if v is not None]
+        if value is None or not ref:
+            out[key] = None
+        elif value != value or abs(value) == float("inf"):
+            out[key] = True
+        elif METRICS[r["base"]][1] == "higher":
+            out[key] = not min(ref) - SCORE_TOLERANCE <= value <= max(ref) + SCORE_TOLERANCE
+        else:
+            out[key] = not min(ref) / LOSS_TOLERANCE <= value <= LOSS_TOLERANCE * max(ref)
+    return out
+
+
 # -- tables ------------------------------------------------------------------------------------
 def _pct(hits: int, n: int) -> str:
     return f"{hits}/{n} ({100 * hits / n:.0f}%)" if n else "-"
@@ -315,7 +387,22 @@ def tables(rows: list[dict]) -> str:
               _pct(sum(r["root_cause_hit"] for r in faults), len(faults)),
               _pct(sum(r["location_hit"] for r in faults), len(faults)),
               _pct(sum(r["false_alarm"] for r in healthy), len(healthy))]]
+    effect = effects(rows)
+    harmed = [r for r in faults if effect.get(job_key(r))]
+    unknown = sum(1 for r in faults if effect.get(job_key(r)) is None)
+    total.append(["with an effect", len(harmed),
+                  _pct(sum(r["category_hit"] for r in harmed), len(harmed)),
+                  _pct(sum(r["root_cause_hit"] for r in harmed), len(harmed)),
+                  _pct(sum(r["location_hit"] for r in harmed), len(harmed)), "-"])
     parts.append(_table("Totals", [""] + header[1:], total))
+    latent = [r for r in faults if effect.get(job_key(r)) is False]
+    names = ", ".join(sorted(f"{r['operator']}/{r['base']}" for r in latent)) or "none"
+    parts.append(
+        f"Faults with an effect: the bare run failed, printed a non-finite metric, or a metric "
+        f"outside the base's healthy runs (by {SCORE_TOLERANCE} for a score, "
+        f"{LOSS_TOLERANCE}x for a loss); memory and performance faults and a leak always. Without a measured effect: {len(latent)} "
+        f"({names}); "
+        f"unknown: {unknown}.\n")
     timed = [r for r in rows if r.get("diagnose_seconds") is not None]
     diag = [r["diagnose_seconds"] for r in timed]
     bare = [r["bare_seconds"] for r in timed]

@@ -16,6 +16,7 @@ inside functions; ``tests/test_capture_layout.py`` checks the imports and the ci
 - ``keras_instrument``: ``KerasInstrument``, built from ``keras_hooks`` (fit, custom loops) and
   ``keras_steps`` (tape and optimizer apply), with ``keras_util``;
 - ``keeper``, ``keras_keeper``, ``spill``: what Isolate needs after the capture;
+- ``warned``: the framework warnings printed during the run, each kind once with the user's line;
 - ``instrument``: the base of both instruments, the owner of every undo handle;
 - ``metrics``, ``patches``, ``imports``, ``codeloc``, ``norms``, ``_util``: helpers.
 """

@@ -41,6 +41,7 @@ from ._util import active_recorder as active_recorder
 from .codeloc import traceback_location
 from .imports import when_imported
 from .metrics import StdoutTee, parse_metric_line, patch_summary_writer
+from .warned import WarningLog
 
 _STREAM_ONLY = ("step", "hist")  # with a file, not kept in ``Recorder.events``
 _ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=) builds one per call
@@ -121,6 +122,7 @@ class Recorder:
         self._instruments: list = []
         self._tee: StdoutTee | None = None
         self._untee = None  # removes the tee from sys.stdout (see :mod:`.patches`)
+        self._warned: WarningLog | None = None  # the framework warnings (see :mod:`.warned`)
         self._keepers: list | None = None  # set when the block ends
         self._t0 = 0.0
 
@@ -287,6 +289,8 @@ class Recorder:
                 self._tee = StdoutTee(sys.stdout, self._on_line)
                 self._stack.callback(self._restore_stdout)  # stacks: any exit order (patches)
                 self._untee = patches.install(sys, "stdout", self._tee.over)
+            self._warned = WarningLog(self)
+            self._stack.callback(self._warned.install())
             self._stack.callback(when_imported("torch", self._attach_torch))
             for name in ("tensorflow", "keras"):
                 self._stack.callback(when_imported(name, self._attach_keras))
@@ -361,6 +365,8 @@ class Recorder:
         try:
             for inst in self._instruments:
                 inst.finish()
+            if self._warned is not None:
+                self._warned.finish()
             if exc is not None and not (isinstance(exc, SystemExit) and not exc.code):
                 self.record_error(exc, tb)
             status = "ok" if self.error is None else self.error["kind"]

@@ -82,11 +82,13 @@ class Trainer(Protocol):
 
     def fit(self, model: Any, inputs: tuple, target: Any, steps: int, lr: float | None = None,
             batch_size: int = 64, seed: int = 0, opt_cls: Any = None,
-            stop_below: float | None = None, check: Any = None, every: int = 10) -> list[float]:
+            stop_below: float | None = None, check: Any = None, every: int = 10,
+            shuffle: bool = True) -> list[float]:
         """Train ``model`` in place for ``steps`` minibatch steps; the loss per step.
 
         Stops early when the loss is non-finite or below ``stop_below``; ``check(model)`` is
-        called every ``every`` steps and after the last one.
+        called every ``every`` steps and after the last one. Batches are drawn at random, or
+        with ``shuffle=False`` are consecutive rows in their given order, cycled.
         """
 
     def evaluate(self, model: Any, inputs: tuple, target: Any) -> float:
@@ -104,6 +106,9 @@ class Trainer(Protocol):
 
         ``(rates, smoothed losses)`` as NumPy arrays, stopped where the loss diverges.
         """
+
+    def throughput(self, batch_size: int, steps: int = 20) -> float:
+        """Training rows per second of a fresh copy at ``batch_size`` (after a warm-up)."""
 
     def param_bytes(self) -> int:
         """Bytes of the model's parameters."""

@@ -59,6 +59,23 @@ class SampleTrainer:
         return max(5, min(count, int(seconds / took)))
 
 
+    def throughput(self, batch_size: int, steps: int = 20) -> float:
+        """Training rows per second of a fresh copy at ``batch_size`` (after 3 warm-up steps).
+
+        The user's optimizer and loss on the kept sample: forward, backward and update, as the
+        run does them, without the capture's hooks.
+        """
+        import time
+
+        model = self.fresh_model()
+        inputs, target = self.subset(slice(0, min(self.n, max(batch_size, 1) * 4)))
+        self.fit(model, inputs, target, 3, batch_size=batch_size)  # (a Keras trace)
+        t0 = time.perf_counter()
+        done = len(self.fit(model, inputs, target, steps, batch_size=batch_size))
+        took = max(time.perf_counter() - t0, 1e-9)
+        return min(batch_size, int(target.shape[0])) * done / took
+
+
 def init_outlier(value: np.ndarray, default: np.ndarray) -> dict | None:
     """How an initial weight departs from a default-initialised one, or None when it does not.
 

@@ -179,7 +179,7 @@ class KerasTrainer(SampleTrainer):
         import tensorflow as tf
 
         out = model(self._x(inputs), training=training)
-        return tf.reduce_mean(self.loss_obj(target, out))
+        return tf.reduce_mean(self.loss_obj(_same_rank(target, out), out))
 
     def _step_fn(self, model, opt):
         import tensorflow as tf
@@ -214,18 +214,25 @@ class KerasTrainer(SampleTrainer):
 
     def fit(self, model, inputs, target, steps: int, lr: float | None = None, batch_size: int = 64,
             seed: int = 0, opt_cls=None, stop_below: float | None = None,
-            check=None, every: int = 10) -> list[float]:
+            check=None, every: int = 10, shuffle: bool = True) -> list[float]:
         """Train ``model`` in place for ``steps`` minibatch steps; return the loss per step.
 
         Stops early when the loss is non-finite or below ``stop_below``. ``check(model)``, when
         given, is called every ``every`` steps and after the last one (to watch held-out rows).
+        With ``shuffle=False`` the batches are consecutive rows in their given order, over and
+        over (a loader that never shuffles).
         """
         rng = np.random.default_rng(seed)
         step = self._cached_step(model, lr, opt_cls)
         n = int(target.shape[0])
         losses: list[float] = []
-        for _ in range(steps):
-            idx = rng.permutation(n)[:batch_size] if n > batch_size else slice(None)
+        for i in range(steps):
+            if n <= batch_size:
+                idx = slice(None)
+            elif shuffle:
+                idx = rng.permutation(n)[:batch_size]
+            else:
+                idx = np.arange(i * batch_size, (i + 1) * batch_size) % n
             value = float(step(tuple(x[idx] for x in inputs), target[idx]))
             losses.append(value)
             if not math.isfinite(value) or (stop_below is not None and value < stop_below):
@@ -387,3 +394,17 @@ def _stack(batches):
             and all(a.shape[1:] == b.shape[1:] for a, b in zip(i, first_in))]
     inputs = tuple(np.concatenate([i[k] for i, _ in keep]) for k in range(len(first_in)))
     return inputs, np.concatenate([t for _, t in keep])
+
+
+def _same_rank(target, out):
+    """``target`` with the rank of ``out`` where one is the other with a trailing axis of 1.
+
+    What Keras' own loss objects do (a ``(B,)`` target against a ``(B, 1)`` output); a loss
+    given as a plain function (``keras.losses.get("binary_crossentropy")``) does not.
+    """
+    t_rank, o_rank = len(target.shape), len(out.shape)
+    if t_rank == o_rank - 1 and out.shape[-1] == 1:
+        return target[..., None]
+    if t_rank == o_rank + 1 and target.shape[-1] == 1:
+        return target[..., 0]
+    return target

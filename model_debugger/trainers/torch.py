@@ -197,19 +197,26 @@ class TorchTrainer(SampleTrainer):
 
     def fit(self, model, inputs, target, steps: int, lr: float | None = None, batch_size: int = 64,
             seed: int = 0, opt_cls=None, stop_below: float | None = None,
-            check=None, every: int = 10) -> list[float]:
+            check=None, every: int = 10, shuffle: bool = True) -> list[float]:
         """Train ``model`` in place for ``steps`` minibatch steps; return the loss per step.
 
         Stops early when the loss is non-finite or below ``stop_below``. ``check(model)``, when
         given, is called every ``every`` steps and after the last one (to watch held-out rows).
+        With ``shuffle=False`` the batches are consecutive rows in their given order, over and
+        over (a loader that never shuffles).
         """
         g = torch.Generator().manual_seed(seed)
         opt = self.optimizer(model, lr, opt_cls)
         n = int(target.shape[0])
         losses: list[float] = []
         model.train()
-        for _ in range(steps):
-            idx = torch.randperm(n, generator=g)[:batch_size] if n > batch_size else slice(None)
+        for i in range(steps):
+            if n <= batch_size:
+                idx = slice(None)
+            elif shuffle:
+                idx = torch.randperm(n, generator=g)[:batch_size]
+            else:
+                idx = torch.arange(i * batch_size, (i + 1) * batch_size) % n
             opt.zero_grad(set_to_none=True)
             loss = self.loss(model, tuple(x[idx] for x in inputs), target[idx])
             value = float(loss.detach())
