@@ -12,6 +12,7 @@ from ._validate import check_run_args
 from .artifacts import LogArtifact, ScriptArtifact, artifact_for
 from .logs import load_log
 from .phases import Interrupted, isolate, reproduce, verify
+from .phases.confirm import DEFAULT_SECONDS as INTERVENE_SECONDS
 from .session import DebugSession
 from .store import ROOT
 
@@ -22,7 +23,8 @@ __all__ = ["Interrupted", "diagnose_log", "diagnose_script", "isolate_session",
 def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
                     seed: int | None = None, max_seconds: float | None = None,
                     root: str = ROOT, stdout=None, probe_seconds: float = 30.0,
-                    intervene_seconds: float = 0.0, launch: dict | None = None) -> DebugSession:
+                    intervene_seconds: float = INTERVENE_SECONDS,
+                    launch: dict | None = None) -> DebugSession:
     """Reproduce ``script`` ``runs`` times under capture, classify, isolate; save a session.
 
     Parameters
@@ -71,7 +73,7 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
 
 
 def isolate_session(session: DebugSession, probe_seconds: float = 30.0,
-                    stdout=None, intervene_seconds: float = 0.0) -> DebugSession:
+                    stdout=None, intervene_seconds: float = INTERVENE_SECONDS) -> DebugSession:
     """Isolate again on the session's current code (after a partially resolved fix)."""
     isolate(session, artifact_for(session), budget=probe_seconds, stdout=stdout,
             intervene_seconds=intervene_seconds)

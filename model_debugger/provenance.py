@@ -76,6 +76,105 @@ def data_origin(location: dict | None, role: str | None = None) -> dict | None:
     return {**location, "line": line, "used_at": location["line"]}
 
 
+def setting_origin(location: dict | None, keyword: str) -> dict | None:
+    """The line that set the value a call at ``location`` passes as ``keyword=``.
+
+    A setting is often passed through a name or a config (``DataLoader(ds,
+    batch_size=cfg["batch_size"])``, ``SGD(..., lr=args.lr)``): the value was made where the
+    name was bound, the dict entry was written (``{"batch_size": 1}``) or the argument declared
+    (``add_argument("--lr", default=...)``). A literal at the call keeps the call's line.
+
+    Returns
+    -------
+    dict or None
+        ``{"file", "line", "used_at"}`` when the value was set on an earlier line of the same
+        file; else ``location`` unchanged.
+    """
+    if not location or not isinstance(location.get("line"), int) or not location.get("file"):
+        return location
+    try:
+        tree = _parse(location["file"], os.path.getmtime(location["file"]))
+        line = _setting_line(tree, location["line"], keyword) if tree is not None else None
+    except Exception:  # noqa: BLE001 - a trace that fails keeps the call's line
+        return location
+    if line is None or line == location["line"]:
+        return location
+    return {**location, "line": line, "used_at": location["line"]}
+
+
+def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
+    stmt = _statement_at(tree, line)
+    if stmt is None:
+        return None
+    call = next((n for n in ast.walk(stmt) if isinstance(n, ast.Call)
+                 and any(k.arg == keyword for k in n.keywords)), None)
+    if call is None:
+        return None
+    value = next(k.value for k in call.keywords if k.arg == keyword)
+    scope, before = _scope_of(tree, stmt), stmt.lineno
+    for _ in range(_MAX_HOPS):
+        if isinstance(value, ast.Name):
+            bound = [b for body in scope for b in _bindings(body, value.id, before)
+                     if isinstance(b[1], ast.Assign)]
+            if not bound:
+                return None
+            before, _, value = max(bound, key=lambda b: b[0])
+            if not isinstance(value, (ast.Name, ast.Subscript, ast.Attribute)):
+                return before
+        elif isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) and \
+                isinstance(value.slice.value, str):
+            return _dict_entry(tree, value.slice.value)
+        elif isinstance(value, ast.Attribute):
+            return _declared(tree, value.attr)
+        else:
+            return None
+    return None
+
+
+def _dict_entry(tree: ast.Module, key: str) -> int | None:
+    """The line of the first ``"key": value`` entry of a dict literal, or ``d["key"] = ...``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if isinstance(k, ast.Constant) and k.value == key:
+                    return v.lineno
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id == "dict":
+            for k in node.keywords:
+                if k.arg == key:
+                    return k.value.lineno
+    return None
+
+
+def _declared(tree: ast.Module, attr: str) -> int | None:
+    """Where ``args.attr`` / ``config.attr`` gets its value.
+
+    An ``add_argument`` default, a class attribute (a dataclass field), or ``x.attr = ...``.
+    """
+    flag = attr.replace("_", "-")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr == "add_argument":
+            names = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            dest = next((k.value.value for k in node.keywords if k.arg == "dest"
+                         and isinstance(k.value, ast.Constant)), None)
+            if dest == attr or any(str(n).lstrip("-") in (attr, flag) for n in names):
+                default = next((k.value for k in node.keywords if k.arg == "default"), None)
+                return (default or node).lineno
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                target = item.target if isinstance(item, ast.AnnAssign) else \
+                    item.targets[0] if isinstance(item, ast.Assign) and \
+                    len(item.targets) == 1 else None
+                if isinstance(target, ast.Name) and target.id == attr and \
+                        getattr(item, "value", None) is not None:
+                    return item.lineno
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Attribute) and t.attr == attr for t in node.targets):
+            return node.lineno
+    return None
+
+
 def batches_origin(location: dict | None) -> dict | None:
     """The line that made what a custom loop draws its batches from, or ``location`` unchanged.
 

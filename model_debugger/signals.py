@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .records import Run
+from .thresholds import MIN_STEPS, WINDOW_ROWS
 
 # every signal compute() produces, with its meaning (names are public: rules, findings and
 # Verify cite them)
@@ -18,6 +19,8 @@ SIGNALS: dict[str, str] = {
     "steps": "optimizer steps recorded",
     "epochs": "epochs recorded",
     "loss_points": "finite training-loss readings",
+    "loss_window": "readings averaged into one when a step holds < 32 targets (the loss-level "
+                   "signals below are read on those means)",
     "loss_initial": "median loss over the first ~10% of readings",
     "loss_final": "median loss over the last ~10% of readings",
     "loss_min": "lowest finite loss",
@@ -140,6 +143,28 @@ def outcome_signals(sig: dict) -> dict:
 
 def _finite(a: np.ndarray) -> np.ndarray:
     return a[np.isfinite(a)]
+
+
+def _noise_window(targets: dict | None, steps: int, points: int) -> int:
+    """Loss readings to average so that each mean covers at least :data:`WINDOW_ROWS` targets.
+
+    A step on one or two rows records the loss of those rows alone: its spread is the spread
+    of the data, and a "spike" ten times the first readings is one hard example. 1 when the
+    steps hold enough rows, or too few readings would be left to judge.
+    """
+    n = (targets or {}).get("n")
+    if not n or not steps:
+        return 1
+    per_step = n / steps
+    if per_step >= WINDOW_ROWS:
+        return 1
+    k = int(math.ceil(WINDOW_ROWS / max(per_step, 1e-9)))
+    return k if points // k >= 2 * MIN_STEPS else 1
+
+
+def _block_means(a: np.ndarray, k: int) -> np.ndarray:
+    """Means of consecutive blocks of ``k`` readings (the last block may be shorter)."""
+    return np.array([a[i:i + k].mean() for i in range(0, len(a), k)])
 
 
 def _head_tail(a: np.ndarray) -> tuple[float, float]:
@@ -365,6 +390,11 @@ def compute(run: Run) -> dict:
     loss = run.series("loss")
     fl = _finite(loss)
     s["loss_points"] = int(len(fl))
+    targets = run.of("targets")
+    k = _noise_window(targets[-1] if targets else None, len(run.steps), len(fl))
+    if k > 1:  # each reading is the loss of a few rows: judge the curve on means of k
+        s["loss_window"] = k
+        fl = _block_means(fl, k)
     if len(fl) >= 2:
         s["loss_initial"], s["loss_final"] = _head_tail(fl)
         s["loss_min"] = float(fl.min())
@@ -378,7 +408,6 @@ def compute(run: Run) -> dict:
             s["loss_tail_drop"] = (mid - s["loss_final"]) / max(abs(mid), 1e-12)
         if s["loss_first"] > 0:
             s["loss_peak_ratio"] = float(fl.max() / s["loss_first"])
-    targets = run.of("targets")
     s["constant_predictor_loss"], s["majority_rate"] = constant_predictor(
         targets[-1] if targets else None)
     if s["constant_predictor_loss"] and "loss_final" in s:

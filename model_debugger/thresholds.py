@@ -10,6 +10,7 @@ fix should reach with them.
 from __future__ import annotations
 
 MIN_STEPS = 5
+WINDOW_ROWS = 32             # rows behind one loss reading at least (else readings are averaged)
 PLATEAU_DROP = 0.05          # less than 5% loss decrease over the run is a plateau
 BASELINE_MARGIN = 0.95       # final loss above 95% of the constant predictor's loss
 FLOOR_SHARE = 0.4            # a plateau at >= 40% of it: suspect, to be shown by experiment

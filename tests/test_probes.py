@@ -1468,3 +1468,20 @@ def test_a_history_dict_keeping_a_few_graphs_is_the_leak_of_a_growing_run(growin
     (f,) = found
     assert f.confirmed and f.evidence["variable"] == "history['val_loss']"
     assert f.evidence["tensors"] == 8 and f.location == {"file": "train.py", "line": 5}
+
+
+def test_a_learning_rate_lever_ranks_after_a_specific_cause_equally_supported():
+    from model_debugger.probes import rank
+
+    def f(check, root, **ev):
+        return Finding(check, root, True, check, None, {"category": "loss_not_decreasing", **ev})
+
+    lever = f("lr_range", "hyperparameter", undone=True, strength=1.0)  # a re-run moved it
+    specific = f("target_scale", "data", undone=True, strength=0.85)  # a copy undid it
+    decisive = f("label_alignment", "data", decisive=True, strength=0.85)
+    seen = f("constant_baseline", "hyperparameter", strength=0.95)  # observed only
+    order = rank([seen, lever, specific, decisive], ["loss_not_decreasing"])
+    assert [x.check for x in order] == ["target_scale", "label_alignment", "lr_range",
+                                        "constant_baseline"]
+    assert [x.check for x in rank([seen, lever], ["loss_not_decreasing"])] == \
+        ["lr_range", "constant_baseline"]  # undone still beats observed

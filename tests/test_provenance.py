@@ -377,3 +377,53 @@ def test_the_batches_are_traced_to_the_iterable_not_the_arrays(tmp_path, loop, e
           for m in ("use", "batches", "loop")}
     got = batches_origin({"file": str(path), "line": at["use"]})
     assert got["line"] == at[expected] and got.get("used_at") == at["use"]
+
+
+SETTINGS = """
+    import argparse
+    from dataclasses import dataclass
+
+    CONFIG = {"lr": 0.3,  # <lr>
+              "batch_size": 1}  # <batch_size>
+
+
+    @dataclass
+    class Opts:
+        momentum: float = 0.999  # <momentum>
+
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--weight-decay", type=float,
+                        default=5.0)  # <weight_decay>
+    args = parser.parse_args()
+    size = CONFIG["batch_size"]
+    rows = size
+    loader = DataLoader(data, batch_size=rows)  # <use batch_size>
+    opt = SGD(params, lr=CONFIG["lr"], momentum=Opts().momentum,  # <use lr momentum>
+              weight_decay=args.weight_decay)
+    literal = SGD(params, lr=0.5, momentum=0.9 * 1.1)  # <use literal>
+"""
+
+
+def test_a_setting_passed_by_name_or_config_is_located_where_it_was_set(tmp_path):
+    from model_debugger.provenance import setting_origin
+
+    source = textwrap.dedent(SETTINGS)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+
+    def line_of(marker):
+        return next(i for i, text in enumerate(lines, 1) if marker in text)
+
+    def origin(use, keyword):
+        return setting_origin({"file": str(path), "line": line_of(use)}, keyword)["line"]
+
+    assert origin("<use batch_size>", "batch_size") == line_of("<batch_size>")
+    assert origin("<use lr", "lr") == line_of("<lr>")  # a dict entry
+    assert origin("<use lr", "momentum") == line_of("<momentum>")  # a dataclass field
+    assert origin("<use lr", "weight_decay") == line_of("<weight_decay>")  # an argparse default
+    for keyword in ("lr", "momentum"):  # a literal, or computed at the call: the call's line
+        assert origin("<use literal>", keyword) == line_of("<use literal>")
+    assert setting_origin({"file": str(path), "line": line_of("<use lr")}, "betas") == \
+        {"file": str(path), "line": line_of("<use lr")}  # not passed: unchanged

@@ -1244,3 +1244,19 @@ def test_rank_straggler_needs_both_its_share_and_its_milliseconds(share, ms, fir
     assert (out is not None) is fires_
     if fires_:
         assert out[0] == "performance_issue"
+
+
+def test_the_loss_of_one_row_per_step_is_judged_on_means_of_enough_rows():
+    """A batch of one records one example's loss: a hard example is no blow-up."""
+    rng = np.random.default_rng(0)
+    level = syn.decay(3000, 1.0, 0.2)
+    noisy = level * rng.exponential(size=3000) ** 2  # per-example losses: heavy-tailed
+    one_row = syn.make_run(syn.steps_events(noisy), syn.targets_moments(0.0, 1.0, n=3000))
+    sig = compute(one_row)
+    assert sig["loss_window"] == 32 and sig["loss_spike"] < 2 * sig["loss_initial"]
+    assert C.classify(sig).primary == HEALTHY
+    # the same readings from batches of 64 rows are real spikes: no window
+    batches = syn.make_run(syn.steps_events(noisy), syn.targets_moments(0.0, 1.0, n=64 * 3000))
+    sig = compute(batches)
+    assert "loss_window" not in sig
+    assert C.classify(sig).primary == "gradient_instability"

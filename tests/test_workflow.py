@@ -419,6 +419,27 @@ def test_a_learning_rate_finding_is_confirmed_by_re_running_at_the_safe_rate(tmp
             assert s.store.exists(f"isolate/1/{label}-{seed}.jsonl")
 
 
+def test_hypotheses_are_re_run_before_findings_an_experiment_already_settled(tmp_path):
+    from model_debugger.phases.confirm import confirm
+
+    s = _at_fix(tmp_path, [])
+    nan = syn.make_run(syn.steps_events([1.0, 2.0, 5.0, float("nan")] * 5))
+    art = syn.CannedArtifact({"current": nan, "current+default_init": syn.make_run(
+        syn.healthy_steps(20))})
+    settled = Finding("lr_range", "hyperparameter", True, "lr 10 diverges", None,
+                      {"category": "gradient_instability", "lr": 10.0, "safe_lr": 0.01,
+                       "undone": True})
+    guess = Finding("initialization", "architecture", False, "weights 100x the default", None,
+                    {"category": "gradient_instability"})
+    out = confirm(s, art, [settled, guess], Version("current", s.store.path("artifact.py")), 1,
+                  60.0)
+    assert [f.check for f in out] == ["lr_range", "initialization"]  # the order given
+    assert art.calls == [("current", 0), ("current", 1), ("current+default_init", 0),
+                         ("current+default_init", 1)]  # it cured the run: nothing re-run after
+    assert out[1].confirmed and out[1].evidence["confirmed_by"] == "intervention"
+    assert out[0].confirmed and "already removed" in out[0].evidence["intervention"]["untested"]
+
+
 def test_a_finding_whose_intervention_changes_nothing_is_refuted(tmp_path):
     from model_debugger.phases.confirm import confirm
 

@@ -22,6 +22,7 @@ from .verify import judge, measure
 
 SEEDS = 2  # re-runs per side: the noise band needs a spread
 MAX_STEPS = 200  # optimizer steps per re-run (the symptom must show within them)
+DEFAULT_SECONDS = 60.0  # the front ends' default budget for every re-run together
 
 
 def _budget_left(deadline: float) -> float:
@@ -32,6 +33,10 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
             n: int, budget: float, seeds: list[int] | None = None,
             max_steps: int | None = MAX_STEPS, stdout=None) -> list[Finding]:
     """Test each finding that names an intervention; the findings with their verdicts.
+
+    The hypotheses are tested first, in rank order, then the findings a probe's own experiment
+    or a decisive measurement already settled (a re-run can only weaken those): the budget goes
+    where it can decide something.
 
     Parameters
     ----------
@@ -71,9 +76,12 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
     session.store.isolate_dir(n)
     cls = state.classification
     baseline: list[dict] | None = None
-    out: list[Finding] = []
+    done: dict[int, Finding] = {}
     cured: dict[str, str] = {}  # category -> the intervention that removed it, nothing new
-    for finding in findings:
+    order = sorted(range(len(findings)), key=lambda i: _settled(findings[i]))  # stable
+    for index in order:
+        finding = findings[index]
+        out = _Slot(done, index)
         intervention = intervention_for(finding)
         category = finding.category or (cls.primary if cls else None)
         if intervention is None or category in (None, "healthy") or _budget_left(deadline) <= 0:
@@ -128,8 +136,7 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                        f"{'; but the re-runs show ' + ', '.join(sorted(set(new))) if new else ''}.")
         if moved and gone and not new:
             cured[category] = intervention.id
-        settled = finding.evidence.get("undone") is True or \
-            finding.evidence.get("decisive") is True
+        settled = _settled(finding)
         if moved or not settled:
             out.append(replace(finding, confirmed=moved, explanation=explanation,
                                evidence={**finding.evidence, "intervention": result,
@@ -140,7 +147,22 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
             out.append(replace(finding, explanation=explanation, evidence={
                 **finding.evidence, "intervention": result,
                 "strength": 0.5 * float(finding.evidence.get("strength", 0.5))}))
-    return out
+    return [done[i] for i in range(len(findings))]
+
+
+class _Slot:
+    """Where the verdict on the finding at ``index`` goes (the input order is kept)."""
+
+    def __init__(self, done: dict, index: int) -> None:
+        self.done, self.index = done, index
+
+    def append(self, finding: Finding) -> None:
+        self.done[self.index] = finding
+
+
+def _settled(finding: Finding) -> bool:
+    """Whether a probe's own experiment undid the cause, or measured it outright."""
+    return finding.evidence.get("undone") is True or finding.evidence.get("decisive") is True
 
 
 def _strength(finding: Finding, moved: bool, gone: bool, new: list[str]) -> float:

@@ -133,6 +133,11 @@ class Probe:
     suggested_by : tuple of str
         Signals that point at this probe's cause: when the classification cites one, the probe
         runs before the others (the most likely cause is tested while the budget lasts).
+    lever : bool
+        Whether its cause is a setting that can make up for many other faults (the learning
+        rate: a rate raised far enough makes almost any training loss fall, shuffled labels
+        memorised included). Among findings equally supported it ranks after those that name a
+        specific mechanism (:func:`rank`).
     reveals : str or None
         For a probe that also runs on runs classified ``healthy`` (``"healthy"`` among its
         categories): the category one of its confirmed findings shows, although the recorded
@@ -149,6 +154,7 @@ class Probe:
     suggested_by: tuple[str, ...] = ()
     traces_origin: bool = True
     reveals: str | None = None
+    lever: bool = False
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Whether the probe can run on this context."""
@@ -216,6 +222,28 @@ def _jsonable(v):
     return v
 
 
+SETTING_KEYWORDS = {"lr": ("lr", "learning_rate"), "weight_decay": ("weight_decay",),
+                    "momentum": ("momentum",), "beta1": ("betas", "beta_1"),
+                    "clip": ("max_norm", "clipnorm", "global_clipnorm", "clip_value"),
+                    "batch_size": ("batch_size",)}
+
+
+def setting_location(location: dict | None, setting: str) -> dict | None:
+    """Where the value of ``setting`` passed by the call at ``location`` was set.
+
+    A rate or a batch size read from a config dict, ``argparse`` or a variable is located at
+    the line that set it (:func:`~model_debugger.provenance.setting_origin`); a literal keeps
+    the call's line.
+    """
+    from ..provenance import setting_origin
+
+    for keyword in SETTING_KEYWORDS.get(setting, (setting,)):
+        found = setting_origin(location, keyword)
+        if found is not location:
+            return found
+    return location
+
+
 BLOW_UP_SIGNALS = ("loss_final", "loss_spike", "loss_max", "grad_norm_growth", "loss_uninformed",
                    "first_nonfinite_step")
 
@@ -268,13 +296,17 @@ def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
     or a re-run with the intervention moved the defining signal), or that a measurement settles
     on its own (``evidence["decisive"]``: inputs identical in every row), comes before findings
     that only observed something, whatever their strength (``evidence["strength"]``, 0..1), which
-    orders the rest: undoing a cause is the strongest evidence that it is one.
+    orders the rest: undoing a cause is the strongest evidence that it is one. Within each of
+    those groups a lever (:attr:`Probe.lever`: the learning rate, which moves the loss whatever
+    else is wrong) comes after the findings that name a specific mechanism.
     """
     def key(f: Finding):
         cat = f.evidence.get("category")
         pos = categories.index(cat) if cat in categories else len(categories)
         decisive = f.evidence.get("undone") is True or f.evidence.get("decisive") is True
-        return (not f.confirmed, pos, not decisive, -float(f.evidence.get("strength", 0.5)))
+        lever = getattr(PROBES.get(f.check), "lever", False)
+        return (not f.confirmed, pos, not decisive, lever,
+                -float(f.evidence.get("strength", 0.5)))
 
     return sorted(findings, key=key)
 

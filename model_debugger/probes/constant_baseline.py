@@ -18,7 +18,7 @@ import numpy as np
 
 from ..records import Finding
 from . import _numpy_stats as st
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, register, setting_location
 
 CONFIRM = 0.95
 HINT = 0.8
@@ -131,7 +131,7 @@ class ConstantBaseline(Probe):
             text = (f"The loss barely beats the constant predictor ({head}): the model has "
                     "learned little beyond the label prior / mean.")
         strength = 0.5 if confirmed else 0.2  # a symptom-level cause: specific probes rank first
-        location = ctx.ref("optimizer") or st.data_location(ctx)
+        location = setting_location(ctx.ref("optimizer"), "lr") or st.data_location(ctx)
         return [self.finding("hyperparameter", confirmed, text, location, strength=strength,
                              baseline_loss=base, baseline_source=source, baseline_kind=kind,
                              loss_final=final, loss_min=low, ratio=ratio,

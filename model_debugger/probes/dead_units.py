@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, register, setting_location
 
 DEAD = 0.5  # share of units dead or saturated in one layer
 ROWS = 256
@@ -93,6 +93,6 @@ class DeadUnits(Probe):
             cause, True,
             f"{share:.0%} of the units after '{name}' are {kind} on {len(inputs[0])} training "
             f"rows, {why}. Dead or saturated units pass no gradient.",
-            ctx.ref("model") if born else ctx.ref("optimizer"),
+            ctx.ref("model") if born else setting_location(ctx.ref("optimizer"), "lr"),
             layers={n: {"kind": k, "share": s} for n, (k, s) in after.items()},
             at_init={n: s for n, (_, s) in before.items()}, strength=0.6)]

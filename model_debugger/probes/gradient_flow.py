@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Probe, ProbeContext, blown_up, register
+from .base import Probe, ProbeContext, blown_up, register, setting_location
 
 VANISH = 1e-3      # layer median norm / largest layer median norm
 GROWTH = 100.0     # gradient norm growth before a NaN that points at the learning rate
@@ -92,7 +92,7 @@ class GradientFlow(Probe):
                 f"Non-finite {what} first at step {step} in {where}, after the gradient norm "
                 f"grew {growth:.3g}x: updates grow until values overflow, the signature of a "
                 "learning rate too high for the scale of inputs and weights.",
-                ctx.ref("optimizer"), strength=0.7, **common)
+                setting_location(ctx.ref("optimizer"), "lr"), strength=0.7, **common)
         custom = _module_location(ctx, module) if module else None
         # weights already non-finite: an earlier update (a gradient the capture did not
         # measure, see norm_every) put them there, not the forward pass

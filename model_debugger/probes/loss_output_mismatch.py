@@ -123,7 +123,8 @@ class LossOutputMismatch(Probe):
                    "The loss reads them as probabilities (clipped to [0, 1]): add the output "
                    "activation, or tell the loss it gets logits (from_logits=True)."),
                 where, loss=name, input_kind=kind, **{k: seen[k] for k in ("min", "max")
-                                                      if k in seen}, strength=0.95)]
+                                                      if k in seen}, strength=0.95,
+                decisive=True)]
         measured_steps = [st for st in ctx.run.steps if "gn" in st]
         if len(measured_steps) > 1 and all(st["gn"] == 0 for st in measured_steps):
             # what the lint predicts, measured: the output cannot move (one softmax unit is 1.0)
@@ -185,7 +186,7 @@ class LossOutputMismatch(Probe):
             "from the output (a linear output for regression and logits), or scale the targets "
             "into the range.",
             where, loss=name, input_kind="bounded", output_range=bound, unreachable_share=share,
-            zero_share=seen.get("zero_share"), strength=0.95)
+            zero_share=seen.get("zero_share"), strength=0.95, decisive=True)
 
 
 def _line(ctx: ProbeContext, where: dict | None) -> str | None:

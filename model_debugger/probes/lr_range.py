@@ -14,7 +14,7 @@ import numpy as np
 from ..records import Intervention
 from ..thresholds import FLOOR_SHARE, GRAD_GROWTH
 from ._heldout import heldout_loss
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, register, setting_location
 from .report import ProbeResult
 
 LR_MIN, LR_MAX, STEPS = 1e-7, 10.0, 120
@@ -38,6 +38,7 @@ class LRRange(Probe):
     """A learning-rate sweep from the initial weights; the user's rate placed in its bracket."""
 
     id = "lr_range"
+    lever = True  # a rate raised far enough makes most training losses fall
     categories = ("gradient_instability", "loss_not_decreasing")
     frameworks = ("torch", "keras", "none")
 
@@ -111,13 +112,13 @@ class LRRange(Probe):
                     f"{diverge_lr:.3g}, far below the usual range of {tr.opt_cls.__name__} "
                     f"({typical[0]:g}-{typical[1]:g}); the learning rate {user:g} overshoots, "
                     "but so would any usual rate: look at the scale of inputs and targets first.",
-                    ctx.ref("optimizer"), strength=0.5, **common)]
+                    setting_location(ctx.ref("optimizer"), "lr"), strength=0.5, **common)]
             return [self.finding(
                 "hyperparameter", True,
                 f"The learning rate {user:g} is above the rate where the loss diverges in a sweep "
                 f"from the initial weights ({diverge_lr:.3g}); updates overshoot, the loss and "
                 f"gradients grow until they overflow. A safe rate is about {safe_lr:.3g}.",
-                ctx.ref("optimizer"), strength=0.8, **common)]
+                setting_location(ctx.ref("optimizer"), "lr"), strength=0.8, **common)]
         if unstable_run and user >= UNSAFE * safe_lr:
             # the run blew up although a short sweep from the initial weights did not: a
             # hypothesis only; a re-run at the safe rate (the intervention) tells
@@ -128,7 +129,7 @@ class LRRange(Probe):
                 f"{'at ' + format(diverge_lr, '.3g') if diverge_lr else 'nowhere in the sweep'}"
                 "). A short sweep can miss a blow-up that builds over many steps; a re-run at the "
                 "safe rate would confirm it.",
-                ctx.ref("optimizer"), strength=0.45, **common)]
+                setting_location(ctx.ref("optimizer"), "lr"), strength=0.45, **common)]
         settled_high = sig.get("loss_floor_share", 0.0) >= FLOOR_SHARE and \
             ctx.classification is not None and \
             ctx.classification.primary == "loss_not_decreasing"
@@ -142,7 +143,7 @@ class LRRange(Probe):
                 f"so the loss plateaus. Trained at {safe_lr:.3g} instead, a copy reaches a "
                 f"held-out loss of {fast:.4g} vs {slow:.4g} at {user:g}"
                 + ("." if confirmed else ": no better, so the rate is not what holds it back."),
-                ctx.ref("optimizer"), strength=0.75 if confirmed else 0.2,
+                setting_location(ctx.ref("optimizer"), "lr"), strength=0.75 if confirmed else 0.2,
                 heldout_at_user_lr=slow, heldout_at_safe_lr=fast, **common)]
         return []
 
@@ -162,7 +163,7 @@ class LRRange(Probe):
             "hyperparameter", False,
             f"{opt['cls']} with lr={lr:g} is far {'above' if side == 'high' else 'below'} its "
             f"typical range ({lo:g}-{hi:g}); a sweep from the initial weights would confirm it.",
-            ctx.ref("optimizer"), lr=lr, typical=[lo, hi], strength=0.4)]
+            setting_location(ctx.ref("optimizer"), "lr"), lr=lr, typical=[lo, hi], strength=0.4)]
 
 
 def _heldout_at(tr, ctx: ProbeContext, lr: float) -> float:

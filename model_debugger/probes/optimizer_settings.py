@@ -17,7 +17,7 @@ import numpy as np
 from ..records import Intervention
 from ..thresholds import DIVERGE_RATIO
 from ._heldout import BETTER, heldout_loss
-from .base import Probe, ProbeContext, blown_up, register
+from .base import Probe, ProbeContext, blown_up, register, setting_location
 
 DECAY = 0.1         # a decay added to the gradient (SGD, Adam) at or above this is suspect
 DECAY_PER_STEP = 1e-3  # and any decay shrinking the weights by rate x decay this much per step
@@ -92,8 +92,8 @@ class OptimizerSettings(Probe):
                 f"a held-out loss of {changed:.4g} with {usual} and {as_set:.4g} as set up"
                 + (f": the {setting} setting holds the training back." if confirmed else
                    ": no clearly better, so it is not what holds the training back."),
-                (clip_at if setting == "clip" and clip_at else None) or ctx.ref("optimizer")
-                or ctx.ref("step"),
+                setting_location((clip_at if setting == "clip" and clip_at else None)
+                                 or ctx.ref("optimizer") or ctx.ref("step"), setting),
                 undone=confirmed, strength=0.8 if confirmed else 0.15, setting=setting,
                 value=settings[setting], usual=USUAL[setting], heldout_as_set=as_set,
                 heldout_changed=changed))

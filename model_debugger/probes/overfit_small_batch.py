@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, register, setting_location
 
 SAMPLES = 10
 STEPS = 500
@@ -70,7 +70,8 @@ class OverfitSmallBatch(Probe):
                     f"With lr={tr.lr:g} a fresh copy of the model cannot fit {SAMPLES} samples in "
                     f"{steps} steps (loss {initial:.4g} -> {best:.4g}); with lr={lr:g} the loss "
                     f"falls to {ratio:.1%} of its start in half the steps. {why}",
-                    ctx.ref("optimizer"), lr=tr.lr, working_lr=lr, unstable=unstable,
+                    setting_location(ctx.ref("optimizer"), "lr"), lr=tr.lr, working_lr=lr,
+                    unstable=unstable,
                     best_over_initial=best / initial, tried=tried, strength=0.75)]
         return [self.finding(
             "architecture", True,

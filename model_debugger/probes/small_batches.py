@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _numpy_stats as st
 from ._heldout import source_line
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, register, setting_location
 
 SMALL = 8              # rows per step at most
 FACTOR = 16            # the larger batch the copy is timed at
@@ -67,7 +67,7 @@ class SmallBatches(Probe):
         gain = large_rate / small_rate if small_rate > 0 else math.inf
         if not gain >= GAIN:
             return []
-        where = ctx.ref("loader") or ctx.ref("fit") or \
+        where = setting_location(ctx.ref("loader") or ctx.ref("fit"), "batch_size") or \
             source_line(ctx, _BATCH, near=ctx.ref("backward")) or st.data_location(ctx)
         return [self.finding(
             "hyperparameter", True,
