@@ -27,6 +27,7 @@ _DATA_METHODS = {"batch", "shuffle", "prefetch", "repeat", "cache", "to", "cuda"
                  "to_numpy", "numpy", "reshape", "view", "squeeze", "unsqueeze", "copy", "clone",
                  "float", "long", "double", "int", "values", "detach", "contiguous"}
 _MAX_HOPS = 12
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _FIT_CALLS = {"fit", "train_on_batch", "fit_generator"}
 
 
@@ -406,6 +407,12 @@ def _bindings(scope: ast.AST, name: str, before: int) -> list[tuple[int, ast.AST
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
         stack.extend(ast.iter_child_nodes(node))
+        if isinstance(node, _COMPREHENSIONS) and \
+                node.lineno <= before <= (node.end_lineno or node.lineno):
+            # a use inside a comprehension (``[step(xb, yb) for xb, yb in ds]``): its
+            # generators bind their targets for it
+            out += [(node.lineno, node, gen.iter) for gen in node.generators
+                    if name in _target_names(gen.target)]
         if getattr(node, "lineno", before) >= before:
             continue
         if isinstance(node, ast.Assign):
@@ -475,8 +482,8 @@ def _trace(tree: ast.Module, scope: list[ast.AST], name: str, before: int,
     else:
         return None, False  # an import, a builtin: not followed
     line, node, value = max(found, key=lambda b: b[0])
-    loop = isinstance(node, ast.For)
-    if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.For)) or \
+    loop = isinstance(node, (ast.For, *_COMPREHENSIONS))
+    if not (loop or isinstance(node, (ast.Assign, ast.AnnAssign))) or \
             (isinstance(node, ast.Assign) and _value_for(node.targets[0], node.value, name) is None
              and not any(_value_for(t, node.value, name) is not None for t in node.targets)):
         return line, False  # changed in place on this line

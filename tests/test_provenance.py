@@ -427,3 +427,21 @@ def test_a_setting_passed_by_name_or_config_is_located_where_it_was_set(tmp_path
         assert origin("<use literal>", keyword) == line_of("<use literal>")
     assert setting_origin({"file": str(path), "line": line_of("<use lr")}, "betas") == \
         {"file": str(path), "line": line_of("<use lr")}  # not passed: unchanged
+
+
+def test_a_step_called_inside_a_comprehension_is_followed_to_the_data(tmp_path):
+    got, made, _ = _origin(tmp_path, """
+        import numpy as np
+        import tensorflow as tf
+        X = np.random.normal(size=(500, 4)).astype("float32")
+        price = 250_000 + 60_000 * X[:, 0]  # <made>
+        y = price.astype("float32").reshape(-1, 1)
+        ds = tf.data.Dataset.from_tensor_slices((X, y)).shuffle(500).batch(64)
+
+        def train_step(xb, yb):
+            return mse(yb, net(xb))
+
+        for epoch in range(3):
+            losses = [float(train_step(xb, yb)) for xb, yb in ds]  # <use>
+    """, role="targets")
+    assert got == made
