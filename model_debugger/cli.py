@@ -58,9 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--probe-seconds", type=arg(check_budget, "--probe-seconds"), default=30.0,
                    help="time budget for Isolate probes (default 30; 0 skips Isolate)")
     d.add_argument("--intervene-seconds", type=arg(check_budget, "--intervene-seconds"),
-                   default=INTERVENE_SECONDS, help="time budget for confirming findings by "
+                   default=None, help="time budget for confirming findings by "
                    "intervention: re-runs with the suspected cause undone (default "
-                   f"{INTERVENE_SECONDS:g}; 0: off)")
+                   f"{INTERVENE_SECONDS:g}, off for a multi-rank job; 0: off)")
     d.add_argument("--root", default=ROOT, type=arg(check_path, "--root"),
                    help="where sessions are saved")
     m = d.add_argument_group(
@@ -106,8 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--probe-seconds", type=arg(check_budget, "--probe-seconds"), default=30.0,
                    help="time budget for the probes (default 30)")
     i.add_argument("--intervene-seconds", type=arg(check_budget, "--intervene-seconds"),
-                   default=INTERVENE_SECONDS, help="time budget for confirming findings by "
-                   f"intervention (default {INTERVENE_SECONDS:g}; 0: off)")
+                   default=None, help="time budget for confirming findings by "
+                   f"intervention (default {INTERVENE_SECONDS:g}, off for a multi-rank job; "
+                   "0: off)")
     e = sub.add_parser("export", help="write the session as a record notebook plus repro.py",
                        description="Write an nbformat v4 notebook recording every phase and a "
                                    "standalone repro.py (secrets redacted).")

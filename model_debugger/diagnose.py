@@ -12,7 +12,6 @@ from ._validate import check_run_args
 from .artifacts import LogArtifact, ScriptArtifact, artifact_for
 from .logs import load_log
 from .phases import Interrupted, isolate, reproduce, verify
-from .phases.confirm import DEFAULT_SECONDS as INTERVENE_SECONDS
 from .session import DebugSession
 from .store import ROOT
 
@@ -23,7 +22,7 @@ __all__ = ["Interrupted", "diagnose_log", "diagnose_script", "isolate_session",
 def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
                     seed: int | None = None, max_seconds: float | None = None,
                     root: str = ROOT, stdout=None, probe_seconds: float = 30.0,
-                    intervene_seconds: float = INTERVENE_SECONDS,
+                    intervene_seconds: float | None = None,
                     launch: dict | None = None) -> DebugSession:
     """Reproduce ``script`` ``runs`` times under capture, classify, isolate; save a session.
 
@@ -45,9 +44,9 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
         Where the script's own output goes (default: stderr).
     probe_seconds : float
         Budget for Isolate probes (0 skips Isolate).
-    intervene_seconds : float
+    intervene_seconds : float or None
         Budget for confirming findings by intervention (re-runs with the suspected cause
-        undone; 0: off).
+        undone; 0: off). None: 60 s for a single-process run, off for a multi-rank job.
     launch : dict, optional
         A job through ``torch.distributed.run`` (``nproc_per_node``, ...) and/or a
         ``collective_timeout`` (see :class:`~model_debugger.artifacts.ScriptArtifact`).
@@ -73,7 +72,7 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
 
 
 def isolate_session(session: DebugSession, probe_seconds: float = 30.0,
-                    stdout=None, intervene_seconds: float = INTERVENE_SECONDS) -> DebugSession:
+                    stdout=None, intervene_seconds: float | None = None) -> DebugSession:
     """Isolate again on the session's current code (after a partially resolved fix)."""
     isolate(session, artifact_for(session), budget=probe_seconds, stdout=stdout,
             intervene_seconds=intervene_seconds)

@@ -36,7 +36,7 @@ def probe_run(run: Run, keeper, sources: dict, request: ProbeRequest):
 
 def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
             budget: float = 30.0, stdout=None, progress=None, probed: Captured | None = None,
-            seed: int | None = None, intervene_seconds: float = 0.0) -> list[Finding]:
+            seed: int | None = None, intervene_seconds: float | None = 0.0) -> list[Finding]:
     """Probe the current code under the recorded classification; record the findings.
 
     Parameters
@@ -55,10 +55,12 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
         the recorded classification): its findings are used as they are.
     seed : int, optional
         Seed of a re-run (default: the session's seed).
-    intervene_seconds : float
+    intervene_seconds : float or None
         When > 0, each finding that names an intervention is tested by re-running the artifact
         with it and without it (:func:`model_debugger.phases.confirm.confirm`), within this
         many seconds: confirmed only when the defining signal moves beyond the seed noise.
+        None is the front ends' default: :data:`~model_debugger.phases.confirm.DEFAULT_SECONDS`
+        for a single-process run, off for a multi-rank job (each re-run starts every rank).
 
     Returns
     -------
@@ -66,10 +68,16 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
         The findings now recorded.
     """
     budget, ids = check_budget(budget, "budget"), check_probe_ids(ids, "ids")
-    intervene_seconds = check_budget(intervene_seconds, "intervene_seconds")
+    if intervene_seconds is not None:
+        intervene_seconds = check_budget(intervene_seconds, "intervene_seconds")
     with session.lock("isolate"):
         session.require("isolate")
         state = session.state
+        if intervene_seconds is None:
+            from .confirm import DEFAULT_SECONDS
+
+            ranks = (state.signals or {}).get("ranks") or 1
+            intervene_seconds = 0.0 if ranks > 1 else DEFAULT_SECONDS
         request = ProbeRequest(budget, tuple(ids) if ids is not None else None,
                                state.classification)
         version = current_version(session)

@@ -96,7 +96,7 @@ def record_artifact(session: DebugSession, artifact, seed: int | None) -> None:
 
 def reproduce(session: DebugSession, artifact, runs: int = 1, seed: int | None = None,
               probe_budget: float = 0.0, stdout=None,
-              intervene_seconds: float = 0.0) -> Reproduction:
+              intervene_seconds: float | None = 0.0) -> Reproduction:
     """Run ``artifact`` ``runs`` times under capture; record Reproduce, Classify (and Isolate).
 
     Parameters
