@@ -230,7 +230,10 @@ def shuffle(params: dict, keras) -> Callable[[], None]:
 
     def factory(fit):
         def patched(model, *args, **kwargs):
-            kwargs["shuffle"] = True
+            if len(args) > 8:  # fit(x, y, batch_size, epochs, verbose, callbacks,
+                args = (*args[:8], True, *args[9:])  # validation_split, validation_data, shuffle
+            elif kwargs.get("shuffle") != "batch":
+                kwargs["shuffle"] = True
             return fit(model, *args, **kwargs)
         return patched
 

@@ -418,9 +418,8 @@ def shuffle(params: dict, torch) -> Callable[[], None]:
 
     def factory(init):
         def patched(self, dataset, *args, **kwargs):
-            own_order = kwargs.get("sampler") is not None or \
-                kwargs.get("batch_sampler") is not None or len(args) > 2 or \
-                isinstance(dataset, IterableDataset)
+            given = [*args[2:4], kwargs.get("sampler"), kwargs.get("batch_sampler")]
+            own_order = any(x is not None for x in given) or isinstance(dataset, IterableDataset)
             if not own_order:
                 if len(args) == 2:
                     args = (args[0], True)

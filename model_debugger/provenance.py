@@ -115,43 +115,57 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
     scope, before = _scope_of(tree, stmt), stmt.lineno
     for _ in range(_MAX_HOPS):
         if isinstance(value, ast.Name):
-            bound = [b for body in scope for b in _bindings(body, value.id, before)
-                     if isinstance(b[1], ast.Assign)]
+            bound = None
+            for body in scope:  # the innermost scope that binds it; a parameter ends it
+                bound = _bindings(body, value.id, before)
+                if bound or _is_parameter(body, value.id):
+                    break
             if not bound:
                 return None
-            before, _, value = max(bound, key=lambda b: b[0])
+            before, node, value = max(bound, key=lambda b: b[0])
+            if not isinstance(node, ast.Assign):
+                return None  # a loop variable, a change in place: no single setting
             if not isinstance(value, (ast.Name, ast.Subscript, ast.Attribute)):
                 return before
         elif isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) and \
                 isinstance(value.slice.value, str):
-            return _dict_entry(tree, value.slice.value)
+            return _dict_entry(tree, value.slice.value, before)
         elif isinstance(value, ast.Attribute):
-            return _declared(tree, value.attr)
+            return _declared(tree, value.attr, before)
         else:
             return None
     return None
 
 
-def _dict_entry(tree: ast.Module, key: str) -> int | None:
-    """The line of the first ``"key": value`` entry of a dict literal, or ``d["key"] = ...``."""
+def _dict_entry(tree: ast.Module, key: str, before: int) -> int | None:
+    """The line of the last ``"key": value`` entry of a dict literal before line ``before``."""
+    found = [line for line in _dict_entries(tree, key) if line < before]
+    return max(found) if found else None
+
+
+def _dict_entries(tree: ast.Module, key: str):
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict):
             for k, v in zip(node.keys, node.values):
                 if isinstance(k, ast.Constant) and k.value == key:
-                    return v.lineno
+                    yield v.lineno
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
                 node.func.id == "dict":
             for k in node.keywords:
                 if k.arg == key:
-                    return k.value.lineno
-    return None
+                    yield k.value.lineno
 
 
-def _declared(tree: ast.Module, attr: str) -> int | None:
-    """Where ``args.attr`` / ``config.attr`` gets its value.
+def _declared(tree: ast.Module, attr: str, before: int) -> int | None:
+    """Where ``args.attr`` / ``config.attr`` gets its value, on the last line before ``before``.
 
     An ``add_argument`` default, a class attribute (a dataclass field), or ``x.attr = ...``.
     """
+    found = [line for line in _declarations(tree, attr) if line < before]
+    return max(found) if found else None
+
+
+def _declarations(tree: ast.Module, attr: str):
     flag = attr.replace("_", "-")
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -161,7 +175,7 @@ def _declared(tree: ast.Module, attr: str) -> int | None:
                          and isinstance(k.value, ast.Constant)), None)
             if dest == attr or any(str(n).lstrip("-") in (attr, flag) for n in names):
                 default = next((k.value for k in node.keywords if k.arg == "default"), None)
-                return (default or node).lineno
+                yield (default or node).lineno
         if isinstance(node, ast.ClassDef):
             for item in node.body:
                 target = item.target if isinstance(item, ast.AnnAssign) else \
@@ -169,11 +183,10 @@ def _declared(tree: ast.Module, attr: str) -> int | None:
                     len(item.targets) == 1 else None
                 if isinstance(target, ast.Name) and target.id == attr and \
                         getattr(item, "value", None) is not None:
-                    return item.lineno
+                    yield item.lineno
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Attribute) and t.attr == attr for t in node.targets):
-            return node.lineno
-    return None
+            yield node.lineno
 
 
 def batches_origin(location: dict | None) -> dict | None:

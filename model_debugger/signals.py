@@ -159,7 +159,7 @@ def _noise_window(targets: dict | None, steps: int, points: int) -> int:
     if per_step >= WINDOW_ROWS:
         return 1
     k = int(math.ceil(WINDOW_ROWS / max(per_step, 1e-9)))
-    return k if points // k >= 2 * MIN_STEPS else 1
+    return k if points // k >= MIN_STEPS else 1
 
 
 def _block_means(a: np.ndarray, k: int) -> np.ndarray:
@@ -392,6 +392,7 @@ def compute(run: Run) -> dict:
     s["loss_points"] = int(len(fl))
     targets = run.of("targets")
     k = _noise_window(targets[-1] if targets else None, len(run.steps), len(fl))
+    first = float(np.median(fl[:max(3, k)])) if len(fl) else None  # the untrained model
     if k > 1:  # each reading is the loss of a few rows: judge the curve on means of k
         s["loss_window"] = k
         fl = _block_means(fl, k)
@@ -402,7 +403,7 @@ def compute(run: Run) -> dict:
         s["loss_spike"] = float(fl[len(fl) // 10:].max())  # after a 10% warm-up
         s["loss_relative_drop"] = (s["loss_initial"] - s["loss_final"]) / max(
             abs(s["loss_initial"]), 1e-12)
-        s["loss_first"] = float(np.median(fl[:3]))  # the untrained model (3 readings: noise)
+        s["loss_first"] = first  # the untrained model (3 readings at least: noise)
         if len(fl) >= 20:
             mid, _ = _head_tail(fl[len(fl) // 2:])
             s["loss_tail_drop"] = (mid - s["loss_final"]) / max(abs(mid), 1e-12)

@@ -35,11 +35,12 @@ def test_each_kind_of_warning_is_recorded_once_with_the_user_line_and_its_count(
     shown = []
     with warnings.catch_warnings():
         warnings.simplefilter("always")  # every repeat reaches showwarning
-        warnings.showwarning = lambda m, c, f, n, *a: shown.append((str(m)[:20], f, n))
+        hook = warnings.showwarning = lambda m, c, f, n, *a: shown.append((str(m)[:20], f, n))
         with Recorder(str(record)):
+            layered = warnings.showwarning
             runpy.run_path(str(script), run_name="__main__")
-        assert warnings.showwarning is not before and len(shown) == 12 + 1 + 12  # torch warns of the order once
-        assert warnings.showwarning.__name__ == "<lambda>"  # the layer is gone with it
+        assert layered is not hook and warnings.showwarning is hook  # removed with the capture
+    assert before is not hook
     # shown to the user at their line, although torch's stacklevel points into the capture
     assert {(f, n) for _, f, n in shown} == {(str(script), 8), (str(script), 11),
                                              (str(script), 13)}
@@ -49,6 +50,8 @@ def test_each_kind_of_warning_is_recorded_once_with_the_user_line_and_its_count(
     assert set(last) == {8, 11}, seen  # the loss call and scheduler.step(), not torch's files
     assert all(e["file"] == str(script) for e in seen)
     assert last[8]["count"] == 12 and "different to the input size" in last[8]["message"]
+    # every warning was passed on: the recorded ones and the 12 deprecations not recorded
+    assert len(shown) == sum(e["count"] for e in last.values()) + 12
     assert "before `optimizer.step()`" in last[11]["message"]
     assert not any("old API" in e["message"] for e in seen)  # deprecations are not kept
     # the probe's hypotheses: one per known kind, at those lines, never confirmed
@@ -73,3 +76,36 @@ def test_only_warnings_that_name_a_pitfall_become_hypotheses():
     assert known("Implicit dimension choice for softmax has been deprecated").root_cause == \
         "architecture"
     assert known("The given NumPy array is not writable") is None
+
+
+def test_warnings_from_many_threads_are_counted_once_each_and_none_after_the_end():
+    import threading
+
+    from model_debugger.capture.warned import WarningLog
+
+    class Rec:
+        step = 0
+
+        def __init__(self):
+            self.events = []
+
+        def emit(self, kind, **data):
+            self.events.append((kind, data))
+
+    rec = Rec()
+    log = WarningLog(rec)
+    where = {"file": "train.py", "line": 3}
+
+    def warn_many():
+        for _ in range(500):
+            log.note("overflow encountered in exp", RuntimeWarning, where)
+
+    threads = [threading.Thread(target=warn_many) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(rec.events) == 1  # the first of its kind, at once
+    log.finish()
+    log.note("overflow encountered in exp", RuntimeWarning, where)  # after the end: not kept
+    assert [d["count"] for _, d in rec.events] == [1, 4000]

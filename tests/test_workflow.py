@@ -435,9 +435,18 @@ def test_hypotheses_are_re_run_before_findings_an_experiment_already_settled(tmp
                   60.0)
     assert [f.check for f in out] == ["lr_range", "initialization"]  # the order given
     assert art.calls == [("current", 0), ("current", 1), ("current+default_init", 0),
-                         ("current+default_init", 1)]  # it cured the run: nothing re-run after
+                         ("current+default_init", 1),  # the hypothesis first: it cured the run
+                         ("current+lr_scale", 0), ("current+lr_scale", 1)]  # still re-run
     assert out[1].confirmed and out[1].evidence["confirmed_by"] == "intervention"
-    assert out[0].confirmed and "already removed" in out[0].evidence["intervention"]["untested"]
+    # a settled finding whose re-run did not move the signal stays confirmed, weakened
+    assert out[0].confirmed and out[0].evidence["intervention"]["moved"] is False
+    third = Finding("dropout_rate", "hyperparameter", False, "dropout 0.9", None,
+                    {"category": "gradient_instability"})  # another hypothesis after a cure
+    art.calls.clear()
+    out = confirm(s, art, [guess, third], Version("current", s.store.path("artifact.py")), 2,
+                  60.0)
+    assert "already removed" in out[1].evidence["intervention"]["untested"]
+    assert ("current+dropout_off", 0) not in art.calls
 
 
 def test_a_finding_whose_intervention_changes_nothing_is_refuted(tmp_path):

@@ -262,15 +262,15 @@ def bare_metric(row: dict) -> float | None:
     name, _ = METRICS.get(row["base"], (None, None))
     if name is None:
         return None
-    pattern = re.compile(re.escape(name) + r"['\"]?\s*[:=]?\s*([-+]?(?:[0-9.]+(?:e[-+]?\d+)?|nan|inf))",
-                         re.IGNORECASE)
+    number = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|nan|inf"
+    pattern = re.compile(re.escape(name) + r"['\"]?\s*[:=]?\s*(" + number + ")", re.IGNORECASE)
     for line in reversed(row.get("bare_tail") or []):
         m = pattern.search(line)
         if m:
             try:
                 return float(m.group(1))
             except ValueError:
-                return None
+                continue
     return None
 
 
@@ -295,7 +295,10 @@ def effects(rows: list[dict]) -> dict[tuple, bool | None]:
         if r["kind"] != "fault":
             continue
         key, cat = job_key(r), r["expected"]["category"]
-        if r.get("bare_rc") != 0 or cat in ALWAYS or r["operator"] in SCORE_LIES:
+        if "bare_rc" not in r or r["bare_rc"] is None:  # not run, or timed out: cannot tell
+            out[key] = None
+            continue
+        if r["bare_rc"] != 0 or cat in ALWAYS or r["operator"] in SCORE_LIES:
             out[key] = True
             continue
         base = healthy.get(r["base"]) or []

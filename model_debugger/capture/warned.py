@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import warnings
 
 from ..redact import redact
@@ -39,6 +40,8 @@ class WarningLog:
     def __init__(self, rec) -> None:
         self.rec = rec
         self.kinds: dict[tuple, dict] = {}
+        self._lock = threading.Lock()  # showwarning runs on whichever thread warned
+        self._closed = False
 
     def install(self):
         """Layer over ``warnings.showwarning``; returns what removes it."""
@@ -62,21 +65,38 @@ class WarningLog:
         if not isinstance(category, type) or issubclass(category, SKIPPED):
             return
         text = str(message)
+        with self._lock:
+            first = None if self._closed else self._note(category, text, where)
+        if first is not None:  # written at once (a killed run keeps it), outside the lock
+            self.rec.emit("warning", **first)
+
+    def _note(self, category, text: str, where: dict) -> dict | None:
+        """Count the warning; the event to write when it is the first of its kind."""
         key = (category.__name__, _NUMBERS.sub("#", text[:200]), where.get("file"),
                where.get("line"))
         seen = self.kinds.get(key)
         if seen is not None:
             seen["count"] += 1
-        elif len(self.kinds) < KINDS:
-            seen = self.kinds[key] = {
-                "category": category.__name__, "message": redact(text[:4 * MESSAGE])[:MESSAGE],
-                "file": where.get("file"), "line": where.get("line"), "step": self.rec.step,
-                "count": 1}
-            self.rec.emit("warning", **seen)  # at once: a killed run keeps it
+            return None
+        if len(self.kinds) >= KINDS:
+            return None
+        seen = self.kinds[key] = {
+            "category": category.__name__, "message": redact(text[:4 * MESSAGE])[:MESSAGE],
+            "file": where.get("file"), "line": where.get("line"), "step": self.rec.step,
+            "count": 1}
+        return dict(seen)
 
     def finish(self) -> None:
-        """Write the final count of each kind seen more than once (the last event counts)."""
-        for kind in self.kinds.values():
+        """Write the final count of each kind seen more than once (the last event counts).
+
+        Warnings after this are passed on, not recorded.
+        """
+        with self._lock:
+            self._closed = True
+            kinds, self.kinds = list(self.kinds.values()), {}
+        for kind in kinds:
             if kind["count"] > 1:
-                self.rec.emit("warning", **kind)
-        self.kinds = {}
+                try:
+                    self.rec.emit("warning", **kind)
+                except Exception:  # noqa: BLE001 - the run's own end must still be written
+                    pass

@@ -87,7 +87,9 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
         if intervention is None or category in (None, "healthy") or _budget_left(deadline) <= 0:
             out.append(finding)
             continue
-        if category in cured:  # nothing can beat a cure: the rest stay as the probes judged
+        if category in cured and not _settled(finding):  # nothing can beat a cure: the
+            # other hypotheses stay as the probes judged (a settled finding is still re-run:
+            # a cure by another change may be a side effect)
             out.append(replace(finding, evidence={**finding.evidence, "intervention": {
                 "id": intervention.id, "params": dict(intervention.params),
                 "untested": f"not re-run: {cured[category]} already removed {category}"}}))

@@ -77,7 +77,8 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
             from .confirm import DEFAULT_SECONDS
 
             ranks = (state.signals or {}).get("ranks") or 1
-            intervene_seconds = 0.0 if ranks > 1 else DEFAULT_SECONDS
+            launched = (getattr(artifact, "launch", None) or {}).get("nproc_per_node") or 1
+            intervene_seconds = 0.0 if max(ranks, launched) > 1 else DEFAULT_SECONDS
         request = ProbeRequest(budget, tuple(ids) if ids is not None else None,
                                state.classification)
         version = current_version(session)

@@ -304,7 +304,7 @@ def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
         cat = f.evidence.get("category")
         pos = categories.index(cat) if cat in categories else len(categories)
         decisive = f.evidence.get("undone") is True or f.evidence.get("decisive") is True
-        lever = getattr(PROBES.get(f.check), "lever", False)
+        lever = f.confirmed and getattr(PROBES.get(f.check), "lever", False)
         return (not f.confirmed, pos, not decisive, lever,
                 -float(f.evidence.get("strength", 0.5)))
 

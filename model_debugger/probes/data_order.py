@@ -68,7 +68,7 @@ def target_matrix(y, loss: str | None) -> np.ndarray | None:
 
 
 def _numpy(t) -> np.ndarray:
-    return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
+    return t.detach().cpu().float().numpy() if hasattr(t, "detach") else np.asarray(t)
 
 
 @register
@@ -87,10 +87,14 @@ class DataOrder(Probe):
            "splitting them into batches.")
 
     def intervention(self, finding):
-        """The training loader (or ``fit``) shuffles in the re-run."""
+        """The training loader (or ``fit``) shuffles in the re-run.
+
+        None when the batches came from neither (a ``tf.data`` pipeline, slices of an array):
+        the re-run could not change their order.
+        """
         from ..records import Intervention
 
-        return Intervention("shuffle")
+        return Intervention("shuffle") if finding.evidence.get("shufflable") else None
 
     def applies(self, ctx: ProbeContext) -> bool:
         """With a trainer over at least :data:`MIN_BATCHES` kept training batches."""
@@ -128,6 +132,7 @@ class DataOrder(Probe):
             + (": the order of the data holds the training back." if confirmed else
                ": no clearly better, so the order is not what holds it back."),
             where, undone=confirmed, strength=0.9 if confirmed else 0.2,
+            shufflable=bool(ctx.ref("loader") or ctx.ref("fit")),
             between_batch_share=share, between_batch_share_shuffled_max=shuffled,
             batches=len(sizes), heldout_loss_in_order=in_order,
             heldout_loss_shuffled=at_random)]

@@ -29,7 +29,7 @@ class Known:
 
 
 KNOWN: tuple[Known, ...] = (
-    Known(re.compile(r"target size .* different to the input size|broadcast", re.I),
+    Known(re.compile(r"target size .* different to the input size|target.*broadcast", re.I),
           "training_loop", "the target's shape broadcasts against the output's",
           "Give the target the output's shape (`target.view_as(output)`, or `unsqueeze(1)` / "
           "`squeeze(1)`) before the loss; a (B,) target against a (B, 1) output makes a "

@@ -62,6 +62,9 @@ class KerasTrainer(SampleTrainer):
         self.hyper = dict(optimizer.get("hyper") or {"lr": 1e-3})
         obj = loss.get("object")
         self.loss_obj = keras.losses.get(obj) if isinstance(obj, str) else obj
+        # compile wraps a loss named by a string in a Loss object, which matches a (B,) target
+        # to a (B, 1) output; a plain function the user calls broadcasts, as their run did
+        self._match_rank = isinstance(obj, (str, keras.losses.Loss))
         self.loss_name = loss.get("name")
         self.loss_fn = _named(self.loss_obj, self.loss_name)
         self.loss_kwargs: dict = {}  # the compiled loss object carries its own options
@@ -179,7 +182,9 @@ class KerasTrainer(SampleTrainer):
         import tensorflow as tf
 
         out = model(self._x(inputs), training=training)
-        return tf.reduce_mean(self.loss_obj(_same_rank(target, out), out))
+        if self._match_rank:
+            target = _same_rank(target, out)
+        return tf.reduce_mean(self.loss_obj(target, out))
 
     def _step_fn(self, model, opt):
         import tensorflow as tf
