@@ -128,6 +128,7 @@ def test_runner_smoke_writes_one_row_per_job(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "fault_matrix" / "run.py"),
            "--bases", "torch_loop", "--operators", "lr_too_high,missing_zero_grad,labels_shuffled",
            "--healthy-seeds", "0", "--seed", "0", "--jobs", "1", "--probe-seconds", "10",
+           "--intervene-seconds", "0",
            "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,7 +10,8 @@ Run from the repository root::
 For each (base, operator) pair where the operator applies, and for each healthy base under each
 of ``--healthy-seeds`` (false-alarm checks), the program is written to a temporary folder, run
 bare (``python prog.py``, timed) and diagnosed (``model_debugger.diagnose.diagnose_script(...,
-seed=S, probe_seconds=30)`` in a child process, timed). A row is appended to ``--out`` per job
+seed=S, probe_seconds=30, intervene_seconds=60)``, the product's defaults, in a child process,
+timed). A row is appended to ``--out`` per job
 (JSON lines; a rerun skips the jobs already there, so the runner resumes). Scores:
 
 - category hit: ``classification.primary`` equals the operator's expected category;
@@ -483,8 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("fault_matrix_results.jsonl"))
     ap.add_argument("--probe-seconds", type=float, default=30.0)
-    ap.add_argument("--intervene-seconds", type=float, default=0.0,
-                    help="confirmation by intervention: seconds of re-runs per diagnosis (0: off)")
+    ap.add_argument("--intervene-seconds", type=float, default=60.0,
+                    help="confirmation by intervention: seconds of re-runs per diagnosis "
+                    "(default 60, the product's; 0: off)")
     ap.add_argument("--bare-timeout", type=float, default=300.0)
     ap.add_argument("--diagnose-timeout", type=float, default=900.0)
     ap.add_argument("--report", action="store_true", help="only print the tables of --out")
