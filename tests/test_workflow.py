@@ -449,6 +449,25 @@ def test_hypotheses_are_re_run_before_findings_an_experiment_already_settled(tmp
     assert ("current+dropout_off", 0) not in art.calls
 
 
+def test_a_symptom_gone_from_every_re_run_confirms_when_the_seeds_differ_too_widely(tmp_path):
+    """One baseline seed goes NaN, the other only rises: no band can be crossed, yet the
+    intervention removed the category from both."""
+    from model_debugger.phases.confirm import confirm
+
+    s = _at_fix(tmp_path, [])
+    nan = syn.make_run(syn.steps_events([1.0, 2.0, 5.0, float("nan")] * 5))
+    rising = syn.make_run(syn.steps_events([1.0 + 0.4 * i for i in range(20)]))
+    art = syn.CannedArtifact({"current": lambda seed: nan if seed == 0 else rising,
+                              "current+default_init": syn.make_run(syn.healthy_steps(20))})
+    guess = Finding("initialization", "architecture", False, "weights 100x the default", None,
+                    {"category": "gradient_instability"})
+    got = confirm(s, art, [guess], Version("current", s.store.path("artifact.py")), 1, 60.0)[0]
+    ev = got.evidence["intervention"]
+    assert ev["improvement"] < ev["noise_band"] and ev["symptom_gone"]
+    assert got.confirmed and ev["moved"]
+    assert "removed gradient_instability from every re-run that showed it" in got.explanation
+
+
 def test_a_finding_whose_intervention_changes_nothing_is_refuted(tmp_path):
     from model_debugger.phases.confirm import confirm
 

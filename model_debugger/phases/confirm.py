@@ -118,8 +118,14 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
         before = [m for s, m in zip(seeds, baseline, strict=True) if s in shown]
         cited = [e.signal for e in cls.evidence] if cls and cls.primary == category else None
         judged = judge(category, before, after, None, cited)
-        moved = judged["improvement"] is not None and judged["improvement"] > judged["noise_band"]
         gone = judged["after"]["present_count"] == 0
+        # beyond the band; or the category itself gone from every re-run that showed it (two
+        # at least): a baseline whose seeds differ widely (one NaN, one finite) has a band
+        # no number can cross, yet "present in each, absent after" is the experiment's answer
+        beyond = judged["improvement"] is not None and \
+            judged["improvement"] > judged["noise_band"]
+        moved = beyond or (gone and len(shown) >= SEEDS and judged["improvement"] is not None
+                           and judged["improvement"] > 0)
         result = {"id": intervention.id, "params": dict(intervention.params),
                   "metric": judged["metric"], "direction": judged["direction"],
                   "before": judged["before"]["values"], "after": judged["after"]["values"],
@@ -128,10 +134,13 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                   "symptom_gone": gone, "seeds": shown, "max_steps": max_steps,
                   "moved": moved, "verdict": judged["verdict"],
                   "after_categories": judged["after"]["categories"]}
-        word = "moved" if moved else "did not move"
+        word = "moved" if beyond else \
+            f"removed {category} from every re-run that showed it, and moved" if moved else \
+            "did not move"
         new = [c for c in judged["after"]["categories"] if c not in (category, "healthy")]
         explanation = (f"{finding.explanation} Re-running with {intervention.id}"
-                       f"{_params(intervention)} {word} {judged['metric']} beyond the noise band "
+                       f"{_params(intervention)} {word} {judged['metric']}"
+                       f"{' beyond the noise band' if beyond or not moved else ''} "
                        f"({_num(judged['before']['mean'])} -> {_num(judged['after']['mean'])}, "
                        f"band {judged['noise_band']:.3g}, seeds {shown})"
                        f"{'; the symptom is gone' if moved and gone else ''}"
