@@ -599,8 +599,10 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     assert HERE in healthy.source_files
     # nothing to isolate in a healthy run: only the probes written for healthy runs look
     report = probing.probe(healthy)
-    assert report.findings == () and set(report.probe_seconds) == {
-        pid for pid, cls in PROBES.items() if "healthy" in cls.categories} == {"target_copy"}
+    healthy_probes = {pid for pid, cls in PROBES.items() if "healthy" in cls.categories}
+    assert healthy_probes == {"target_copy", "small_batches"}
+    # batches of 64 rows: small_batches does not apply; target_copy looks and finds nothing
+    assert report.findings == () and set(report.probe_seconds) == {"target_copy"}
 
 
 @pytest.mark.parametrize("pid", list(PROBES))
@@ -1484,4 +1486,15 @@ def test_a_learning_rate_lever_ranks_after_a_specific_cause_equally_supported():
     assert [x.check for x in order] == ["target_scale", "label_alignment", "lr_range",
                                         "constant_baseline"]
     assert [x.check for x in rank([seen, lever], ["loss_not_decreasing"])] == \
-        ["lr_range", "constant_baseline"]  # undone still beats observed
+        ["lr_range", "constant_baseline"]  # among levers, undone still beats observed
+    # a specific mechanism measured but never undone (no single-change re-run exists for it)
+    rebuilt = f("optimizer_recreated", "training_loop", strength=0.6)
+    assert [x.check for x in rank([lever, rebuilt], ["loss_not_decreasing"])] == \
+        ["optimizer_recreated", "lr_range"]
+    # a finding that blames the rate only this time says so in its evidence
+    other_rate = f("overfit_small_batch", "hyperparameter", lever=True, strength=0.99)
+    assert [x.check for x in rank([other_rate, rebuilt], ["loss_not_decreasing"])] == \
+        ["optimizer_recreated", "overfit_small_batch"]
+    unconfirmed = Finding("gradient_flow", "architecture", False, "", None,
+                          {"category": "loss_not_decreasing", "strength": 1.0})
+    assert rank([unconfirmed, lever])[0].check == "lr_range"  # confirmed first, always

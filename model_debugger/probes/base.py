@@ -136,8 +136,9 @@ class Probe:
     lever : bool
         Whether its cause is a setting that can make up for many other faults (the learning
         rate: a rate raised far enough makes almost any training loss fall, shuffled labels
-        memorised included). Among findings equally supported it ranks after those that name a
-        specific mechanism (:func:`rank`).
+        memorised included). Among confirmed findings it ranks after those that name a specific
+        mechanism (:func:`rank`); a probe whose findings only sometimes blame a lever marks them
+        with ``evidence["lever"]`` (:func:`is_lever`).
     reveals : str or None
         For a probe that also runs on runs classified ``healthy`` (``"healthy"`` among its
         categories): the category one of its confirmed findings shows, although the recorded
@@ -287,6 +288,18 @@ def probes_for(category: str) -> list[str]:
             if category in cls.categories or "*" in cls.categories]
 
 
+def is_lever(finding: Finding) -> bool:
+    """Whether a finding blames a lever: its probe's :attr:`Probe.lever`, or ``evidence["lever"]``.
+
+    A probe whose findings only sometimes blame the learning rate (``overfit_small_batch``: "another
+    rate fits the samples") marks those in their evidence.
+    """
+    marked = finding.evidence.get("lever")
+    if isinstance(marked, bool):
+        return marked
+    return bool(getattr(PROBES.get(finding.check), "lever", False))
+
+
 def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
     """``findings`` ranked: confirmed first, then the primary category, then causes undone.
 
@@ -297,15 +310,17 @@ def rank(findings: list[Finding], categories: list[str] = ()) -> list[Finding]:
     on its own (``evidence["decisive"]``: inputs identical in every row), comes before findings
     that only observed something, whatever their strength (``evidence["strength"]``, 0..1), which
     orders the rest: undoing a cause is the strongest evidence that it is one. Within each of
-    those groups a lever (:attr:`Probe.lever`: the learning rate, which moves the loss whatever
-    else is wrong) comes after the findings that name a specific mechanism.
+    those groups a lever (:func:`is_lever`: the learning rate, which moves the loss whatever
+    else is wrong) comes after the findings that name a specific mechanism, whether or not
+    undoing it was tried: a re-run at another rate "cures" most faults, shuffled labels
+    memorised included, so it cannot outrank a specific cause that was measured, many of which
+    (an optimizer rebuilt every step, a vanishing-gradient stack) have no single-change re-run.
     """
     def key(f: Finding):
         cat = f.evidence.get("category")
         pos = categories.index(cat) if cat in categories else len(categories)
         decisive = f.evidence.get("undone") is True or f.evidence.get("decisive") is True
-        lever = f.confirmed and getattr(PROBES.get(f.check), "lever", False)
-        return (not f.confirmed, pos, not decisive, lever,
+        return (not f.confirmed, pos, f.confirmed and is_lever(f), not decisive,
                 -float(f.evidence.get("strength", 0.5)))
 
     return sorted(findings, key=key)

@@ -87,6 +87,7 @@ class ConstantBaseline(Probe):
     id = "constant_baseline"
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = False
+    lever = True  # "raise the rate or train longer": what makes up for most other faults
     fix = "Raise the learning rate or train longer until the model beats the constant predictor."
 
     def applies(self, ctx: ProbeContext) -> bool:

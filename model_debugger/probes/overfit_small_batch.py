@@ -71,7 +71,7 @@ class OverfitSmallBatch(Probe):
                     f"{steps} steps (loss {initial:.4g} -> {best:.4g}); with lr={lr:g} the loss "
                     f"falls to {ratio:.1%} of its start in half the steps. {why}",
                     setting_location(ctx.ref("optimizer"), "lr"), lr=tr.lr, working_lr=lr,
-                    unstable=unstable,
+                    unstable=unstable, lever=True,
                     best_over_initial=best / initial, tried=tried, strength=0.75)]
         return [self.finding(
             "architecture", True,
