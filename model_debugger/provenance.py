@@ -104,11 +104,9 @@ def setting_origin(location: dict | None, keyword: str) -> dict | None:
 
 
 def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
-    stmt = _statement_at(tree, line)
-    if stmt is None:
-        return None
-    call = next((n for n in ast.walk(stmt) if isinstance(n, ast.Call)
-                 and any(k.arg == keyword for k in n.keywords)), None)
+    stmt, call = next(((st, n) for st in _statements_at(tree, line) for n in ast.walk(st)
+                       if isinstance(n, ast.Call) and any(k.arg == keyword for k in n.keywords)),
+                      (None, None))
     if call is None:
         return None
     value = next(k.value for k in call.keywords if k.arg == keyword)
@@ -201,13 +199,14 @@ def batches_origin(location: dict | None) -> dict | None:
         return location
     try:
         tree = _parse(location["file"], os.path.getmtime(location["file"]))
-        stmt = _statement_at(tree, location["line"]) if tree is not None else None
-        if stmt is None:
-            return location
-        scope = _scope_of(tree, stmt)
-        _, inputs, targets = _data_arguments(stmt, scope)
-        line = _iterable_line(tree, scope, next((n for n in inputs + targets if n), ""),
-                              stmt.lineno)
+        line = None
+        for stmt in _statements_at(tree, location["line"]) if tree is not None else ():
+            scope = _scope_of(tree, stmt)
+            _, inputs, targets = _data_arguments(stmt, scope)
+            line = _iterable_line(tree, scope, next((n for n in inputs + targets if n), ""),
+                                  stmt.lineno)
+            if line is not None:
+                break
     except Exception:  # noqa: BLE001 - a trace that fails keeps the use line
         return location
     if line is None or line == location["line"]:
@@ -241,9 +240,15 @@ def _iterable_line(tree: ast.Module, scope: list[ast.AST], name: str, before: in
 
 
 def _origin_line(tree: ast.Module, line: int, role: str | None) -> int | None:
-    stmt = _statement_at(tree, line)
-    if stmt is None:
-        return None
+    for stmt in _statements_at(tree, line):  # ``opt.zero_grad(); loss = crit(model(x), y)``
+        origin = _statement_origin(tree, stmt, line, role)
+        if origin is not None:
+            return origin
+    return None
+
+
+def _statement_origin(tree: ast.Module, stmt: ast.stmt, line: int,
+                      role: str | None) -> int | None:
     scope = _scope_of(tree, stmt)
     fit, inputs, targets = _data_arguments(stmt, scope)
     if fit and "" in (inputs + targets if role is None else
@@ -368,16 +373,13 @@ def _called(node: ast.AST) -> ast.Call | None:
     return None
 
 
-def _statement_at(tree: ast.Module, line: int) -> ast.stmt | None:
-    """The innermost simple statement spanning ``line``."""
-    found = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno) \
-                and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
-                                          ast.For, ast.While, ast.With, ast.If, ast.Try)):
-            if found is None or node.lineno >= found.lineno:
-                found = node
-    return found
+def _statements_at(tree: ast.Module, line: int) -> list[ast.stmt]:
+    """The simple statements spanning ``line``, in source order (``a; b; c`` gives three)."""
+    found = [node for node in ast.walk(tree)
+             if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno)
+             and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                       ast.For, ast.While, ast.With, ast.If, ast.Try))]
+    return sorted(found, key=lambda n: (n.lineno, n.col_offset))
 
 
 def _root(node: ast.AST) -> str | None:
@@ -541,7 +543,8 @@ def _through_callers(tree: ast.Module, func: ast.AST, name: str, role: str | Non
     root = _root(arg) if arg is not None else None
     if root is None:
         return None, False
-    stmt = _statement_at(tree, call.lineno)
+    stmt = next((st for st in _statements_at(tree, call.lineno)
+                 if any(n is call for n in ast.walk(st))), None)
     if stmt is None:
         return None, False
     return _trace(tree, _scope_of(tree, stmt), root, stmt.lineno, role, hops + 1)

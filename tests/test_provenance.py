@@ -445,3 +445,47 @@ def test_a_step_called_inside_a_comprehension_is_followed_to_the_data(tmp_path):
             losses = [float(train_step(xb, yb)) for xb, yb in ds]  # <use>
     """, role="targets")
     assert got == made
+
+
+SEMICOLONS = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    X = torch.randn(200, 4)  # <inputs>
+    y = (X[:, 0] > 0).long()[torch.randperm(200)]  # <targets>
+    loader = DataLoader(TensorDataset(X, y), batch_size=32, shuffle=True)  # <batches>
+    model = torch.nn.Linear(4, 2); lossf = torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for xb, yb in loader:
+        opt.zero_grad(); loss = lossf(model(xb), yb); loss.backward(); opt.step()  # <use>
+"""
+
+
+@pytest.mark.parametrize("role", ["inputs", "targets"])
+def test_several_statements_on_the_use_line_are_each_traced(tmp_path, role):
+    """``opt.zero_grad(); loss = crit(model(x), y)``: the loss is not the line's first statement."""
+    source = textwrap.dedent(SEMICOLONS)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    at = {m: next(i for i, line in enumerate(lines, 1) if f"# <{m}>" in line)
+          for m in ("use", "inputs", "targets", "batches")}
+    assert data_origin({"file": str(path), "line": at["use"]}, role)["line"] == at[role]
+
+
+def test_a_setting_and_the_batches_found_in_a_later_statement_of_the_line(tmp_path):
+    from model_debugger.provenance import batches_origin, setting_origin
+
+    source = textwrap.dedent(SEMICOLONS).replace(
+        "lr=0.1)", "lr=RATE)").replace("import torch\n", "import torch\nRATE = 3.0  # <lr>\n", 1)
+    source = source.replace("opt = torch.optim.SGD(model.parameters(), lr=RATE)\n", "").replace(
+        "lossf = torch.nn.CrossEntropyLoss()",
+        "lossf = torch.nn.CrossEntropyLoss(); opt = torch.optim.SGD(model.parameters(), lr=RATE)"
+        "  # <opt>")
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    at = {m: next(i for i, line in enumerate(lines, 1) if f"# <{m}>" in line)
+          for m in ("use", "lr", "opt", "batches")}
+    assert setting_origin({"file": str(path), "line": at["opt"]}, "lr")["line"] == at["lr"]
+    assert batches_origin({"file": str(path), "line": at["use"]})["line"] == at["batches"]
