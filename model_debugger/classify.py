@@ -235,11 +235,18 @@ def memory_growth(sig: dict):
 
 
 def overfitting(sig: dict):
-    """``overfitting`` when validation loss rises from its minimum while training loss does not."""
+    """``overfitting`` when validation loss rises from its minimum while training loss does not.
+
+    Where the training loss is known, the training set must also end fitted better than the
+    validation set (validation loss above training loss): a validation rise that stays below a
+    training loss that is not falling is a noisy or unstable run, not a generalisation gap.
+    """
     if sig.get("val_loss_rise", 0) >= VAL_RISE and sig["val_loss_min_index"] < sig["val_points"] - 1:
         if "train_loss_final" in sig and \
                 sig["train_loss_final"] > TRAIN_NOT_RISING * sig["train_loss_at_val_min"]:
             return None  # both rising: divergence, not overfitting
+        if sig.get("gap_final", 1.0) <= 0:
+            return None  # validation still below training: no gap to speak of
         ev = [_ev(sig, "val_loss_min", f"'{sig['val_loss_name']}' best value, at point "
                   f"{sig['val_loss_min_index']}"),
               _ev(sig, "val_loss_final", "last value"),
@@ -247,6 +254,8 @@ def overfitting(sig: dict):
         if "train_loss_final" in sig:
             ev += [_ev(sig, "train_loss_at_val_min", "train loss when validation was best"),
                    _ev(sig, "train_loss_final", "train loss not rising meanwhile")]
+        if "gap_final" in sig:
+            ev.append(_ev(sig, "gap_final", "validation minus training loss at the end (> 0)"))
         return "overfitting", ev
     return None
 
@@ -330,6 +339,22 @@ def one_value_targets(sig: dict):
             ev.append(_ev(sig, f"{split}_acc_final", f"'{sig[f'{split}_acc_name']}' at the end"))
             break
     return "convergence_to_wrong_solution", ev
+
+
+def below_zero(sig: dict):
+    """``convergence_to_wrong_solution`` when a loss that cannot be negative went below 0.
+
+    Cross-entropy, NLL of log-probabilities, squared or absolute errors are never negative on
+    valid inputs; a reading below 0 means the loss is given something else (``nll_loss`` fed
+    probabilities: its minimum is -1 instead of 0), so its falling measures another objective
+    and says nothing of the one intended, whatever the curve looks like.
+    """
+    if "loss_below_zero" not in sig:
+        return None
+    return "convergence_to_wrong_solution", [
+        _ev(sig, "loss_below_zero", f"lowest loss of '{sig['loss_kind']}', which cannot be "
+            "negative on valid inputs (< 0)"),
+        _ev(sig, "loss_final", "last loss")]
 
 
 def wrong_solution(sig: dict):
@@ -534,7 +559,7 @@ def gpu_idle(sig: dict):
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, rank_hang, exploding, memory_growth, rank_desync, broadcast_loss,
-    bounded_output, one_value_targets, overfitting, wrong_solution, generalisation_gap,
+    bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
     not_decreasing, vanishing, rank_straggler, slow_data, loop_overhead, gpu_idle, plateau,
 )
 

@@ -24,6 +24,8 @@ SIGNALS: dict[str, str] = {
     "loss_initial": "median loss over the first ~10% of readings",
     "loss_final": "median loss over the last ~10% of readings",
     "loss_min": "lowest finite loss",
+    "loss_below_zero": "lowest loss of a loss that cannot be negative, when it went below 0",
+    "loss_kind": "the loss function the capture saw (its name)",
     "loss_max": "highest finite loss",
     "loss_spike": "highest finite loss after a 10% warm-up",
     "loss_relative_drop": "(loss_initial - loss_final) / |loss_initial|",
@@ -409,6 +411,9 @@ def compute(run: Run) -> dict:
             s["loss_tail_drop"] = (mid - s["loss_final"]) / max(abs(mid), 1e-12)
         if s["loss_first"] > 0:
             s["loss_peak_ratio"] = float(fl.max() / s["loss_first"])
+    kind = (targets[-1] if targets else {}).get("loss")
+    if kind in NONNEGATIVE_LOSSES and s.get("loss_min", 0.0) < -1e-6:
+        s["loss_kind"], s["loss_below_zero"] = kind, s["loss_min"]
     s["constant_predictor_loss"], s["majority_rate"] = constant_predictor(
         targets[-1] if targets else None)
     if s["constant_predictor_loss"] and "loss_final" in s:
@@ -570,12 +575,22 @@ def _accuracy_gap(s: dict, targets: dict | None) -> None:
         return
     train = s.get("train_acc_final")
     loss = (targets or {}).get("loss")
-    if train is None and loss in _CLASSIFICATION_LOSSES and "loss_final" in s:
-        train = max(0.0, 1.0 - max(s["loss_final"], 0.0) / math.log(2))
+    if train is None and loss in _CLASSIFICATION_LOSSES and s.get("loss_final", -1.0) >= 0:
+        # (a negative "cross-entropy" is no cross-entropy: nll_loss fed probabilities, not
+        # log-probabilities; it bounds nothing)
+        train = max(0.0, 1.0 - s["loss_final"] / math.log(2))
         s["train_acc_bound"] = train
     if train is not None:
         s["acc_gap"] = float(train - s["val_acc_final"])
 
+
+# losses that are never negative on valid inputs: a reading below 0 is a loss fed the wrong
+# thing (nll_loss given probabilities or raw scores instead of log-probabilities)
+NONNEGATIVE_LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy",
+                      "binary_cross_entropy_with_logits", "mse_loss", "l1_loss",
+                      "smooth_l1_loss", "huber_loss", "kl_div", "poisson_nll_loss",
+                      "sparse_categorical_crossentropy", "categorical_crossentropy",
+                      "binary_crossentropy", "mean_squared_error", "mean_absolute_error")
 
 _CLASSIFICATION_LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy",
                           "binary_cross_entropy_with_logits")

@@ -383,7 +383,12 @@ def _summary(found: list[Finding], checks: tuple, root: str | None) -> str:
     """The report's first line: what was found, how sure, and what to type next."""
     top = found[0]
     counts = {s: sum(c.status == s for c in checks) for s in ("confirmed", "refuted", "hypothesis")}
-    tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    tally = ", ".join(f"{n} {'hypotheses' if s == 'hypothesis' and n > 1 else s}"
+                      for s, n in counts.items() if n)
+    if not top.confirmed and all(f.category == "healthy" for f in found):
+        return (f"  Summary: the run looks healthy; {tally} about code that can hide a problem "
+                "its signals did not show. Next: read them below and change the code if the "
+                "pitfall is not intended.")
     if not top.confirmed:
         return (f"  Summary: no cause confirmed ({tally}). Next: %isolate --budget 120 for a "
                 "longer search, or test the hypotheses below by hand.")

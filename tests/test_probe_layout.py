@@ -209,6 +209,32 @@ def test_every_probe_module_is_discovered_and_registers_its_probe():
     assert order == sorted(order)  # registered (and so run) in module name order
 
 
+def test_the_cheaper_probes_run_first_within_the_suggested_and_the_rest(planted):
+    """One probe that trains many copies of a slow model must not spend the budget before the
+    quick ones look: the default order is (suggested first, then cheaper first), stable."""
+    ctx = build_context(_plateau(), sources={})
+    seen: list[str] = []
+    run_probes(ctx, progress=lambda pid, n, total: seen.append(pid))
+    default = [p for cat in (ctx.classification.primary, *ctx.classification.secondary)
+               for p in probes_for(cat)]
+    default = list(dict.fromkeys(default))
+    assert set(seen) <= set(default) and planted in seen
+    costs = [PROBES[p].cost for p in seen]
+    assert costs == sorted(costs), list(zip(seen, costs))  # nothing suggested on this run
+    assert {PROBES[p].cost for p in default} != {0}  # the ordering had something to order
+    _Planted.cost = 99
+    try:
+        seen.clear()
+        run_probes(ctx, progress=lambda pid, n, total: seen.append(pid))
+        assert seen[-1] == planted  # the costliest last, although registered among the rest
+        _Planted.suggested_by = ("loss_relative_drop",)  # cited by this plateau
+        seen.clear()
+        run_probes(ctx, progress=lambda pid, n, total: seen.append(pid))
+        assert seen[0] == planted  # suggested by the evidence: first, whatever its cost
+    finally:
+        _Planted.cost, _Planted.suggested_by = 0, ()
+
+
 def test_unregistered_afterwards():
     assert _Planted.id not in PROBES
 
@@ -253,7 +279,9 @@ def test_build_context_uses_the_recorded_classification():
     healthy = syn.make_run(syn.healthy_steps(100))
     ctx = build_context(healthy, sources={})
     assert ctx.classification.primary == "healthy"
-    assert probing.probe(ctx) == ProbeReport()  # nothing to isolate in this run on its own
+    alone = probing.probe(ctx)  # nothing to isolate in this run on its own: only the probes
+    assert alone.findings == ()  # for healthy runs look (lint: no code, no pitfall)
+    assert set(alone.probe_seconds) == {"lint"}
     recorded = Classification("loss_not_decreasing")
     ctx = build_context(healthy, sources={}, classification=recorded)
     assert ctx.classification is recorded

@@ -69,7 +69,8 @@ def classify_and_check(sig: dict) -> Classification:
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "oom", "rank_hang", "exploding", "memory_growth",
-                     "rank_desync", "broadcast_loss", "bounded_output", "one_value_targets",
+                     "rank_desync", "broadcast_loss", "bounded_output", "below_zero",
+                     "one_value_targets",
                      "overfitting", "wrong_solution", "generalisation_gap", "not_decreasing", "vanishing",
                      "rank_straggler", "slow_data", "loop_overhead", "gpu_idle", "plateau"]
 
@@ -339,14 +340,15 @@ def test_memory_growth_quiet_when_growth_is_not_steady():
 # -- overfitting -----------------------------------------------------------------------------
 
 
-def _overfit_run(rise: float, train_ratio: float = 0.5, epochs: int = 10, best: int = 4):
+def _overfit_run(rise: float, train_ratio: float = 0.5, epochs: int = 10, best: int = 4,
+                 scale: float = 1.0):
     """Val loss: min at epoch ``best``, then ``rise`` above it at the end. Train loss: falls
-    until ``best``, then moves linearly to ``train_ratio`` x its value there."""
+    until ``best``, then moves linearly to ``train_ratio`` x its value there (times ``scale``)."""
     per_epoch = 10
     ep = np.repeat(np.arange(epochs), per_epoch)
     at_best = 0.7 ** best
     after = at_best * (1 + (train_ratio - 1) * (ep - best) / (epochs - 1 - best))
-    level = np.where(ep <= best, 0.7 ** ep, after)
+    level = scale * np.where(ep <= best, 0.7 ** ep, after)
     v_min = 0.5
     val = list(np.linspace(1.0, v_min, best + 1))
     val += list(v_min * (1 + rise * np.arange(1, epochs - best) / (epochs - best - 1)))
@@ -378,12 +380,55 @@ def test_overfitting_quiet_when_train_loss_rises_too():
     assert cls.primary != "overfitting"
 
 
+@pytest.mark.parametrize("train_scale", [4.0, 200.0])
+def test_overfitting_quiet_when_validation_stays_below_training(train_scale):
+    """A validation rise below a training loss that barely falls is no generalisation gap
+    (an unstable regression whose training loss is far above validation's; a noisy bump)."""
+    sig, cls = quiet(C.overfitting, _overfit_run(1.5 * C.VAL_RISE, 0.9, scale=train_scale))
+    assert sig["val_loss_rise"] >= C.VAL_RISE and sig["gap_final"] < 0
+    assert sig["train_loss_final"] < sig["train_loss_at_val_min"]  # not rising: the gap decides
+    assert cls.primary != "overfitting"
+
+
 def test_overfitting_quiet_when_val_minimum_is_last():
     run = syn.make_run(syn.healthy_steps(100, ep=np.repeat(np.arange(10), 10)),
                        syn.metric("val_loss", np.linspace(1.0, 0.4, 10)))
     sig, cls = quiet(C.overfitting, run)
     assert sig["val_loss_min_index"] == sig["val_points"] - 1
     assert cls.primary == HEALTHY
+
+
+# -- below_zero ------------------------------------------------------------------------------
+def _falling_through_zero(n: int = 120) -> np.ndarray:
+    """An NLL of probabilities: from about -0.1 down towards -1 (the loss 'falls' steadily)."""
+    return -0.1 - 0.8 * (1 - np.exp(-np.arange(n) / 30.0))
+
+
+@pytest.mark.parametrize("loss", ["nll_loss", "cross_entropy", "mse_loss"])
+def test_below_zero_fires_for_a_loss_that_cannot_be_negative(loss):
+    targets = syn.targets_counts([300, 300, 300]) if loss != "mse_loss" else \
+        syn.targets_moments(0.0, 1.0)
+    targets["loss"] = loss
+    sig, cls = fires(C.below_zero, syn.make_run(syn.steps_events(_falling_through_zero()),
+                                                targets),
+                     "convergence_to_wrong_solution", {"loss_below_zero"})
+    assert sig["loss_below_zero"] < 0 and sig["loss_kind"] == loss
+    assert sig["loss_relative_drop"] > 1  # what a "falling" negative loss reads as otherwise
+
+
+@pytest.mark.parametrize("loss", ["cosine_embedding_loss", None])
+def test_below_zero_quiet_for_a_loss_that_may_be_negative_or_unknown(loss):
+    targets = syn.targets_counts([300, 300, 300])
+    targets["loss"] = loss
+    sig, cls = quiet(C.below_zero, syn.make_run(syn.steps_events(_falling_through_zero()),
+                                                targets))
+    assert "loss_below_zero" not in sig and cls.primary != "convergence_to_wrong_solution"
+
+
+def test_below_zero_quiet_for_a_nonnegative_loss_near_zero():
+    targets = syn.targets_counts([300, 300, 300])
+    sig, _ = quiet(C.below_zero, syn.make_run(syn.steps_events(syn.decay(120)), targets))
+    assert sig["loss_min"] >= 0
 
 
 # -- one_value_targets -----------------------------------------------------------------------

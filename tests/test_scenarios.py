@@ -59,8 +59,16 @@ def test_scenario_root_cause(path, reports):
     want = expectations(path)
     confirmed = [f for f in report["findings"] if f["confirmed"]]
     if want["category"] == HEALTHY:
-        assert report["findings"] == [] and not report["fix_allowed"]
-        assert report["phase"] == "isolate"
+        assert not confirmed and not report["fix_allowed"] and report["phase"] == "isolate"
+        if "hypothesis" not in want:
+            assert report["findings"] == []
+            return
+        # healthy signals over a latent pitfall: reported, never confirmed, at the made line
+        assert {f["check"] for f in report["findings"]} <= set(want["hypothesis"].split("|"))
+        lines = path.read_text().splitlines()
+        assert any(f["location"] and f["location"]["file"] == str(path)
+                   and want["line"] in lines[f["location"]["line"] - 1]
+                   for f in report["findings"]), report["findings"]
         return
     assert confirmed, f"no confirmed finding: {report['findings']}"
     root = confirmed[0]

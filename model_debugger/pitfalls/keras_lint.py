@@ -200,7 +200,9 @@ def _squash_twice(kind: str, loss: str) -> str:
                   "and 0.73: it can never predict the negative class with confidence, the loss "
                   "has a high floor and the gradients shrink")
     return (f"the last layer applies {kind} and the loss `{loss}` is built with "
-            f"from_logits=True, so the loss applies {kind} a second time: {effect}. Remove the "
+            f"from_logits=True, so the loss applies {kind} a second time: {effect} (unless the "
+            "framework recovers the logits: Keras on TensorFlow does inside a compiled step and "
+            "warns; an eager loop, another backend or an exported model does not). Remove the "
             f"final {kind} (keep from_logits=True), or set from_logits=False.")
 
 

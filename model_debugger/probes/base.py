@@ -133,6 +133,11 @@ class Probe:
     suggested_by : tuple of str
         Signals that point at this probe's cause: when the classification cites one, the probe
         runs before the others (the most likely cause is tested while the budget lasts).
+    cost : int
+        About how many fresh copies of the model it trains (0: it reads the record, the code or
+        the live objects). Within the suggested probes and within the rest, the cheaper run
+        first, so one probe that trains many copies of a slow model cannot spend the budget
+        before the quick ones have looked (:func:`run_probes`).
     lever : bool
         Whether its cause is a setting that can make up for many other faults (the learning
         rate: a rate raised far enough makes almost any training loss fall, shuffled labels
@@ -156,6 +161,7 @@ class Probe:
     traces_origin: bool = True
     reveals: str | None = None
     lever: bool = False
+    cost: int = 0
 
     def applies(self, ctx: ProbeContext) -> bool:
         """Whether the probe can run on this context."""
@@ -330,8 +336,9 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> ProbeReport:
     """Run probes (default: those for the primary and secondary categories).
 
-    By default the probes a cited signal suggests (``Probe.suggested_by``) run first, the rest
-    in registry order, while the budget lasts.
+    By default the probes a cited signal suggests (``Probe.suggested_by``) run first, then the
+    rest; within each group the cheaper first (``Probe.cost``), then in registry order; while
+    the budget lasts. Explicit ``ids`` run in the order given.
 
     A probe that raises yields an unconfirmed finding naming the error; it never stops the others.
 
@@ -347,7 +354,7 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
         for cat in cats:
             ids += [p for p in probes_for(cat) if p not in ids]
         cited = {e.signal for e in ctx.classification.evidence}
-        ids.sort(key=lambda p: not cited & set(PROBES[p].suggested_by))  # (stable)
+        ids.sort(key=lambda p: (not cited & set(PROBES[p].suggested_by), PROBES[p].cost))
     findings: list[Finding] = []
     timings: dict[str, float] = {}
     measured: dict = {}

@@ -76,6 +76,7 @@ class DataOrder(Probe):
     """Batches ordered by their targets, and a copy on shuffled batches learns clearly better."""
 
     id = "data_order"
+    cost = 2
     data_role = "targets"
     traces_origin = False
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution",

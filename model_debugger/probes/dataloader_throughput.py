@@ -15,6 +15,7 @@ class DataloaderThroughput(Probe):
     """The data loader alone against the model step alone, timed on a few batches."""
 
     id = "dataloader_throughput"
+    cost = 2
     categories = ("performance_issue",)
     needs_live = True
     frameworks = ("torch", "keras")

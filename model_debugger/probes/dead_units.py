@@ -55,6 +55,7 @@ class DeadUnits(Probe):
     """Dead (ReLU) or saturated (sigmoid/tanh) units per activation, trained and at init."""
 
     id = "dead_units"
+    cost = 1
     categories = ("loss_not_decreasing", "gradient_instability")
     needs_live = True
     frameworks = ("torch",)

@@ -26,6 +26,7 @@ class DetachedOutput(SettingExperiment):
     """Whether gradients reach the weights: the recorded norms, the copies' backward, the lint."""
 
     id = "detached_output"
+    cost = 2
     suggested_by = ("untrained_share",)
     categories = ("loss_not_decreasing",)
     needs_live = False

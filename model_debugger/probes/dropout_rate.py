@@ -23,6 +23,7 @@ class DropoutRate(SettingExperiment):
     """A drop rate >= 0.7, and a copy without dropout learns clearly better."""
 
     id = "dropout_rate"
+    cost = 2
     fix = "Lower the dropout rate (0.1-0.3 is usual) or remove the layer."
 
     def intervention(self, finding):

@@ -35,7 +35,9 @@ KNOWN: tuple[Known, ...] = (
           "`squeeze(1)`) before the loss; a (B,) target against a (B, 1) output makes a "
           "(B, B) loss."),
     Known(re.compile(r"from_logits|does not represent logits", re.I),
-          "architecture", "probabilities are given to a loss that expects logits",
+          "architecture", "probabilities are given to a loss that expects logits (Keras "
+          "warns when it took the logits from the activation's input itself, so this run may "
+          "not have suffered; an eager loop or another backend would)",
           "Either drop the output activation (softmax/sigmoid) and keep `from_logits=True`, or "
           "keep it and build the loss with `from_logits=False`."),
     Known(re.compile(r"lr_scheduler\.step\(\)` before `optimizer\.step\(\)", re.I),
@@ -61,7 +63,7 @@ class FrameworkWarnings(Probe):
     """Warnings of the frameworks that name a known pitfall, as hypotheses at the user's line."""
 
     id = "framework_warnings"
-    categories = ("*",)
+    categories = ("*", "healthy")  # a healthy-looking run can still hide a pitfall
     traces_origin = False
 
     def suggestion(self, finding) -> str:

@@ -23,6 +23,7 @@ class FrozenParameters(SettingExperiment):
     """Most parameters frozen, and a copy with them training learns clearly better."""
 
     id = "frozen_parameters"
+    cost = 2
     suggested_by = ("untrained_share",)
     fix = ("Let the frozen layers train (remove the requires_grad=False / trainable=False, and "
            "give the optimizer every parameter), or unfreeze them after a few epochs when "

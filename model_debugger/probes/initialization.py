@@ -28,6 +28,7 @@ class Initialization(SettingExperiment):
     """Initial weights far from the default init, and a default-initialised copy learns better."""
 
     id = "initialization"
+    cost = 2
     categories = ("loss_not_decreasing", "gradient_instability", "convergence_to_wrong_solution")
     fix = ("Remove the custom initialisation (the framework's default is scaled to each layer), "
            "or use one scaled to the layer's fan-in (Kaiming for ReLU, Xavier/Glorot for tanh); "

@@ -89,6 +89,7 @@ class LabelAlignment(Probe):
     """Fresh copies trained on real and on shuffled labels, compared on held-out rows."""
 
     id = "label_alignment"
+    cost = 10
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "overfitting")
     needs_live = True
     frameworks = ("torch", "keras")

@@ -54,7 +54,7 @@ class Lint(Probe):
     """Static lint hits that no measuring probe covers, reported as unconfirmed findings."""
 
     id = "lint"
-    categories = ("*",)
+    categories = ("*", "healthy")  # a healthy-looking run can still hide a pitfall
 
     def suggestion(self, finding: Finding) -> str:
         """The fix of the hit's rule (:data:`RULES`)."""

@@ -26,6 +26,7 @@ ROWS = 256
 _SIGNED = ("binary_cross_entropy_with_logits", "mse_loss", "l1_loss", "smooth_l1_loss",
            "huber_loss")
 _SQUASH = re.compile(r"\b(relu|relu6|softplus|abs|clamp|clip|sigmoid|exp)\s*\(")
+_PROBABILITIES = re.compile(r"\b(softmax|sigmoid|exp)\s*\(")  # (log_softmax is not one)
 
 
 def output_kind(out) -> dict:
@@ -88,6 +89,7 @@ class LossOutputMismatch(Probe):
     """What the loss received on the first batch, against what it expects."""
 
     id = "loss_output_mismatch"
+    cost = 1
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "gradient_instability",
                   "overfitting")
     fix = ("Remove the Softmax/LogSoftmax (or sigmoid) before a loss that expects raw logits "
@@ -109,7 +111,8 @@ class LossOutputMismatch(Probe):
         if not hits and not measured:
             return []
         where = loc(hits[0]) if hits else ctx.ref("model") or ctx.ref("loss_fn")
-        if measured:
+        if measured:  # made at the loss call (``crit(torch.softmax(out, 1), y)``), or the model
+            where = _squashed_at_loss(ctx, _PROBABILITIES) or where
             return [self.finding(
                 "architecture", True,
                 f"{name.replace('_on_probabilities', '')} expects {_EXPECTED[name]} but "
@@ -120,6 +123,11 @@ class LossOutputMismatch(Probe):
                 + ("The loss squashes them again, gradients shrink and learning stalls. Remove "
                    "the final softmax/sigmoid from the model, or tell the loss it gets "
                    "probabilities." if "logits" in _EXPECTED[name] else
+                   "nll_loss returns minus the input at the true class, so it is a "
+                   "log-likelihood only for log-probabilities: given anything else it falls "
+                   "below 0 without bound (raw scores) or towards -1 (probabilities) and "
+                   "optimises another objective. Use log_softmax as the output (not softmax), "
+                   "or give the raw scores to cross_entropy." if name == "nll_loss" else
                    "The loss reads them as probabilities (clipped to [0, 1]): add the output "
                    "activation, or tell the loss it gets logits (from_logits=True)."),
                 where, loss=name, input_kind=kind, **{k: seen[k] for k in ("min", "max")
@@ -172,10 +180,7 @@ class LossOutputMismatch(Probe):
                    "targets): it can never predict a probability below 0.5")
         else:
             why = f"{share:.0%} of the training targets lie outside it and can never be reached"
-        where = ctx.ref("loss_fn")
-        text = _line(ctx, where)
-        if where is None or text is None or not _SQUASH.search(text):
-            where = ctx.ref("model") or where
+        where = _squashed_at_loss(ctx, _SQUASH) or ctx.ref("model") or ctx.ref("loss_fn")
         lo, hi = seen.get("min"), seen.get("max")
         shown = f"min {lo:.3g}" + (f", max {hi:.3g}" if isinstance(hi, (int, float)) else "")
         return self.finding(
@@ -187,6 +192,13 @@ class LossOutputMismatch(Probe):
             "into the range.",
             where, loss=name, input_kind="bounded", output_range=bound, unreachable_share=share,
             zero_share=seen.get("zero_share"), strength=0.95, decisive=True)
+
+
+def _squashed_at_loss(ctx: ProbeContext, pattern: re.Pattern) -> dict | None:
+    """The loss call's location when its line applies an activation ``pattern`` names."""
+    where = ctx.ref("loss_fn")
+    text = _line(ctx, where)
+    return where if text is not None and pattern.search(text) else None
 
 
 def _line(ctx: ProbeContext, where: dict | None) -> str | None:

@@ -38,6 +38,7 @@ class LRRange(Probe):
     """A learning-rate sweep from the initial weights; the user's rate placed in its bracket."""
 
     id = "lr_range"
+    cost = 3
     lever = True  # a rate raised far enough makes most training losses fall
     categories = ("gradient_instability", "loss_not_decreasing")
     frameworks = ("torch", "keras", "none")

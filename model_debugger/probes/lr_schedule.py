@@ -32,6 +32,7 @@ class LrSchedule(Probe):
     """The rate below 1% of its peak for most of the run, and a copy at the peak learns better."""
 
     id = "lr_schedule"
+    cost = 2
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = True
     frameworks = ("torch",)

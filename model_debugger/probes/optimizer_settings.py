@@ -36,6 +36,7 @@ class OptimizerSettings(Probe):
     """A suspect weight decay, momentum or clip, and a copy without it learns clearly better."""
 
     id = "optimizer_settings"
+    cost = 2
     categories = ("loss_not_decreasing", "gradient_instability", "convergence_to_wrong_solution")
     needs_live = True
     fix = ("Set {setting} back to a usual value ({usual}); tune it only once training works.")

@@ -35,6 +35,7 @@ class OverfitSmallBatch(Probe):
     """A fresh copy trained on 10 samples, then with other learning rates if it cannot fit them."""
 
     id = "overfit_small_batch"
+    cost = 5
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = True
     frameworks = ("torch", "keras")

@@ -20,6 +20,7 @@ class SeedVariance(Probe):
     """Fresh copies trained under 3 seeds; the spread of their final losses."""
 
     id = "seed_variance"
+    cost = 3
     categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = True
     frameworks = ("torch", "keras")

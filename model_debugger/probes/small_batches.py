@@ -35,6 +35,7 @@ class SmallBatches(Probe):
     """A batch of a few rows, and copies at a larger batch train several times faster."""
 
     id = "small_batches"
+    cost = 2
     categories = ("healthy", "performance_issue")  # the time, not another category's cause
     reveals = "performance_issue"
     needs_live = True

@@ -30,6 +30,7 @@ class TargetScale(Probe):
     """Targets far from unit scale, and a copy on standardised targets learns clearly better."""
 
     id = "target_scale"
+    cost = 2
     data_role = "targets"
     categories = ("gradient_instability", "loss_not_decreasing", "overfitting",
                   "convergence_to_wrong_solution")

@@ -48,6 +48,7 @@ class TrainingLength(Probe):
     """A fresh copy trained as long as the run, against one trained much longer."""
 
     id = "training_length"
+    cost = 2
     suggested_by = ("steps",)  # cited when a run was short (fewer than 100 updates)
     # a short run's metric below the majority's is as undertrained as a loss near the prior's
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
