@@ -497,13 +497,13 @@ def test_after_an_intervention_that_cures_the_symptom_the_rest_are_not_re_run(tm
 
     s = _at_fix(tmp_path, [])
     nan = syn.make_run(syn.steps_events([1.0, 2.0, 5.0, float("nan")] * 5))
-    art = syn.CannedArtifact({"current": nan, "current+lr_scale": syn.make_run(
+    art = syn.CannedArtifact({"current": nan, "current+default_init": syn.make_run(
         syn.healthy_steps(20))})
-    lr = Finding("lr_range", "hyperparameter", False, "lr 10 diverges", None,
-                 {"category": "gradient_instability", "lr": 10.0, "safe_lr": 0.01})
+    init = Finding("initialization", "architecture", False, "weights 100x the default", None,
+                   {"category": "gradient_instability"})
     drop = Finding("dropout_rate", "architecture", True, "dropout 0.9", None,
                    {"category": "gradient_instability"})
-    cured, left = confirm(s, art, [lr, drop], Version("current", s.store.path("artifact.py")),
+    cured, left = confirm(s, art, [init, drop], Version("current", s.store.path("artifact.py")),
                           1, 60.0)
     assert cured.confirmed and cured.evidence["undone"] and cured.evidence["strength"] == 1.0
     assert left.confirmed and "already removed gradient_instability" in \
@@ -511,9 +511,38 @@ def test_after_an_intervention_that_cures_the_symptom_the_rest_are_not_re_run(tm
     assert [c for c in art.calls if "dropout" in c[0]] == []
     other = Finding("dropout_rate", "architecture", True, "dropout 0.9", None,
                     {"category": "loss_not_decreasing"})  # another category: still re-run
-    _, tested = confirm(s, art, [lr, other], Version("current", s.store.path("artifact.py")),
+    _, tested = confirm(s, art, [init, other], Version("current", s.store.path("artifact.py")),
                         2, 60.0)
     assert "already removed" not in tested.evidence["intervention"].get("untested", "")
+
+
+def test_a_specific_cause_is_re_run_before_a_lever_whose_cure_cannot_beat_it(tmp_path):
+    """Another learning rate "cures" most faults: the specific hypothesis is re-run first, even
+    when the lever is ranked (and confirmed by its sweep) before it; once it cured the run, the
+    lever is not re-run (a lever settled by its own experiment still is)."""
+    from model_debugger.phases.confirm import confirm
+
+    s = _at_fix(tmp_path, [])
+    nan = syn.make_run(syn.steps_events([1.0, 2.0, 5.0, float("nan")] * 5))
+    healthy = syn.make_run(syn.healthy_steps(20))
+    art = syn.CannedArtifact({"current": nan, "current+lr_scale": healthy,
+                              "current+dropout_off": healthy})
+    lr = Finding("lr_range", "hyperparameter", True, "lr 10 diverges", None,
+                 {"category": "gradient_instability", "lr": 10.0, "safe_lr": 0.01})
+    drop = Finding("dropout_rate", "architecture", False, "dropout 0.9", None,
+                   {"category": "gradient_instability", "rate": 0.9})
+    out = confirm(s, art, [lr, drop], Version("current", s.store.path("artifact.py")), 1, 60.0)
+    assert [f.check for f in out] == ["lr_range", "dropout_rate"]  # the order given
+    assert [c[0] for c in art.calls if "+" in c[0]] == ["current+dropout_off"] * 2, art.calls
+    assert out[1].confirmed and out[1].evidence["intervention"]["symptom_gone"]
+    assert "already removed" in out[0].evidence["intervention"]["untested"]
+    art.calls.clear()
+    swept = Finding("lr_range", "hyperparameter", True, "lr 10 diverges", None,
+                    {"category": "gradient_instability", "lr": 10.0, "safe_lr": 0.01,
+                     "undone": True})
+    confirm(s, art, [swept, drop], Version("current", s.store.path("artifact.py")), 2, 60.0)
+    assert [c[0] for c in art.calls if "+" in c[0]] == \
+        ["current+dropout_off"] * 2 + ["current+lr_scale"] * 2, art.calls
 
 
 def test_a_cause_its_probe_undid_is_weakened_not_refuted_by_a_re_run_that_did_not_move(

@@ -34,9 +34,11 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
             max_steps: int | None = MAX_STEPS, stdout=None) -> list[Finding]:
     """Test each finding that names an intervention; the findings with their verdicts.
 
-    The hypotheses are tested first, in rank order, then the findings a probe's own experiment
-    or a decisive measurement already settled (a re-run can only weaken those): the budget goes
-    where it can decide something.
+    The hypotheses that name a specific mechanism are tested first, in rank order, then those
+    that blame a lever (:func:`~model_debugger.probes.base.is_lever`: another learning rate
+    "cures" most faults, so it is tried after the specific causes, whose cure it cannot beat),
+    then the findings a probe's own experiment or a decisive measurement already settled (a
+    re-run can only weaken those): the budget goes where it can decide something.
 
     Parameters
     ----------
@@ -66,6 +68,7 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
         the defining signal beyond the noise band, with ``evidence["intervention"]`` holding the
         intervention, the compared signal, the before/after values and the band.
     """
+    from ..probes.base import is_lever
     from ..probes.suggestions import intervention_for
 
     state = session.state
@@ -78,7 +81,8 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
     baseline: list[dict] | None = None
     done: dict[int, Finding] = {}
     cured: dict[str, str] = {}  # category -> the intervention that removed it, nothing new
-    order = sorted(range(len(findings)), key=lambda i: _settled(findings[i]))  # stable
+    order = sorted(range(len(findings)),  # stable: rank order within each group
+                   key=lambda i: (_settled(findings[i]), is_lever(findings[i])))
     for index in order:
         finding = findings[index]
         out = _Slot(done, index)
