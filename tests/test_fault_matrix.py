@@ -172,3 +172,17 @@ def test_a_fault_counts_as_harmful_only_when_its_bare_run_shows_it():
     verdict = {name: got[job_key(r)] for name, r in faults.items()}
     assert verdict == {"same": False, "worse": True, "nan": True, "crash": True, "slow": True,
                        "unread": None}
+
+
+def test_the_symptom_aware_category_accepts_only_a_printed_non_finite_value():
+    from benchmarks.fault_matrix.run import symptom_hit
+
+    def row(primary, tail, hit=False, error=None):
+        return {"category_hit": hit, "got": {"primary": primary}, "bare_tail": [tail],
+                "bare_error": error}
+
+    assert symptom_hit(row("gradient_instability", "epoch 3 loss nan val_acc 0.1"))
+    assert symptom_hit(row("gradient_instability", "", error="ValueError: loss is inf"))
+    assert not symptom_hit(row("gradient_instability", "epoch 3 loss 0.4 (financial)"))
+    assert not symptom_hit(row("loss_not_decreasing", "epoch 3 loss nan"))  # another category
+    assert symptom_hit(row("overfitting", "epoch 3 loss 0.4", hit=True))  # strict hit stays

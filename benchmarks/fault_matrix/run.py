@@ -316,6 +316,24 @@ def effects(rows: list[dict]) -> dict[tuple, bool | None]:
     return out
 
 
+def symptom_hit(row: dict) -> bool:
+    """The category hit, also counting the symptom the bare run itself printed.
+
+    An operator's category is the taxonomy's usual reading of the fault; on a given program the
+    same fault may show another symptom. Only the unambiguous one is accepted here: a bare run
+    that printed a non-finite number (or failed on one) shows ``gradient_instability``,
+    whatever the operator expected. The strict hit is always reported beside this one.
+    """
+    import re
+
+    if row["category_hit"]:
+        return True
+    if (row.get("got") or {}).get("primary") != "gradient_instability":
+        return False
+    printed = " ".join([*(row.get("bare_tail") or []), row.get("bare_error") or ""])
+    return re.search(r"(?<![a-z])(nan|inf|infinity)(?![a-z])", printed, re.IGNORECASE) is not None
+
+
 # -- tables ------------------------------------------------------------------------------------
 def _pct(hits: int, n: int) -> str:
     return f"{hits}/{n} ({100 * hits / n:.0f}%)" if n else "-"
@@ -398,6 +416,8 @@ def tables(rows: list[dict]) -> str:
                   _pct(sum(r["category_hit"] for r in harmed), len(harmed)),
                   _pct(sum(r["root_cause_hit"] for r in harmed), len(harmed)),
                   _pct(sum(r["location_hit"] for r in harmed), len(harmed)), "-"])
+    total.append(["with an effect, category as the bare run showed it", len(harmed),
+                  _pct(sum(symptom_hit(r) for r in harmed), len(harmed)), "-", "-", "-"])
     parts.append(_table("Totals", [""] + header[1:], total))
     latent = [r for r in faults if effect.get(job_key(r)) is False]
     names = ", ".join(sorted(f"{r['operator']}/{r['base']}" for r in latent)) or "none"
@@ -406,7 +426,8 @@ def tables(rows: list[dict]) -> str:
         f"outside the base's healthy runs (by {SCORE_TOLERANCE} for a score, "
         f"{LOSS_TOLERANCE}x for a loss); memory and performance faults and a leak always. Without a measured effect: {len(latent)} "
         f"({names}); "
-        f"unknown: {unknown}.\n")
+        f"unknown: {unknown}. \"Category as the bare run showed it\" also counts "
+        f"gradient_instability for a fault whose bare run printed a non-finite number.\n")
     timed = [r for r in rows if r.get("diagnose_seconds") is not None]
     diag = [r["diagnose_seconds"] for r in timed]
     bare = [r["bare_seconds"] for r in timed]
