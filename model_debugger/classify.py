@@ -37,6 +37,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     RSS_GROWTH_MB,
     RSS_R2,
     RSS_STILL_GROWING,
+    SLOW_TOTAL_S,
     SPIKE_RATIO,
     START_RATIO,
     STRAGGLER_MS,
@@ -522,7 +523,8 @@ def _update_size(sig: dict) -> list[Evidence]:
 def slow_data(sig: dict):
     """``performance_issue`` when waiting for data takes a large share of each step."""
     if sig.get("data_wait_fraction", 0) < DATA_WAIT_FRACTION or \
-            sig.get("data_wait_ms", 0) < DATA_WAIT_MS:
+            sig.get("data_wait_ms", 0) < DATA_WAIT_MS or \
+            sig.get("data_wait_s", SLOW_TOTAL_S) < SLOW_TOTAL_S:
         return None
     return "performance_issue", [
         _ev(sig, "data_wait_fraction", f"share of step time waiting for data (>= {DATA_WAIT_FRACTION})"),
@@ -534,10 +536,13 @@ def loop_overhead(sig: dict):
     """``performance_issue`` when the loop's own work takes most of each step.
 
     That is the time outside data loading, forward, backward and the optimizer step: a sleep, a
-    synchronous log or checkpoint, a host copy, a metric computed on the CPU, every step.
+    synchronous log or checkpoint, a host copy, a metric computed on the CPU, every step. Over
+    the whole run it must cost at least :data:`SLOW_TOTAL_S` (a dozen steps of a few ms each is
+    not worth a diagnosis, and on a loaded machine it is noise).
     """
     if sig.get("step_overhead_share", 0) < OVERHEAD_SHARE or \
-            sig.get("step_overhead_ms", 0) < OVERHEAD_MS:
+            sig.get("step_overhead_ms", 0) < OVERHEAD_MS or \
+            sig.get("step_overhead_s", SLOW_TOTAL_S) < SLOW_TOTAL_S:
         return None
     return "performance_issue", [
         _ev(sig, "step_overhead_share", f"median share of each step outside data loading, "

@@ -80,9 +80,11 @@ SIGNALS: dict[str, str] = {
     "error_kind": "kind of the error that ended the run (oom, ...)",
     "error": "type and message of that error (300 characters at most)",
     "data_wait_fraction": "share of step time spent waiting for data",
+    "data_wait_s": "seconds spent waiting for data over the observed steps",
     "step_overhead_ms": "median time per step outside data loading, forward, backward, the "
                         "optimizer step and collectives (the loop's own work), ms",
     "step_overhead_share": "median share of a step's time that is the loop's own work",
+    "step_overhead_s": "seconds of the loop's own work over the steps after the warm-up",
     "ranks": "world size of a multi-process job (from its ranks' process groups)",
     "ranks_seen": "processes of the job whose records were read",
     "rank_straggler": "the rank with the most own work per step (all but backward, the "
@@ -515,6 +517,7 @@ def compute(run: Run) -> dict:
     if ok.sum() >= 5:
         s["data_wait_fraction"] = float(dw[ok].sum() / dt[ok].sum())
         s["data_wait_ms"] = float(1000 * dw[ok].mean())
+        s["data_wait_s"] = float(dw[ok].sum())
         s["step_ms"] = float(1000 * dt[ok].mean())
         bz = run.series("bz")
         co = np.nan_to_num(run.series("co"))  # collectives the code called (a multi-rank job)
@@ -524,6 +527,7 @@ def compute(run: Run) -> dict:
             rest = np.maximum(dt[own] - dw[own] - bz[own] - co[own], 0.0)  # nor collectives
             s["step_overhead_ms"] = float(1000 * np.median(rest))
             s["step_overhead_share"] = float(np.median(rest / dt[own]))
+            s["step_overhead_s"] = float(rest.sum())
 
     train_ep = _per_epoch_train_loss(run)
     train_metric = run.metric_by_role("train", "loss")

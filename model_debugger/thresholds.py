@@ -34,6 +34,8 @@ DATA_WAIT_FRACTION = 0.5     # data wait share of step time
 DATA_WAIT_MS = 5.0           # ... and at least this much per step
 OVERHEAD_SHARE = 0.5         # share of each step outside data, forward, backward and step
 OVERHEAD_MS = 10.0           # ... and at least this much per step (a trainer's bookkeeping is less)
+SLOW_TOTAL_S = 1.0           # ... and, over the whole run, at least this many seconds: less is
+#                              not worth a diagnosis, and a loaded machine's noise on a short run
 VAL_RISE = 0.10              # validation loss 10% above its minimum at the end
 ACC_GAP = 0.15               # training accuracy (or its bound) 15 points above validation's
 TRAIN_NOT_RISING = 1.02      # train loss at the end not above its value at the val minimum

@@ -1181,6 +1181,20 @@ def test_loop_overhead_needs_a_large_share_and_real_milliseconds(dt, bz, want):
         assert [e.signal for e in cls.evidence][:2] == ["step_overhead_share", "step_overhead_ms"]
 
 
+@pytest.mark.parametrize("steps,want", [(60, "performance_issue"), (14, HEALTHY)])
+def test_a_slow_loop_or_loader_must_cost_real_seconds_over_the_run(steps, want):
+    """26 ms a step of the loop's own work (or of waiting for data) over 60 steps is 1.4 s
+    worth saving; over the dozen steps of a full-batch run it is 0.3 s, and on a loaded
+    machine it is noise."""
+    for dw, bz, signal in ((0.0, 0.004, "step_overhead_share"),
+                           (0.025, 0.004, "data_wait_fraction")):
+        sig = compute(_timed(steps, 0.030, dw, bz))
+        cls = classify_and_check(sig)
+        assert cls.primary == want, (sig.get("step_overhead_s"), sig.get("data_wait_s"))
+        if want != HEALTHY:
+            assert cls.evidence[0].signal == signal
+
+
 def test_loop_overhead_does_not_count_data_wait():
     sig = compute(_timed(60, 0.030, 0.025, 0.004))  # the time is the loader's
     assert sig["step_overhead_ms"] < 2
