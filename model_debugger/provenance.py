@@ -21,6 +21,8 @@ _DATA_FUNCS = {"DataLoader", "iter", "enumerate", "tqdm", "list", "tuple", "as_t
                "Tensor", "asarray", "array", "Dataset", "DataFrame", "from_numpy",
                "convert_to_tensor", "constant", "FloatTensor", "LongTensor"}
 _PAIRING = {"TensorDataset", "from_tensor_slices", "from_tensors", "zip"}
+# random row splits: with a role, the trace follows the inputs (first) or the targets (last)
+_SPLITS = {"train_test_split"}
 # methods that only re-wrap their receiver: the trace follows the receiver, not the arguments
 # (``xb.to(device)``, ``ds.shuffle(BUF).batch(BATCH)``)
 _DATA_METHODS = {"batch", "shuffle", "prefetch", "repeat", "cache", "to", "cuda", "cpu", "astype",
@@ -300,7 +302,10 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
         if loader is not None:  # the loader / dataset carries inputs and targets together
             return (True, [""], [""]) if loader == "" else (False, [loader], [loader])
         if isinstance(call.func, ast.Attribute) and call.func.attr in _FIT_CALLS:
-            names = [a.id if isinstance(a, ast.Name) else "" for a in call.args[:2]]
+            args = [*call.args[:2]] + [k.value for k in call.keywords if k.arg in ("x", "y")]
+            names = [a.id if isinstance(a, ast.Name) else "" for a in args[:2]]
+            if len(names) == 1:  # fit(train_ds): one dataset carries inputs and targets
+                return True, names, names
             return True, names[:1], names[1:]
     inputs: list[str] = []
     targets: list[str] = []
@@ -362,10 +367,12 @@ def _trainer_data(call: ast.Call, scope: list[ast.AST], before: int) -> str | No
 
 
 def _called(node: ast.AST) -> ast.Call | None:
-    """The call of a plain name at the base of ``model(x)``, ``model(x).squeeze(1)``, ...."""
+    """The call of a plain name (or ``self.name``) at the base of ``model(x)``, ...."""
     while isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)):
         if isinstance(node, ast.Call):
-            if isinstance(node.func, ast.Name):
+            if isinstance(node.func, ast.Name) or (  # model(x), or self.model(x)
+                    isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "self"):
                 return node
             node = node.func
         else:
@@ -488,6 +495,12 @@ def _trace(tree: ast.Module, scope: list[ast.AST], name: str, before: int,
     """Follow ``name`` back: ``(line that made it, whether a loop over data was crossed)``."""
     if hops > _MAX_HOPS:
         return None, False
+    if name.startswith("self."):  # an attribute: where any method assigned it
+        found = _attribute_bindings(tree, name[len("self."):])
+        if len(found) != 1:
+            return None, False  # none in this file, or several: no single origin
+        line, node, value = found[0]
+        return _follow(tree, node, value, line, name, False, role, hops)
     for body in scope:
         found = _bindings(body, name, before)
         if found:
@@ -502,10 +515,28 @@ def _trace(tree: ast.Module, scope: list[ast.AST], name: str, before: int,
             (isinstance(node, ast.Assign) and _value_for(node.targets[0], node.value, name) is None
              and not any(_value_for(t, node.value, name) is not None for t in node.targets)):
         return line, False  # changed in place on this line
+    return _follow(tree, node, value, line, name, loop, role, hops)
+
+
+def _follow(tree: ast.Module, node: ast.AST, value: ast.AST, line: int, name: str, loop: bool,
+            role: str | None, hops: int) -> tuple[int | None, bool]:
+    """The origin of ``value``, bound to ``name`` by ``node`` on ``line`` (a loop when ``loop``).
+
+    A pure wrapper is seen through; so is a call of a function of this file that only hands
+    data on (``self.data.train_loader()`` returning ``DataLoader(self.train_ds)``), whose
+    returns are followed; an attribute of ``self`` is followed to where it was assigned.
+    """
+    handed = _handing_on(tree, value, _unpacked_index(node, name))
+    if handed is not None:
+        results = [r for r in (_follow(tree, ret, part, ret.lineno, name, False, role, hops + 1)
+                               for ret, part in handed) if r[0] is not None]
+        if results:
+            origin, looped = max(results, key=lambda r: r[0])
+            return origin, loop or looped
     inner = _unwrapped(value, role)
     if inner is None and not loop:
         return line, False  # this line computes the data
-    names = [n for n in _names(value if inner is None else inner) if n != name] or \
+    names = [n for n in _refs(value if inner is None else inner) if n != name] or \
         ([name] if loop or inner is not None else [])
     results = []
     for other in names:
@@ -515,6 +546,100 @@ def _trace(tree: ast.Module, scope: list[ast.AST], name: str, before: int,
     if results:
         return max(results, key=lambda r: r[0])  # the latest change to any part of the data
     return (None, False) if loop else (line, False)
+
+
+def _refs(node: ast.AST) -> list[str]:
+    """The names ``node`` reads, with ``self.attr`` read as one name (``"self.attr"``)."""
+    out: list[str] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and \
+                n.value.id == "self":
+            out.append(f"self.{n.attr}")
+            continue
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            out.append(n.id)
+        stack.extend(reversed(list(ast.iter_child_nodes(n))))
+    return out
+
+
+def _functions(tree: ast.Module, fname: str) -> list[ast.AST]:
+    return [n for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == fname]
+
+
+def _returns(func: ast.AST) -> list[ast.Return]:
+    """The ``return`` statements of ``func`` itself (not of functions nested in it)."""
+    out, stack = [], list(ast.iter_child_nodes(func))
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(n, ast.Return) and n.value is not None:
+            out.append(n)
+        stack.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def _unpacked_index(node: ast.AST, name: str) -> int | None:
+    """The position of ``name`` in a tuple-unpacking assignment (``X, y = load()``), or None."""
+    if not isinstance(node, ast.Assign) or len(node.targets) != 1 or \
+            not isinstance(node.targets[0], (ast.Tuple, ast.List)):
+        return None
+    elts = node.targets[0].elts
+    return next((i for i, t in enumerate(elts) if isinstance(t, ast.Name) and t.id == name), None)
+
+
+def _handing_on(tree: ast.Module, value: ast.AST, index: int | None = None
+                ) -> list[tuple[ast.Return, ast.AST]] | None:
+    """What the function of this file that ``value`` calls returns, if it only hands data on.
+
+    ``(return statement, returned data)`` pairs. The function is named once in the file (a method or a plain function) and every one of
+    its returns is a pure wrapper of data made elsewhere (``return DataLoader(self.train_ds)``);
+    a function that computes its result (``return (x - m) / s``) is where the data is made,
+    and the call's line stays the origin. ``index``: the call's result is unpacked and the
+    data is that element of a returned tuple (``X, y = load()``).
+    """
+    while isinstance(value, ast.Call) and getattr(value.func, "id", None) in _DATA_FUNCS and \
+            value.args:  # enumerate(self.loader()), iter(get_loader())
+        value = value.args[0]
+    if not isinstance(value, ast.Call):
+        return None
+    func = value.func
+    fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    defs = _functions(tree, fname) if fname else []
+    if len(defs) != 1:
+        return None
+    parts = []
+    for ret in _returns(defs[0]):
+        part = ret.value
+        if index is not None and isinstance(part, (ast.Tuple, ast.List)):
+            if index >= len(part.elts):
+                return None
+            part = part.elts[index]
+        parts.append((ret, part))
+    if not parts or any(_unwrapped(part) is None for _, part in parts):
+        return None
+    return parts
+
+
+def _attribute_bindings(tree: ast.Module, attr: str) -> list[tuple[int, ast.AST, ast.AST]]:
+    """``(line, statement, value)`` of every ``self.attr = value`` in the file (any method).
+
+    Methods run in an order the file does not show, so every assignment counts, the ``None``
+    placeholders of an ``__init__`` excepted.
+    """
+    out = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr == attr and \
+                    isinstance(t.value, ast.Name) and t.value.id == "self" and \
+                    not (isinstance(node.value, ast.Constant) and node.value.value is None):
+                out.append((node.lineno, node, node.value))
+    return out
 
 
 def _is_parameter(body: ast.AST, name: str) -> bool:
@@ -573,15 +698,20 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
         fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
         if isinstance(func, ast.Attribute) and fname in _DATA_METHODS:
             return _unwrapped(func.value, role)  # x.to(device): the receiver is the data
-        if fname in _PAIRING:
+        if fname in _SPLITS:  # a random split keeps each array's scale and label mix
+            parts = [a for a in value.args if not isinstance(a, ast.Constant)]
+            if role is None or not parts:
+                return None  # without a role (rows, alignment) the split changed the data
+            parts = parts[:1] if role == "inputs" else parts[-1:]
+        elif fname in _PAIRING:
             parts = [a for a in value.args if not isinstance(a, ast.Constant)]
             if len(parts) == 1 and isinstance(parts[0], (ast.Tuple, ast.List)):
                 parts = list(parts[0].elts)  # from_tensor_slices((x, y))
             if role is not None and len(parts) >= 2:  # the half the finding is about
                 parts = parts[:1] if role == "inputs" else parts[-1:]
-            elif role is None and len(parts) >= 2 and _same_split(parts):
+            elif role is None and len(parts) >= 2 and _same_split(parts) is not None:
                 # TensorDataset(X[:n], y[:n]): one split of every part keeps them aligned
-                parts = [p.value for p in parts]
+                parts = _same_split(parts)
         elif fname in _DATA_FUNCS:
             parts = value.args[:1]  # DataLoader(ds, BATCH): the dataset, not the settings
         else:
@@ -591,8 +721,9 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
             return None
         return ast.Tuple(elts=[e for i in inner for e in
                                (i.elts if isinstance(i, ast.Tuple) else [i])], ctx=ast.Load())
-    if isinstance(value, ast.Attribute):  # df.values, batch.x
-        return _unwrapped(value.value, role)
+    if isinstance(value, ast.Attribute):  # df.values, batch.x; ``self.train_ds`` is followed
+        return value if isinstance(value.value, ast.Name) and value.value.id == "self" else \
+            _unwrapped(value.value, role)
     if isinstance(value, (ast.ListComp, ast.GeneratorExp)) and len(value.generators) == 1 and \
             not value.generators[0].ifs and _repacks(value.elt):
         # [{"input_ids": i, "labels": t} for i, t in zip(ids, labels)]: rows re-packed as they
@@ -622,11 +753,21 @@ def _repacks(elt: ast.AST) -> bool:
     return True
 
 
-def _same_split(parts: list[ast.AST]) -> bool:
-    """Every part is the same contiguous row range of something (``X[:n]``, ``y[:n]``)."""
-    if not all(isinstance(p, ast.Subscript) and _is_split(p.slice) for p in parts):
-        return False
-    return len({ast.dump(p.slice) for p in parts}) == 1
+def _same_split(parts: list[ast.AST]) -> list[ast.AST] | None:
+    """What the parts slice, when each is the same contiguous row range of something.
+
+    ``X[:n]``, ``y[:n]``, also inside a wrapper: ``torch.from_numpy(X[:n])``; else None.
+    """
+    bare = []
+    for p in parts:
+        while isinstance(p, ast.Call) and getattr(p.func, "attr", getattr(p.func, "id", None)) \
+                in _DATA_FUNCS and len(p.args) == 1:
+            p = p.args[0]
+        bare.append(p)
+    if not all(isinstance(p, ast.Subscript) and _is_split(p.slice) for p in bare) or \
+            len({ast.dump(p.slice) for p in bare}) != 1:
+        return None
+    return [p.value for p in bare]
 
 
 def _is_split(index: ast.AST) -> bool:

@@ -489,3 +489,101 @@ def test_a_setting_and_the_batches_found_in_a_later_statement_of_the_line(tmp_pa
           for m in ("use", "lr", "opt", "batches")}
     assert setting_origin({"file": str(path), "line": at["opt"]}, "lr")["line"] == at["lr"]
     assert batches_origin({"file": str(path), "line": at["use"]})["line"] == at["batches"]
+
+
+CLASS_TRAINER = """
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class Data:
+        def __init__(self, seed):
+            self.rng = np.random.default_rng(seed)
+            self.train_ds = None
+
+        def setup(self):
+            X = np.random.rand(200, 8).astype(np.float32)
+            y = np.random.randint(0, 3, 200)
+            X = X[self.rng.permutation(len(X))]  # <inputs>
+            y = y[self.rng.permutation(len(y))]  # <targets>
+            self.train_ds = TensorDataset(torch.from_numpy(X[40:]), torch.from_numpy(y[40:]))
+
+        def train_loader(self):
+            return DataLoader(self.train_ds, batch_size=32, shuffle=True)
+
+
+    class Trainer:
+        def __init__(self, model, data):
+            self.model, self.data = model, data
+            self.loss_fn = torch.nn.CrossEntropyLoss()
+
+        def epoch(self):
+            for xb, yb in self.data.train_loader():
+                loss = self.loss_fn(self.model(xb), yb)  # <use>
+                loss.backward()
+"""
+
+
+@pytest.mark.parametrize("role,mark", [("targets", "<targets>"), ("inputs", "<inputs>"),
+                                       (None, "<targets>")])
+def test_a_class_based_trainer_is_traced_through_self_attributes_and_a_getter(
+        tmp_path, role, mark):
+    """``self.data.train_loader()`` returns ``DataLoader(self.train_ds)``, which ``setup``
+    assigned from arrays permuted two lines above: the getter is followed through its return,
+    the attribute to its assignment, ``self.model(xb)`` gives the inputs; without a role the
+    one split of both arrays keeps them paired, so the later permutation is the origin."""
+    source = CLASS_TRAINER.replace(f"# {mark}", "# <made>")
+    got, made, use = _origin(tmp_path, source, role)
+    assert got == made != use
+
+
+def test_a_getter_that_computes_its_data_stays_the_origin(tmp_path):
+    got, made, use = _origin(tmp_path, """
+        import torch
+
+        def scaled(x):
+            return x * 1000.0
+
+        X = torch.randn(100, 3)
+        y = torch.randn(100, 1)
+        Xs = scaled(X)  # <made>
+        model = torch.nn.Linear(3, 1)
+        loss = torch.nn.functional.mse_loss(model(Xs), y)  # <use>
+    """, "inputs")
+    assert got == made != use
+
+
+def test_one_dataset_handed_to_fit_carries_the_targets_too(tmp_path):
+    got, made, use = _origin(tmp_path, """
+        import numpy as np
+        import tensorflow as tf
+
+        feats = np.random.rand(400, 4).astype("float32")
+        price = 320_000 + 95_000 * np.random.rand(400)  # <made>
+        price = price.astype("float32")
+        train_ds = tf.data.Dataset.from_tensor_slices((feats, price)).shuffle(400).batch(32)
+        model.fit(train_ds, epochs=3)  # <use>
+    """, "targets")
+    assert got == made != use
+
+
+@pytest.mark.parametrize("role,expect", [("inputs", "made"), (None, "split")])
+def test_a_random_split_keeps_the_scale_but_changes_the_rows(tmp_path, role, expect):
+    source = """
+        import numpy as np
+        from sklearn.model_selection import train_test_split
+
+        def load():
+            X = np.random.rand(300, 5)
+            X_raw = X * np.logspace(-2, 5, 5)  # <made>
+            return X_raw.astype("float32"), np.random.randint(0, 3, 300)
+
+        X, y = load()
+        X_tr, X_va, y_tr, y_va = train_test_split(X, y, test_size=0.2)  # <split>
+        model.fit(X_tr, y_tr, epochs=2)  # <use>
+    """
+    if expect == "split":
+        source = source.replace("# <made>", "").replace("# <split>", "# <made>")
+    got, made, use = _origin(tmp_path, source, role)
+    assert got == made != use
