@@ -229,6 +229,43 @@ def test_a_tf_function_loop_keeps_its_batches_and_its_initial_weights():
 
 
 @pytest.mark.parametrize("traced", [True, False])
+def test_a_custom_loop_whose_layers_are_all_frozen_still_records_its_steps(traced):
+    """``optimizer.apply(grads, model.trainable_variables)`` over no variables (every layer
+    frozen after building) updates nothing, silently: the steps and their losses are still the
+    loop's, with nothing updated; the copies "as set up" are frozen too, and still train."""
+    X, y = data(128)
+    model = mlp()
+    model(X[:1])
+    for layer in model.layers:
+        layer.trainable = False
+    with capture() as rec:
+        optimizer = keras.optimizers.Adam(1e-2)
+        loss_fn = ce()
+
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply(grads, model.trainable_variables)
+            return loss
+
+        train_step = tf.function(step) if traced else step
+        losses = [float(train_step(X[i:i + 32], y[i:i + 32])) for i in range(0, 128, 32)]
+    run = Run(rec.events)
+    assert [round(s["loss"], 5) for s in run.steps] == [round(v, 5) for v in losses]
+    trained = run.first("trained")
+    assert trained["updated"] == 0 and trained["params"] > 0
+    from model_debugger.trainers import trainer_for
+
+    trainer = trainer_for(rec.keeper)
+    copy = trainer.fresh_model()
+    assert [layer.trainable for layer in copy.layers] == [False] * len(model.layers)
+    assert not copy.trainable_variables
+    inputs, target = trainer.subset(list(range(64)))
+    trainer.fit(copy, inputs, target, 3, batch_size=32, seed=0)  # nothing to update: no error
+
+
+@pytest.mark.parametrize("traced", [True, False])
 def test_the_copies_train_with_the_optimizer_settings_of_a_custom_loop(traced):
     """An optimizer first seen inside a traced step still gives its whole config to the copies
     (read out of the graph): a decay or clip the user set is one a copy trains with."""

@@ -280,8 +280,9 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         while f is not None and depth < 8:
             for scope in (f.f_locals, f.f_globals):
                 for name, obj in list(scope.items()):
-                    if isinstance(obj, model_cls):
-                        score = len(wanted.intersection(id(v) for v in obj.trainable_variables))
+                    if isinstance(obj, model_cls):  # no variables (all frozen): the largest
+                        score = len(wanted.intersection(id(v) for v in obj.trainable_variables)) \
+                            if wanted else len(obj.weights)
                         if score and (best is None or score > best[0]):
                             best = (score, name, obj, f.f_globals)
             f, depth = f.f_back, depth + 1

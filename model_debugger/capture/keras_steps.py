@@ -111,8 +111,10 @@ class StepHooks(OverheadWatch, HeldWatch):
         if variables is None:
             variables = list(getattr(opt, "_trainable_variables", None) or [])
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-        if not pairs:
+        if not pairs and self._fit_depth:
             return None
+        # outside fit, an apply that updates nothing (every layer frozen, no gradient reaching
+        # any variable) is still the loop's step: recorded, with nothing updated
         frame = sys._getframe()
         if not self._fit_depth:
             self.ref("step", user_location(frame))
@@ -133,7 +135,7 @@ class StepHooks(OverheadWatch, HeldWatch):
                 if layer not in names:
                     names.append(layer)
                 index.append(names.index(layer))
-            self._layouts[key] = (names, np.array(index))
+            self._layouts[key] = (names, np.array(index, dtype=np.intp))
         layout = self._layouts[key]
         vec = self._vector(pairs)
         if tf.executing_eagerly():

@@ -99,6 +99,7 @@ class KerasTrainer(SampleTrainer):
             model(self._x(tuple(x[:1] for x in self.inputs)))
         if self.initial_state is not None:
             model.set_weights(self.initial_state)
+        _same_trainable(self.model, model)
         return model
 
     def optimizer(self, model=None, lr: float | None = None, cls=None):
@@ -196,7 +197,8 @@ class KerasTrainer(SampleTrainer):
             with tf.GradientTape() as tape:
                 loss = self._loss(model, inputs, target, True)
             grads = tape.gradient(loss, variables)
-            opt.apply_gradients(zip(grads, variables))
+            if variables:  # a copy as set up may have every layer frozen: nothing to update
+                opt.apply_gradients(zip(grads, variables))
             return loss
 
         return step
@@ -413,3 +415,19 @@ def _same_rank(target, out):
     if t_rank == o_rank + 1 and target.shape[-1] == 1:
         return target[..., 0]
     return target
+
+
+def _same_trainable(original, copy) -> None:
+    """Give ``copy``'s layers the ``trainable`` flags of ``original``'s (a copy "as set up").
+
+    A clone, or a subclass built again from its arguments, starts with every layer trainable;
+    the user may have frozen some after building.
+    """
+    mine = [original, *original._flatten_layers(include_self=False, recursive=True)]
+    theirs = [copy, *copy._flatten_layers(include_self=False, recursive=True)]
+    if len(mine) != len(theirs):
+        return
+    for a, b in zip(mine, theirs):
+        if type(a) is type(b) and b.trainable != a.trainable:
+            b.trainable = a.trainable
+
