@@ -523,8 +523,7 @@ def _update_size(sig: dict) -> list[Evidence]:
 def slow_data(sig: dict):
     """``performance_issue`` when waiting for data takes a large share of each step."""
     if sig.get("data_wait_fraction", 0) < DATA_WAIT_FRACTION or \
-            sig.get("data_wait_ms", 0) < DATA_WAIT_MS or \
-            sig.get("data_wait_s", SLOW_TOTAL_S) < SLOW_TOTAL_S:
+            sig.get("data_wait_ms", 0) < DATA_WAIT_MS:
         return None
     return "performance_issue", [
         _ev(sig, "data_wait_fraction", f"share of step time waiting for data (>= {DATA_WAIT_FRACTION})"),
