@@ -17,7 +17,7 @@ def test_the_demo_walks_every_phase_to_resolved_and_a_record(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     starts = ("Reproduce: reproduced 3/3", "Classification: gradient_instability",
-              "Isolate: ", "  to fix first: feature_scaling (data) at broken_training.py:40",
+              "Isolate: ", "  to fix first: feature_scaling (data) at broken_training.py:21",
               "Fix: feature_scaling (data) - approved", "Verify: resolved", "Record: ")
     for start in starts:
         assert any(line.startswith(start) for line in lines), (start, proc.stdout)
