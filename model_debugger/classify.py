@@ -52,6 +52,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     UPDATE_RATIO_LOW,
     UPDATES_APART,
     VAL_RISE,
+    VAL_RISE_SHARE,
     VANISH_RATIO,
 )
 
@@ -151,6 +152,34 @@ def rank_straggler(sig: dict):
             f"{STRAGGLER_SHARE:g}: every rank waits for it)")]
 
 
+def loss_without_metric(sig: dict):
+    """``convergence_to_wrong_solution``: the loss reads far below the prior's, accuracy is the prior's.
+
+    A model whose training accuracy is no better than always predicting the majority class
+    cannot have a training loss well below the constant predictor's, unless the loss measures something else (a
+    multi-class loss over one output unit reads 0 whatever the model does). Whatever that
+    loss curve does, the falls, spikes or gradient growth it shows describe another objective;
+    the metric shows the model converged to the prior.
+    """
+    base, final = sig.get("constant_predictor_loss"), sig.get("loss_final")
+    if not base or base <= 0 or final is None or final > 0.5 * base or \
+            sig.get("majority_rate") is None:
+        return None
+    # the training accuracy, measured, beside the training loss it contradicts (validation
+    # rows may hold the classes in other shares than the majority rate of the training set)
+    if sig.get("train_acc_final", 1.0) > sig["majority_rate"] + TRIVIAL_METRIC_MARGIN:
+        return None
+    if any(sig.get(f"{s}_f1_final", 0.0) >= TRIVIAL_F1 for s in ("train", "val")):
+        return None  # a class-balanced score that is not trivial
+    return "convergence_to_wrong_solution", [
+        _ev(sig, "loss_final", "median of the last steps (< 0.5 x the constant predictor's)"),
+        _ev(sig, "constant_predictor_loss", "loss of always predicting the label prior"),
+        _ev(sig, "train_acc_final", f"'{sig['train_acc_name']}' at the end"),
+        _ev(sig, "majority_rate", f"accuracy of always predicting the majority class (the "
+            f"accuracy is within {TRIVIAL_METRIC_MARGIN:g} of it: the loss does not measure "
+            "what the metric does)")]
+
+
 def exploding(sig: dict):
     """``gradient_instability`` when the loss diverges or spikes after warm-up.
 
@@ -241,6 +270,9 @@ def overfitting(sig: dict):
     Where the training loss is known, the training set must also end fitted better than the
     validation set (validation loss above training loss): a validation rise that stays below a
     training loss that is not falling is a noisy or unstable run, not a generalisation gap.
+    The rise must also give back at least ``VAL_RISE_SHARE`` of what the validation loss had
+    gained over the constant predictor's: from a minimum near zero a rise of 150% can be a few
+    hundredths, a classifier growing confident on a handful of rows while its accuracy holds.
     """
     if sig.get("val_loss_rise", 0) >= VAL_RISE and sig["val_loss_min_index"] < sig["val_points"] - 1:
         if "train_loss_final" in sig and \
@@ -248,6 +280,11 @@ def overfitting(sig: dict):
             return None  # both rising: divergence, not overfitting
         if sig.get("gap_final", 1.0) <= 0:
             return None  # validation still below training: no gap to speak of
+        base, low = sig.get("constant_predictor_loss"), sig["val_loss_min"]
+        if base is not None and base > low and \
+                sig["val_loss_final"] - low < VAL_RISE_SHARE * (base - low):
+            return None  # a rise small against what was learned: a well-fitted model's
+            # confidence drifting on a few rows, not a model that stopped generalising
         ev = [_ev(sig, "val_loss_min", f"'{sig['val_loss_name']}' best value, at point "
                   f"{sig['val_loss_min_index']}"),
               _ev(sig, "val_loss_final", "last value"),
@@ -562,8 +599,8 @@ def gpu_idle(sig: dict):
 
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
-    nonfinite, oom, rank_hang, exploding, memory_growth, rank_desync, broadcast_loss,
-    bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
+    nonfinite, oom, rank_hang, loss_without_metric, exploding, memory_growth, rank_desync,
+    broadcast_loss, bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
     not_decreasing, vanishing, rank_straggler, slow_data, loop_overhead, gpu_idle, plateau,
 )
 

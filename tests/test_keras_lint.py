@@ -467,3 +467,75 @@ def test_importing_the_lint_imports_no_framework():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
+
+
+# --- one output unit: a separate Activation, a multi-class loss -------------------------------
+
+@pytest.mark.parametrize("body", [
+    """
+model = keras.Sequential()
+model.add(layers.Dense(8, activation="relu", input_dim=4))
+model.add(layers.Dense(1))
+model.add(layers.Dropout(0.1))
+model.add(layers.Activation("softmax"))  # <-
+model.compile(loss="binary_crossentropy", optimizer="adam")
+model.fit(x, y)
+""",
+    """
+inp = keras.Input((4,))
+h = layers.Dense(8, activation="relu")(inp)
+z = layers.Dense(1)(h)
+out = layers.Activation("softmax")(z)  # <-
+model = keras.Model(inp, out)
+model.compile(loss="binary_crossentropy", optimizer="adam")
+model.fit(x, y)
+"""], ids=["sequential", "functional"])
+def test_one_unit_followed_by_a_separate_softmax_fires_at_the_activation(body):
+    hit = assert_fires(body, "loss_output_mismatch", "architecture")
+    assert "single unit" in hit.message
+
+
+def test_two_units_followed_by_a_separate_softmax_are_silent():
+    assert_silent("""
+model = keras.Sequential([layers.Dense(8, activation="relu"), layers.Dense(2),
+                          layers.Activation("softmax")])
+model.compile(loss="categorical_crossentropy", optimizer="adam")
+model.fit(x, y)
+""", "loss_output_mismatch")
+
+
+def test_categorical_crossentropy_over_one_unit_fires_at_the_loss():
+    hit = assert_fires("""
+model = keras.Sequential()
+model.add(layers.Dense(16, activation="relu", input_dim=4))
+model.add(layers.Dense(1, activation="sigmoid"))
+model.compile(loss="categorical_crossentropy",  # <-
+              optimizer="adam", metrics=["accuracy"])
+model.fit(x, y)
+""", "loss_output_mismatch", "architecture")
+    assert "single unit" in hit.message
+    assert_silent("""
+model = keras.Sequential([layers.Dense(16, activation="relu"), layers.Dense(1, activation="sigmoid")])
+model.compile(loss="binary_crossentropy", optimizer="adam", metrics=["accuracy"])
+model.fit(x, y)
+""", "loss_output_mismatch")
+
+
+@pytest.mark.parametrize("body, marked", [
+    ("""
+model = keras.Sequential([
+    layers.Dense(8, activation="relu"),
+    layers.Dense(1, activation="sigmoid"),  # <-
+])
+""", True),
+    ("""
+inp = keras.Input((3,))
+out = layers.Dense(1, activation="relu", name="y")(layers.Dense(4)(inp))  # <-
+m = keras.Model(inputs=inp, outputs=out)
+""", True),
+    ("x = 1\n", False)])
+def test_output_layer_line_is_the_line_that_made_the_last_layer(body, marked):
+    from model_debugger.pitfalls.keras_lint import output_layer_line
+
+    src = _src(body)
+    assert output_layer_line(src) == (_marked(src)[0] if marked else None)

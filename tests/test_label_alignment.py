@@ -133,6 +133,8 @@ def test_a_copy_that_cannot_learn_gives_no_verdict_on_aligned_labels(monkeypatch
     tr = trainer(0, 2.0)
     tr.hyper["weight_decay"] = 50.0
     assert run(tr) == []
+    monkeypatch.setattr(label_alignment, "_witness", lambda *a: None)  # the control alone
+    assert run(tr) == []
     monkeypatch.setattr(label_alignment, "memorises", lambda *a: None)
     found = run(tr)
     assert len(found) == 1 and found[0].root_cause == "data"  # the false alarm it prevents
@@ -150,3 +152,52 @@ def test_no_control_on_inputs_without_spread():
     inputs = (torch.ones(200, 8),)
     target = torch.randint(0, 2, (200,))
     assert label_alignment.memorises(tr, inputs, target, np.random.default_rng(0)) is None
+
+
+def deep_sigmoid_trainer(seed: int, n: int = 1200, batch: int = 50) -> TorchTrainer:
+    """Two interleaved moons (clearly aligned labels) under six stacked sigmoids: copies
+    trained with Adam for the probe's budget learn nothing from the labels, though one can
+    still memorise 64 rows (the positive control passes)."""
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0, np.pi, n)
+    y = rng.integers(0, 2, n)
+    x = np.stack([np.cos(t) + y, np.sin(t) * (1 - 2 * y) + 0.5 * y], 1)
+    x = (x + 0.1 * rng.normal(size=x.shape)).astype(np.float32)
+    torch.manual_seed(seed)
+    layers = [nn.Linear(2, 16), nn.Sigmoid()]
+    for _ in range(5):
+        layers += [nn.Linear(16, 16), nn.Sigmoid()]
+    model = nn.Sequential(*layers, nn.Linear(16, 2))
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
+    batches = [((xt[i:i + batch],), yt[i:i + batch]) for i in range(0, n, batch)]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return TorchTrainer(model, state, {"cls": torch.optim.SGD, "hyper": {"lr": 0.05}},
+                        {"name": "cross_entropy"}, batches)
+
+
+def test_a_model_that_cannot_use_aligned_labels_does_not_blame_them(monkeypatch):
+    """The copies tie real and shuffled labels (the stack cannot learn in the budget), but a
+    k-nearest-neighbour predictor, a second learner that needs no training, tells the labels
+    from the inputs: they are aligned, the model is what fails. Without the witness the probe
+    blamed the labels."""
+    tr = deep_sigmoid_trainer(0)
+    assert run(tr) == []
+    monkeypatch.setattr(label_alignment, "_witness", lambda *a: None)
+    found = run(tr)
+    assert len(found) == 1 and found[0].root_cause == "data"  # the false alarm it prevents
+
+
+def test_the_witness_agrees_with_misaligned_labels():
+    ev = run(trainer(0, 0.0))[0].evidence
+    assert abs(ev["knn_real"] - ev["knn_shuffled"]) < label_alignment.WITNESS_MARGIN
+
+
+def test_knn_score_reads_classes_and_regression_targets():
+    from model_debugger.probes._numpy_stats import knn_score
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 3))
+    assert knn_score(x, (x[:, 0] > 0).astype(int), classes=True) > 0.9
+    assert abs(knn_score(x, rng.integers(0, 2, 600), classes=True) - 0.5) < 0.1
+    assert knn_score(x, 3 * x[:, 1], classes=False) > 0.8
+    assert knn_score(x, rng.normal(size=600), classes=False) < 0.1

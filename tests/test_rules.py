@@ -68,7 +68,8 @@ def classify_and_check(sig: dict) -> Classification:
 
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
-    assert names == ["nonfinite", "oom", "rank_hang", "exploding", "memory_growth",
+    assert names == ["nonfinite", "oom", "rank_hang", "loss_without_metric", "exploding",
+                     "memory_growth",
                      "rank_desync", "broadcast_loss", "bounded_output", "below_zero",
                      "one_value_targets",
                      "overfitting", "wrong_solution", "generalisation_gap", "not_decreasing", "vanishing",
@@ -390,6 +391,26 @@ def test_overfitting_quiet_when_validation_stays_below_training(train_scale):
     assert cls.primary != "overfitting"
 
 
+def _with_targets(run: Run, counts) -> Run:
+    return syn.make_run(*run.events, syn.targets_counts(counts))
+
+
+def test_overfitting_quiet_when_the_rise_is_small_against_what_was_learned():
+    """From a minimum near zero a large relative rise is a few hundredths of the loss: a
+    classifier growing confident on a few rows (ten classes: the prior's loss is ln 10)."""
+    run = _with_targets(_overfit_run(1.5 * C.VAL_RISE), [10] * 10)
+    sig, cls = quiet(C.overfitting, run)
+    gained = sig["constant_predictor_loss"] - sig["val_loss_min"]
+    assert sig["val_loss_rise"] >= C.VAL_RISE
+    assert sig["val_loss_final"] - sig["val_loss_min"] < C.VAL_RISE_SHARE * gained
+    assert cls.primary != "overfitting"
+    # the same rise against a prior whose loss is close to the minimum gives back most of it
+    sig, _ = fires(C.overfitting, _with_targets(_overfit_run(1.5 * C.VAL_RISE), [60, 40]),
+                   "overfitting", {"val_loss_rise"})
+    assert sig["val_loss_final"] - sig["val_loss_min"] >= \
+        C.VAL_RISE_SHARE * (sig["constant_predictor_loss"] - sig["val_loss_min"])
+
+
 def test_overfitting_quiet_when_val_minimum_is_last():
     run = syn.make_run(syn.healthy_steps(100, ep=np.repeat(np.arange(10), 10)),
                        syn.metric("val_loss", np.linspace(1.0, 0.4, 10)))
@@ -507,6 +528,41 @@ def _acc_run(acc_final: float, loss=None):
     loss = syn.decay(100) if loss is None else loss
     return syn.make_run(syn.steps_events(loss), syn.targets_counts(MAJORITY_COUNTS),
                         syn.metric("val_acc", [0.45, 0.5, acc_final]))
+
+
+def _unmoved_loss_run(level: float, acc: float):
+    """A loss that reads ``level`` at every step (it does not depend on the model's output)."""
+    return syn.make_run(syn.steps_events(np.full(100, level)),
+                        syn.targets_counts(MAJORITY_COUNTS),
+                        syn.metric("val_acc", [acc] * 5), syn.metric("acc", [acc] * 5))
+
+
+def test_loss_without_metric_fires_on_a_loss_far_below_the_prior_at_chance_accuracy():
+    """A multi-class loss over one unit reads 0 whatever the model does; accuracy is the prior's."""
+    sig, cls = fires(C.loss_without_metric, _unmoved_loss_run(0.0, 0.6),
+                     "convergence_to_wrong_solution",
+                     {"loss_final", "constant_predictor_loss", "train_acc_final",
+                      "majority_rate"})
+    assert sig["loss_final"] == 0.0 and sig["constant_predictor_loss"] > 0.5
+
+
+def test_loss_without_metric_outranks_gradient_growth():
+    """Whatever the gradient does under such a loss, the metric shows the wrong solution."""
+    steps = syn.steps_events(np.zeros(100), gn=np.geomspace(1.0, 1e5, 100))
+    run = syn.make_run(steps, syn.targets_counts(MAJORITY_COUNTS),
+                       syn.metric("val_acc", [0.6] * 5), syn.metric("acc", [0.6] * 5))
+    sig = compute(run)
+    assert C.exploding(sig) is not None
+    assert C.classify(sig).primary == "convergence_to_wrong_solution"
+
+
+@pytest.mark.parametrize("loss, acc", [(0.0, 0.6 + 3 * C.TRIVIAL_METRIC_MARGIN), (0.4, 0.6)])
+def test_loss_without_metric_quiet_when_the_metric_learned_or_the_loss_is_near_the_prior(
+        loss, acc):
+    """Accuracy above the prior's agrees with a low loss; a loss near the prior's (0.67)
+    agrees with a trivial accuracy: no contradiction either way."""
+    sig, _ = quiet(C.loss_without_metric, _unmoved_loss_run(loss, acc))
+    assert sig["majority_rate"] == pytest.approx(0.6)
 
 
 def test_wrong_solution_accuracy_at_majority_rate_fires():

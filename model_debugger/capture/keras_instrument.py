@@ -34,6 +34,9 @@ from .keras_keeper import KerasKeeper, LabelStats, describe_loss
 from .keras_steps import StepHooks
 from .keras_util import initializing, user_location
 
+# losses under which the output's range is read (regression, raw scores): signals.output_range
+_BOUNDED_READ = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+                 "binary_cross_entropy_with_logits")
 _HYPER = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "rho", "weight_decay",
           "clipnorm", "global_clipnorm", "clipvalue", "amsgrad")
 
@@ -178,9 +181,34 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             self.rec.emit("calls", optimizer_steps=self._steps, backward=self._steps)
 
     def _emit_targets(self) -> None:
+        self._observe_outputs()
         data = self.labels.event()
         if data is not None:
             self.rec.emit("targets", **data)
+
+    def _observe_outputs(self) -> None:
+        """The trained model's outputs on the kept training rows, for the output-range signal.
+
+        Only under a regression loss or a loss on raw scores, where a bounded output (a sigmoid,
+        a ReLU) can leave targets out of reach; one model output only. Never raises.
+        """
+        keeper = self.keeper
+        if self.labels.loss not in _BOUNDED_READ or keeper.model is None or \
+                not keeper.train_batches:
+            return
+        link, target = self._link, self._link.target
+        link.target = None  # our own call: every wrapper calls straight through
+        try:
+            xs = keeper.train_batches[0][0]
+            rows = min(len(xs[0]), 512)
+            x = xs[0][:rows] if len(xs) == 1 else [a[:rows] for a in xs]
+            out = keeper.model(x, training=False)
+            if not isinstance(out, (list, tuple, dict)):
+                self.labels.observe_outputs(out.numpy() if hasattr(out, "numpy") else out)
+        except Exception:  # noqa: BLE001 - a statistic must never break the capture's end
+            return
+        finally:
+            link.target = target
 
     # -- compile / optimizer ---------------------------------------------------------------
     def _wrap_compile(self, original):

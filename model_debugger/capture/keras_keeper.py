@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 
+from ..thresholds import PRESSED
 from .spill import Spill, SpilledState, open_spill, threshold_bytes
 
 MAX_BATCHES = 32
@@ -72,7 +73,10 @@ class LabelStats:
         self.keras: str | None = None
         self.n = 0
         self.counts: np.ndarray | None = None
-        self.moments = np.zeros(2)
+        # sum, sum of squares, and the counts below 0, above 1 and below -1 (the ranges a
+        # bounded output has: [0, inf), [0, 1], [-1, 1])
+        self.moments = np.zeros(5)
+        self.outputs: dict | None = None  # the trained model's outputs on kept rows
 
     def observe(self, y) -> None:
         """Add one batch of targets ``y``: class counts (cross-entropy) or sum and sum of squares.
@@ -104,8 +108,27 @@ class LabelStats:
             self.n += int(len(labels))
         else:
             f = y.astype(np.float64).reshape(-1)
-            self.moments += (f.sum(), float(f @ f))
+            self.moments += (f.sum(), float(f @ f), (f < 0).sum(), (f > 1).sum(),
+                             (f < -1).sum())
             self.n += int(f.size)
+
+    def observe_outputs(self, out) -> None:
+        """Keep the range of the model's outputs ``out`` (what the loss reads).
+
+        The minimum, maximum, share of exact zeros and the shares pressed against a sigmoid's
+        or tanh's bounds: the same statistics the PyTorch capture keeps of the loss inputs, so
+        an output confined to a range the targets leave (a sigmoid on a regression) is read
+        the same way in both frameworks.
+        """
+        x = np.asarray(out, dtype=np.float64).reshape(-1)
+        x = x[np.isfinite(x)]
+        if not x.size:
+            return
+        self.outputs = {"input_min": float(x.min()), "input_max": float(x.max()),
+                        "input_zero_share": float((x == 0).mean()),
+                        "input_pressed": {"1": float((x >= 1 - PRESSED).mean()),
+                                          "-1": float((x <= -1 + PRESSED).mean()),
+                                          "0": float(((x >= 0) & (x <= PRESSED)).mean())}}
 
     def event(self) -> dict | None:
         """The ``targets`` event payload, or None when nothing was seen."""
@@ -118,8 +141,12 @@ class LabelStats:
             mean = self.moments[0] / self.n
             data["mean"], data["var"] = float(mean), max(float(self.moments[1] / self.n
                                                                - mean ** 2), 0.0)
+            data["negative"], data["above_one"], data["below_minus_one"] = \
+                (float(v / self.n) for v in self.moments[2:])
         else:
             return None
+        if self.outputs is not None:
+            data.update(self.outputs)
         return data
 
 

@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 import torch
 
+from ..thresholds import PRESSED
 from .codeloc import user_location
 
 CLASS_LOSSES = ("cross_entropy", "nll_loss")
 BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
 REG_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 ELEMENTWISE = REG_LOSSES + BINARY_LOSSES  # prediction and target compared element by element
-PRESSED = 0.02  # outputs within this of a sigmoid's or tanh's bound press against it
 _MAX_CLASSES = 1000
 _TARGET_QUEUE = 32  # targets kept (copied) and reduced together: ~2 tensor ops per step, no sync
 _TARGET_QUEUE_NUMEL = 1 << 16  # larger targets (images, ...) are reduced right away

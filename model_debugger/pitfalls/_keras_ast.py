@@ -300,14 +300,21 @@ class Index:
         first, at = self.value_of(kwarg(model, "layers", 0), scope, pos(model))
         items = [(e, scope, at) for e in getattr(first, "elts", [])]
         items += [(c.args[0], self.scope_of(c), pos(c)) for c in self.adds(model)]
+        found = None
         for expr, sc, at in reversed(items):
             layer, _ = self.value_of(expr, sc, at)
             if tail(layer) == "Sequential" and depth < 4:
-                return self._sequential_output(layer, depth + 1)
-            found = classify_layer(layer)
-            if found != "pass":
-                return found
-        return None
+                return _units_from(found, self._sequential_output(layer, depth + 1))
+            here = classify_layer(layer)
+            if here == "pass":
+                continue
+            if found is None:
+                found = here
+                if not _separate_activation(found):
+                    return found
+            else:  # the layer before a separate Activation: its units
+                return _units_from(found, here)
+        return found
 
     def _class_output(self, cls: ast.ClassDef) -> Layer | None:
         calls = [f for f in cls.body if isinstance(f, _SCOPES) and f.name == "call"]
@@ -331,6 +338,7 @@ class Index:
 
     def _output(self, expr, scope, at, cls) -> Layer | None:
         """The layer behind a functional output tensor or the value ``call`` returns."""
+        found = None
         for _ in range(30):
             expr, at = self.value_of(expr, scope, at)
             if not isinstance(expr, ast.Call):
@@ -350,13 +358,29 @@ class Index:
                 return None
             if tail(layer) == "Sequential":
                 return self._sequential_output(layer, 1)
-            found = classify_layer(layer)
-            if found != "pass":
-                return found
+            here = classify_layer(layer)
+            if here != "pass":
+                if found is not None:  # the layer before a separate Activation: its units
+                    return _units_from(found, here)
+                found = here
+                if not _separate_activation(found):
+                    return found
             if not expr.args:
-                return None
+                return found
             expr = expr.args[0]
-        return None
+        return found
+
+
+def _separate_activation(layer) -> bool:
+    """An ``Activation`` / ``Softmax`` layer of its own: the units are the previous layer's."""
+    return isinstance(layer, Layer) and tail(layer.node) in ("Activation", "Softmax")
+
+
+def _units_from(found: Layer | None, before) -> Layer | None:
+    """``found`` (a separate activation) with the units of the layer ``before`` it."""
+    if found is None or not isinstance(before, Layer):
+        return found
+    return Layer(found.kind, found.node, before.dense, before.units)
 
 
 def pick(value: ast.AST | None, path: tuple[int, ...]) -> ast.AST | None:

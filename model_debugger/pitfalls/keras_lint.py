@@ -87,6 +87,25 @@ def lint_source(source: str, filename: str, model_names: Sequence[str] = ()) -> 
     return list(seen.values())
 
 
+def output_layer_line(source: str) -> int | None:
+    """The line of the layer that decides the model's output (its activation), or None.
+
+    Where a finding about the output's range or activation is located: the line that made the
+    faulty layer, not the line that assembled the model. None when the source does not parse,
+    holds no Keras model, or several models whose last layers differ.
+    """
+    try:
+        idx = Index(ast.parse(source))
+        models = [c for c in idx.calls if tail(c) == "Sequential"
+                  or (tail(c) in ("Model", "Functional") and idx.outputs(c) is not None)]
+        models += [cls for cls in idx.classes.values() if idx.is_model_class(cls)]
+        lines = {layer.node.lineno for layer in map(idx.last_layer, models)
+                 if layer is not None and layer.kind != "unknown"}
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    return lines.pop() if len(lines) == 1 else None
+
+
 def lint_file(path: str, model_names: Sequence[str] = ()) -> list[LintHit]:
     """Read ``path`` and lint it (see :func:`lint_source`); a file that does not parse gives []."""
     with open(path, encoding="utf-8", errors="replace") as fh:
@@ -173,6 +192,15 @@ def _output_rules(idx: Index, model: ast.AST, mine: list, no_compile: bool) -> l
             continue
         family, logits = info
         text = _short(loss)
+        if family == "categorical" and layer.units == 1:
+            out.append(("loss_output_mismatch", "architecture", loss.lineno, (
+                f"the loss `{text}` compares a distribution over classes, but the last layer "
+                f"(line {layer.node.lineno}) has a single unit: normalised over one unit the "
+                "prediction is always 1.0, so the loss reads 0 (or one constant) whatever the "
+                "model outputs, gives no useful gradient and accuracy stays at chance. For two "
+                "classes use binary_crossentropy with one sigmoid unit, or one-hot targets "
+                "with 2 softmax units.")))
+            continue
         if layer.kind in ("softmax", "sigmoid") and logits is True:
             out.append(("loss_output_mismatch", "architecture", layer.node.lineno,
                         _squash_twice(layer.kind, text)))

@@ -222,3 +222,37 @@ def lookup_accuracy(x: np.ndarray, labels: np.ndarray,
         near = np.where(np.abs(xt - vals[left]) <= np.abs(vals[right] - xt), left, right)
         correct += int((majority[near] == labels[test]).sum())
     return correct / (len(folds[0]) + len(folds[1]))
+
+
+def knn_score(x: np.ndarray, y: np.ndarray, classes: bool, k: int = 5, seed: int = 0,
+              cap: int = 1536) -> float:
+    """Two-fold score of a k-nearest-neighbour predictor on standardised features.
+
+    An independent learner: it needs no training, so it shows whether the targets can be
+    told from the inputs at all, whatever a particular model can learn. Accuracy of the
+    neighbours' majority label (``classes``) or R^2 of their mean target, on the fold it was
+    not fitted on.
+    """
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(len(y))[:cap]
+    x, y = as_matrix(x)[idx][:, :4096], np.asarray(y)[idx]
+    mu, sd = x.mean(axis=0), x.std(axis=0)
+    sd[sd == 0] = 1.0
+    x = (x - mu) / sd
+    half = len(y) // 2
+    folds = (np.arange(half), np.arange(half, len(y)))
+    hits, sq, tot = 0.0, 0.0, 0.0
+    for fit, test in (folds, folds[::-1]):
+        d = (x[test] ** 2).sum(1)[:, None] - 2 * x[test] @ x[fit].T + (x[fit] ** 2).sum(1)[None]
+        near = np.argsort(d, axis=1)[:, :k]
+        if classes:
+            votes = y[fit][near].astype(np.int64)
+            pred = np.array([np.bincount(v).argmax() for v in votes])
+            hits += float((pred == y[test]).sum())
+        else:
+            pred = y[fit][near].astype(np.float64).mean(axis=1)
+            sq += float(((pred - y[test]) ** 2).sum())
+            tot += float(((y[test] - y[fit].mean()) ** 2).sum())
+    if classes:
+        return hits / len(y)
+    return 1.0 - sq / tot if tot > 0 else 0.0

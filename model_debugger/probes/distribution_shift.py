@@ -41,7 +41,11 @@ class DistributionShift(Probe):
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
         """One finding when the splits differ, confirmed as the module docstring says."""
-        x, v = st.as_matrix(ctx.train_xy[0]), st.as_matrix(ctx.val_xy[0])
+        # at one precision: Keras hands training batches over as float32 and keeps a
+        # validation_split slice as float64, and a value at two precisions is two values
+        # (a binary column then reads as shifted by its whole share)
+        x, v = (st.as_matrix(a).astype(np.float32).astype(np.float64)
+                for a in (ctx.train_xy[0], ctx.val_xy[0]))
         if x.shape[1] != v.shape[1] or len(x) < 2 or len(v) < 2:
             return []
         rng = np.random.default_rng(0)

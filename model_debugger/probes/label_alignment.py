@@ -31,6 +31,7 @@ CHECKS = 10    # held-out loss read 10 times per fit; the best counts (overfitti
 SHUFFLES = 2
 MARGIN = 0.97  # real held-out loss must be below 97% of the shuffled one
 CLEAR = 0.9    # ... and below 90% on the first fold is clear enough to stop there
+WITNESS_MARGIN = 0.05  # a k-NN's held-out accuracy (or R^2) this far above shuffled labels'
 UNTRAINED = 1.1  # best held-out loss above 1.1x the constant predictor's: the copies did not
                  # learn even the label prior (too few steps for this data, or diverged): no verdict
 
@@ -162,6 +163,9 @@ class LabelAlignment(Probe):
         if control is not None and not control[0] < MEMORISED * control[1]:
             return []  # the copies cannot even memorise 64 rows: the learner, not the labels
         control_loss, control_base = control if control is not None else (None, None)
+        witness = _witness(ctx, inputs, target, rng)
+        if witness is not None and witness[0] >= witness[1] + WITNESS_MARGIN:
+            return []  # another learner tells the labels from the inputs: they are aligned
         return [self.finding(
             "data", True,
             f"Trained on real labels, fresh copies of the model do no better on held-out rows "
@@ -173,4 +177,33 @@ class LabelAlignment(Probe):
             heldout_loss_shuffled=mean_shuffled, heldout_loss_each_shuffle=shuffled,
             control_memorised_loss=control_loss, control_constant_loss=control_base,
             train_fit_loss=pooled(0, 1), constant_loss=base, rows=n, folds=FOLDS,
+            knn_real=witness[0] if witness else None,
+            knn_shuffled=witness[1] if witness else None,
             strength=0.85, decisive=True)]
+
+
+def _witness(ctx: ProbeContext, inputs, target, rng: np.random.Generator):
+    """``(score on real labels, score on shuffled ones)`` of a k-NN, or None when it cannot say.
+
+    A second, independent learner: when the copies of the user's model learn nothing from the
+    real labels but nearest neighbours predict them from the inputs, the labels are aligned and
+    the model is what fails (a stack it cannot train, an output it cannot move). Scores are
+    accuracy for class labels, R^2 for a regression target; one flat numeric input only.
+    """
+    if len(inputs) != 1:
+        return None
+    try:
+        x = np.asarray(inputs[0].detach().cpu().numpy() if hasattr(inputs[0], "detach")
+                       else inputs[0], dtype=np.float64)
+        y = np.asarray(target.detach().cpu().numpy() if hasattr(target, "detach") else target)
+    except (TypeError, ValueError):
+        return None
+    if not np.isfinite(x).all():
+        return None
+    labels = st.as_labels(y, getattr(ctx.trainer.loss_fn, "__name__", None))
+    classes = labels is not None
+    y = labels if classes else y.astype(np.float64).reshape(len(y), -1)[:, 0]
+    if not np.isfinite(y).all():
+        return None
+    shuffled = y[rng.permutation(len(y))]
+    return st.knn_score(x, y, classes), st.knn_score(x, shuffled, classes)

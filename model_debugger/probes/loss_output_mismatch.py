@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from ..thresholds import MIN_STEPS
 from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
 
@@ -141,6 +142,24 @@ class LossOutputMismatch(Probe):
                 f"in all {len(measured_steps)} optimizer steps recorded (the weights get "
                 "gradients, all zero): the output does not depend on them.", where,
                 strength=0.9, decisive=True, zero_gradient_steps=len(measured_steps))]
+        losses = {st["loss"] for st in ctx.run.steps if isinstance(st.get("loss"), float)}
+        readings = sum(isinstance(st.get("loss"), float) for st in ctx.run.steps)
+        if len(losses) == 1 and readings >= MIN_STEPS and \
+                (ctx.signals.get("constant_predictor_loss") or 0) > 0:
+            # measured: the loss never changed while the weights did, and the targets vary
+            return [self.finding(
+                "architecture", True, hits[0].message + f" Measured: the loss read "
+                f"{losses.pop():.4g} at every one of the {readings} steps recorded, while "
+                "always predicting the label prior would score "
+                f"{ctx.signals['constant_predictor_loss']:.4g}: it does not depend on what "
+                "the model outputs.", loc(hits[0]), strength=0.95, decisive=True,
+                constant_loss_steps=readings)]
+        if kind == "constant":  # what the lint predicts, measured on the model as built
+            return [self.finding(
+                "architecture", True, hits[0].message + f" Measured: the model as built "
+                f"outputs {seen.get('min'):.4g} for every one of the kept rows, whatever their "
+                "inputs: the output does not depend on them.", loc(hits[0]),
+                strength=0.9, decisive=True, output_value=seen.get("min"))]
         return [self.finding("architecture", False, hits[0].message + " (the loss input was not "
                              "measured)", where, strength=0.4)]
 
@@ -180,7 +199,8 @@ class LossOutputMismatch(Probe):
                    "targets): it can never predict a probability below 0.5")
         else:
             why = f"{share:.0%} of the training targets lie outside it and can never be reached"
-        where = _squashed_at_loss(ctx, _SQUASH) or ctx.ref("model") or ctx.ref("loss_fn")
+        where = _squashed_at_loss(ctx, _SQUASH) or output_layer(ctx) or ctx.ref("model") or \
+            ctx.ref("loss_fn")
         lo, hi = seen.get("min"), seen.get("max")
         shown = f"min {lo:.3g}" + (f", max {hi:.3g}" if isinstance(hi, (int, float)) else "")
         return self.finding(
@@ -192,6 +212,25 @@ class LossOutputMismatch(Probe):
             "into the range.",
             where, loss=name, input_kind="bounded", output_range=bound, unreachable_share=share,
             zero_share=seen.get("zero_share"), strength=0.95, decisive=True)
+
+
+def output_layer(ctx: ProbeContext) -> dict | None:
+    """Where a Keras model's output layer was made (its file and line), or None.
+
+    The model reference points at the line that assembled the model; the output's activation
+    was decided on the line of its last layer (:func:`~model_debugger.pitfalls.keras_lint.
+    output_layer_line`).
+    """
+    model = ctx.ref("model")
+    if ctx.framework != "keras" or not model or not model.get("file"):
+        return None
+    text = ctx.source_files.get(model["file"])
+    if not isinstance(text, str):
+        return None
+    from ..pitfalls.keras_lint import output_layer_line
+
+    line = output_layer_line(text)
+    return {**model, "line": line} if line else None
 
 
 def _squashed_at_loss(ctx: ProbeContext, pattern: re.Pattern) -> dict | None:
