@@ -163,21 +163,34 @@ def loss_without_metric(sig: dict):
     """
     base, final = sig.get("constant_predictor_loss"), sig.get("loss_final")
     if not base or base <= 0 or final is None or final > 0.5 * base or \
-            sig.get("majority_rate") is None:
+            sig.get("majority_rate") is None or "loss_min" not in sig:
         return None
     # the training accuracy, measured, beside the training loss it contradicts (validation
-    # rows may hold the classes in other shares than the majority rate of the training set)
-    if sig.get("train_acc_final", 1.0) > sig["majority_rate"] + TRIVIAL_METRIC_MARGIN:
+    # rows may hold the classes in other shares than the majority rate of the training set);
+    # or a loss that read one value at every step: it cannot have trained anything
+    # (a loss printed rounded to 0.0000 by a model that learned is no such loss: its
+    # accuracy is far above the prior's)
+    accs = [sig[f"{s}_acc_final"] for s in ("train", "val") if f"{s}_acc_final" in sig]
+    unmoved = sig.get("loss_points", 0) >= MIN_STEPS and sig.get("loss_max") == sig["loss_min"] \
+        and bool(accs) and max(accs) <= sig["majority_rate"] + ACC_GAP
+    if not unmoved and \
+            sig.get("train_acc_final", 1.0) > sig["majority_rate"] + TRIVIAL_METRIC_MARGIN:
         return None
     if any(sig.get(f"{s}_f1_final", 0.0) >= TRIVIAL_F1 for s in ("train", "val")):
         return None  # a class-balanced score that is not trivial
+    ev = [_ev(sig, "loss_final", "median of the last steps (< 0.5 x the constant predictor's)"),
+          _ev(sig, "constant_predictor_loss", "loss of always predicting the label prior")]
+    if unmoved:
+        ev.append(_ev(sig, "loss_max", f"highest loss: the same value at all "
+                      f"{sig['loss_points']} readings (it does not depend on the model)"))
+    if "train_acc_final" not in sig:
+        return "convergence_to_wrong_solution", ev
+    trivial = sig["train_acc_final"] <= sig["majority_rate"] + TRIVIAL_METRIC_MARGIN
     return "convergence_to_wrong_solution", [
-        _ev(sig, "loss_final", "median of the last steps (< 0.5 x the constant predictor's)"),
-        _ev(sig, "constant_predictor_loss", "loss of always predicting the label prior"),
-        _ev(sig, "train_acc_final", f"'{sig['train_acc_name']}' at the end"),
-        _ev(sig, "majority_rate", f"accuracy of always predicting the majority class (the "
-            f"accuracy is within {TRIVIAL_METRIC_MARGIN:g} of it: the loss does not measure "
-            "what the metric does)")]
+        *ev, _ev(sig, "train_acc_final", f"'{sig['train_acc_name']}' at the end"),
+        _ev(sig, "majority_rate", "accuracy of always predicting the majority class" + (
+            f" (the accuracy is within {TRIVIAL_METRIC_MARGIN:g} of it: the loss does not "
+            "measure what the metric does)" if trivial else ""))]
 
 
 def exploding(sig: dict):

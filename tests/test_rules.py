@@ -556,12 +556,22 @@ def test_loss_without_metric_outranks_gradient_growth():
     assert C.classify(sig).primary == "convergence_to_wrong_solution"
 
 
-@pytest.mark.parametrize("loss, acc", [(0.0, 0.6 + 3 * C.TRIVIAL_METRIC_MARGIN), (0.4, 0.6)])
+def test_loss_without_metric_fires_on_a_loss_that_never_moved_whatever_the_accuracy():
+    """One value at every step: the loss cannot have trained the model (its accuracy drifts)."""
+    sig, _ = fires(C.loss_without_metric, _unmoved_loss_run(0.0, 0.6 + 3 * C.TRIVIAL_METRIC_MARGIN),
+                   "convergence_to_wrong_solution", {"loss_final", "loss_max"})
+    assert sig["loss_max"] == sig["loss_min"] == 0.0
+
+
+@pytest.mark.parametrize("loss, acc", [(syn.decay(100, 1.0, 0.1), 0.6 + 3 * C.TRIVIAL_METRIC_MARGIN),
+                                       (np.full(100, 0.4), 0.6)])
 def test_loss_without_metric_quiet_when_the_metric_learned_or_the_loss_is_near_the_prior(
         loss, acc):
-    """Accuracy above the prior's agrees with a low loss; a loss near the prior's (0.67)
-    agrees with a trivial accuracy: no contradiction either way."""
-    sig, _ = quiet(C.loss_without_metric, _unmoved_loss_run(loss, acc))
+    """Accuracy above the prior's agrees with a falling low loss; a loss near the prior's
+    (0.67) agrees with a trivial accuracy: no contradiction either way."""
+    run = syn.make_run(syn.steps_events(loss), syn.targets_counts(MAJORITY_COUNTS),
+                       syn.metric("val_acc", [acc] * 5), syn.metric("acc", [acc] * 5))
+    sig, _ = quiet(C.loss_without_metric, run)
     assert sig["majority_rate"] == pytest.approx(0.6)
 
 

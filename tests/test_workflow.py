@@ -760,3 +760,29 @@ def test_lr_scale_survives_a_learning_rate_schedule(built):
         else [0.1] * 6
     assert rates == pytest.approx(want)
     assert torch.optim.lr_scheduler.LRScheduler.__init__.__module__ == "torch.optim.lr_scheduler"
+
+
+def test_re_runs_that_cannot_fit_the_budget_are_not_started(tmp_path):
+    """The confirmation budget is a hard limit: once a re-run has shown how long it takes, an
+    intervention whose re-runs would not finish in what is left stays untested, saying why,
+    instead of running past the budget (a GRU's re-runs took 200 s of a 60 s budget)."""
+    import time as _time
+
+    from model_debugger.phases.confirm import confirm
+
+    s = _at_fix(tmp_path, [])
+    nan = syn.make_run(syn.steps_events([1.0, 2.0, 5.0, float("nan")] * 5))
+
+    def slow(seed):
+        _time.sleep(0.6)
+        return nan
+
+    art = syn.CannedArtifact({"current": slow, "current+default_init": slow})
+    guess = Finding("initialization", "architecture", False, "weights 100x the default", None,
+                    {"category": "gradient_instability"})
+    t0 = _time.monotonic()
+    got = confirm(s, art, [guess], Version("current", s.store.path("artifact.py")), 1, 1.5)[0]
+    assert _time.monotonic() - t0 < 2.5
+    assert not got.confirmed
+    assert "untested" in got.evidence["intervention"]
+    assert ("current+default_init", 0) not in art.calls  # the pair could not fit: not started

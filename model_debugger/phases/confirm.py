@@ -76,6 +76,8 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
         else 0
     seeds = list(seeds) if seeds is not None else [base + i for i in range(SEEDS)]
     deadline = time.monotonic() + budget
+    # seconds of the slowest re-run so far; before the first, the reproduction's own time
+    per_run = [_run_seconds(state, max_steps)]
     session.store.isolate_dir(n)
     cls = state.classification
     baseline: list[dict] | None = None
@@ -99,18 +101,35 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                 "untested": f"not re-run: {cured[category]} already removed {category}"}}))
             continue
 
-        def runs(label: str, change: Intervention | None, which: list[int]) -> list[dict]:
+        def runs(label: str, change: Intervention | None, which: list[int]) -> list[dict] | None:
+            """The measured re-runs, or None when one ran into the budget's end (no verdict)."""
             measured = []
             for seed in which:
                 rel = Store.intervention_rel(n, label, seed)
+                left = _budget_left(deadline)
+                t0 = time.monotonic()
                 cap = artifact.run(version, seed, session.store.path(rel), intervention=change,
-                                   max_steps=max_steps, stdout=stdout)
+                                   max_steps=max_steps, stdout=stdout, max_seconds=max(left, 1.0))
+                took = time.monotonic() - t0
+                per_run[0] = max(per_run[0], took)
+                if took >= left:  # stopped by the budget, not by its steps: cut short
+                    return None
                 measured.append(measure(cap.run))
             return measured
 
+        needed = len(seeds) * (2 if baseline is None else 1) * per_run[0]
+        if needed > _budget_left(deadline):  # the re-runs cannot finish within the budget
+            out.append(_untested(finding, intervention, f"the re-runs would take about "
+                                 f"{needed:.0f} s, beyond the {_budget_left(deadline):.0f} s "
+                                 "left of the budget"))
+            continue
         with artifact.holding():
             if baseline is None:
                 baseline = runs("baseline", None, seeds)
+                if baseline is None:
+                    out.append(_untested(finding, intervention, "the baseline re-runs ran into "
+                                         "the end of the budget"))
+                    continue  # (no budget is left: the findings after it stay as judged)
             shown = [s for s, m in zip(seeds, baseline, strict=True) if category in m["categories"]]
             if not shown:  # the bounded re-run does not show the symptom: nothing to test
                 out.append(replace(finding, evidence={**finding.evidence, "intervention": {
@@ -118,7 +137,18 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                     "untested": f"{category} did not show in {len(seeds)} re-runs of "
                                 f"{max_steps} steps"}}))
                 continue
+            needed = len(shown) * per_run[0]
+            if needed > _budget_left(deadline):  # what the baseline took says it cannot fit
+                out.append(_untested(finding, intervention, f"the re-runs would take about "
+                                     f"{needed:.0f} s, beyond the "
+                                     f"{max(_budget_left(deadline), 0):.0f} s left of the "
+                                     "budget"))
+                continue
             after = runs(intervention.id, intervention, shown)
+            if after is None:
+                out.append(_untested(finding, intervention,
+                                     "the re-runs ran into the end of the budget"))
+                continue
         before = [m for s, m in zip(seeds, baseline, strict=True) if s in shown]
         cited = [e.signal for e in cls.evidence] if cls and cls.primary == category else None
         judged = judge(category, before, after, None, cited)
@@ -163,6 +193,24 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                 **finding.evidence, "intervention": result,
                 "strength": 0.5 * float(finding.evidence.get("strength", 0.5))}))
     return [done[i] for i in range(len(findings))]
+
+
+def _untested(finding: Finding, intervention: Intervention, why: str) -> Finding:
+    """``finding`` as the probes judged it, saying why its intervention was not re-run."""
+    return replace(finding, evidence={**finding.evidence, "intervention": {
+        "id": intervention.id, "params": dict(intervention.params), "untested": why}})
+
+
+def _run_seconds(state, max_steps: int | None) -> float:
+    """A first estimate of one re-run's seconds: the reproduction's, for at most its steps."""
+    rep = state.reproduction
+    if rep is None:
+        return 0.0
+    seconds = float(rep.extra.get("seconds") or 0.0)
+    steps = rep.steps
+    if max_steps and steps and steps > max_steps:
+        seconds *= max(max_steps / steps, 0.25)  # (start-up costs the same: not below 1/4)
+    return seconds
 
 
 class _Slot:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..records import Classification, Finding, Run
 from ..trainers import Trainer
+from ..trainers.base import OverBudget
 from .report import SHARED, ProbeReport, ProbeResult
 
 PROBES: dict[str, type[Probe]] = {}
@@ -368,6 +369,8 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
         if progress:
             progress(pid, n, len(ids))
         t0 = time.perf_counter()
+        if ctx.trainer is not None:  # the budget is a hard limit on every copy's training
+            ctx.trainer.deadline = ctx.deadline
         try:
             with np.errstate(all="ignore"):  # a diverged model's inf/nan arithmetic is data
                 result = ProbeResult.of(probe.run(ctx))
@@ -378,9 +381,15 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
                                  {**f.evidence, "category": cat}) for f in result.findings]
             measured.update({name: getattr(result, name) for name in SHARED
                              if getattr(result, name) is not None})
+        except OverBudget:  # stopped at the budget's end: no verdict, and no probe after it
+            timings[pid] = round(time.perf_counter() - t0, 3)
+            break
         except Exception as exc:  # noqa: BLE001 - one broken probe must not hide the rest
             findings.append(Finding(pid, "training_loop", False,
                                     f"probe {pid} could not run: {type(exc).__name__}: {exc}",
                                     None, {"strength": 0.0, "probe_error": True}))
+        finally:
+            if ctx.trainer is not None:
+                ctx.trainer.deadline = float("inf")
         timings[pid] = round(time.perf_counter() - t0, 3)
     return ProbeReport(findings=tuple(rank(findings, order)), probe_seconds=timings, **measured)

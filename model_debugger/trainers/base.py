@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,14 @@ SMALL, LARGE = 0.1, 10.0  # a weight's spread against the default init's: outsid
                           # (fan-out and He schemes reach 5x the default on narrow layers)
 OFFSET = 1.0              # a vector's mean distance from its default beyond this (and 10x its
                           # default spread) is suspect: a bias of -10 before a ReLU
+
+
+class OverBudget(BaseException):  # noqa: N818 - a stop, like KeyboardInterrupt
+    """A probe's training reached the probe budget's deadline (a hard limit): no verdict.
+
+    A ``BaseException``, so that a probe's own ``except Exception`` around a fit cannot turn a
+    stopped experiment into a verdict; :func:`~model_debugger.probes.base.run_probes` catches it.
+    """
 
 
 class SampleTrainer:
@@ -21,6 +30,17 @@ class SampleTrainer:
     """
 
     warm_up = False  # fit once before timing a step (a framework that traces on first call)
+    deadline = float("inf")  # time.monotonic() past which no training step starts
+
+    def on_time(self) -> None:
+        """Raise :class:`OverBudget` once the deadline has passed (checked before each step).
+
+        The probe budget is a hard limit: a probe that trains copies stops at the step that
+        would start late, whatever the model (a GRU whose steps are slow on a loaded machine),
+        and the probe gives no verdict.
+        """
+        if time.monotonic() > self.deadline:
+            raise OverBudget("the probe budget ran out while training a copy")
 
     hyper: dict
     targets: Any

@@ -234,6 +234,7 @@ class KerasTrainer(SampleTrainer):
         n = int(target.shape[0])
         losses: list[float] = []
         for i in range(steps):
+            self.on_time()
             if n <= batch_size:
                 idx = slice(None)
             elif shuffle:
@@ -260,6 +261,7 @@ class KerasTrainer(SampleTrainer):
         step = self._step_fn(model, opt)
         losses, smooth = [], None
         for lr in lrs:
+            self.on_time()
             opt.learning_rate = float(lr)  # assigns the optimizer's variable: no retrace
             inputs, target = self.subset(rng.permutation(self.n)[:64])
             value = float(step(inputs, target))  # the loss before this update

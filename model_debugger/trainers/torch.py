@@ -211,6 +211,7 @@ class TorchTrainer(SampleTrainer):
         losses: list[float] = []
         model.train()
         for i in range(steps):
+            self.on_time()
             if n <= batch_size:
                 idx = slice(None)
             elif shuffle:
@@ -280,6 +281,7 @@ class TorchTrainer(SampleTrainer):
         lrs = np.geomspace(lr_min, lr_max, self.steps_within(steps, floor=60))
         losses, smooth = [], None
         for lr in lrs:
+            self.on_time()
             for group in opt.param_groups:
                 group["lr"] = float(lr)
             idx = torch.randperm(self.n, generator=g)[:64]
