@@ -1131,6 +1131,29 @@ def test_a_model_that_trains_whole_has_no_untrained_share():
     assert compute(Run(rec.events))["untrained_share"] == 0.0
 
 
+def test_a_k_fold_loop_that_builds_a_model_per_fold_trains_whole():
+    """A model and optimizer made first and never used, then a new model and optimizer per
+    fold: each fold's optimizer trains its own model whole. What trains another model than the
+    one the capture first saw says nothing of how much of that one trains (was: 1.0, every
+    weight "never updated", and a healthy k-fold run read as a plateau held up)."""
+    from model_debugger.signals import compute
+
+    def make():
+        return nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+
+    with capture() as rec:
+        model = make()
+        opt = torch.optim.Adam(model.parameters())
+        for _fold in range(3):
+            model = make()
+            opt = torch.optim.Adam(model.parameters())
+            for _ in range(3):
+                opt.zero_grad()
+                F.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 2, (16,))).backward()
+                opt.step()
+    assert compute(Run(rec.events)).get("untrained_share", 0.0) == 0.0
+
+
 def test_containers_the_loop_keeps_are_looked_at_during_the_run():
     """Every 50 steps the user's frames are looked at: a list growing 1 MB a step is seen
     growing, a constant list of parameters (same storage, not growing) is not a growing one."""

@@ -786,3 +786,28 @@ def test_re_runs_that_cannot_fit_the_budget_are_not_started(tmp_path):
     assert not got.confirmed
     assert "untested" in got.evidence["intervention"]
     assert ("current+default_init", 0) not in art.calls  # the pair could not fit: not started
+
+
+def test_a_cure_paid_for_in_validation_loss_does_not_confirm(tmp_path):
+    """A flat training loss; re-run at a higher rate the training loss falls (the signal the
+    category is judged on) while validation ends worse: the change fits the training rows
+    harder, it is no cure. The same fall with validation improving confirms."""
+    from model_debugger.phases.confirm import confirm
+
+    s = _at_fix(tmp_path, [])
+    flat = syn.make_run(syn.steps_events([0.69] * 40), syn.metric("val_loss", [0.70] * 4))
+
+    def falling(val):
+        return syn.make_run(syn.steps_events([0.69 - 0.0125 * i for i in range(40)]),
+                            syn.metric("val_loss", [0.70, 0.72, 0.75, val]))
+
+    lever = Finding("lr_range", "hyperparameter", False, "the rate is 100x too low", None,
+                    {"category": "loss_not_decreasing", "lr": 1e-4, "safe_lr": 1e-2})
+    worse = syn.CannedArtifact({"current": flat, "current+lr_scale": falling(0.80)})
+    got = confirm(s, worse, [lever], Version("current", s.store.path("artifact.py")), 1, 60.0)[0]
+    assert not got.confirmed
+    assert got.evidence["intervention"]["validation_worse"] == {"before": 0.7, "after": 0.8}
+    assert "validation loss ended worse" in got.explanation
+    better = syn.CannedArtifact({"current": flat, "current+lr_scale": falling(0.40)})
+    got = confirm(s, better, [lever], Version("current", s.store.path("artifact.py")), 2, 60.0)[0]
+    assert got.confirmed and "validation_worse" not in got.evidence["intervention"]

@@ -230,6 +230,9 @@ class OptimizerHooks:
             return
         self._updated.update(id(p) for p in params)
         sizes = {id(p): p.numel() for p in model.parameters()}  # (a tied weight counts once)
+        if not any(id(p) in sizes for p in params):
+            return  # it trains another model (each fold of a k-fold loop builds its own): it
+            # says nothing of how much of this one trains
         self.rec.emit("trained", params=sum(sizes.values()),
                       updated=sum(n for i, n in sizes.items() if i in self._updated))
 

@@ -11,6 +11,7 @@ patches inside the re-run (:mod:`model_debugger.interventions`).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -160,6 +161,9 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
             judged["improvement"] > judged["noise_band"]
         moved = beyond or (gone and len(shown) >= SEEDS and judged["improvement"] is not None
                            and judged["improvement"] > 0)
+        paid = _validation_worse(before, after) if category == "loss_not_decreasing" else None
+        if paid is not None:  # the training loss fell further, held-out rows did worse: the
+            moved = gone = beyond = False  # change fits the training set harder, no cure
         result = {"id": intervention.id, "params": dict(intervention.params),
                   "metric": judged["metric"], "direction": judged["direction"],
                   "before": judged["before"]["values"], "after": judged["after"]["values"],
@@ -168,6 +172,8 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                   "symptom_gone": gone, "seeds": shown, "max_steps": max_steps,
                   "moved": moved, "verdict": judged["verdict"],
                   "after_categories": judged["after"]["categories"]}
+        if paid is not None:
+            result["validation_worse"] = paid
         word = "moved" if beyond else \
             f"removed {category} from every re-run that showed it, and moved" if moved else \
             "did not move"
@@ -178,6 +184,7 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                        f"({_num(judged['before']['mean'])} -> {_num(judged['after']['mean'])}, "
                        f"band {judged['noise_band']:.3g}, seeds {shown})"
                        f"{'; the symptom is gone' if moved and gone else ''}"
+                       f"{_paid_text(paid)}"
                        f"{'; but the re-runs show ' + ', '.join(sorted(set(new))) if new else ''}.")
         if moved and gone and not new:
             cured[category] = intervention.id
@@ -193,6 +200,35 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                 **finding.evidence, "intervention": result,
                 "strength": 0.5 * float(finding.evidence.get("strength", 0.5))}))
     return [done[i] for i in range(len(findings))]
+
+
+VAL_WORSE = 1.02  # a validation loss 2% above the unmodified re-runs': the cure cost generalisation
+
+
+def _validation_worse(before: list[dict], after: list[dict]) -> dict | None:
+    """The validation losses when the intervention's re-runs ended worse on them, else None.
+
+    A change that lets a model fit its training rows harder (a higher learning rate on a
+    loss settled at a noisy task's floor) moves the training loss it is judged on while the
+    rows it never saw get worse: that is no cure for a loss that does not decrease.
+    """
+    def mean(side: list[dict]) -> float | None:
+        vals = [m["signals"].get("val_loss_final") for m in side]
+        vals = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+        return sum(vals) / len(vals) if vals and len(vals) == len(side) else None
+
+    b, a = mean(before), mean(after)
+    if b is None or a is None or b <= 0 or not a > VAL_WORSE * b:
+        return None
+    return {"before": round(b, 6), "after": round(a, 6)}
+
+
+def _paid_text(paid: dict | None) -> str:
+    if paid is None:
+        return ""
+    return (f"; but the validation loss ended worse ({_num(paid['before'])} -> "
+            f"{_num(paid['after'])}): the change fits the training rows harder, it does not "
+            "cure the plateau")
 
 
 def _untested(finding: Finding, intervention: Intervention, why: str) -> Finding:
