@@ -85,6 +85,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._nonfinite_seen = False
         self._epoch_base = 0
         self._steps = 0
+        self._gradients = 0  # tape.gradient calls on a scalar loss outside fit
+        self._unapplied: list = []  # their losses while no optimizer has applied anything
         self._eval_seen = False  # the first evaluation forward is referenced (eval_forward)
         self._init_args: dict[int, tuple] = {}  # id(model) -> (weakref, args, kwargs)
         self._gpu = None
@@ -179,6 +181,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._emit_overhead()
         if self._steps:  # imported but not trained with (PyTorch did the training): say nothing
             self.rec.emit("calls", optimizer_steps=self._steps, backward=self._steps)
+        elif self._gradients:
+            self._emit_unapplied()
 
     def _emit_targets(self) -> None:
         self._observe_outputs()

@@ -37,6 +37,8 @@ from .norms import MGN_MAX
 from .norms import window as norms_window
 from .sampler import OverheadWatch
 
+UNAPPLIED_MAX = 100_000  # losses kept of gradients no optimizer applied
+
 
 class StepHooks(OverheadWatch, HeldWatch):
     """``GradientTape.gradient`` and ``BaseOptimizer.apply``: the loss and norms of each step."""
@@ -75,6 +77,23 @@ class StepHooks(OverheadWatch, HeldWatch):
             self._target = target
             if not self._fit_depth:
                 self.ref("backward", user_location(sys._getframe()))
+                self._gradients += 1
+                if not self._steps and len(self._unapplied) < UNAPPLIED_MAX and \
+                        not tf.is_symbolic_tensor(target):  # eager: its value is at hand
+                    self._unapplied.append(num(float(target.numpy())))
+
+    def _emit_unapplied(self) -> None:
+        """A custom loop took gradients but no optimizer ever applied them: say so, truthfully.
+
+        Each eager ``tape.gradient`` call's loss becomes a step with nothing updated (the
+        loss a loop without ``apply_gradients`` shows: flat), and an ``unapplied`` event
+        counts the gradients taken; the ``calls`` event has no optimizer step.
+        """
+        for i, loss in enumerate(self._unapplied):
+            self.rec.emit("step", i=i, ep=0, loss=loss, gn=None, dt=None, dw=None, tm=True)
+        self.rec.step = len(self._unapplied)
+        self.rec.emit("unapplied", gradients=self._gradients, steps=len(self._unapplied))
+        self.rec.emit("calls", optimizer_steps=0, backward=self._gradients)
 
     def _wrap_apply(self, original):
         link = self._link

@@ -1,0 +1,37 @@
+"""``gradients_unapplied``: a custom loop takes gradients and never applies them.
+
+``tape.gradient`` runs every step, but no optimizer ``apply_gradients`` / ``apply`` follows:
+the weights never change and the loss stays where the initial model put it. Measured by the
+capture (the ``unapplied`` event: gradients taken, no optimizer step in the whole run), so the
+finding is decisive. Located at the line that takes the gradients, where the update belongs.
+"""
+
+from __future__ import annotations
+
+from .base import Probe, ProbeContext, register
+
+
+@register
+class GradientsUnapplied(Probe):
+    """The capture's count of gradients taken without any optimizer step."""
+
+    id = "gradients_unapplied"
+    cost = 0
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "gradient_instability",
+                  "overfitting", "healthy")
+    reveals = "loss_not_decreasing"  # a run that looked healthy never trained
+    fix = ("Apply the gradients after taking them: optimizer.apply_gradients(zip(grads, "
+           "model.trainable_variables)) in every training step.")
+
+    def run(self, ctx: ProbeContext):
+        """Confirmed when the run took gradients and no optimizer applied any of them."""
+        event = ctx.run.first("unapplied")
+        if not event or not event.get("gradients"):
+            return []
+        return [self.finding(
+            "training_loop", True,
+            f"The loop took gradients {event['gradients']} times (tape.gradient) but no "
+            "optimizer applied them (no apply_gradients or apply in the whole run): the weights "
+            "never changed, so the loss stays where the initial model put it.",
+            ctx.ref("backward"), gradients=event["gradients"], optimizer_steps=0,
+            strength=0.95, decisive=True)]
