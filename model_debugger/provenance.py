@@ -79,6 +79,42 @@ def data_origin(location: dict | None, role: str | None = None) -> dict | None:
     return {**location, "line": line, "used_at": location["line"]}
 
 
+_SCALING = {"fit_transform", "transform", "normalize", "scale", "minmax_scale", "robust_scale",
+            "maxabs_scale", "standardize", "normalise", "standardise"}
+
+
+def discarded_scaling(location: dict | None) -> dict | None:
+    """A scaling call before ``location`` whose result is thrown away, or None.
+
+    ``scaler.fit_transform(X_train)`` written as a statement of its own: the scaled copy is
+    computed and dropped, the raw array trains. Such a line is where unscaled data was made
+    (the scaling that was meant to happen there did not), so a finding about the data's scale
+    belongs on it. The last such statement before the use line (``used_at`` when traced).
+    """
+    if not location or not location.get("file") or not isinstance(location.get("line"), int):
+        return None
+    path = location["file"]
+    try:
+        tree = _parse(path, os.path.getmtime(path))
+    except OSError:
+        return None
+    if tree is None:
+        return None
+    before = location.get("used_at") or location["line"]
+    found = []  # (fitted here, line): a fit_transform is where the training data was meant
+    for node in ast.walk(tree):  # to be scaled; a transform may be the test split's
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
+                node.lineno < before:
+            func = node.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else \
+                func.id if isinstance(func, ast.Name) else None
+            if name in _SCALING and node.value.args:
+                found.append((name == "fit_transform", node.lineno))
+    if not found:
+        return None
+    return {**location, "line": max(found)[1], "used_at": before}
+
+
 def setting_origin(location: dict | None, keyword: str) -> dict | None:
     """The line that set the value a call at ``location`` passes as ``keyword=``.
 

@@ -587,3 +587,25 @@ def test_a_random_split_keeps_the_scale_but_changes_the_rows(tmp_path, role, exp
         source = source.replace("# <made>", "").replace("# <split>", "# <made>")
     got, made, use = _origin(tmp_path, source, role)
     assert got == made != use
+
+
+@pytest.mark.parametrize("assigned", [False, True])
+def test_a_scaling_whose_result_is_thrown_away_is_where_unscaled_data_was_made(tmp_path,
+                                                                               assigned):
+    from model_debugger.provenance import discarded_scaling
+
+    fit = "X_tr = scaler.fit_transform(X_tr)" if assigned else "scaler.fit_transform(X_tr)"
+    test = "X_te = scaler.transform(X_te)" if assigned else "scaler.transform(X_te)"
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(f"""\
+        X_tr, X_te, y_tr, y_te = split(X, y)
+        scaler = StandardScaler()
+        {fit}
+        {test}
+        model.fit(X_tr, y_tr)
+        """))
+    got = discarded_scaling({"file": str(path), "line": 1, "used_at": 5})
+    if assigned:
+        assert got is None  # the scaled copies are used: nothing was thrown away
+    else:  # the training split's fit_transform, not the test split's transform
+        assert got == {"file": str(path), "line": 3, "used_at": 5}

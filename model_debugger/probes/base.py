@@ -131,6 +131,10 @@ class Probe:
     traces_origin : bool
         Whether its ``data`` findings are moved to where the data was made (False: its location
         is already the code at fault, e.g. a slow collate function).
+    about_scale : bool
+        Whether its ``data`` findings are about the data's scale: a scaling call whose result
+        was thrown away before the use (``scaler.fit_transform(X)`` as a statement) is then
+        where the unscaled data was made (:func:`~model_debugger.provenance.discarded_scaling`).
     suggested_by : tuple of str
         Signals that point at this probe's cause: when the classification cites one, the probe
         runs before the others (the most likely cause is tested while the budget lasts).
@@ -160,6 +164,7 @@ class Probe:
     data_role: str | None = None
     suggested_by: tuple[str, ...] = ()
     traces_origin: bool = True
+    about_scale: bool = False
     reveals: str | None = None
     lever: bool = False
     cost: int = 0
@@ -211,6 +216,10 @@ class Probe:
             from ..provenance import data_origin
 
             location = data_origin(location, self.data_role)
+            if self.about_scale:
+                from ..provenance import discarded_scaling
+
+                location = discarded_scaling(location) or location
         return Finding(self.id, root_cause, confirmed, explanation, location,
                        {k: _jsonable(v) for k, v in evidence.items()})
 

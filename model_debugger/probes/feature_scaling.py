@@ -38,6 +38,7 @@ class FeatureScaling(Probe):
     """Find input features whose scale is far from the others'."""
 
     id = "feature_scaling"
+    about_scale = True
     cost = 2
     data_role = "inputs"
     categories = ("gradient_instability", "loss_not_decreasing")

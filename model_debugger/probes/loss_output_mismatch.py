@@ -10,6 +10,7 @@ import re
 
 from ..thresholds import MIN_STEPS
 from ._lint import lint_hits, loc
+from ._made import output_module_location
 from .base import Probe, ProbeContext, register
 
 # loss -> the kinds of input it must not receive (the capture's ``loss_input`` kinds)
@@ -199,8 +200,8 @@ class LossOutputMismatch(Probe):
                    "targets): it can never predict a probability below 0.5")
         else:
             why = f"{share:.0%} of the training targets lie outside it and can never be reached"
-        where = _squashed_at_loss(ctx, _SQUASH) or output_layer(ctx) or ctx.ref("model") or \
-            ctx.ref("loss_fn")
+        where = _squashed_at_loss(ctx, _SQUASH) or output_layer(ctx) or \
+            output_module_location(ctx) or ctx.ref("model") or ctx.ref("loss_fn")
         lo, hi = seen.get("min"), seen.get("max")
         shown = f"min {lo:.3g}" + (f", max {hi:.3g}" if isinstance(hi, (int, float)) else "")
         return self.finding(

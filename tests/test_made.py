@@ -1,0 +1,58 @@
+"""The line that made a PyTorch model's output module, for findings about the output."""
+
+from __future__ import annotations
+
+import textwrap
+import types
+
+import torch
+from torch import nn
+
+from model_debugger.probes._made import attribute_line, output_module_location
+from model_debugger.trainers.torch import TorchTrainer
+
+SOURCE = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+
+    class Regressor(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(d, 8), nn.ReLU())
+            self.head = nn.Sequential(nn.Linear(8, 1), nn.ReLU())
+
+        def forward(self, x):
+            return self.head(self.body(x))
+""")
+
+
+class Regressor(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(d, 8), nn.ReLU())
+        self.head = nn.Sequential(nn.Linear(8, 1), nn.ReLU())
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def _ctx(model, model_line):
+    x, y = torch.randn(32, 3), torch.randn(32)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    tr = TorchTrainer(model, state, {"cls": torch.optim.SGD, "hyper": {"lr": 0.1}},
+                      {"name": "mse_loss"}, [((x,), y)])
+    refs = {"model": {"file": "train.py", "line": model_line}}
+    return types.SimpleNamespace(framework="torch", trainer=tr, ref=refs.get,
+                                 source_files={"train.py": SOURCE})
+
+
+def test_the_output_module_is_located_at_its_attribute_assignment():
+    where = output_module_location(_ctx(Regressor(3), 5))
+    assert where == {"file": "train.py", "line": 9}  # self.head = ..., not the class line
+
+
+def test_a_model_without_attributes_keeps_no_line():
+    assert output_module_location(_ctx(nn.Sequential(nn.Linear(3, 1), nn.ReLU()), 5)) is None
+    assert attribute_line(SOURCE, 5, "missing") is None
+    assert attribute_line("def broken(:\n", 1, "head") is None
