@@ -256,13 +256,34 @@ class LoopHooks:
             if inst is None or inst._fit_depth:
                 return original(fn, *args, **kwargs)
             inst._work_enter()
+            taken = inst._gradients
             try:
-                return original(fn, *args, **kwargs)
+                out = original(fn, *args, **kwargs)
             finally:
                 inst._work_exit()
+            inst.guard(inst._on_function_out)(fn, out, inst._gradients > taken)
+            return out
 
         __call__.__wrapped__ = original
         return __call__
+
+    def _on_function_out(self, fn, out, took_gradients: bool) -> None:
+        """A traced step that takes gradients: its scalar loss while no optimizer has applied any.
+
+        Its ``tape.gradient`` runs once, when the function is traced; each call's returned
+        loss is what a loop without ``apply_gradients`` would show (kept as unapplied steps,
+        see :meth:`~model_debugger.capture.keras_steps.StepHooks._emit_unapplied`).
+        """
+        if took_gradients:
+            self._grad_fns.add(id(fn))
+        if self._steps or id(fn) not in self._grad_fns or len(self._unapplied) >= 100_000:
+            return
+        if isinstance(out, (tuple, list)) and out:
+            out = out[0]
+        tf = self._tf
+        if isinstance(out, tf.Tensor) and not tf.is_symbolic_tensor(out) and \
+                out.dtype.is_floating and out.shape.num_elements() == 1:
+            self._unapplied.append(float(out.numpy().reshape(-1)[0]))
 
     def _wrap_data(self, original):
         """``tf.data`` iteration in a custom loop (making the iterator, taking a batch): data wait.

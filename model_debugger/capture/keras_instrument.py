@@ -87,6 +87,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._steps = 0
         self._gradients = 0  # tape.gradient calls on a scalar loss outside fit
         self._unapplied: list = []  # their losses while no optimizer has applied anything
+        self._grad_fns: set[int] = set()  # tf.functions whose trace took gradients
         self._eval_seen = False  # the first evaluation forward is referenced (eval_forward)
         self._init_args: dict[int, tuple] = {}  # id(model) -> (weakref, args, kwargs)
         self._gpu = None

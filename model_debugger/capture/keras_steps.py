@@ -80,7 +80,7 @@ class StepHooks(OverheadWatch, HeldWatch):
                 self._gradients += 1
                 if not self._steps and len(self._unapplied) < UNAPPLIED_MAX and \
                         not tf.is_symbolic_tensor(target):  # eager: its value is at hand
-                    self._unapplied.append(num(float(target.numpy())))
+                    self._unapplied.append(float(target.numpy()))
 
     def _emit_unapplied(self) -> None:
         """A custom loop took gradients but no optimizer ever applied them: say so, truthfully.
@@ -90,7 +90,7 @@ class StepHooks(OverheadWatch, HeldWatch):
         counts the gradients taken; the ``calls`` event has no optimizer step.
         """
         for i, loss in enumerate(self._unapplied):
-            self.rec.emit("step", i=i, ep=0, loss=loss, gn=None, dt=None, dw=None, tm=True)
+            self.rec.emit("step", i=i, ep=0, loss=num(loss), gn=None, dt=None, dw=None, tm=True)
         self.rec.step = len(self._unapplied)
         self.rec.emit("unapplied", gradients=self._gradients, steps=len(self._unapplied))
         self.rec.emit("calls", optimizer_steps=0, backward=self._gradients)

@@ -8,6 +8,8 @@ finding is decisive. Located at the line that takes the gradients, where the upd
 
 from __future__ import annotations
 
+import ast
+
 from .base import Probe, ProbeContext, register
 
 
@@ -33,5 +35,25 @@ class GradientsUnapplied(Probe):
             f"The loop took gradients {event['gradients']} times (tape.gradient) but no "
             "optimizer applied them (no apply_gradients or apply in the whole run): the weights "
             "never changed, so the loss stays where the initial model put it.",
-            ctx.ref("backward"), gradients=event["gradients"], optimizer_steps=0,
-            strength=0.95, decisive=True)]
+            _gradient_line(ctx) or ctx.ref("backward"), gradients=event["gradients"],
+            optimizer_steps=0, strength=0.95, decisive=True)]
+
+
+def _gradient_line(ctx: ProbeContext) -> dict | None:
+    """The one ``<tape>.gradient(...)`` call of the file the gradients were taken from.
+
+    Inside a ``tf.function`` the capture sees the gradient taken while the step is traced,
+    from the loop's line that calls it; the update belongs beside the gradient call itself.
+    None when the file holds none or several.
+    """
+    where = ctx.ref("backward")
+    text = ctx.source_files.get(where["file"]) if where and where.get("file") else None
+    if not isinstance(text, str):
+        return None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    lines = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and
+             isinstance(n.func, ast.Attribute) and n.func.attr == "gradient"}
+    return {**where, "line": lines.pop()} if len(lines) == 1 else None
