@@ -165,7 +165,6 @@ model.compile(optimizer="adam", loss="binary_crossentropy")
     ("layers.Dense(1)", '"mse"'),
     ("layers.Dense(10)", "keras.losses.CategoricalCrossentropy(from_logits=use_logits)"),
     ("MyHead(10)", "keras.losses.CategoricalCrossentropy(from_logits=True)"),
-    ('layers.Dense(10, activation="relu")', '"categorical_crossentropy"'),
 ])
 def test_loss_output_mismatch_silent_when_output_and_loss_agree(head, loss):
     assert_silent(f"""
@@ -539,3 +538,16 @@ def test_output_layer_line_is_the_line_that_made_the_last_layer(body, marked):
 
     src = _src(body)
     assert output_layer_line(src) == (_marked(src)[0] if marked else None)
+
+
+def test_a_relu_output_under_a_probability_loss_fires_at_the_activation():
+    """A ReLU's outputs are no distribution: Keras divides them by their sum (0/0 on a row of
+    zeros: NaN) and clips; the hit is on the activation that made the output."""
+    hit = assert_fires("""
+model = keras.Sequential()
+model.add(layers.Dense(64, input_dim=64, activation="relu"))
+model.add(layers.Dense(10, activation="relu"))  # <-
+model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
+model.fit(x, y)
+""", "loss_output_mismatch", "architecture")
+    assert 'activation="softmax"' in hit.message and "NaN" in hit.message

@@ -174,7 +174,7 @@ def _feeds(idx: Index, use: ast.Call, model: ast.AST) -> bool:
 
 def _output_rules(idx: Index, model: ast.AST, mine: list, no_compile: bool) -> list[tuple]:
     layer = idx.last_layer(model)
-    if layer is None or layer.kind in ("unknown", "other"):
+    if layer is None or layer.kind == "unknown":
         return []
     out = []
     if layer.kind == "softmax" and layer.units == 1:
@@ -204,6 +204,16 @@ def _output_rules(idx: Index, model: ast.AST, mine: list, no_compile: bool) -> l
         if layer.kind in ("softmax", "sigmoid") and logits is True:
             out.append(("loss_output_mismatch", "architecture", layer.node.lineno,
                         _squash_twice(layer.kind, text)))
+        elif layer.kind == "other" and layer.dense and logits is False and comp is not None \
+                and isinstance(layer.node, ast.Constant):
+            squash = "sigmoid" if family == "binary" else "softmax"
+            out.append(("loss_output_mismatch", "architecture", layer.node.lineno, (
+                f"the last Dense layer has activation=\"{layer.node.value}\", which does not "
+                f"give probabilities, but the loss `{text}` treats its outputs as probabilities "
+                f"(from_logits is False): Keras clips them to [1e-7, 1-1e-7]"
+                f"{' after dividing by their sum (a row of zeros, which a ReLU gives, divides 0 by 0: NaN)' if family != 'binary' else ''}"
+                f", so the loss stalls, jumps or goes NaN. Use activation=\"{squash}\" on the "
+                "last layer (or none, with from_logits=True).")))
         elif layer.kind == "linear" and layer.dense and logits is False and comp is not None:
             squash = "sigmoid" if family == "binary" else "softmax"
             out.append(("loss_output_mismatch", "architecture", loss.lineno, (

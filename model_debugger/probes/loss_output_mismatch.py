@@ -112,7 +112,8 @@ class LossOutputMismatch(Probe):
         measured = kind in _EXPECTS_LOGITS.get(name, ())
         if not hits and not measured:
             return []
-        where = loc(hits[0]) if hits else ctx.ref("model") or ctx.ref("loss_fn")
+        where = loc(hits[0]) if hits else output_layer(ctx) or output_module_location(ctx) \
+            or ctx.ref("model") or ctx.ref("loss_fn")
         if measured:  # made at the loss call (``crit(torch.softmax(out, 1), y)``), or the model
             where = _squashed_at_loss(ctx, _PROBABILITIES) or where
             return [self.finding(
