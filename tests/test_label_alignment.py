@@ -201,3 +201,18 @@ def test_knn_score_reads_classes_and_regression_targets():
     assert abs(knn_score(x, rng.integers(0, 2, 600), classes=True) - 0.5) < 0.1
     assert knn_score(x, 3 * x[:, 1], classes=False) > 0.8
     assert knn_score(x, rng.normal(size=600), classes=False) < 0.1
+
+
+@pytest.mark.parametrize("sig", [
+    {"constant_predictor_loss": 0.69, "val_loss_min": 0.5},
+    {"majority_rate": 0.5, "val_acc_max": 0.75}])
+def test_a_run_that_generalised_is_a_witness_that_its_labels_are_aligned(sig):
+    """Copies that learn nothing in the budget (here: noise labels) say nothing when the run
+    itself predicted validation rows well beyond the prior: misaligned labels cannot do that."""
+    tr = trainer(0, 0.0)
+    ctx = types.SimpleNamespace(trainer=tr, time_left=lambda: 300.0, ref=lambda _key: None,
+                                signals=sig)
+    assert LabelAlignment().run(ctx) == []
+    ctx.signals = {"constant_predictor_loss": 0.69, "val_loss_min": 0.68,
+                   "majority_rate": 0.5, "val_acc_max": 0.52}  # at the prior: no witness
+    assert len(LabelAlignment().run(ctx)) == 1

@@ -31,6 +31,8 @@ CHECKS = 10    # held-out loss read 10 times per fit; the best counts (overfitti
 SHUFFLES = 2
 MARGIN = 0.97  # real held-out loss must be below 97% of the shuffled one
 CLEAR = 0.9    # ... and below 90% on the first fold is clear enough to stop there
+GENERALISED = 0.8      # the run's best validation loss at most this share of the prior's, or
+GENERALISED_ACC = 0.1  # its best validation accuracy this far above the majority rate
 WITNESS_MARGIN = 0.05  # a k-NN's held-out accuracy (or R^2) this far above shuffled labels'
 UNTRAINED = 1.1  # best held-out loss above 1.1x the constant predictor's: the copies did not
                  # learn even the label prior (too few steps for this data, or diverged): no verdict
@@ -104,7 +106,7 @@ class LabelAlignment(Probe):
         never reach the constant predictor's loss, or when the fits do not fit the probe budget.
         """
         tr = ctx.trainer
-        if tr is None or tr.n < 64:
+        if tr is None or tr.n < 64 or _run_generalised(getattr(ctx, "signals", None)):
             return []
         n = min(ROWS, tr.n)
         rng = np.random.default_rng(0)
@@ -180,6 +182,24 @@ class LabelAlignment(Probe):
             knn_real=witness[0] if witness else None,
             knn_shuffled=witness[1] if witness else None,
             strength=0.85, decisive=True)]
+
+
+def _run_generalised(sig: dict | None) -> bool:
+    """Whether the run itself predicted held-out rows clearly better than the prior.
+
+    The run is a witness too: a model trained on misaligned labels cannot generalise to
+    validation rows (its validation accuracy or loss stays at the prior's), so a validation
+    score well beyond the prior's says the labels carry information, whatever fresh copies
+    learn within the probe's budget (an embedding model needs more steps than it affords).
+    """
+    sig = sig or {}
+    base, low = sig.get("constant_predictor_loss"), sig.get("val_loss_min")
+    if isinstance(base, (int, float)) and isinstance(low, (int, float)) and base > 0 and \
+            low <= GENERALISED * base:
+        return True
+    acc, prior = sig.get("val_acc_max"), sig.get("majority_rate")
+    return isinstance(acc, (int, float)) and isinstance(prior, (int, float)) and \
+        acc >= prior + GENERALISED_ACC
 
 
 def _witness(ctx: ProbeContext, inputs, target, rng: np.random.Generator):
