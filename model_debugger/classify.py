@@ -283,9 +283,10 @@ def overfitting(sig: dict):
     Where the training loss is known, the training set must also end fitted better than the
     validation set (validation loss above training loss): a validation rise that stays below a
     training loss that is not falling is a noisy or unstable run, not a generalisation gap.
-    The rise must also give back at least ``VAL_RISE_SHARE`` of what the validation loss had
-    gained over the constant predictor's: from a minimum near zero a rise of 150% can be a few
-    hundredths, a classifier growing confident on a handful of rows while its accuracy holds.
+    The rise, or the gap between validation and training loss, must also reach
+    ``VAL_RISE_SHARE`` of what the validation loss had gained over the constant predictor's:
+    from a minimum near zero a rise of 150% can be a few hundredths, a classifier growing
+    confident on a handful of rows while its accuracy holds.
     """
     if sig.get("val_loss_rise", 0) >= VAL_RISE and sig["val_loss_min_index"] < sig["val_points"] - 1:
         if "train_loss_final" in sig and \
@@ -295,9 +296,10 @@ def overfitting(sig: dict):
             return None  # validation still below training: no gap to speak of
         base, low = sig.get("constant_predictor_loss"), sig["val_loss_min"]
         if base is not None and base > low and \
-                sig["val_loss_final"] - low < VAL_RISE_SHARE * (base - low):
-            return None  # a rise small against what was learned: a well-fitted model's
-            # confidence drifting on a few rows, not a model that stopped generalising
+                sig["val_loss_final"] - low < VAL_RISE_SHARE * (base - low) and \
+                sig.get("gap_final", 0.0) < VAL_RISE_SHARE * (base - low):
+            return None  # a rise and a gap both small against what was learned: a well-
+            # fitted model's confidence drifting on a few rows, not one that stopped generalising
         ev = [_ev(sig, "val_loss_min", f"'{sig['val_loss_name']}' best value, at point "
                   f"{sig['val_loss_min_index']}"),
               _ev(sig, "val_loss_final", "last value"),

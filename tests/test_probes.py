@@ -600,7 +600,8 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     # nothing to isolate in a healthy run: only the probes written for healthy runs look
     report = probing.probe(healthy)
     healthy_probes = {pid for pid, cls in PROBES.items() if "healthy" in cls.categories}
-    assert healthy_probes == {"target_copy", "small_batches", "lint", "framework_warnings"}
+    assert healthy_probes == {"target_copy", "small_batches", "lint", "framework_warnings",
+                              "gradients_unapplied"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy
     # and lint look and find nothing
     assert report.findings == () and set(report.probe_seconds) == {"target_copy", "lint"}

@@ -398,12 +398,17 @@ def _with_targets(run: Run, counts) -> Run:
 def test_overfitting_quiet_when_the_rise_is_small_against_what_was_learned():
     """From a minimum near zero a large relative rise is a few hundredths of the loss: a
     classifier growing confident on a few rows (ten classes: the prior's loss is ln 10)."""
-    run = _with_targets(_overfit_run(1.5 * C.VAL_RISE), [10] * 10)
+    run = _with_targets(_overfit_run(1.5 * C.VAL_RISE, scale=4.0), [10] * 10)
     sig, cls = quiet(C.overfitting, run)
     gained = sig["constant_predictor_loss"] - sig["val_loss_min"]
     assert sig["val_loss_rise"] >= C.VAL_RISE
     assert sig["val_loss_final"] - sig["val_loss_min"] < C.VAL_RISE_SHARE * gained
+    assert 0 < sig["gap_final"] < C.VAL_RISE_SHARE * gained
     assert cls.primary != "overfitting"
+    # the same small rise with the training set fitted far better than validation: a gap
+    sig, _ = fires(C.overfitting, _with_targets(_overfit_run(1.5 * C.VAL_RISE), [10] * 10),
+                   "overfitting", {"val_loss_rise", "gap_final"})
+    assert sig["gap_final"] >= C.VAL_RISE_SHARE * gained
     # the same rise against a prior whose loss is close to the minimum gives back most of it
     sig, _ = fires(C.overfitting, _with_targets(_overfit_run(1.5 * C.VAL_RISE), [60, 40]),
                    "overfitting", {"val_loss_rise"})

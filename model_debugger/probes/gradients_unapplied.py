@@ -21,6 +21,7 @@ class GradientsUnapplied(Probe):
     cost = 0
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "gradient_instability",
                   "overfitting", "healthy")
+    frameworks = ("keras",)  # (PyTorch records a step at each backward: detached_output)
     reveals = "loss_not_decreasing"  # a run that looked healthy never trained
     fix = ("Apply the gradients after taking them: optimizer.apply_gradients(zip(grads, "
            "model.trainable_variables)) in every training step.")
