@@ -192,9 +192,11 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
     """
     if not targets:
         return None, None
-    if targets.get("reduction") == "sum":  # summed over the batch: another scale, no baseline
+    if targets.get("reduction") == "sum" or targets.get("weighted"):
+        # summed over the batch, or weighted per class or sample (Keras class_weight): another
+        # scale than the constant predictor's, so no baseline; the majority rate stands
         return None, constant_predictor({k: v for k, v in targets.items()
-                                         if k != "reduction"})[1]
+                                         if k not in ("reduction", "weighted")})[1]
     loss = targets.get("loss")
     counts = targets.get("counts")
     if counts and loss in ("cross_entropy", "nll_loss"):

@@ -1389,3 +1389,18 @@ def test_the_loss_of_one_row_per_step_is_judged_on_means_of_enough_rows():
     sig = compute(batches)
     assert "loss_window" not in sig
     assert C.classify(sig).primary == "gradient_instability"
+
+
+def test_a_weighted_loss_has_no_constant_predictor_baseline():
+    """Keras class_weight={1: 30} puts the loss on another scale than the prior's entropy: a
+    healthy weighted run ends above the unweighted constant predictor's loss without being
+    stuck. The baseline is dropped (as for a summed loss); the majority rate stands."""
+    targets = {**syn.targets_counts([97, 3]), "weighted": True}
+    run = syn.make_run(syn.steps_events(syn.decay(100, 1.2, 0.5)), targets)
+    sig, cls = quiet(C.not_decreasing, run)
+    assert sig.get("constant_predictor_loss") is None
+    assert sig["majority_rate"] == pytest.approx(0.97)
+    assert cls.primary == HEALTHY
+    unweighted = compute(syn.make_run(syn.steps_events(syn.decay(100, 1.2, 0.5)),
+                                      syn.targets_counts([97, 3])))
+    assert C.classify(unweighted).primary == "loss_not_decreasing"  # what it read before

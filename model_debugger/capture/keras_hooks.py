@@ -81,6 +81,9 @@ class FitHooks:
             if loss is not None:
                 self.keeper.loss = loss
                 self.labels.loss, self.labels.keras = loss["name"], loss["keras"]
+        if arguments.get("class_weight") is not None or \
+                arguments.get("sample_weight") is not None:
+            self.labels.weighted = True  # the loss is on another scale than the prior's
         x, y = arguments.get("x"), arguments.get("y")
         if y is None and x is not None and not hasattr(x, "shape"):
             self.keeper.train_loader = self.keeper.train_loader or x

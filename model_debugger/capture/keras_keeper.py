@@ -77,6 +77,7 @@ class LabelStats:
         # bounded output has: [0, inf), [0, 1], [-1, 1])
         self.moments = np.zeros(5)
         self.outputs: dict | None = None  # the trained model's outputs on kept rows
+        self.weighted = False  # fit weighted the loss (class_weight, sample_weight)
 
     def observe(self, y) -> None:
         """Add one batch of targets ``y``: class counts (cross-entropy) or sum and sum of squares.
@@ -135,6 +136,8 @@ class LabelStats:
         if self.loss is None or not self.n:
             return None
         data = {"loss": self.loss, "n": self.n}
+        if self.weighted:
+            data["weighted"] = True
         if self.counts is not None:
             data["counts"] = [int(c) for c in self.counts]
         elif self.loss != "cross_entropy":
