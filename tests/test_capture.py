@@ -1131,6 +1131,25 @@ def test_a_model_that_trains_whole_has_no_untrained_share():
     assert compute(Run(rec.events))["untrained_share"] == 0.0
 
 
+@pytest.mark.parametrize("loss", [
+    lambda out, y: F.cross_entropy(out, y, weight=torch.tensor([1.0, 30.0])),
+    lambda out, y: nn.BCEWithLogitsLoss(pos_weight=torch.tensor(30.0))(out[:, 1], y.float())])
+def test_a_class_weighted_loss_is_marked_and_has_no_baseline(loss):
+    """Class weights put the loss on another scale than the prior's entropy."""
+    from model_debugger.signals import compute
+
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with capture() as rec:
+        for _ in range(6):
+            opt.zero_grad()
+            loss(model(torch.randn(32, 4)), (torch.rand(32) < 0.1).long()).backward()
+            opt.step()
+    run = Run(rec.events)
+    assert run.of("targets")[-1].get("weighted") is True
+    assert compute(run).get("constant_predictor_loss") is None
+
+
 def test_a_k_fold_loop_that_builds_a_model_per_fold_trains_whole():
     """A model and optimizer made first and never used, then a new model and optimizer per
     fold: each fold's optimizer trains its own model whole. What trains another model than the

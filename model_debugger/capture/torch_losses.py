@@ -178,6 +178,8 @@ class LossStats:
         data = {"loss": t["loss"], "n": t["n"]}
         if t.get("reduction"):
             data["reduction"] = t["reduction"]
+        if t.get("weighted"):
+            data["weighted"] = True
         if t["sampled"] < t["n"]:
             data["sampled"] = t["sampled"]  # the statistics below come from this many targets
         if t.get("inputs") is not None:
@@ -232,6 +234,9 @@ class LossHooks:
                 else:
                     if kwargs.get("reduction") == "sum" and torch.is_grad_enabled():
                         inst.losses.targets["reduction"] = "sum"  # not on the baselines' scale
+                    if torch.is_grad_enabled() and (kwargs.get("weight") is not None or
+                                                    kwargs.get("pos_weight") is not None):
+                        inst.losses.targets["weighted"] = True  # class weights: nor this
                     inst.losses.observe(name, input, target, out)
                     inst._keep_loss(name, input, target, args, kwargs)
                     inst._check_broadcast(name, input, target)
