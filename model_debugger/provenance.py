@@ -42,6 +42,17 @@ def _parse(path: str, mtime: float) -> ast.Module | None:
         return None
 
 
+def _tree_of(location: dict | None) -> ast.Module | None:
+    """The parsed file of ``{"file", "line"}`` (None: no such location, file or parse)."""
+    if not location or not isinstance(location.get("line"), int) or not location.get("file"):
+        return None
+    path = location["file"]
+    try:
+        return _parse(path, os.path.getmtime(path))
+    except OSError:
+        return None
+
+
 def data_origin(location: dict | None, role: str | None = None) -> dict | None:
     """The location that made the data used at ``location``, or ``location`` unchanged.
 
@@ -61,13 +72,7 @@ def data_origin(location: dict | None, role: str | None = None) -> dict | None:
         ``{"file", "line", "used_at"}`` when a definition earlier in the same file made the data
         (``used_at`` keeps the use line); else the location given.
     """
-    if not location or not isinstance(location.get("line"), int) or not location.get("file"):
-        return location
-    path = location["file"]
-    try:
-        tree = _parse(path, os.path.getmtime(path))
-    except OSError:
-        return location
+    tree = _tree_of(location)
     if tree is None:
         return location
     try:
@@ -91,13 +96,7 @@ def discarded_scaling(location: dict | None) -> dict | None:
     (the scaling that was meant to happen there did not), so a finding about the data's scale
     belongs on it. The last such statement before the use line (``used_at`` when traced).
     """
-    if not location or not location.get("file") or not isinstance(location.get("line"), int):
-        return None
-    path = location["file"]
-    try:
-        tree = _parse(path, os.path.getmtime(path))
-    except OSError:
-        return None
+    tree = _tree_of(location)
     if tree is None:
         return None
     before = location.get("used_at") or location["line"]
