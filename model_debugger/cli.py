@@ -51,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--runs", type=arg(check_count, "--runs"), default=1,
                    help="run the artifact N times, 1..100 (default 1)")
     d.add_argument("--seed", type=arg(check_seed, "--seed"),
-                   help="seed Python/NumPy/torch, 0 <= SEED < 2**32; run i uses SEED+i")
+                   help="seed Python/NumPy/torch/Keras, 0 <= SEED < 2**32; run i uses "
+                   "SEED+i (default 0: the same draw on every diagnosis; a script's own seeds "
+                   "still win)")
     d.add_argument("--max-seconds", type=arg(check_seconds, "--max-seconds"),
                    help="stop each run after T seconds of the script (T > 0)")
     d.add_argument("--error", help="error text that came with a log (minimal reproducer)")

@@ -15,7 +15,9 @@ from .phases import Interrupted, isolate, reproduce, verify
 from .session import DebugSession
 from .store import ROOT
 
-__all__ = ["Interrupted", "diagnose_log", "diagnose_script", "isolate_session",
+DEFAULT_SEED = 0  # a script diagnosed without --seed: one fixed draw, the same on every diagnosis
+
+__all__ = ["DEFAULT_SEED", "Interrupted", "diagnose_log", "diagnose_script", "isolate_session",
            "verify_script"]
 
 
@@ -35,7 +37,10 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
     runs : int
         How many times to run it; run ``i`` uses seed ``seed + i`` when a seed is given.
     seed : int, optional
-        Seed for Python, NumPy and the frameworks in the child.
+        Seed for Python, NumPy and the frameworks in the child. None: :data:`DEFAULT_SEED`,
+        so that two diagnoses of an unseeded script see the same randomness and reach the
+        same verdict, and the recorded command shows the problem again (a script that seeds
+        itself keeps its own seeds: they are set after these).
     max_seconds : float, optional
         Stop each run after this long; what was recorded so far is classified.
     root : str
@@ -61,8 +66,8 @@ def diagnose_script(script: str, args: list[str] | None = None, runs: int = 1,
     Interrupted
         On Ctrl-C, after the partial session was saved.
     """
-    runs, seed, max_seconds, probe_seconds = check_run_args(script, runs, seed, max_seconds,
-                                                            probe_seconds)
+    runs, seed, max_seconds, probe_seconds = check_run_args(
+        script, runs, DEFAULT_SEED if seed is None else seed, max_seconds, probe_seconds)
     script = os.path.abspath(script)
     session = DebugSession.create(root, title=os.path.basename(script))
     artifact = ScriptArtifact(script, args or [], max_seconds, launch=launch)
