@@ -16,7 +16,6 @@ BASELINE_MARGIN = 0.95       # final loss above 95% of the constant predictor's 
 FLOOR_SHARE = 0.4            # a plateau at >= 40% of it: suspect, to be shown by experiment
 TAIL_DROP = 0.3              # ... unless still learning fast: the second half fell >= 30%
 UNREACHABLE_SHARE = 0.05     # targets an output floored at 0 cannot reach: a wrong solution
-PRESSED = 0.02               # outputs within this of a sigmoid's or tanh's bound press against it
 UNTRAINED_SHARE = 0.5        # most of the model never updated (frozen, not in the optimizer) ...
 HELD_FLOOR = 0.05            # ... and the loss ends above 5% of the constant predictor's: suspect
 FEW_STEPS = 100              # a run of fewer optimizer steps may have stopped before it learned
@@ -38,7 +37,7 @@ OVERHEAD_MS = 10.0           # ... and at least this much per step (a trainer's 
 SLOW_TOTAL_S = 1.0           # ... and, over the whole run, at least this many seconds: less is
 #                              not worth a diagnosis, and a loaded machine's noise on a short run
 VAL_RISE = 0.10              # validation loss 10% above its minimum at the end
-VAL_RISE_SHARE = 0.10        # ... giving back >= 10% of what it gained over the constant predictor
+VAL_RISE_SHARE = 0.05        # ... giving back >= 5% of what it gained over the constant predictor
 ACC_GAP = 0.15               # training accuracy (or its bound) 15 points above validation's
 TRAIN_NOT_RISING = 1.02      # train loss at the end not above its value at the val minimum
 TRIVIAL_METRIC_MARGIN = 0.015  # accuracy no more than 1.5 points above the majority rate

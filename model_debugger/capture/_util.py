@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import os
 
+PRESSED = 0.02  # outputs within this of a sigmoid's or tanh's bound press against it
+
 FLUSH_SECONDS = 0.2  # per-step events reach the file at least this often; others at once
 
 

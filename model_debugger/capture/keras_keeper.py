@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from ..thresholds import PRESSED
+from ._util import PRESSED
 from .spill import Spill, SpilledState, open_spill, threshold_bytes
 
 MAX_BATCHES = 32

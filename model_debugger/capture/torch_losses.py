@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..thresholds import PRESSED
+from ._util import PRESSED
 from .codeloc import user_location
 
 CLASS_LOSSES = ("cross_entropy", "nll_loss")

@@ -162,14 +162,16 @@ def seeds_for(session: DebugSession, count: int = DEFAULT_SEEDS) -> list[int]:
 def known_runs(session: DebugSession) -> dict[int, str]:
     """Records (relative) of the current code's runs already captured, by seed.
 
-    The reproduction's runs (seed ``seed + i``) until a fix is kept; then the kept fix's
+    The reproduction's runs (seed ``seed + i``) until a fix is kept (not a multi-rank job's:
+    its record is one file per rank, re-run through the launcher); then the kept fix's
     "after" runs; plus the "before" runs of fixes that were not kept.
     """
     store = session.store
     state = session.state
     paths: dict[int, str] = {}
     info = state.artifact
-    if info is not None and info.seed is not None:
+    ranks = (state.signals or {}).get("ranks") or 1
+    if info is not None and info.seed is not None and ranks <= 1:  # (a job's ranks: re-run)
         total = (state.reproduction.runs or {}).get("total", 0) if state.reproduction else 0
         paths = {info.seed + i: Store.run_rel(i) for i in range(total)
                  if store.exists(Store.run_rel(i))}

@@ -7,7 +7,7 @@ batch size comes from the kept training batches (their median, at most :data:`SM
 an experiment on fresh copies with the user's optimizer and loss, without the capture's hooks:
 rows per second at the run's batch size and at :data:`FACTOR` times it. Confirmed when the larger
 batch trains :data:`GAIN` times as many rows per second and would save at least
-:data:`MIN_SAVED_SECONDS` of the run's steps (a run of a second or two is not worth shortening:
+:data:`MIN_SAVED_SECONDS` of the run's steps (a run of a second is not worth shortening:
 a 1.1 s run of batch-8 steps on 150 rows is a healthy script). On a run that looked healthy
 the confirmed finding re-classifies it ``performance_issue``. Located where the batch size is
 set (the loader, ``fit``, ``.batch()``).
@@ -28,7 +28,7 @@ SMALL = 8              # rows per step at most
 FACTOR = 16            # the larger batch the copy is timed at
 GAIN = 4.0             # rows per second at FACTOR x the batch, against the run's batch
 MIN_RUN_SECONDS = 1.0  # the run's steps took at least this long ...
-MIN_SAVED_SECONDS = 2.0  # ... and the larger batch would save at least this much of them
+MIN_SAVED_SECONDS = 1.5  # ... and the larger batch would save at least this much of them
 _BATCH = re.compile(r"batch_size\s*=|\.batch\(")
 
 
