@@ -8,7 +8,7 @@ import types
 import torch
 from torch import nn
 
-from model_debugger.probes._made import attribute_line, output_module_location
+from model_debugger.probes._made import attribute_line, output_location, output_module_location
 from model_debugger.trainers.torch import TorchTrainer
 
 SOURCE = textwrap.dedent("""\
@@ -51,3 +51,16 @@ def test_a_model_without_attributes_keeps_no_line():
     assert output_module_location(_ctx(nn.Sequential(nn.Linear(3, 1), nn.ReLU()), 5)) is None
     assert attribute_line(SOURCE, 5, "missing") is None
     assert attribute_line("def broken(:\n", 1, "head") is None
+
+
+def test_a_keras_model_is_located_at_its_last_layer_in_the_source():
+    source = textwrap.dedent("""\
+        import keras
+        net = keras.Sequential([
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ])
+    """)
+    refs = {"model": {"file": "m.py", "line": 2}}
+    ctx = types.SimpleNamespace(framework="keras", ref=refs.get, source_files={"m.py": source})
+    assert output_location(ctx) == {"file": "m.py", "line": 4}

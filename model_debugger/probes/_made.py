@@ -1,11 +1,12 @@
-"""Where the module that makes a PyTorch model's output was built (its file and line).
+"""Where the layer that makes a model's output was built (its file and line).
 
 A finding about the output's activation or range belongs on the line that made the faulty
 layer (``self.head = nn.Sequential(nn.Linear(64, 1), nn.ReLU())``), not on the class or the
 line that assembled the model. The last leaf module a forward pass of a fresh copy runs names
 the attribute (``head`` of ``head.1``); the assignment to ``self.<attr>`` in the model's
 class, or the model's own line when it has no such attribute (an ``nn.Sequential`` built in
-one call), is where it was made.
+one call), is where it was made. A Keras model's last layer is found in the source
+(:func:`~model_debugger.pitfalls.keras_lint.output_layer_line`).
 """
 
 from __future__ import annotations
@@ -67,4 +68,20 @@ def output_module_location(ctx) -> dict | None:
     if not name:
         return None
     line = attribute_line(source, model.get("line"), name.split(".")[0])
+    return {**model, "line": line} if line else None
+
+
+def output_location(ctx) -> dict | None:
+    """Where the layer making the run's model output was built, in either framework, or None."""
+    model = ctx.ref("model")
+    if ctx.framework != "keras":
+        return output_module_location(ctx)
+    if not model or not model.get("file"):
+        return None
+    text = ctx.source_files.get(model["file"])
+    if not isinstance(text, str):
+        return None
+    from ..pitfalls.keras_lint import output_layer_line
+
+    line = output_layer_line(text)
     return {**model, "line": line} if line else None

@@ -10,7 +10,7 @@ import re
 
 from ..thresholds import MIN_STEPS
 from ._lint import lint_hits, loc
-from ._made import output_module_location
+from ._made import output_location
 from .base import Probe, ProbeContext, register
 
 # loss -> the kinds of input it must not receive (the capture's ``loss_input`` kinds)
@@ -112,7 +112,7 @@ class LossOutputMismatch(Probe):
         measured = kind in _EXPECTS_LOGITS.get(name, ())
         if not hits and not measured:
             return []
-        where = loc(hits[0]) if hits else output_layer(ctx) or output_module_location(ctx) \
+        where = loc(hits[0]) if hits else output_location(ctx) \
             or ctx.ref("model") or ctx.ref("loss_fn")
         if measured:  # made at the loss call (``crit(torch.softmax(out, 1), y)``), or the model
             where = _squashed_at_loss(ctx, _PROBABILITIES) or where
@@ -201,8 +201,8 @@ class LossOutputMismatch(Probe):
                    "targets): it can never predict a probability below 0.5")
         else:
             why = f"{share:.0%} of the training targets lie outside it and can never be reached"
-        where = _squashed_at_loss(ctx, _SQUASH) or output_layer(ctx) or \
-            output_module_location(ctx) or ctx.ref("model") or ctx.ref("loss_fn")
+        where = _squashed_at_loss(ctx, _SQUASH) or output_location(ctx) or ctx.ref("model") \
+            or ctx.ref("loss_fn")
         lo, hi = seen.get("min"), seen.get("max")
         shown = f"min {lo:.3g}" + (f", max {hi:.3g}" if isinstance(hi, (int, float)) else "")
         return self.finding(
@@ -214,25 +214,6 @@ class LossOutputMismatch(Probe):
             "into the range.",
             where, loss=name, input_kind="bounded", output_range=bound, unreachable_share=share,
             zero_share=seen.get("zero_share"), strength=0.95, decisive=True)
-
-
-def output_layer(ctx: ProbeContext) -> dict | None:
-    """Where a Keras model's output layer was made (its file and line), or None.
-
-    The model reference points at the line that assembled the model; the output's activation
-    was decided on the line of its last layer (:func:`~model_debugger.pitfalls.keras_lint.
-    output_layer_line`).
-    """
-    model = ctx.ref("model")
-    if ctx.framework != "keras" or not model or not model.get("file"):
-        return None
-    text = ctx.source_files.get(model["file"])
-    if not isinstance(text, str):
-        return None
-    from ..pitfalls.keras_lint import output_layer_line
-
-    line = output_layer_line(text)
-    return {**model, "line": line} if line else None
 
 
 def _squashed_at_loss(ctx: ProbeContext, pattern: re.Pattern) -> dict | None:
