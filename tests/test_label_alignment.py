@@ -216,3 +216,13 @@ def test_a_run_that_generalised_is_a_witness_that_its_labels_are_aligned(sig):
     ctx.signals = {"constant_predictor_loss": 0.69, "val_loss_min": 0.68,
                    "majority_rate": 0.5, "val_acc_max": 0.52}  # at the prior: no witness
     assert len(LabelAlignment().run(ctx)) == 1
+
+
+def test_the_witness_gives_no_answer_on_ignored_positions():
+    """Class ids of -100 (ignored positions) are not one label per row: no k-NN verdict,
+    and no error that would hide the probe's own."""
+    tr = trainer(0, 0.0)
+    target = tr.targets.clone()
+    target[::5] = -100
+    ctx = types.SimpleNamespace(trainer=tr)
+    assert label_alignment._witness(ctx, tr.inputs, target, np.random.default_rng(0)) is None

@@ -19,6 +19,7 @@ import numpy as np
 
 from .codeloc import user_frame
 from .keras_keeper import describe_loss, split_batch, to_numpy
+from .keras_steps import UNAPPLIED_MAX
 from .keras_util import in_xla, user_location
 
 _PROGRESS = re.compile(r"/step\b|━|\d+/\d+ \[")  # Keras progress bar lines, not user metrics
@@ -279,7 +280,7 @@ class LoopHooks:
         """
         if took_gradients:
             self._grad_fns.add(id(fn))
-        if self._steps or id(fn) not in self._grad_fns or len(self._unapplied) >= 100_000:
+        if self._steps or id(fn) not in self._grad_fns or len(self._unapplied) >= UNAPPLIED_MAX:
             return
         if isinstance(out, (tuple, list)) and out:
             out = out[0]

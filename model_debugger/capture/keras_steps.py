@@ -80,7 +80,7 @@ class StepHooks(OverheadWatch, HeldWatch):
                 self._gradients += 1
                 if not self._steps and len(self._unapplied) < UNAPPLIED_MAX and \
                         not tf.is_symbolic_tensor(target):  # eager: its value is at hand
-                    self._unapplied.append(float(target.numpy()))
+                    self._unapplied.append(float(target.numpy().reshape(-1)[0]))
 
     def _emit_unapplied(self) -> None:
         """A custom loop took gradients but no optimizer ever applied them: say so, truthfully.

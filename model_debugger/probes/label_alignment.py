@@ -222,7 +222,12 @@ def _witness(ctx: ProbeContext, inputs, target, rng: np.random.Generator):
         return None
     labels = st.as_labels(y, getattr(ctx.trainer.loss_fn, "__name__", None))
     classes = labels is not None
-    y = labels if classes else y.astype(np.float64).reshape(len(y), -1)[:, 0]
+    if classes and (labels < 0).any():
+        return None  # ignored positions (-100): not one class label per row
+    try:
+        y = labels if classes else y.astype(np.float64).reshape(len(y), -1)[:, 0]
+    except (TypeError, ValueError):
+        return None
     if not np.isfinite(y).all():
         return None
     shuffled = y[rng.permutation(len(y))]
