@@ -73,6 +73,27 @@ def _clean(value):
     return _clean(as_float)
 
 
+def _cells_named(report: dict) -> dict:
+    """``location.cell`` (``reproduce`` or ``fix``) on every location in a notebook cell.
+
+    A notebook session's locations point into its copies of the cell; the sidebar shows them
+    as the cell's line and reveals that cell (see :func:`model_debugger.store.cell_copy`).
+    """
+    from .store import cell_copy
+
+    def named(item):
+        loc = item.get("location") if isinstance(item, dict) else None
+        cell = cell_copy(loc["file"]) if isinstance(loc, dict) and \
+            isinstance(loc.get("file"), str) else None
+        return {**item, "location": {**loc, "cell": cell}} if cell else item
+
+    report = dict(report)
+    report["findings"] = [named(f) for f in report.get("findings") or ()]
+    for key in ("plan", "fix"):
+        report[key] = named(report.get(key))
+    return report
+
+
 def snapshot(kernel) -> dict:
     """The sidebar's view of a kernel's session (see the module docstring).
 
@@ -85,7 +106,7 @@ def snapshot(kernel) -> dict:
     from . import __version__
 
     session = kernel.session if kernel.has_session else None
-    report = session.report() if session is not None else None
+    report = _cells_named(session.report()) if session is not None else None
     plan = report.get("plan") if report else None
     return _clean({"schema": SNAPSHOT_SCHEMA, "protocol": PROTOCOL, "version": __version__,
                    "cwd": os.getcwd(), "root": kernel.root, "report": report,

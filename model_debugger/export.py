@@ -36,7 +36,7 @@ from .safe_write import (
     write_inside,
 )
 from .session import REPORT_SCHEMA, DebugSession
-from .store import ARTIFACT, REPRO, Store
+from .store import ARTIFACT, REPRO, Store, cell_copy
 
 __all__ = ["REDACTED", "TargetExists", "UnsafePath", "build_notebook", "export", "export_files",
            "export_notebook", "redact", "redact_args", "verify_runs", "write_repro"]
@@ -117,6 +117,9 @@ def _table(header: list[str], rows: list[list]) -> str:
 def _loc(loc: dict | None, rel=None) -> str:
     if not isinstance(loc, dict) or not loc.get("file"):
         return "—"
+    cell = cell_copy(loc["file"]) if isinstance(loc["file"], str) else None
+    if cell:
+        return f"%%{cell} cell, line {loc.get('line')}"
     return f"{rel(loc['file']) if rel else loc['file']}:{loc.get('line')}"
 
 

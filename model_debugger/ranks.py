@@ -33,13 +33,12 @@ import time
 
 import numpy as np
 
-from .records import Run, as_float
+from .records import PLANNED_STOPS, Run, as_float
 from .safe_write import read_inside
 from .store import Store
 from .thresholds import DESYNC_REL, STRAGGLER_MS, STRAGGLER_SHARE, UPDATES_APART
 
 HANG_SECONDS = 30.0  # a wait this long at the end of a record, without an error, is a hang
-PLANNED_STOPS = ("TimeLimit", "StepBudget")  # how a record names a planned stop
 NODE_WAIT = 30.0  # seconds a node waits for the other nodes' ranks of a job to end
 MIN_RANK_STEPS = 5  # steps each rank needs before their timings are compared
 WAITING = ("backward",)  # stall places that are inside a collective (besides named ones)

@@ -269,6 +269,7 @@ def _per_epoch(points: list[tuple[int, int, float]]) -> np.ndarray:
     return np.array([p[2] for p in points], dtype=float)
 
 
+PLANNED_STOPS = ("TimeLimit", "StepBudget")  # how a record names a planned stop (error ``type``)
 REPRODUCE_STATUSES = ("reproduced", "not_reproduced", "crashed", "interrupted", "not_observed")
 VERDICTS = ("resolved", "partially_resolved", "not_resolved")
 ARTIFACT_KINDS = ("script", "cell", "log")

@@ -267,6 +267,38 @@ class Store:
             pass
 
 
+_COPY_DIRS = ("runs", "isolate", "verify")
+CELL_LIMIT = 1 << 20
+
+
+def cell_copy(path: str) -> str | None:
+    """Which notebook cell a session's code copy holds: ``"reproduce"``, ``"fix"`` or None.
+
+    A notebook session runs its cell from memory and writes the code beside each record
+    (``cell.py``, ``runs/<i>/cell.py``, ``isolate/<n>/cell.py``, ``verify/<n>/cell.py``) so
+    tracebacks and locations can name a line. A location in such a copy is a line of the
+    ``%%reproduce`` cell when the copy holds the reproduced code, else of the ``%%fix`` cell.
+    None for any other file (a script, a file outside a session folder).
+    """
+    if not isinstance(path, str) or os.path.basename(path) != CELL:
+        return None
+    path = os.path.abspath(path)
+    parts = path.split(os.sep)
+    if os.path.isfile(os.path.join(os.path.dirname(path), SESSION_FILE)):
+        folder, top = os.path.dirname(path), True  # the reproduced cell itself
+    elif len(parts) > 3 and parts[-3] in _COPY_DIRS and parts[-2].isdigit():
+        folder, top = os.sep.join(parts[:-3]), False  # <kind>/<n>/cell.py
+        if not os.path.isfile(os.path.join(folder, SESSION_FILE)):
+            return None
+    else:
+        return None
+    copy = read_inside(folder, path, CELL_LIMIT)
+    if copy is None:
+        return None
+    reproduced = read_inside(folder, os.path.join(folder, CELL), CELL_LIMIT)
+    return "reproduce" if top or copy == reproduced else "fix"
+
+
 def session_file_of(path: str) -> str:
     """``path`` if it names a file, else ``path/session.json`` (a session folder)."""
     return os.path.join(path, SESSION_FILE) if os.path.isdir(path) else path

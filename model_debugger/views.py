@@ -57,11 +57,15 @@ class Check:
     check, root_cause, where, explanation : str
         The probe, the root-cause kind, ``file:line`` and the probe's words.
     href : str or None
-        A link that opens the located file (relative, percent-encoded), None when there is none.
+        A link that opens the located file at its line (relative, percent-encoded, with a
+        ``#line=`` fragment, the editor's 0-based line), None when there is none.
     measured : str or None
         The before/after numbers of the experiment, one line.
     details : tuple of (str, str)
         The rest of the measured evidence, rounded for reading (shown folded in HTML).
+    cell : tuple of (str, int) or None
+        A location in a notebook cell: ``("reproduce" | "fix", line)``; the JupyterLab
+        extension reveals that cell at the line when the location is clicked.
     """
 
     status: str
@@ -72,6 +76,7 @@ class Check:
     href: str | None = None
     measured: str | None = None
     details: tuple = ()
+    cell: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -170,8 +175,13 @@ def _check_html(c: Check) -> str:
     badge = (f"<span class='md-badge md-badge-{_e(c.status)}' style='background:"
              f"{_BADGES.get(c.status, '#616161')};color:#fff;border-radius:3px;padding:0 6px;"
              f"font-size:85%'>{_e(c.status)}</span>")
-    where = (f"<a href='{_e(c.href)}' target='_blank' class='md-location'>{_e(c.where)}</a>"
-             if c.href else _e(c.where))
+    if c.cell:
+        where = (f"<a class='md-location' data-md-cell='{_e(c.cell[0])}' "
+                 f"data-md-line='{_e(c.cell[1])}' title='reveal the cell'>{_e(c.where)}</a>")
+    elif c.href:
+        where = f"<a href='{_e(c.href)}' class='md-location'>{_e(c.where)}</a>"
+    else:
+        where = _e(c.where)
     body = [f"<div class='md-check md-check-{_e(c.status)}' style='border-left:3px solid "
             f"{_BADGES.get(c.status, '#616161')};padding:2px 8px;margin:4px 0'>",
             f"{badge} <b>{_e(c.check)}</b> <span style='color:#555'>({_e(c.root_cause)})</span>"
@@ -221,9 +231,16 @@ def _typed(cls, value):
 
 
 def location(loc: Mapping | None, root: str | None = None) -> str:
-    """``file:line`` of a finding or a code reference, relative to ``root`` when inside it."""
+    """``file:line`` of a finding or a code reference, relative to ``root`` when inside it.
+
+    A line of a notebook session's cell reads ``%%reproduce cell, line N`` (or ``%%fix``),
+    not the path of the session's copy of it.
+    """
     if not isinstance(loc, Mapping) or not loc.get("file"):
         return "-"
+    cell = _cell_of(loc)
+    if cell:
+        return f"%%{cell[0]} cell, line {cell[1]}"
     path = str(loc["file"])
     if root and os.path.isabs(path):
         base = os.path.abspath(root)
@@ -358,7 +375,8 @@ def findings(items: Iterable[Finding | Mapping], root: str | None = None, *,
             return Doc(f"Isolate: not run ({reason or 'no probes have run yet'})", (), "warning")
         return Doc("Isolate: no findings (nothing measured points at a cause)")
     checks = tuple(Check(finding_status(f), f.check, f.root_cause, location(f.location, root),
-                         f.explanation, _href(f.location), _measured(f), _details(f))
+                         f.explanation, _href(f.location), _measured(f), _details(f),
+                         _cell_of(f.location))
                    for f in found)
     confirmed = sum(f.confirmed for f in found)
     return Doc(f"Isolate: {len(found)} finding{'s' * (len(found) != 1)} ({confirmed} confirmed)",
@@ -402,11 +420,25 @@ def _summary(found: list[Finding], checks: tuple, root: str | None) -> str:
             "a %%fix cell (the suggested change is in the plan).")
 
 
-def _href(loc: Mapping | None) -> str | None:
-    """A relative link to a located file under the working folder (percent-encoded), or None."""
-    from urllib.parse import quote
+def _cell_of(loc: Mapping | None) -> tuple | None:
+    """``(cell, line)`` when ``loc`` is a line of a notebook session's cell, else None."""
+    from .store import cell_copy
 
     if not isinstance(loc, Mapping) or not isinstance(loc.get("file"), str):
+        return None
+    cell = cell_copy(loc["file"])
+    return (cell, loc.get("line") if isinstance(loc.get("line"), int) else "?") if cell else None
+
+
+def _href(loc: Mapping | None) -> str | None:
+    """A relative link that opens a located file under the working folder at its line.
+
+    Percent-encoded; the ``#line=`` fragment (0-based, RFC 5147) is how JupyterLab's editor
+    is told the line. None outside the working folder, and for a notebook cell's copy.
+    """
+    from urllib.parse import quote
+
+    if not isinstance(loc, Mapping) or not isinstance(loc.get("file"), str) or _cell_of(loc):
         return None
     path = loc["file"]
     try:
@@ -415,7 +447,9 @@ def _href(loc: Mapping | None) -> str | None:
         return None
     if rel.startswith(".." + os.sep) or rel == ".." or not os.path.isfile(rel):
         return None
-    return quote(rel.replace(os.sep, "/"))
+    line = loc.get("line")
+    fragment = f"#line={line - 1}" if isinstance(line, int) and line > 0 else ""
+    return quote(rel.replace(os.sep, "/")) + fragment
 
 
 _HIDDEN = ("strength", "category", "undone", "decisive", "intervention", "probe_error")

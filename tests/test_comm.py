@@ -360,3 +360,24 @@ def test_real_kernel_comm_round_trip(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_location_in_the_sessions_copy_of_the_cell_names_the_cell(ns, shell, tmp_path):
+    """The sidebar is told which cell a location is a line of (it shows and reveals that cell,
+    not the session's copy); the session's own report is left as recorded."""
+    from model_debugger.store import CELL
+
+    md_comm.register(shell)
+    frontend = _hello(shell)
+    s = _full(tmp_path / ".model_debugger")
+    s.store.write(CELL, "x = 1\n")
+    copy = s.store.code_beside(s.store.run_record(0))
+    s.store.write(s.store.rel(copy), "x = 1\n")
+    s.record_findings([Finding("lr_range", "hyperparameter", True, "lr 3 diverges",
+                               {"file": copy, "line": 1}, {})])
+    ns.use(s)
+    snap = frontend.sent[-1]["snapshot"]
+    md_schema.validate(snap)
+    assert snap["report"]["findings"][0]["location"] == {"file": copy, "line": 1,
+                                                         "cell": "reproduce"}
+    assert "cell" not in s.report()["findings"][0]["location"]

@@ -341,3 +341,22 @@ def test_session_copies_are_written_atomically_and_never_through_a_link(tmp_path
                   "source": "lr = 0.01\n"}, approved=True)
     copy = os.path.join(s.directory, "fixes", "1.py")
     assert open(copy).read() == "lr = 0.01\n" and os.stat(copy).st_mode & 0o777 == 0o600
+
+
+def test_a_symlink_planted_at_the_record_path_is_not_followed(tmp_path):
+    """A record (a session's or a rank's) is a fresh private file: a symlink left where it is
+    about to be written is refused, and the file it points at is untouched."""
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep me\n")
+    record = tmp_path / "record.jsonl"
+    record.symlink_to(target)
+    with pytest.raises(OSError), model_debugger.capture(str(record)):
+        pass
+    assert target.read_text() == "keep me\n"
+    assert patches.patched() == []  # nothing was left patched by the refused capture
+    plain = tmp_path / "fresh.jsonl"
+    plain.write_text("an older record\n")
+    with model_debugger.capture(str(plain)):
+        pass
+    assert "an older record" not in plain.read_text()  # replaced, never appended to
+    assert os.stat(plain).st_mode & 0o777 == 0o600

@@ -101,8 +101,10 @@ def test_sidebar_follows_the_kernel_session(lab, tmp_path):
         assert dict(final["phases"])["reproduce"] == "done"
         assert any("lr_range" in f and "confirmed" in f for f in final["findings"])
 
-        # a finding's file:line reveals the %%reproduce cell
-        page.locator(".jp-ModelDebugger-location").first.click()
+        # a finding's location is the cell's line, and a click reveals the %%reproduce cell
+        where = page.locator(".jp-ModelDebugger-location").first
+        assert where.inner_text().startswith("%%reproduce cell, line "), where.inner_text()
+        where.click()
         page.wait_for_selector(".jp-ModelDebugger-status", timeout=10_000)
         assert "revealed the %%reproduce cell" in _state(page)["text"]
 

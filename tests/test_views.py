@@ -197,8 +197,48 @@ def test_the_findings_view_reads_like_a_checks_report(tmp_path, monkeypatch):
            "better; noise band 0.03123; seeds [0, 1])" in text
     body = views.html(doc)
     assert body.count("md-badge-refuted") == 2 and body.count("md-badge-confirmed") == 1
-    assert "<a href='train.py'" in body  # opens the file, relative to the working folder
+    # opens the file relative to the working folder, at the line (the editor's 0-based line)
+    assert "<a href='train.py#line=0' class='md-location'>train.py:1</a>" in body
     assert "<details>" in body and "<td>finals</td><td>[0.1235, 0.2, 0.1235" in body
     assert "strength" not in body
     unconfirmed = views.text(views.findings(found[1:]))
     assert "Summary: no cause confirmed (2 refuted, 1 hypothesis). Next: %isolate" in unconfirmed
+
+
+def test_a_line_of_a_notebook_cell_reads_as_the_cells_line(tmp_path, monkeypatch):
+    """A location in a notebook session's copy of its cell names the ``%%reproduce`` cell (or
+    the ``%%fix`` cell when the copy holds other code) and carries what the extension needs to
+    reveal it; a user's own ``cell.py`` stays a file location with a link at its line."""
+    from model_debugger.store import CELL, SESSION_FILE, Store, cell_copy
+
+    monkeypatch.chdir(tmp_path)
+    session = tmp_path / ".model_debugger" / "abc"
+    (session / "runs" / "0").mkdir(parents=True)
+    (session / "isolate" / "2").mkdir(parents=True)
+    (session / SESSION_FILE).write_text("{}")
+    (session / CELL).write_text("x = 1\ny = 2\n")
+    (session / "runs" / "0" / CELL).write_text("x = 1\ny = 2\n")
+    (session / "isolate" / "2" / CELL).write_text("x = 1\ny = 3\n")
+    (tmp_path / CELL).write_text("x = 1\ny = 2\n")  # the user's own file of that name
+    assert cell_copy(str(session / "runs" / "0" / CELL)) == "reproduce"
+    assert cell_copy(str(session / "isolate" / "2" / CELL)) == "fix"
+    assert cell_copy(str(tmp_path / CELL)) is None
+    assert cell_copy(str(session / "runs" / "0" / "train.py")) is None
+    assert Store.code_beside(str(session / "runs" / "0" / "record.jsonl")) == \
+        str(session / "runs" / "0" / CELL)
+
+    found = [Finding("lr_range", "hyperparameter", True, "the rate",
+                     {"file": str(session / "runs" / "0" / CELL), "line": 2}),
+             Finding("dropout_rate", "architecture", False, "dropout",
+                     {"file": str(session / "isolate" / "2" / CELL), "line": 1}),
+             Finding("feature_scaling", "data", False, "scale",
+                     {"file": str(tmp_path / CELL), "line": 2})]
+    doc = views.findings(found, str(session))
+    text = views.text(doc)
+    assert "at %%reproduce cell, line 2" in text and "at %%fix cell, line 1" in text
+    assert "runs/0" not in text and "isolate/2" not in text
+    body = views.html(doc)
+    assert ("<a class='md-location' data-md-cell='reproduce' data-md-line='2' "
+            "title='reveal the cell'>%%reproduce cell, line 2</a>") in body
+    assert "data-md-cell='fix' data-md-line='1'" in body
+    assert "href='cell.py#line=1'" in body  # the user's file: a link at its line

@@ -46,6 +46,14 @@ for step in range(60):
 
 CELLS = ["%load_ext model_debugger", REPRODUCE, "%isolate --budget 20"]
 
+FILE_FINDING = """from IPython.display import HTML
+from model_debugger import views
+from model_debugger.records import Finding
+with open("helper.py", "w") as fh:
+    fh.write("".join(f"value_{i} = {i}\\n" for i in range(1, 13)))
+HTML(views.html(views.findings([Finding("lr_range", "hyperparameter", True, "measured",
+                                        {"file": "helper.py", "line": 7})])))"""
+
 
 def _cell(i: int) -> str:
     return f"document.querySelectorAll('.jp-Notebook .jp-Cell')[{i}]"
@@ -151,6 +159,21 @@ def test_a_notebook_walks_all_five_phases_in_the_browser(lab, tmp_path):
         assert page.evaluate(f"() => {_cell(2)}.querySelectorAll("
                              "'.md-check .md-badge-confirmed').length") >= 1
         _shot(page, tmp_path, "2-isolate-findings")
+        # a location in the cell reads as the cell's line, and a click reveals that cell there
+        link = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(
+            "a.md-location[data-md-cell='reproduce']").first
+        assert re.fullmatch(r"%%reproduce cell, line \d+", link.inner_text()), link.inner_text()
+        line = int(link.get_attribute("data-md-line"))
+        link.click()
+        page.wait_for_function(
+            "() => window.jupyterapp.shell.currentWidget.content.activeCellIndex === 1",
+            timeout=10_000)
+        cursor = page.evaluate("() => window.jupyterapp.shell.currentWidget.content"
+                               ".activeCell.editor.getCursorPosition().line")
+        source = page.evaluate("() => window.jupyterapp.shell.currentWidget.content"
+                               ".activeCell.model.sharedModel.getSource()")
+        assert cursor == line, (cursor, line)  # the editor's line 0 is the magic's
+        assert source.splitlines()[cursor].strip(), source  # a line of code, not a blank
 
         # Fix: the sidebar inserts a %%fix cell holding the reproduced code to edit
         page.evaluate("() => { window.jupyterapp.shell.currentWidget.content"
@@ -201,5 +224,26 @@ def test_a_notebook_walks_all_five_phases_in_the_browser(lab, tmp_path):
         assert "awaiting approval" not in final["text"] and final["running"] is None
         assert not final["overflows"]
         _shot(page, tmp_path, "5-done")
+
+        # a finding located in a file: its link opens the file in the editor at that line
+        page.evaluate("() => { const nb = window.jupyterapp.shell.currentWidget.content;"
+                      " nb.activeCellIndex = nb.widgets.length - 1; }")
+        _add_cell_below(page, FILE_FINDING)
+        _run_from(page, 6)
+        file_link = page.locator(".jp-Notebook .jp-Cell").nth(6).locator(
+            "a.md-location")
+        try:
+            file_link.wait_for(timeout=60_000)
+        except Exception:
+            raise AssertionError(page.evaluate(
+                f"() => {_cell(6)}?.innerText")) from None
+        assert file_link.inner_text() == "helper.py:7"
+        file_link.click()
+        page.wait_for_function(
+            "() => window.jupyterapp.shell.currentWidget?.context?.path === 'helper.py'",
+            timeout=20_000)
+        page.wait_for_function(
+            "() => window.jupyterapp.shell.currentWidget.content.editor"
+            ".getCursorPosition().line === 6", timeout=10_000)  # 0-based: line 7
         assert not [e for e in errors if "model" in e.lower() or "plotly" in e.lower()], \
             errors

@@ -9,6 +9,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { DebuggerPanel } from './panel';
+import { openAt, revealCellLinks } from './reveal';
 
 const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
   <g class="jp-icon3" fill="#616161">
@@ -45,9 +46,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   requires: [INotebookTracker],
   activate: (app: JupyterFrontEnd, tracker: INotebookTracker) => {
     const panel = new DebuggerPanel({
-      openFile: async (path: string) => {
-        await app.commands.execute('docmanager:open', { path });
-      },
+      openFile: (path: string, line: number | null) => openAt(app, path, line),
       insertFixCell: (nb: NotebookPanel, source?: string) => {
         NotebookActions.insertBelow(nb.content);
         nb.content.activeCell?.model.sharedModel.setSource(source ?? FIX_TEMPLATE);
@@ -62,6 +61,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const follow = () => panel.setNotebook(tracker.currentWidget);
     tracker.currentChanged.connect(follow);
     follow();
+    revealCellLinks(tracker);
 
     app.commands.addCommand('model-debugger:open', {
       label: 'Show the Model Debugger panel',

@@ -10,13 +10,14 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
 import { ConnectionState, KernelConnection } from './connection';
+import { revealCell } from './reveal';
 import { Finding, PhaseStatus, Report, Running, Snapshot } from './snapshot';
 
 export const PHASES = ['reproduce', 'classify', 'isolate', 'fix', 'verify'] as const;
 
 export interface IPanelActions {
-  /** Open a file (path relative to the server root) in JupyterLab. */
-  openFile(path: string): Promise<void>;
+  /** Open a file (path relative to the server root) in JupyterLab, at a 1-based line. */
+  openFile(path: string, line: number | null): Promise<void>;
   /** Insert a `%%fix` cell below the active cell of the notebook (`source`: its text). */
   insertFixCell(panel: NotebookPanel, source?: string): void;
   /** Export through the REST endpoint (when the kernel cannot). */
@@ -362,8 +363,11 @@ export class DebuggerPanel extends Widget {
         item.appendChild(el('span', 'jp-ModelDebugger-rankBadge', `rank ${onRank}`));
       }
       if (f.location?.file) {
-        const where = el('a', 'jp-ModelDebugger-location', `${PathExt.basename(f.location.file)}:${f.location.line ?? ''}`);
-        where.title = `${f.location.file}:${f.location.line ?? ''}`;
+        const line = f.location.line ?? '?';
+        const where = el('a', 'jp-ModelDebugger-location', f.location.cell
+          ? `%%${f.location.cell} cell, line ${line}`
+          : `${PathExt.basename(f.location.file)}:${line}`);
+        where.title = f.location.cell ? `reveal the %%${f.location.cell} cell` : `${f.location.file}:${line}`;
         where.href = '#';
         where.onclick = (ev: MouseEvent) => {
           ev.preventDefault();
@@ -394,26 +398,16 @@ export class DebuggerPanel extends Widget {
     return box;
   }
 
-  /** Reveal a finding's code: the %%reproduce cell for the session's cell.py, else the file. */
+  /** Reveal a finding's code: the `%%reproduce` or `%%fix` cell it is a line of, else the file. */
   private async _reveal(snapshot: Snapshot, finding: Finding): Promise<void> {
     const loc = finding.location!;
-    const panel = this._notebook;
-    if (panel && /(^|\/)cell\.py$/.test(loc.file) && loc.file.startsWith(snapshot.root)) {
-      const cells = panel.content.widgets;
-      for (let i = cells.length - 1; i >= 0; i--) {
-        const src = cells[i].model.sharedModel.getSource();
-        if (src.startsWith('%%reproduce')) {
-          panel.content.activeCellIndex = i;
-          panel.content.scrollToItem(i).catch(() => undefined);
-          const editor = cells[i].editor;
-          if (editor && loc.line) {
-            editor.setCursorPosition({ line: Math.max(0, loc.line), column: 0 });
-          }
-          this._status = `revealed the %%reproduce cell (line ${loc.line})`;
-          this.render();
-          return;
-        }
-      }
+    const line = loc.line ?? null;
+    if (loc.cell && this._notebook) {
+      this._status = revealCell(this._notebook, loc.cell, line)
+        ? `revealed the %%${loc.cell} cell (line ${line})`
+        : `no %%${loc.cell} cell in this notebook`;
+      this.render();
+      return;
     }
     const path = this._serverPath(snapshot, loc.file);
     if (!path) {
@@ -421,7 +415,7 @@ export class DebuggerPanel extends Widget {
       this.render();
       return;
     }
-    await this.actions.openFile(path);
+    await this.actions.openFile(path, line);
   }
 
   private _notebook: NotebookPanel | null = null;

@@ -169,6 +169,10 @@ export interface Finding {
 export interface Location {
   file: string;
   line: number | null;
+  /**
+   * a line of the notebook's %%reproduce or %%fix cell (the file is the session's copy of it)
+   */
+  cell?: 'reproduce' | 'fix';
   [k: string]: unknown;
 }
 /**

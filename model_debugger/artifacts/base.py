@@ -32,7 +32,6 @@ class StepBudget(PlannedStop):
     """The run was stopped after its step budget (optimizer steps)."""
 
 
-PLANNED_STOPS = ("TimeLimit", "StepBudget")  # how the record names them (error ``type``)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,16 @@ _STREAM_ONLY = ("step", "hist")  # with a file, not kept in ``Recorder.events``
 _ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=) builds one per call
 
 
+def _fresh(path: str):
+    """A new record file: unbuffered (see ``Recorder.flush``), private (0600), never appended.
+
+    An earlier file there is replaced; a symlink planted at ``path`` is not followed.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | \
+        getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o600), "wb", buffering=0)
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
     """Settings of a capture.
@@ -274,8 +284,7 @@ class Recorder:
             if self.path:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 self._stack.callback(self._file_closed)  # runs after the file is closed
-                self._fh = self._stack.enter_context(  # a fresh record: never appended to
-                    open(self.path, "wb", buffering=0))  # unbuffered: see flush
+                self._fh = self._stack.enter_context(_fresh(self.path))
                 self._stack.callback(self.flush)  # before the file closes (last in, first out)
                 self._start_flusher()
                 self._stack.callback(self._stop_flusher)  # stopped before the last flush

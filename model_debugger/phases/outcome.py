@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from ..artifacts.base import PLANNED_STOPS
-from ..records import Run
+from ..records import PLANNED_STOPS, Run
 
 
 def _last_step(run: Run) -> int | None:
