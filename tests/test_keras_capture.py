@@ -513,6 +513,7 @@ def test_gradients_taken_and_never_applied_are_recorded_as_steps_that_update_not
     the loop ran. Each gradient's loss is a step (flat), the ``unapplied`` event counts them,
     the run is a plateau and ``gradients_unapplied`` confirms it at the gradient line (was:
     0 steps, "not observed", no diagnosis)."""
+    from model_debugger.probes import run_probes
     from model_debugger.probes.gradients_unapplied import GradientsUnapplied
     from model_debugger.probing import build_context
 
@@ -542,8 +543,11 @@ def test_gradients_taken_and_never_applied_are_recorded_as_steps_that_update_not
     sig = compute(run)
     assert classify(sig).primary == "loss_not_decreasing"
     ctx = build_context(run, sources={__file__: open(__file__, encoding="utf-8").read()})
-    found = GradientsUnapplied().run(ctx)
-    assert found and found[0].confirmed and found[0].root_cause == "training_loop"
+    assert GradientsUnapplied().applies(ctx)  # no model or optimizer event names a framework
+    found = [f for f in run_probes(ctx).findings if f.confirmed]
+    assert found and found[0].check == "gradients_unapplied", [f.check for f in found]
+    assert found[0].root_cause == "training_loop"
+    assert "detached_output" not in {f.check for f in found}  # the graph was never cut
     if not traced:  # (a traced step's gradient is seen from the line that calls it)
         assert found[0].location["line"] == line_of("unapplied")
 

@@ -53,9 +53,10 @@ class DetachedOutput(SettingExperiment):
         # An exactly-zero norm is a gradient that exists and is zero (a constant output: a
         # softmax over one unit, every unit dead): the graph reaches the weights, it is not cut
         no_grad = sum(1 for s in steps if "gn" in s and s["gn"] is None)
-        # gradients that landed on the model's own parameters, not the optimizer's: not a cut
+        # gradients that landed on the model's own parameters, not the optimizer's, or that
+        # were taken and never applied (a Keras tape loop): not a cut
         measured = len(steps) > 1 and no_grad == len(steps) and \
-            ctx.run.first("optimizer_elsewhere") is None
+            ctx.run.first("optimizer_elsewhere") is None and ctx.run.first("unapplied") is None
         where = loc(hits[0]) if hits else ctx.ref("backward")
         if measured:
             return [self.finding(

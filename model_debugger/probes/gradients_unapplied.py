@@ -21,7 +21,9 @@ class GradientsUnapplied(Probe):
     cost = 0
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "gradient_instability",
                   "overfitting", "healthy")
-    frameworks = ("keras",)  # (PyTorch records a step at each backward: detached_output)
+    # Keras records the event (PyTorch records a step at each backward: detached_output); a
+    # run that never applied anything may show no model or optimizer to name its framework
+    frameworks = ("keras", "none")
     reveals = "loss_not_decreasing"  # a run that looked healthy never trained
     fix = ("Apply the gradients after taking them: optimizer.apply_gradients(zip(grads, "
            "model.trainable_variables)) in every training step.")
