@@ -318,11 +318,17 @@ def generalisation_gap(sig: dict):
 
     Read at the end of the run (no rise from a minimum needed): a training accuracy (or the
     lowest its loss allows) well above the validation accuracy. Where a validation-loss curve
-    exists, its rise (:func:`overfitting`) decides: this rule speaks only for runs that report
-    a validation accuracy and no validation loss.
+    exists it decides while it still falls (the model is still improving where it matters);
+    once it stopped improving (its minimum before the end) a rise is not needed: a model that
+    memorised a small training set often ends with its validation loss flat far above its
+    training loss (early stopping, a falling rate), which must then be the case.
     """
-    if sig.get("loss_relative_drop", 0) < LOSS_FALLS or sig.get("val_points", 0) >= 3:
-        return None  # nothing was learned, or the validation loss curve is the judge
+    if sig.get("loss_relative_drop", 0) < LOSS_FALLS:
+        return None  # nothing was learned
+    if sig.get("val_points", 0) >= 3 and (
+            sig.get("val_loss_min_index", 0) >= sig["val_points"] - 1 or
+            sig.get("gap_final", 0.0) <= 0):
+        return None  # validation still improving, or at or below training loss: no gap
     if sig.get("acc_gap", 0) < ACC_GAP:
         return None
     bound = "train_acc_bound" in sig

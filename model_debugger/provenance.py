@@ -23,6 +23,7 @@ _DATA_FUNCS = {"DataLoader", "iter", "enumerate", "tqdm", "list", "tuple", "as_t
 _PAIRING = {"TensorDataset", "from_tensor_slices", "from_tensors", "zip"}
 # random row splits: with a role, the trace follows the inputs (first) or the targets (last)
 _SPLITS = {"train_test_split"}
+ROWS = "rows"  # a role: which rows the inputs hold (a split or slice made them), not their values
 # methods that only re-wrap their receiver: the trace follows the receiver, not the arguments
 # (``xb.to(device)``, ``ds.shuffle(BUF).batch(BATCH)``)
 _DATA_METHODS = {"batch", "shuffle", "prefetch", "repeat", "cache", "to", "cuda", "cpu", "astype",
@@ -112,6 +113,26 @@ def discarded_scaling(location: dict | None) -> dict | None:
     if not found:
         return None
     return {**location, "line": max(found)[1], "used_at": before}
+
+
+def selects_rows(location: dict | None) -> bool:
+    """Whether the statement at ``location`` chooses rows: a split call or a row slice.
+
+    ``train_test_split(X, y, train_size=0.04)``, ``X[:200]``: where the number of training
+    rows was set (the origin :func:`data_origin` finds for :data:`ROWS`).
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return False
+    for stmt in _statements_at(tree, location["line"]):
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                f = node.func
+                if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")) in _SPLITS:
+                    return True
+            if isinstance(node, ast.Subscript) and _is_split(node.slice):
+                return True
+    return False
 
 
 def setting_origin(location: dict | None, keyword: str) -> dict | None:
@@ -289,9 +310,10 @@ def _statement_origin(tree: ast.Module, stmt: ast.stmt, line: int,
     scope = _scope_of(tree, stmt)
     fit, inputs, targets = _data_arguments(stmt, scope)
     if fit and "" in (inputs + targets if role is None else
-                      inputs if role == "inputs" else targets):
+                      inputs if role in ("inputs", ROWS) else targets):
         return line  # computed on the fit line
-    seeds = inputs if role == "inputs" else targets if role == "targets" else inputs + targets
+    seeds = inputs if role in ("inputs", ROWS) else targets if role == "targets" else \
+        inputs + targets
     best: tuple[int, int] | None = None  # (went through a loop over data, line)
     for name in dict.fromkeys(n for n in seeds if n):
         origin, looped = _trace(tree, scope, name, stmt.lineno, role)
@@ -329,7 +351,9 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
     A ``fit`` call's first and second arguments (``""`` for one computed on that line). Else the
     loss call's arguments: a model called inline (``criterion(model(xb), yb)``), or a name that
     holds a model's output, gives the inputs; the other names are the targets. A step function
-    of the file called with data (``train_step(xb, yb)``) takes the inputs first.
+    of the file called with data (``train_step(xb, yb)``) takes the inputs first. A line with one
+    call of one or more arguments and no loss (``out = model(xb)``, an evaluation forward) gives
+    the inputs.
     """
     calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
     for call in calls:
@@ -361,6 +385,8 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
     if not inputs and len(targets) >= 2 and _user_function(loss_call, scope):
         inputs = targets[:1]  # train_step(x, y): a step function of this file takes (x, y)
         targets = targets[1:]
+    if loss_call is None and len(calls) == 1 and calls[0].args:
+        inputs = [r for r in map(_root, calls[0].args) if r]  # a forward: ``out = model(xb)``
     return False, inputs, [t for t in targets if t not in inputs]
 
 
@@ -715,12 +741,14 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
 
     None when ``value`` computes something (arithmetic, a subscript, a call that is not a
     wrapper). With a ``role``, a contiguous slice (``X[:3000]``, a split) is a wrapper too: it
-    keeps the rows' scale and label mix, so what made them lies further back; without one (row
-    counts, duplicates, alignment) the slice is what changed the data.
+    keeps the rows' scale and label mix, so what made them lies further back; without one
+    (duplicates, alignment) the slice is what changed the data. For :data:`ROWS` (how many
+    rows there are) the slice or split is the origin, and a scaling that keeps every row
+    (``scaler.transform(X)``) is seen through.
     """
     if isinstance(value, ast.Name):
         return value
-    if role is not None and isinstance(value, ast.Subscript) and _is_split(value.slice):
+    if role not in (None, ROWS) and isinstance(value, ast.Subscript) and _is_split(value.slice):
         return _unwrapped(value.value, role)
     if isinstance(value, (ast.Tuple, ast.List)):  # (x, y) handed on together
         inner = [_unwrapped(e, role) for e in value.elts]
@@ -735,20 +763,22 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
             return _unwrapped(func.value, role)  # x.to(device): the receiver is the data
         if fname in _SPLITS:  # a random split keeps each array's scale and label mix
             parts = [a for a in value.args if not isinstance(a, ast.Constant)]
-            if role is None or not parts:
-                return None  # without a role (rows, alignment) the split changed the data
+            if role in (None, ROWS) or not parts:
+                return None  # without a role (alignment) or for rows, the split changed them
             parts = parts[:1] if role == "inputs" else parts[-1:]
         elif fname in _PAIRING:
             parts = [a for a in value.args if not isinstance(a, ast.Constant)]
             if len(parts) == 1 and isinstance(parts[0], (ast.Tuple, ast.List)):
                 parts = list(parts[0].elts)  # from_tensor_slices((x, y))
             if role is not None and len(parts) >= 2:  # the half the finding is about
-                parts = parts[:1] if role == "inputs" else parts[-1:]
+                parts = parts[:1] if role in ("inputs", ROWS) else parts[-1:]
             elif role is None and len(parts) >= 2 and _same_split(parts) is not None:
                 # TensorDataset(X[:n], y[:n]): one split of every part keeps them aligned
                 parts = _same_split(parts)
         elif fname in _DATA_FUNCS:
             parts = value.args[:1]  # DataLoader(ds, BATCH): the dataset, not the settings
+        elif role == ROWS and fname in _SCALING and isinstance(func, ast.Attribute):
+            parts = value.args[:1]  # scaler.transform(X): every row kept, only values change
         else:
             return None
         inner = [_unwrapped(p, role) for p in parts]

@@ -220,6 +220,7 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
 
 FLOOR_ZEROS = 0.05  # exact zeros among the loss inputs, none below: a ReLU/clamp on the output
 PRESSED_SHARE = 0.05  # ... or this share of them at a sigmoid's or tanh's bound: saturated
+SPREAD = 1e-3  # outputs closer together than this are one value: no range to read a bound from
 _REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 LR_COLLAPSE = 0.01  # a rate below 1% of its peak: the schedule has all but stopped training
 
@@ -235,7 +236,9 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
       score below 0 means no probability below 0.5: the class-0 targets are unreachable;
       under a regression loss, the negative ones;
     - within [0, 1] or [-1, 1] (a sigmoid, a tanh) with at least ``PRESSED_SHARE`` of it at a
-      bound (saturated): under a regression loss, the targets beyond that bound.
+      bound (saturated): under a regression loss, the targets beyond that bound. Outputs that
+      are one value (within ``SPREAD``) show no range: a network collapsed to a constant near 0
+      is not a sigmoid.
 
     0.0 when the range reaches every target (the signal Verify compares after a fix);
     ``output_range`` names the range when one is found.
@@ -259,10 +262,12 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
         if floored:
             found.append((neg, "[0, inf) (a ReLU or clamp)"))
         top = above if pressed.get("1", 0.0) >= PRESSED_SHARE else 0.0
-        if isinstance(hi, (int, float)) and hi <= 1 and lo >= 0:
+        if not isinstance(hi, (int, float)) or hi - lo < SPREAD:
+            pass  # one value for every row: a collapse, whatever the activation (no range)
+        elif hi <= 1 and lo >= 0:
             found.append((top + (neg if pressed.get("0", 0.0) >= PRESSED_SHARE else 0.0),
                           "[0, 1] (a sigmoid)"))
-        elif isinstance(hi, (int, float)) and hi <= 1 and lo >= -1:
+        elif hi <= 1 and lo >= -1:
             found.append((top + (below if pressed.get("-1", 0.0) >= PRESSED_SHARE else 0.0),
                           "[-1, 1] (a tanh)"))
     if name not in _REGRESSION and name != "binary_cross_entropy_with_logits":

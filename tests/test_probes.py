@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -1082,6 +1083,36 @@ def test_data_volume_silent_while_val_loss_still_falls():
     ctx = build_context(_overfit_record([1.0, 0.8, 0.6, 0.5, 0.4]), sources={})
     assert ctx.signals["val_loss_rise"] == 0.0
     assert not [f for f in probe(ctx, "data_volume") if f.confirmed]
+
+
+def test_data_volume_reads_a_wide_accuracy_gap_and_locates_the_split_that_chose_the_rows(
+        tmp_path):
+    """A validation loss that stopped improving far above the training loss (no 10% rise) with
+    training accuracy 30 points above validation's: memorised. Located at the split that kept
+    4% of the rows for training (not at the model, not at the scaling)."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        X, y = make_classification(n_samples=4000)
+        X_tr, X_val, y_tr, y_val = train_test_split(X, y, train_size=0.04)
+        X_tr = scaler.fit_transform(X_tr)
+        model = build()
+        model.fit(X_tr, y_tr, validation_data=(X_val, y_val), epochs=5)
+        """))
+    run = _overfit_record([1.0, 0.93, 0.94, 0.95, 0.95])
+    run.events[2:2] = [{"t": "ref", "kind": "fit", "file": str(script), "line": 5},
+                       {"t": "ref", "kind": "model", "file": str(script), "line": 4}]
+    run.events += [{"t": "metric", "name": n, "value": v, "source": "log", "step": 10 * k + 9,
+                    "epoch": k} for k in range(5) for n, v in (("acc", 0.6 + 0.09 * k),
+                                                               ("val_acc", 0.6))]
+    ctx = build_context(run, sources={})
+    assert ctx.signals["val_loss_rise"] < 0.1 and ctx.classification.primary == "overfitting"
+    f = confirmed_one(ctx, "data_volume", "data")
+    assert f.location["line"] == 2 and f.evidence["acc_gap"] == pytest.approx(0.36)
+    assert "chosen here" in f.explanation
+    script.write_text(script.read_text().replace(
+        "train_test_split(X, y, train_size=0.04)", "load_split()"))
+    f = confirmed_one(build_context(run, sources={}), "data_volume", "data")
+    assert f.location["line"] == 4  # no split chose the rows: the model's capacity
 
 
 # -- run_probes: ranking and isolation of broken probes -----------------------------------------

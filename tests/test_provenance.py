@@ -609,3 +609,60 @@ def test_a_scaling_whose_result_is_thrown_away_is_where_unscaled_data_was_made(t
         assert got is None  # the scaled copies are used: nothing was thrown away
     else:  # the training split's fit_transform, not the test split's transform
         assert got == {"file": str(path), "line": 3, "used_at": 5}
+
+
+def test_an_evaluation_forward_is_traced_to_the_validation_dataset(tmp_path):
+    """``out = model(xb)`` (one call, no loss on the line: where the capture saw the first
+    evaluation forward) gives the inputs, traced through the loop and the loader to the
+    dataset that was built without the training statistics."""
+    got, made, _ = _origin(tmp_path, """
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Digits(Dataset):
+            def __init__(self, x, y, mean=0.0, std=1.0):
+                self.x, self.y = (x - mean) / std, y
+            def __len__(self):
+                return len(self.x)
+            def __getitem__(self, i):
+                return self.x[i], self.y[i]
+
+        X_tr, y_tr, X_val, y_val = torch.randn(80, 4), torch.zeros(80), torch.randn(20, 4), torch.zeros(20)
+        train_ds = Digits(X_tr, y_tr, mean=X_tr.mean(0), std=X_tr.std(0))
+        val_ds = Digits(X_val, y_val)  # <made>
+        val_loader = DataLoader(val_ds, batch_size=8)
+        model = torch.nn.Linear(4, 2)
+        with torch.no_grad():
+            for xb, yb in val_loader:
+                out = model(xb)  # <use>
+                print(out.argmax(1))
+        """, "inputs")
+    assert got == made
+
+
+@pytest.mark.parametrize("split", [
+    "X_tr, X_val, y_tr, y_val = train_test_split(X, y, train_size=0.04)  # <made>",
+    "X_tr, y_tr = X[:160], y[:160]  # <made>",
+])
+def test_the_rows_of_the_training_inputs_are_traced_to_the_split_that_chose_them(tmp_path, split):
+    """For how many rows there are (``ROWS``), a scaling that keeps every row is seen through
+    and the split or slice is the origin; for the values (``inputs``) the scaling is."""
+    from model_debugger.provenance import ROWS, selects_rows
+
+    source = f"""
+        import numpy as np
+        from sklearn.model_selection import train_test_split
+        from sklearn.preprocessing import StandardScaler
+        X, y = np.random.rand(4000, 8), np.random.randint(0, 2, 4000)
+        {split}
+        scaler = StandardScaler().fit(X_tr)
+        X_tr = scaler.transform(X_tr).astype("float32")  # <values>
+        model.fit(X_tr, y_tr, epochs=3)  # <use>
+        """
+    got, made, use = _origin(tmp_path, source, ROWS)
+    assert got == made
+    assert selects_rows({"file": str(tmp_path / "train.py"), "line": got})
+    values = next(i for i, line in enumerate(textwrap.dedent(source).splitlines(), 1)
+                  if "# <values>" in line)
+    assert _origin(tmp_path, source, "inputs")[0] == values
+    assert not selects_rows({"file": str(tmp_path / "train.py"), "line": values})

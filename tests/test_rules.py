@@ -1085,14 +1085,15 @@ def test_exploding_quiet_on_one_transient_step_at_the_start():
 # -- generalisation_gap ----------------------------------------------------------------------
 
 
-def _gap_run(train_final: float, val_acc: float | None = None, val_loss: float | None = None,
+def _gap_run(train_final: float, val_acc: float | None = None, val_loss=None,
              train_acc: float | None = None, counts=(50, 50)) -> Run:
     loss = syn.decay(100, 0.7, train_final)
     events = [syn.steps_events(loss, ep=np.repeat(np.arange(10), 10)), syn.targets_counts(counts)]
     if val_acc is not None:
         events.append(syn.metric("val_acc", np.linspace(0.6, val_acc, 10)))
-    if val_loss is not None:
-        events.append(syn.metric("val_loss", np.linspace(0.69, val_loss, 10)))
+    if val_loss is not None:  # a final value reached in a straight line, or the whole curve
+        events.append(syn.metric("val_loss", np.linspace(0.69, val_loss, 10)
+                                 if np.isscalar(val_loss) else val_loss))
     if train_acc is not None:
         events.append(syn.metric("acc", np.linspace(0.6, train_acc, 10)))
     return syn.make_run(*events)
@@ -1123,6 +1124,24 @@ def test_gap_defers_to_a_validation_loss_curve():
     sig, cls = quiet(C.generalisation_gap, _gap_run(0.001, val_acc=0.70, val_loss=0.5))
     assert sig["acc_gap"] >= C.ACC_GAP and sig["val_points"] >= 3
     assert cls.primary != "overfitting"
+
+
+def test_gap_fires_on_a_validation_loss_that_stopped_improving_far_above_the_training_loss():
+    # a small training set memorised: validation flat at 0.95 (2% over its minimum, no rise by
+    # the rise rule's measure) while training reaches 0.2 and 99% against 70%
+    flat = [1.3, 1.1, 1.0, 0.95, 0.93, 0.93, 0.94, 0.94, 0.95, 0.95]
+    run = _gap_run(0.2, val_acc=0.70, train_acc=0.99, val_loss=flat)
+    sig, _ = fires(C.generalisation_gap, run, "overfitting",
+                   {"train_acc_final", "val_acc_final", "acc_gap"})
+    assert sig["val_loss_rise"] < C.VAL_RISE and C.overfitting(sig) is None
+    # the same gap with a validation loss below the training loss is no gap
+    below = [0.5, 0.3, 0.2, 0.15, 0.14, 0.14, 0.145, 0.15, 0.15, 0.15]
+    sig, _ = quiet(C.generalisation_gap, _gap_run(0.2, val_acc=0.70, train_acc=0.99,
+                                                  val_loss=below))
+    assert sig["acc_gap"] >= C.ACC_GAP and sig["gap_final"] < 0
+    # and a validation loss still falling at the end is still the judge
+    quiet(C.generalisation_gap, _gap_run(0.2, val_acc=0.70, train_acc=0.99,
+                                         val_loss=np.linspace(1.3, 0.9, 10)))
 
 
 def test_gap_quiet_when_nothing_was_learned():
@@ -1332,6 +1351,10 @@ def test_a_sigmoid_bound_counts_only_when_the_outputs_saturate_against_it():
     assert sig["output_range"].startswith("[0, 1]")
     loose = {**targets, "input_pressed": {"1": 0.01}}  # a linear output that stays below 1
     quiet(C.bounded_output, syn.make_run(steps, loose))
+    # a linear output collapsed to one small value (after a blow-up): no range, no sigmoid
+    collapsed = {**targets, "mean": 0.0, "negative": 0.5, "above_one": 0.2, "input_min": 0.0128,
+                 "input_max": 0.0128, "input_pressed": {"1": 0.0, "-1": 0.0, "0": 1.0}}
+    quiet(C.bounded_output, syn.make_run(steps, collapsed))
 
 
 # -- across ranks (the signals come from model_debugger.ranks; records in tests/test_ranks.py) -----

@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from ..provenance import batches_origin
 from . import _numpy_stats as st
 from ._heldout import BETTER, SPLIT
 from .base import Probe, ProbeContext, register
@@ -122,7 +123,9 @@ class DataOrder(Probe):
             return []
         in_order, at_random = self._copies(ctx, int(np.median(sizes)))
         confirmed = math.isfinite(at_random) and at_random < BETTER * in_order
-        where = ctx.ref("loader") or ctx.ref("fit") or st.data_location(ctx)
+        # where the order is set: the loader, fit's data, else what a custom loop draws its
+        # batches from (``train_ds = tf.data.Dataset...batch(64)``, where a shuffle belongs)
+        where = ctx.ref("loader") or ctx.ref("fit") or batches_origin(st.data_location(ctx))
         return [self.finding(
             "data", confirmed,
             f"The training batches follow the order of their targets: {share:.0%} of the "

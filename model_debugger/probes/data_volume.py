@@ -5,14 +5,18 @@ targets) hold only a few distinct examples, each repeated many times (a sampling
 step that repeats a handful of rows: the epoch looks large, the data is not); that is direct and
 decisive, located where the inputs were made. Second, from the run: parameters per training
 sample (samples per epoch counted by the loss) against the generalisation gap. Many parameters
-per sample and a widening gap mean the model memorises the training set.
+per sample and a generalisation gap (a validation loss that rose from its minimum, or a
+training accuracy far above the validation accuracy) mean the model memorises the training set.
+Located where the number of training rows was set when a split or slice chose them
+(``train_test_split(..., train_size=0.04)``, ``X[:200]``), else at the model.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..thresholds import VAL_RISE
+from ..provenance import ROWS, data_origin, selects_rows
+from ..thresholds import ACC_GAP, VAL_RISE
 from .base import Probe, ProbeContext, register
 
 PARAMS_PER_SAMPLE = 10.0
@@ -26,13 +30,14 @@ class DataVolume(Probe):
 
     id = "data_volume"
     data_role = "inputs"
+    traces_origin = False  # located by :func:`_rows_location` (the rows, not their values)
     categories = ("overfitting",)
     fix = ("Regularise the optimisation (weight decay, early stopping on the validation loss) or "
            "train on more data; a smaller model is an architecture change and needs an explicit "
            "override for a data cause.")
 
     def run(self, ctx: ProbeContext):
-        """One confirmed finding when validation loss rose and parameters per sample are >= 10.
+        """One confirmed finding on a generalisation gap when parameters per sample are >= 10.
 
         Samples per epoch come from the record's ``targets`` event and the epochs observed; the
         parameter count from its ``model`` event.
@@ -43,7 +48,9 @@ class DataVolume(Probe):
         model = ctx.run.first("model")
         targets = ctx.run.of("targets")
         sig = ctx.signals
-        if not model or not targets or sig.get("val_loss_rise", 0) < VAL_RISE:
+        rose = sig.get("val_loss_rise", 0) >= VAL_RISE
+        gap = sig.get("acc_gap", 0) >= ACC_GAP
+        if not model or not targets or not (rose or gap):
             return []
         per_sample = max(1, targets[-1]["n"] // max(1, len(ctx.run.steps) and ctx.run.epochs))
         if ctx.trainer is not None and ctx.trainer.targets is not None \
@@ -52,16 +59,38 @@ class DataVolume(Probe):
         ratio = model["params"] / per_sample
         if ratio < PARAMS_PER_SAMPLE:
             return []
+        shown = (f"validation loss rose {sig['val_loss_rise']:.0%} from its minimum while the "
+                 "train loss kept falling" if rose else
+                 f"training accuracy ends {sig['acc_gap']:.0%} above validation accuracy")
+        where, split = _rows_location(ctx)
         return [self.finding(
             "data", True,
             f"The model has {model['params']:,} parameters for about {per_sample:,} training "
             f"samples per epoch ({ratio:,.0f} per sample). It can memorise the training set: "
-            f"validation loss rose {sig['val_loss_rise']:.0%} from its minimum while the train "
-            "loss kept falling. More data, augmentation, a smaller model, weight decay or early "
-            "stopping at the validation minimum address it.",
-            ctx.ref("model"), params=model["params"], samples_per_epoch=per_sample,
-            params_per_sample=ratio, val_loss_rise=sig["val_loss_rise"],
-            val_loss_min_index=sig.get("val_loss_min_index"), strength=0.7)]
+            f"{shown}. "
+            + ("The training rows were chosen here: more of the data for training, "
+               if split else "More data, ")
+            + "augmentation, a smaller model, weight decay or early stopping at the validation "
+            "minimum address it.",
+            where, params=model["params"], samples_per_epoch=per_sample,
+            params_per_sample=ratio, val_loss_rise=sig.get("val_loss_rise"),
+            acc_gap=sig.get("acc_gap"), val_loss_min_index=sig.get("val_loss_min_index"),
+            strength=0.7)]
+
+
+def _rows_location(ctx: ProbeContext) -> tuple[dict | None, bool]:
+    """Where the number of training rows was set: ``(location, chosen by a split)``.
+
+    The training inputs traced back from their use for their rows (a scaling is seen through);
+    when that ends at a split or slice, it chose how few rows there are. Otherwise the data is
+    what it is and the model's capacity is what to change: the model's line.
+    """
+    from . import _numpy_stats as st
+
+    origin = data_origin(st.data_location(ctx), ROWS)
+    if origin and origin.get("used_at") is not None and selects_rows(origin):
+        return origin, True
+    return ctx.ref("model"), False
 
 
 def _repeated_rows(ctx: ProbeContext):
@@ -82,5 +111,6 @@ def _repeated_rows(ctx: ProbeContext):
         f"The {len(rows)} kept training rows hold only {distinct} distinct examples, each seen "
         f"about {len(rows) / distinct:.0f} times: the model learns from {distinct} examples, "
         "whatever the length of an epoch, and memorises them (a sampling or indexing step "
-        "repeats a handful of rows).", st.data_location(ctx), strength=0.85, decisive=True,
+        "repeats a handful of rows).", data_origin(st.data_location(ctx), probe.data_role),
+        strength=0.85, decisive=True,
         rows=len(rows), distinct_rows=distinct)
