@@ -220,7 +220,7 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
 
 FLOOR_ZEROS = 0.05  # exact zeros among the loss inputs, none below: a ReLU/clamp on the output
 PRESSED_SHARE = 0.05  # ... or this share of them at a sigmoid's or tanh's bound: saturated
-SPREAD = 1e-3  # outputs closer together than this are one value: no range to read a bound from
+SPREAD = 1e-3  # outputs within this of each other are one value; within this of a bound, at it
 _REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 LR_COLLAPSE = 0.01  # a rate below 1% of its peak: the schedule has all but stopped training
 
@@ -237,8 +237,8 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
       under a regression loss, the negative ones;
     - within [0, 1] or [-1, 1] (a sigmoid, a tanh) with at least ``PRESSED_SHARE`` of it at a
       bound (saturated): under a regression loss, the targets beyond that bound. Outputs that
-      are one value (within ``SPREAD``) show no range: a network collapsed to a constant near 0
-      is not a sigmoid.
+      are one value (within ``SPREAD``) away from the bounds show no range: a network collapsed
+      to 0.0128 is not a sigmoid (one saturated at 0.99999 is).
 
     0.0 when the range reaches every target (the signal Verify compares after a fix);
     ``output_range`` names the range when one is found.
@@ -262,12 +262,12 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
         if floored:
             found.append((neg, "[0, inf) (a ReLU or clamp)"))
         top = above if pressed.get("1", 0.0) >= PRESSED_SHARE else 0.0
-        if not isinstance(hi, (int, float)) or hi - lo < SPREAD:
-            pass  # one value for every row: a collapse, whatever the activation (no range)
-        elif hi <= 1 and lo >= 0:
+        if not isinstance(hi, (int, float)):
+            pass
+        elif hi <= 1 and lo >= 0 and _ranged(lo, hi, (0.0, 1.0)):
             found.append((top + (neg if pressed.get("0", 0.0) >= PRESSED_SHARE else 0.0),
                           "[0, 1] (a sigmoid)"))
-        elif hi <= 1 and lo >= -1:
+        elif hi <= 1 and lo >= -1 and _ranged(lo, hi, (-1.0, 1.0)):
             found.append((top + (below if pressed.get("-1", 0.0) >= PRESSED_SHARE else 0.0),
                           "[-1, 1] (a tanh)"))
     if name not in _REGRESSION and name != "binary_cross_entropy_with_logits":
@@ -275,6 +275,15 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
     share, bound = max(found) if found else (0.0, None)
     return {"output_range_unreachable": float(share),
             **({"output_range": bound} if bound and share > 0 else {})}
+
+
+def _ranged(lo: float, hi: float, bounds: tuple[float, float]) -> bool:
+    """Whether outputs in ``[lo, hi]`` show a range: they spread, or sit at one of its bounds.
+
+    One value for every row, away from the bounds (a network collapsed to 0.0128), tells
+    nothing about an activation; one value at a bound (0.99999: a saturated sigmoid) does.
+    """
+    return hi - lo >= SPREAD or any(abs(v - b) < SPREAD for v in (lo, hi) for b in bounds)
 
 
 def uninformed_loss(targets: dict | None) -> float | None:

@@ -255,7 +255,8 @@ def _report() -> ProbeReport:
 def test_probe_report_json_round_trip():
     report = _report()
     data = json.loads(json.dumps(report.to_json()))
-    assert set(data) == {"findings", "probe_seconds", "seed_noise", "lr_range"}
+    assert set(data) == {"findings", "probe_seconds", "seed_noise", "lr_range",
+                         "learnable"}
     assert ProbeReport.from_json(data) == report
     assert ProbeReport.from_json(ProbeReport().to_json()) == ProbeReport()
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -932,6 +932,26 @@ def test_an_optimizer_over_another_model_is_not_a_cut_graph(tmp_path):
     assert not [f for f in probe(ctx, "detached_output") if f.confirmed]
 
 
+@pytest.mark.parametrize("above, confirmed", [(0.5, True), (0.0, False)])
+def test_binary_cross_entropy_over_class_indices_is_a_mismatch_of_loss_and_targets(above,
+                                                                                   confirmed):
+    """Targets 0..3 under a binary cross-entropy: half of them above 1, the loss unbounded
+    below (the run's loss goes negative). Measured on the recorded targets, decisive; targets
+    in [0, 1] are no mismatch."""
+    events = [{"t": "start"}]
+    events += [{"t": "step", "i": i, "ep": i // 10, "loss": 0.5 - 0.1 * i, "gn": 1.0}
+               for i in range(50)]
+    events += [{"t": "targets", "loss": "binary_cross_entropy", "n": 2400, "mean": 1.5,
+                "var": 1.25, "negative": 0.0, "above_one": above, "below_minus_one": 0.0},
+               {"t": "end", "status": "ok", "steps": 50, "seconds": 1.0}]
+    ctx = build_context(Run(events), sources={})
+    found = [f for f in probe(ctx, "loss_output_mismatch") if f.confirmed]
+    assert bool(found) is confirmed
+    if confirmed:
+        assert found[0].root_cause == "architecture" and found[0].evidence["decisive"]
+        assert found[0].evidence["targets_outside"] == 0.5
+
+
 def test_loss_output_mismatch_softmax_before_cross_entropy(tmp_path):
     ctx = captured(tmp_path, train_softmax_into_ce)
     f = confirmed_one(ctx, "loss_output_mismatch", "architecture")

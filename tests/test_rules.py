@@ -1355,6 +1355,9 @@ def test_a_sigmoid_bound_counts_only_when_the_outputs_saturate_against_it():
     collapsed = {**targets, "mean": 0.0, "negative": 0.5, "above_one": 0.2, "input_min": 0.0128,
                  "input_max": 0.0128, "input_pressed": {"1": 0.0, "-1": 0.0, "0": 1.0}}
     quiet(C.bounded_output, syn.make_run(steps, collapsed))
+    saturated = {**targets, "input_min": 0.99995, "input_max": 0.99999}  # every row at 1
+    fires(C.bounded_output, syn.make_run(steps, saturated), "convergence_to_wrong_solution",
+          {"output_range_unreachable"})
 
 
 # -- across ranks (the signals come from model_debugger.ranks; records in tests/test_ranks.py) -----

@@ -811,3 +811,43 @@ def test_a_cure_paid_for_in_validation_loss_does_not_confirm(tmp_path):
     better = syn.CannedArtifact({"current": flat, "current+lr_scale": falling(0.40)})
     got = confirm(s, better, [lever], Version("current", s.store.path("artifact.py")), 2, 60.0)[0]
     assert got.confirmed and "validation_worse" not in got.evidence["intervention"]
+
+
+def test_a_symptom_that_builds_late_is_re_run_as_long_as_the_reproduction(tmp_path):
+    """The reproduction blew up after 600 of its 1000 steps; 200-step re-runs show nothing.
+    Rather than give up ("did not show"), the baseline is re-run once as long as the
+    reproduction (it fits the budget), the symptom shows, and the intervention is judged there;
+    a budget too small for the longer re-runs leaves the finding untested, saying so."""
+    from model_debugger.phases.confirm import MAX_STEPS, confirm
+
+    s = _at_fix(tmp_path, [])
+    s.record_reproduce({"status": "reproduced", "problem": "gradient_instability", "steps": 1000,
+                        "seconds": 0.2, "runs": {"total": 1, "reproduced": 1,
+                                                 "categories": ["gradient_instability"]}})
+    healthy = syn.make_run(syn.healthy_steps(40))
+    late = syn.make_run(syn.steps_events([1.0 - 0.01 * i for i in range(30)] +
+                                         [0.7 * 1.5 ** i for i in range(10)]))
+
+    class Horizon(syn.CannedArtifact):
+        def run(self, version, seed, record, *, max_steps=None, intervention=None, **kw):
+            self.steps.append(max_steps)
+            if intervention is None and (max_steps or 1000) > 600:  # blows up past step 600
+                self.runs["current"] = late
+            else:
+                self.runs["current"] = healthy
+            return super().run(version, seed, record, intervention=intervention, **kw)
+
+    art = Horizon({"current": healthy})
+    art.steps = []
+    guess = Finding("initialization", "architecture", False, "weights 100x the default", None,
+                    {"category": "gradient_instability"})
+    got = confirm(s, art, [guess], Version("current", s.store.path("artifact.py")), 1, 60.0)[0]
+    assert art.steps == [MAX_STEPS, MAX_STEPS, 1000, 1000, 1000, 1000], art.steps
+    assert got.confirmed and got.evidence["intervention"]["max_steps"] == 1000
+    art.steps.clear()
+    s.record_reproduce({"status": "reproduced", "problem": "gradient_instability", "steps": 1000,
+                        "seconds": 30.0, "runs": {"total": 1, "reproduced": 1,
+                                                   "categories": ["gradient_instability"]}})
+    got = confirm(s, art, [guess], Version("current", s.store.path("artifact.py")), 2, 60.0)[0]
+    assert art.steps == [MAX_STEPS, MAX_STEPS]  # 4 full-length re-runs cannot fit: not widened
+    assert "did not show in 2 re-runs of 200 steps" in got.evidence["intervention"]["untested"]

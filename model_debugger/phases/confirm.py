@@ -79,6 +79,7 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
     deadline = time.monotonic() + budget
     # seconds of the slowest re-run so far; before the first, the reproduction's own time
     per_run = [_run_seconds(state, max_steps)]
+    horizon = [max_steps, False]  # steps per re-run, and whether it was widened already
     session.store.isolate_dir(n)
     cls = state.classification
     baseline: list[dict] | None = None
@@ -110,7 +111,8 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                 left = _budget_left(deadline)
                 t0 = time.monotonic()
                 cap = artifact.run(version, seed, session.store.path(rel), intervention=change,
-                                   max_steps=max_steps, stdout=stdout, max_seconds=max(left, 1.0))
+                                   max_steps=horizon[0], stdout=stdout,
+                                   max_seconds=max(left, 1.0))
                 took = time.monotonic() - t0
                 per_run[0] = max(per_run[0], took)
                 if took >= left:  # stopped by the budget, not by its steps: cut short
@@ -132,11 +134,26 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                                          "the end of the budget"))
                     continue  # (no budget is left: the findings after it stay as judged)
             shown = [s for s, m in zip(seeds, baseline, strict=True) if category in m["categories"]]
+            if not shown and not horizon[1]:  # widen the window once rather than give up: a
+                # symptom that builds over more steps than the bounded re-runs (a blow-up late
+                # in the run) shows in re-runs as long as the reproduction, if they fit
+                widened = _widened(state, horizon[0], len(seeds), _budget_left(deadline))
+                if widened is not None:
+                    horizon[:] = [widened, True]
+                    per_run[0] = max(per_run[0], _run_seconds(state, widened))
+                    longer = runs("baseline", None, seeds)
+                    if longer is None:
+                        out.append(_untested(finding, intervention, "the longer baseline "
+                                             "re-runs ran into the end of the budget"))
+                        continue
+                    baseline = longer
+                    shown = [s for s, m in zip(seeds, baseline, strict=True)
+                             if category in m["categories"]]
             if not shown:  # the bounded re-run does not show the symptom: nothing to test
                 out.append(replace(finding, evidence={**finding.evidence, "intervention": {
                     "id": intervention.id, "params": dict(intervention.params),
                     "untested": f"{category} did not show in {len(seeds)} re-runs of "
-                                f"{max_steps} steps"}}))
+                                f"{horizon[0]} steps"}}))
                 continue
             needed = len(shown) * per_run[0]
             if needed > _budget_left(deadline):  # what the baseline took says it cannot fit
@@ -169,7 +186,7 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                   "before": judged["before"]["values"], "after": judged["after"]["values"],
                   "before_mean": judged["before"]["mean"], "after_mean": judged["after"]["mean"],
                   "noise_band": judged["noise_band"], "improvement": judged["improvement"],
-                  "symptom_gone": gone, "seeds": shown, "max_steps": max_steps,
+                  "symptom_gone": gone, "seeds": shown, "max_steps": horizon[0],
                   "moved": moved, "verdict": judged["verdict"],
                   "after_categories": judged["after"]["categories"]}
         if paid is not None:
@@ -235,6 +252,18 @@ def _untested(finding: Finding, intervention: Intervention, why: str) -> Finding
     """``finding`` as the probes judged it, saying why its intervention was not re-run."""
     return replace(finding, evidence={**finding.evidence, "intervention": {
         "id": intervention.id, "params": dict(intervention.params), "untested": why}})
+
+
+def _widened(state, steps: int | None, seeds: int, left: float) -> int | None:
+    """A longer re-run horizon: the reproduction's own steps, when the re-runs fit ``left``.
+
+    Room for the baseline and one intervention over every seed (``2 * seeds`` runs); None when
+    the re-runs already ran as long as the reproduction, or would not fit.
+    """
+    rep = state.reproduction
+    if steps is None or rep is None or not rep.steps or rep.steps <= steps:
+        return None
+    return rep.steps if 2 * seeds * _run_seconds(state, rep.steps) <= left else None
 
 
 def _run_seconds(state, max_steps: int | None) -> float:

@@ -110,7 +110,7 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
             cls = state.classification
             findings = rank(findings, [cls.primary, *cls.secondary])  # tested ones by result
         if ids is None:
-            _settle_plateau(session, findings, set(report.probe_seconds))
+            _settle_plateau(session, findings, set(report.probe_seconds), report.learnable)
             _reveal(session, findings)
         session.record_findings(findings, added=ids is not None,
                                 probe_seconds=dict(report.probe_seconds), live=live,
@@ -145,17 +145,38 @@ def _reveal(session: DebugSession, findings: list[Finding]) -> None:
 EXPERIMENTS = ("frozen_parameters", "dropout_rate", "lr_range")  # what could hold a loss up
 
 
-def _settle_plateau(session: DebugSession, findings: list[Finding], ran: set[str]) -> None:
+LEARNABLE_MARGIN = 0.15  # an independent learner this far above the model: not the floor
+
+
+def _settle_plateau(session: DebugSession, findings: list[Finding], ran: set[str],
+                    learnable: dict | None = None) -> None:
     """Re-classify a tentative plateau ``healthy`` when the experiments found no cause.
 
     The loss then settled at the task's floor (:func:`~model_debugger.classify.plateau`). Only
     a confirmed finding about that category counts, and only when at least one experiment that
-    could find what holds a loss up ran; otherwise the tentative verdict stays, untested.
+    could find what holds a loss up ran; otherwise the tentative verdict stays, untested. Nor
+    is it the floor when an independent learner on the same rows (``learnable``, from
+    ``reference_learner``) scores ``LEARNABLE_MARGIN`` above the model: the data holds what
+    the model did not learn, so the plateau stays a problem, citing that measurement.
     """
     from ..classify import tentative, without_cause
+    from ..records import Classification, Evidence
 
     cls = session.state.classification
     if not tentative(cls) or not ran & set(EXPERIMENTS):
         return
-    if not any(f.confirmed and f.category in (None, cls.primary) for f in findings):
-        session.record_classification(without_cause(cls), dict(session.state.signals))
+    if any(f.confirmed and f.category in (None, cls.primary) for f in findings):
+        return
+    gap = (learnable["score"] - learnable["model_score"]) if learnable else None
+    if gap is not None and gap >= LEARNABLE_MARGIN:
+        signals = {**session.state.signals, "reference_score": learnable["score"],
+                   "reference_gap": round(gap, 4)}
+        session.record_classification(Classification(cls.primary, cls.secondary, (
+            *cls.evidence,
+            Evidence("reference_score", learnable["score"],
+                     f"{learnable['metric']} of a {learnable['reference']} predictor on "
+                     f"held-out rows of the same data, against the model's "
+                     f"{learnable['model_score']:.3g}: the data holds what the model did not "
+                     "learn (not this task's floor)"))), signals)
+        return
+    session.record_classification(without_cause(cls), dict(session.state.signals))

@@ -21,12 +21,17 @@ class GradientsUnapplied(Probe):
     cost = 0
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "gradient_instability",
                   "overfitting", "healthy")
-    # Keras records the event (PyTorch records a step at each backward: detached_output); a
-    # run that never applied anything may show no model or optimizer to name its framework
-    frameworks = ("keras", "none")
     reveals = "loss_not_decreasing"  # a run that looked healthy never trained
     fix = ("Apply the gradients after taking them: optimizer.apply_gradients(zip(grads, "
            "model.trainable_variables)) in every training step.")
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        """When the capture saw gradients taken and never applied (the ``unapplied`` event).
+
+        Keras records it (PyTorch records a step at each backward: ``detached_output``); a run
+        that never applied anything may name no model or optimizer, hence no framework.
+        """
+        return ctx.run.first("unapplied") is not None
 
     def run(self, ctx: ProbeContext):
         """Confirmed when the run took gradients and no optimizer applied any of them."""

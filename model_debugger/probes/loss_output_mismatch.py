@@ -106,7 +106,7 @@ class LossOutputMismatch(Probe):
         hits = lint_hits(ctx, "loss_output_mismatch")
         seen = ctx.run.first("loss_input") or _keras_seen(ctx)
         name, kind = seen.get("name"), seen.get("kind")
-        floored = self._floored(ctx, seen)
+        floored = self._floored(ctx, seen) or _targets_outside(self, ctx)
         if floored is not None:
             return [floored]
         measured = kind in _EXPECTS_LOGITS.get(name, ())
@@ -214,6 +214,39 @@ class LossOutputMismatch(Probe):
             "into the range.",
             where, loss=name, input_kind="bounded", output_range=bound, unreachable_share=share,
             zero_share=seen.get("zero_share"), strength=0.95, decisive=True)
+
+
+def _targets_outside(probe: Probe, ctx: ProbeContext):
+    """A binary cross-entropy over targets outside [0, 1] (class indices read as probabilities).
+
+    The loss then has no minimum: ``-t log p - (1 - t) log(1 - p)`` with ``t = 3`` falls
+    without bound as ``p`` goes to 1, so the run's loss goes below zero and the model learns to
+    push outputs to one end. Measured on the recorded targets; decisive.
+    """
+    targets = ctx.run.of("targets")
+    t = targets[-1] if targets else {}
+    name = t.get("loss")
+    if name not in _BINARY:
+        return None
+    share = float(t.get("above_one") or 0.0) + float(t.get("negative") or 0.0)
+    if share < OUTSIDE_SHARE:
+        return None
+    mean = t.get("mean")
+    return probe.finding(
+        "architecture", True,
+        f"{name} reads its targets as probabilities in [0, 1], but {share:.0%} of the training "
+        "targets lie outside that range"
+        + (f" (their mean is {mean:.3g}: class indices?)" if isinstance(mean, float) else "")
+        + ". For such a target the loss has no minimum: it falls below zero without bound as "
+        "the output is pushed to one end, and the model learns that instead of the classes. "
+        "Use a categorical loss (sparse categorical cross-entropy) with one output per class, "
+        "or scale the targets to [0, 1].",
+        output_location(ctx) or ctx.ref("loss_fn") or ctx.ref("model"), loss=name,
+        targets_outside=share, targets_mean=mean, strength=0.95, decisive=True)
+
+
+_BINARY = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
+OUTSIDE_SHARE = 0.01  # targets outside [0, 1] under a binary cross-entropy: its domain left
 
 
 def _squashed_at_loss(ctx: ProbeContext, pattern: re.Pattern) -> dict | None:

@@ -24,10 +24,15 @@ class Measured:
         the seed (``seed_variance``); Verify widens its noise band by ``cv``.
     lr_range : dict or None
         ``{"best_lr", "diverge_lr", "safe_lr"}`` of a learning-rate sweep (``lr_range``).
+    learnable : dict or None
+        ``{"reference", "metric", "score", "model_score", "rows"}``: an independent learner's
+        held-out score on the kept rows against the run's own (``reference_learner``): whether
+        the data holds more than the model learned.
     """
 
     seed_noise: dict | None = None
     lr_range: dict | None = None
+    learnable: dict | None = None
 
 
 # the names of the shared quantities, declared once (the fields of Measured)
@@ -63,7 +68,7 @@ class ProbeReport(Measured):
         Ranked: confirmed first, then by category order, then by strength.
     probe_seconds : dict
         ``{probe id: seconds}`` for every probe that ran.
-    seed_noise, lr_range : dict or None
+    seed_noise, lr_range, learnable : dict or None
         See :class:`Measured`.
     """
 
