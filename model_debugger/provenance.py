@@ -115,6 +115,35 @@ def discarded_scaling(location: dict | None) -> dict | None:
     return {**location, "line": max(found)[1], "used_at": before}
 
 
+def scaling_pipeline(location: dict | None) -> dict | None:
+    """The preprocessing object that made the data at ``location``, when it left it unscaled.
+
+    ``X_train = preprocess.fit_transform(X_train)`` with ``preprocess = Pipeline([...])`` built
+    in this file: the data is what that object's steps made, so a finding about its scale
+    belongs on the object (a pipeline without a scaler), not on the call that applied it.
+    None when the line applies no object of this file.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    for stmt in _statements_at(tree, location["line"]):
+        value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+        if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Attribute) or \
+                value.func.attr not in ("fit_transform", "transform") or \
+                not isinstance(value.func.value, ast.Name):
+            continue
+        scope = _scope_of(tree, stmt)
+        for body in scope:
+            found = _bindings(body, value.func.value.id, stmt.lineno)
+            if found:
+                line, node, made = max(found, key=lambda b: b[0])
+                if isinstance(node, ast.Assign) and isinstance(made, ast.Call):
+                    return {**location, "line": line, "used_at": location.get("used_at",
+                                                                              location["line"])}
+                break
+    return None
+
+
 def selects_rows(location: dict | None) -> bool:
     """Whether the statement at ``location`` chooses rows: a split call or a row slice.
 

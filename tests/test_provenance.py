@@ -666,3 +666,28 @@ def test_the_rows_of_the_training_inputs_are_traced_to_the_split_that_chose_them
                   if "# <values>" in line)
     assert _origin(tmp_path, source, "inputs")[0] == values
     assert not selects_rows({"file": str(tmp_path / "train.py"), "line": values})
+
+
+@pytest.mark.parametrize("applied, expect", [
+    ("X_tr = preprocess.fit_transform(X_tr)", 2),   # the pipeline object, built at line 2
+    ("X_tr = SimpleImputer().fit_transform(X_tr)", None),  # no object of the file applied
+    ("X_tr = np.log1p(X_tr)", None),
+])
+def test_data_made_by_a_preprocessing_object_is_located_at_the_object(tmp_path, applied,
+                                                                      expect):
+    """A pipeline without a scaler left the inputs unscaled: the data is what that object
+    made, so a finding about the scale points at the object (``Pipeline([...])``), not at the
+    call that applied it."""
+    from model_debugger.provenance import scaling_pipeline
+
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(f"""\
+        X_tr, X_te, y_tr, y_te = train_test_split(X, y)
+        preprocess = Pipeline([
+            ("impute", SimpleImputer(strategy="median")),
+        ])
+        {applied}
+        model.fit(X_tr, y_tr)
+        """))
+    got = scaling_pipeline({"file": str(path), "line": 5, "used_at": 6})
+    assert (got and got["line"]) == expect

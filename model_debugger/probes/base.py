@@ -217,9 +217,10 @@ class Probe:
 
             location = data_origin(location, self.data_role)
             if self.about_scale:
-                from ..provenance import discarded_scaling
+                from ..provenance import discarded_scaling, scaling_pipeline
 
-                location = discarded_scaling(location) or location
+                location = discarded_scaling(location) or scaling_pipeline(location) or \
+                    location
         return Finding(self.id, root_cause, confirmed, explanation, location,
                        {k: _jsonable(v) for k, v in evidence.items()})
 
