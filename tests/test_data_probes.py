@@ -391,3 +391,23 @@ def test_constant_baseline_silent_when_the_model_clearly_beats_it():
                                                    "loss_final": 0.9}))
     assert not f.confirmed                     # barely beats it: reported, not confirmed
     assert not ConstantBaseline().applies(ctx_for(signals={"loss_final": 0.5}))
+
+
+def test_token_ids_looked_up_by_an_embedding_are_no_features_to_scale():
+    """Integer ids into a model with an embedding: a vocabulary index of 9000 is not a feature
+    9000 times larger (a stop_gradient fault was blamed on 'unscaled features'); integer inputs
+    to a model without one (prices read as int64) are still judged."""
+    import types
+
+    from torch import nn
+
+    from model_debugger.probes.feature_scaling import _token_ids
+
+    ids = np.random.default_rng(0).integers(0, 9000, size=(64, 20))
+    embed = nn.Sequential(nn.Embedding(9000, 8), nn.Flatten(), nn.Linear(160, 1))
+    plain = nn.Sequential(nn.Linear(20, 1))
+    assert _token_ids(types.SimpleNamespace(train_xy=(ids, None), model=embed))
+    assert not _token_ids(types.SimpleNamespace(train_xy=(ids, None), model=plain))
+    assert _token_ids(types.SimpleNamespace(train_xy=(ids.astype("float32"), None),
+                                            model=embed))  # ids handed over as floats
+    assert not _token_ids(types.SimpleNamespace(train_xy=(ids + 0.5, None), model=embed))

@@ -64,3 +64,18 @@ def test_a_keras_model_is_located_at_its_last_layer_in_the_source():
     refs = {"model": {"file": "m.py", "line": 2}}
     ctx = types.SimpleNamespace(framework="keras", ref=refs.get, source_files={"m.py": source})
     assert output_location(ctx) == {"file": "m.py", "line": 4}
+
+
+def test_a_model_name_reused_by_two_functions_is_located_in_the_one_that_trains(tmp_path):
+    """``net = ...`` in two functions of a file: the model is where the frame that holds it
+    assigned it (up to the running line), not the first such line of the file; a name the
+    function only takes as a parameter falls back to the file's first assignment."""
+    from model_debugger.capture.codeloc import assignment
+
+    path = tmp_path / "train.py"
+    path.write_text("def other():\n    net = A()\n\n\ndef train():\n    net = B()\n    fit(net)\n"
+                    "\n\ndef loop(net):\n    fit(net)\n")
+    ns = {"__file__": str(path)}
+    assert assignment(ns, "net")["line"] == 2  # no frame: the file's first
+    assert assignment(ns, "net", (5, 7))["line"] == 6  # train()'s own
+    assert assignment(ns, "net", (10, 11))["line"] == 2  # a parameter: the file's first

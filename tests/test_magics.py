@@ -91,7 +91,7 @@ def test_walkthrough_reproduce_to_verify(shell):
 
     assert ns.tracker.fix_button.disabled
     out = magic(shell, "isolate", "--budget 20")
-    assert "[confirmed] lr_range (hyperparameter) at runs/0/cell.py:1" in out
+    assert "[confirmed] lr_range (hyperparameter) at %%reproduce cell, line 1" in out
     assert ns.report()["fix_allowed"] and ns.tracker.fix_button.disabled  # nothing to approve
 
     out = magic(shell, "evidence", "", "print('lr_sweep_best: 0.33')\n")

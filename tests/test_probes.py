@@ -329,6 +329,23 @@ def train_frozen_layers():
             opt.step()
 
 
+def train_frozen_first_layer():
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    net = nn.Sequential(nn.Linear(12, 4), nn.ReLU(), nn.Linear(4, 64), nn.ReLU(),
+                        nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    net[0].weight.requires_grad = False  # <frozen-first>
+    net[0].bias.requires_grad = False
+    opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=1e-2)
+    for _epoch in range(4):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            loss = F.cross_entropy(net(X[i:i + 64]), y[i:i + 64])
+            loss.backward()
+            opt.step()
+
+
 def train_zero_init():
     torch.manual_seed(8)
     X = torch.randn(1024, 12)
@@ -717,6 +734,17 @@ def test_frozen_parameters_confirmed_by_training_an_unfrozen_copy(tmp_path):
     ev = f.evidence
     assert ev["frozen_share"] > 0.9  # every layer but the output
     assert ev["heldout_unfrozen"] < 0.8 * ev["heldout_frozen"]
+
+
+def test_a_small_frozen_part_is_reported_when_the_experiment_blames_it(tmp_path):
+    """A frozen first layer (1% of the parameters: a narrow random projection that loses what
+    the target needs) holds the loss up: a share that small says nothing, the copy trained with
+    it unfrozen does; and nothing is said when the frozen part is harmless."""
+    ctx = captured(tmp_path, train_frozen_first_layer)
+    f = confirmed_one(ctx, "frozen_parameters", "architecture")
+    assert_at(f, "frozen-first")
+    assert f.evidence["frozen_share"] < 0.05
+    assert f.evidence["heldout_unfrozen"] < 0.8 * f.evidence["heldout_frozen"]
 
 
 def test_a_graph_cut_inside_forward_is_confirmed_by_a_copy_that_keeps_the_graph(tmp_path):

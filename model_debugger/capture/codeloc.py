@@ -82,6 +82,17 @@ def traceback_location(tb: TracebackType | None) -> dict | None:
     return best
 
 
+def frame_span(frame, scope: dict) -> tuple[int, int] | None:
+    """The lines a name found in ``scope`` of ``frame`` was assigned on.
+
+    Its function's lines up to the one running; None for the module's globals (anywhere in
+    the file).
+    """
+    if scope is frame.f_globals:
+        return None
+    return frame.f_code.co_firstlineno, frame.f_lineno
+
+
 def definition_location(obj: object) -> dict | None:
     """Return where ``obj``'s class is defined, or None for built-in classes."""
     import inspect
@@ -98,18 +109,24 @@ def definition_location(obj: object) -> dict | None:
     return {"file": filename, "line": line}
 
 
-def assignment(namespace: dict | None, name: str) -> dict | None:
-    """Where ``name = ...`` is first assigned in the file that holds ``namespace``."""
+def assignment(namespace: dict | None, name: str,
+               span: tuple[int, int] | None = None) -> dict | None:
+    """Where ``name = ...`` is first assigned in the file that holds ``namespace``.
+
+    ``span`` (first, last line): there first, the lines of the function whose frame holds the
+    name up to the line it runs (a name reused by another function of the file is not it);
+    anywhere in the file when the function assigns it nowhere (a parameter).
+    """
     import re
 
     path = (namespace or {}).get("__file__")
     if not path or not name or not name.isidentifier():
         return None
+    pattern = re.compile(rf"\s*{name}\s*(:[^=]*)?=(?!=)")
     try:
         with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if re.match(rf"\s*{name}\s*(:[^=]*)?=(?!=)", line):
-                    return {"file": path, "line": n}
+            found = [n for n, line in enumerate(fh, 1) if pattern.match(line)]
     except (OSError, UnicodeDecodeError):
         return None
-    return None
+    inside = [n for n in found if span and span[0] <= n <= span[1]]
+    return {"file": path, "line": (inside or found)[0]} if found else None

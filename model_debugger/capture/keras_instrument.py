@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 import weakref
 
-from .codeloc import assignment, definition_location, user_frame
+from .codeloc import assignment, definition_location, frame_span, user_frame
 from .instrument import Instrument
 from .keras_hooks import FitHooks, LoopHooks
 from .keras_keeper import KerasKeeper, LabelStats, describe_loss
@@ -293,16 +293,16 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
     # -- models ----------------------------------------------------------------------------
     def _discover_from_frame(self, model, frame) -> None:
         f = user_frame(frame)
-        name, namespace = "model", None
+        name, namespace, span = "model", None, None
         depth = 0
         while f is not None and depth < 8 and namespace is None:
             for scope in (f.f_locals, f.f_globals):
                 hit = next((k for k, v in list(scope.items()) if v is model), None)
                 if hit is not None:
-                    name, namespace = hit, f.f_globals
+                    name, namespace, span = hit, f.f_globals, frame_span(f, scope)
                     break
             f, depth = f.f_back, depth + 1
-        self._on_model(model, name, namespace)
+        self._on_model(model, name, namespace, span)
 
     def _discover_from_variables(self, variables, frame) -> None:
         wanted = {id(v) for v in variables}
@@ -317,12 +317,12 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
                         score = len(wanted.intersection(id(v) for v in obj.trainable_variables)) \
                             if wanted else len(obj.weights)
                         if score and (best is None or score > best[0]):
-                            best = (score, name, obj, f.f_globals)
+                            best = (score, name, obj, f.f_globals, frame_span(f, scope))
             f, depth = f.f_back, depth + 1
         if best is not None:
-            self._on_model(best[2], best[1], best[3])
+            self._on_model(best[2], best[1], best[3], best[4])
 
-    def _on_model(self, model, name: str, namespace) -> None:
+    def _on_model(self, model, name: str, namespace, span=None) -> None:
         if id(model) in self._models:
             return
         self._models[id(model)] = weakref.ref(model)
@@ -334,7 +334,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         modules = [layer.name for layer in getattr(model, "layers", []) if layer.weights]
         self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
                       modules=modules[:500], training=True, framework="keras")
-        self.ref("model", definition_location(model) or assignment(namespace, name), name=name)
+        self.ref("model", definition_location(model) or assignment(namespace, name, span),
+                 name=name)
         with self._tf.init_scope():  # found while a tf.function traces: read the weights eagerly
             self.keeper.on_model(model, namespace)
             made = self._init_args.get(id(model))

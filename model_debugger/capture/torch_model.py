@@ -27,7 +27,13 @@ import weakref
 import torch
 
 from . import patches
-from .codeloc import assignment, definition_location, user_frame, user_location
+from .codeloc import (
+    assignment,
+    definition_location,
+    frame_span,
+    user_frame,
+    user_location,
+)
 from .torch_util import replay_first_nonfinite
 
 
@@ -62,22 +68,22 @@ class ModelHooks:
             for scope in (f.f_locals, f.f_globals):
                 for name, obj in list(scope.items()):
                     if isinstance(obj, torch.nn.Module):
-                        candidates.append((name, obj, f.f_globals))
+                        candidates.append((name, obj, f.f_globals, frame_span(f, scope)))
             f, depth = f.f_back, depth + 1
         if not candidates and wanted is not None:
             with warnings.catch_warnings():  # some torch objects warn on isinstance checks
                 warnings.simplefilter("ignore")
-                candidates = [("model", o, None) for o in gc.get_objects()
+                candidates = [("model", o, None, None) for o in gc.get_objects()
                               if isinstance(o, torch.nn.Module)]
         best = None
-        for name, module, namespace in candidates:
+        for name, module, namespace, span in candidates:
             ids = [id(p) for p in module.parameters()]
             score = len(wanted.intersection(ids)) if wanted is not None else len(ids)
             if score and (best is None or score > best[0]):
-                best = (score, name, module, namespace)
+                best = (score, name, module, namespace, span)
         if best is None:
             return
-        _, name, model, namespace = best
+        _, name, model, namespace, span = best
         if id(model) in self._models:
             return
         self._models[id(model)] = (weakref.ref(model), name)
@@ -90,7 +96,8 @@ class ModelHooks:
         self.rec.emit("model", name=name, cls=type(model).__name__,
                       params=sum(p.numel() for p in model.parameters()), modules=modules[:500],
                       training=model.training)
-        self.ref("model", definition_location(model) or assignment(namespace, name), name=name)
+        self.ref("model", definition_location(model) or assignment(namespace, name, span),
+                 name=name)
         self.hold(model.register_forward_pre_hook(self._keep_input, with_kwargs=True))
         self.hold(model.register_forward_hook(self._forward_done, always_call=True))
         self.keeper.on_model(model, namespace)

@@ -53,8 +53,8 @@ class FeatureScaling(Probe):
         return Intervention("standardize_inputs")
 
     def applies(self, ctx: ProbeContext) -> bool:
-        """When training input arrays are available."""
-        return super().applies(ctx) and ctx.train_xy is not None
+        """When training input arrays are available and are features, not token ids."""
+        return super().applies(ctx) and ctx.train_xy is not None and not _token_ids(ctx)
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
         """One confirmed finding, naming the worst features, when a criterion above holds."""
@@ -172,3 +172,37 @@ def standardised_inputs_better(ctx: ProbeContext) -> tuple[float, float, bool] |
 
     (raw, _), (changed, _) = heldout_variants(ctx, [as_is, standardised], seed=3)[0]
     return raw, changed, math.isfinite(changed) and changed < BETTER * raw
+
+
+def _token_ids(ctx: ProbeContext) -> bool:
+    """Whether the inputs are integer ids an embedding looks up (their scale means nothing).
+
+    Integer inputs (or integral floats) to a model holding an embedding layer: a vocabulary
+    index of 9000 is no feature 9000 times another's. Integer inputs of a model without one
+    (counts, prices read as ``int64``) are features and are judged.
+    """
+    x = ctx.train_xy[0] if ctx.train_xy is not None else None
+    if x is None or ctx.model is None:
+        return False
+    try:  # integral values (a framework may hand them over as floats)
+        values = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+        integer = np.issubdtype(values.dtype, np.integer) or (
+            np.issubdtype(values.dtype, np.floating) and np.isfinite(values).all()
+            and bool((values == np.round(values)).all()))
+    except (TypeError, ValueError):
+        return False
+    if not integer:
+        return False
+    modules = ctx.model.modules() if hasattr(ctx.model, "modules") and \
+        callable(ctx.model.modules) else _keras_layers(ctx.model)
+    return any("Embedding" in type(m).__name__ for m in modules)
+
+
+def _keras_layers(model) -> list:
+    """Every layer of a Keras model, nested ones too."""
+    out, stack = [], list(getattr(model, "layers", []))
+    while stack:
+        layer = stack.pop()
+        out.append(layer)
+        stack.extend(getattr(layer, "layers", []))
+    return out

@@ -1,9 +1,12 @@
-"""``frozen_parameters``: most of the model does not train (frozen, or left out of the optimizer).
+"""``frozen_parameters``: part of the model does not train (frozen, or left out of the optimizer).
 
 Frozen: ``requires_grad``/``trainable`` off; copies also train only what the user's optimizer
-trains. Measured on the live model, then tested by experiment: two fresh copies trained on the same rows,
-one as set up and one with every parameter training; the finding is confirmed when the
-unfrozen copy reaches a clearly lower held-out loss.
+trains. Measured on the live model, then tested by experiment: two fresh copies trained on the
+same rows, one as set up and one with every parameter training; the finding is confirmed when
+the unfrozen copy reaches a clearly lower held-out loss. Most of the model frozen is a finding
+either way (a hypothesis when the experiment does not confirm it); a smaller frozen part (a
+first block whose weights and normalisation never train) is reported only when the experiment
+shows it holds the loss up: its share says little, the experiment decides.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from ..records import Intervention
 from ._heldout import SettingExperiment, source_line
 from .base import ProbeContext, register
 
-FROZEN = 0.5    # share of the parameters that do not train
+FROZEN = 0.5    # share of the parameters that do not train: a finding, confirmed or not
+SOME_FROZEN = 0.01  # a smaller frozen part: tested, reported only when confirmed
 _FREEZE = re.compile(r"requires_grad\s*=\s*False|requires_grad_\(\s*False|trainable\s*=\s*False")
 
 
@@ -34,12 +38,17 @@ class FrozenParameters(SettingExperiment):
         return Intervention("unfreeze")
 
     def run(self, ctx: ProbeContext):
-        """One finding when >= 50% of the parameters are frozen; confirmed by the experiment."""
+        """A finding when most parameters are frozen, or a smaller frozen part holds the loss up.
+
+        Confirmed by the experiment; at >= 50% frozen a hypothesis when it does not confirm.
+        """
         tr = ctx.trainer
         share = tr.frozen_share()
-        if share < FROZEN:
+        if share < SOME_FROZEN:
             return []
         frozen, unfrozen, confirmed = self.compare(ctx, tr.unfreeze)
+        if share < FROZEN and not confirmed:
+            return []  # a small frozen part that the experiment does not blame: by design
         left_out = getattr(tr, "trained_names", None) is not None
         flagged = tr.framework != "torch" or any(not p.requires_grad
                                                  for p in tr.model.parameters())
