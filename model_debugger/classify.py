@@ -313,6 +313,9 @@ def overfitting(sig: dict):
     return None
 
 
+STOPPED_FOR = 2  # a validation minimum this many readings before the end: it stopped improving
+
+
 def generalisation_gap(sig: dict):
     """``overfitting`` when the training set is fitted far better than the validation set.
 
@@ -326,9 +329,10 @@ def generalisation_gap(sig: dict):
     if sig.get("loss_relative_drop", 0) < LOSS_FALLS:
         return None  # nothing was learned
     if sig.get("val_points", 0) >= 3 and (
-            sig.get("val_loss_min_index", 0) >= sig["val_points"] - 1 or
+            sig.get("val_loss_min_index", 0) >= sig["val_points"] - STOPPED_FOR or
             sig.get("gap_final", 0.0) <= 0):
-        return None  # validation still improving, or at or below training loss: no gap
+        return None  # validation still improving (its best among the last readings: one
+        # noisy reading is no plateau), or at or below training loss: no gap
     if sig.get("acc_gap", 0) < ACC_GAP:
         return None
     bound = "train_acc_bound" in sig

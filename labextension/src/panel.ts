@@ -403,7 +403,7 @@ export class DebuggerPanel extends Widget {
     const loc = finding.location!;
     const line = loc.line ?? null;
     if (loc.cell && this._notebook) {
-      this._status = revealCell(this._notebook, loc.cell, line)
+      this._status = (await revealCell(this._notebook, loc.cell, line))
         ? `revealed the %%${loc.cell} cell (line ${line})`
         : `no %%${loc.cell} cell in this notebook`;
       this.render();

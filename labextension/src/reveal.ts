@@ -16,14 +16,20 @@ export type CellKind = 'reproduce' | 'fix';
  * `line` (a line of the cell's code: the magic's own line is the editor's line 0, so the
  * code's 1-based line N is the editor's 0-based line N). False when there is no such cell.
  */
-export function revealCell(panel: NotebookPanel, kind: CellKind, line: number | null): boolean {
+export async function revealCell(
+  panel: NotebookPanel,
+  kind: CellKind,
+  line: number | null
+): Promise<boolean> {
   const magic = kind === 'fix' ? '%%fix' : '%%reproduce';
   const cells = panel.content.widgets;
   for (let i = cells.length - 1; i >= 0; i--) {
     const src = cells[i].model.sharedModel.getSource();
     if (src.startsWith(magic)) {
       panel.content.activeCellIndex = i;
-      panel.content.scrollToItem(i).catch(() => undefined);
+      // a windowed notebook renders the cell (and its editor) once it is scrolled to
+      await panel.content.scrollToItem(i).catch(() => undefined);
+      await cells[i].ready;
       const editor = cells[i].editor;
       if (editor && line) {
         const position = { line: Math.max(0, line), column: 0 };
@@ -61,7 +67,7 @@ export function revealCellLinks(tracker: INotebookTracker): void {
       const panel = tracker.find(p => p.node.contains(link)) ?? tracker.currentWidget;
       if (panel) {
         event.preventDefault();
-        revealCell(panel, kind, Number.isFinite(line) ? line : null);
+        void revealCell(panel, kind, Number.isFinite(line) ? line : null);
       }
     },
     true

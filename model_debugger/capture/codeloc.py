@@ -88,7 +88,7 @@ def frame_span(frame, scope: dict) -> tuple[int, int] | None:
     Its function's lines up to the one running; None for the module's globals (anywhere in
     the file).
     """
-    if scope is frame.f_globals:
+    if scope is frame.f_globals or frame.f_lineno is None:
         return None
     return frame.f_code.co_firstlineno, frame.f_lineno
 

@@ -50,7 +50,8 @@ _ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=) builds one per 
 def _fresh(path: str):
     """A new record file: unbuffered (see ``Recorder.flush``), private (0600), never appended.
 
-    An earlier file there is replaced; a symlink planted at ``path`` is not followed.
+    An earlier file there is truncated (the recorder then makes it 0600); a symlink planted at
+    ``path`` is never followed: the open fails.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | \
         getattr(os, "O_CLOEXEC", 0)

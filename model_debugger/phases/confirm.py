@@ -139,10 +139,12 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                 # in the run) shows in re-runs as long as the reproduction, if they fit
                 widened = _widened(state, horizon[0], len(seeds), _budget_left(deadline))
                 if widened is not None:
+                    short = horizon[0]
                     horizon[:] = [widened, True]
                     per_run[0] = max(per_run[0], _run_seconds(state, widened))
                     longer = runs("baseline", None, seeds)
-                    if longer is None:
+                    if longer is None:  # the short baseline stays, at its own horizon
+                        horizon[0] = short
                         out.append(_untested(finding, intervention, "the longer baseline "
                                              "re-runs ran into the end of the budget"))
                         continue

@@ -172,7 +172,7 @@ def _settle_plateau(session: DebugSession, findings: list[Finding], ran: set[str
         signals = {**session.state.signals, "reference_score": learnable["score"],
                    "reference_gap": round(gap, 4)}
         session.record_classification(Classification(cls.primary, cls.secondary, (
-            *cls.evidence,
+            *[e for e in cls.evidence if e.signal != "reference_score"],
             Evidence("reference_score", learnable["score"],
                      f"{learnable['metric']} of a {learnable['reference']} predictor on "
                      f"held-out rows of the same data, against the model's "

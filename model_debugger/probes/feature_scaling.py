@@ -195,7 +195,10 @@ def _token_ids(ctx: ProbeContext) -> bool:
         return False
     modules = ctx.model.modules() if hasattr(ctx.model, "modules") and \
         callable(ctx.model.modules) else _keras_layers(ctx.model)
-    return any("Embedding" in type(m).__name__ for m in modules)
+    return any(type(m).__name__ in _EMBEDDINGS for m in modules)
+
+
+_EMBEDDINGS = ("Embedding", "EmbeddingBag")  # torch's and Keras' lookup layers (not PatchEmbedding)
 
 
 def _keras_layers(model) -> list:

@@ -54,9 +54,12 @@ class ReferenceLearner(Probe):
             return []  # ignored positions: not one label per row
         if labels is None:
             try:
-                y = y.astype(np.float64).reshape(len(y), -1)[:, 0]
+                y = y.astype(np.float64).reshape(len(y), -1)
             except (TypeError, ValueError):
                 return []
+            if y.shape[1] != 1:
+                return []  # several outputs: one column's R^2 is not the model's loss
+            y = y[:, 0]
         if not np.isfinite(x).all() or (labels is None and not np.isfinite(y).all()):
             return []
         model, metric = _model_score(ctx, labels is not None)
@@ -80,11 +83,11 @@ def _model_score(ctx: ProbeContext, classes: bool) -> tuple[float | None, str]:
     of the target's variance its loss explains.
     """
     sig = ctx.signals
-    if classes:
-        for key in ("val_acc_max", "train_acc_max"):
-            if isinstance(sig.get(key), (int, float)):
-                return float(sig[key]), "accuracy"
-        return None, "accuracy"
+    if classes:  # the better of its two: the neighbours score held-out training rows, so a
+        # validation split that is harder than the training rows must not count against it
+        scores = [float(sig[k]) for k in ("val_acc_max", "train_acc_max")
+                  if isinstance(sig.get(k), (int, float))]
+        return (max(scores) if scores else None), "accuracy"
     base, final = sig.get("constant_predictor_loss"), sig.get("loss_final")
     targets = ctx.run.of("targets")
     if (targets[-1] if targets else {}).get("loss") == "mse_loss" and \
