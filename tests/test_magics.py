@@ -287,3 +287,14 @@ def test_the_isolate_bar_stays_true_past_its_budget():
     assert _probe_clock(6.0, 30.0) == (0.2, "probes: 6 s of at most 30 s")
     share, label = _probe_clock(41.0, 30.0)
     assert share == 1.0 and "of at most" not in label and "30 s budget is spent" in label
+
+
+def test_a_tracked_bar_reads_its_clock_at_once():
+    """An action shorter than the tick interval still shows what it is (the sidebar's line)."""
+    from model_debugger.widgets import Progress
+
+    moves = []
+    bar = Progress("Isolate", on_move=lambda f, label: moves.append(label))
+    with bar, bar.track(lambda t: (0.0, f"probes: {t:.0f} s"), interval=60.0):
+        pass
+    assert "probes: 0 s" in moves

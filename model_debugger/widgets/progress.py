@@ -67,15 +67,19 @@ class Progress(W.HBox):
         stop = threading.Event()
         t0 = time.monotonic()
 
+        def move() -> None:
+            try:
+                value, text = fraction(time.monotonic() - t0)
+                self.bar.value, self.label.value = min(max(value, 0.0), 1.0), text
+                self._moved()
+            except Exception:  # noqa: BLE001 - progress must never break the action
+                pass
+
         def tick() -> None:
             while not stop.wait(interval):
-                try:
-                    value, text = fraction(time.monotonic() - t0)
-                    self.bar.value, self.label.value = min(max(value, 0.0), 1.0), text
-                    self._moved()
-                except Exception:  # noqa: BLE001 - progress must never break the action
-                    continue
+                move()
 
+        move()  # the first reading at once: a short action must not show an empty label
         thread = threading.Thread(target=tick, name="model_debugger-progress", daemon=True)
         thread.start()
         try:
