@@ -128,7 +128,7 @@ def test_constant_loss_for_token_targets_bf16_and_huber():
 def test_a_copy_that_cannot_learn_gives_no_verdict_on_aligned_labels(monkeypatch):
     """Clear labels, but the user's optimizer settings (a weight decay of 50, carried into the
     copies) pin every weight at zero: real and shuffled labels tie at the prior. The positive
-    control (memorising 64 rows) fails too, so the probe says nothing about the labels; without
+    controls (planted labels, memorising 64 rows) fail too, so the probe says nothing about the labels; without
     the control it blamed them."""
     tr = trainer(0, 2.0)
     tr.hyper["weight_decay"] = 50.0
@@ -136,6 +136,7 @@ def test_a_copy_that_cannot_learn_gives_no_verdict_on_aligned_labels(monkeypatch
     monkeypatch.setattr(label_alignment, "_witness", lambda *a: None)  # the control alone
     assert run(tr) == []
     monkeypatch.setattr(label_alignment, "memorises", lambda *a: None)
+    monkeypatch.setattr(label_alignment, "learns_planted", lambda *a: None)
     found = run(tr)
     assert len(found) == 1 and found[0].root_cause == "data"  # the false alarm it prevents
 
@@ -144,7 +145,7 @@ def test_a_copy_that_cannot_learn_gives_no_verdict_on_aligned_labels(monkeypatch
 def test_the_control_passes_for_a_healthy_copy_on_misaligned_labels(seed):
     found = run(trainer(seed, 0.0))
     ev = found[0].evidence
-    assert ev["control_memorised_loss"] < label_alignment.MEMORISED * ev["control_constant_loss"]
+    assert ev["control_loss"] < label_alignment.MEMORISED * ev["control_constant_loss"]
 
 
 def test_no_control_on_inputs_without_spread():
@@ -226,3 +227,49 @@ def test_the_witness_gives_no_answer_on_ignored_positions():
     target[::5] = -100
     ctx = types.SimpleNamespace(trainer=tr)
     assert label_alignment._witness(ctx, tr.inputs, target, np.random.default_rng(0)) is None
+
+
+def circle_trainer(seed: int, shuffled: bool, n: int = 1600, batch: int = 64) -> TorchTrainer:
+    """Points in the square, labelled inside/outside a circle (two input columns, a BCE logit
+    output); ``shuffled``: the labels permuted apart from the points."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, size=(n, 2)).astype(np.float32)
+    y = ((x ** 2).sum(1) < 0.5).astype(np.float32)[:, None]
+    if shuffled:
+        y = y[rng.permutation(n)]
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 1))
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    batches = [((xt[i:i + batch],), yt[i:i + batch]) for i in range(0, n, batch)]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return TorchTrainer(model, state, {"cls": torch.optim.Adam, "hyper": {"lr": 0.01}},
+                        {"name": "binary_cross_entropy_with_logits"}, batches)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_misaligned_labels_on_two_input_columns_are_found(seed):
+    """Random labels on two coordinates cannot be memorised in the control's steps (no
+    network separates 64 random points of the plane that fast), so the memorising control
+    alone called a healthy copy unable to learn and the probe stayed silent; labels planted
+    along a direction of the inputs are learned, and the misalignment is found."""
+    found = run(circle_trainer(seed, True))
+    assert len(found) == 1 and found[0].root_cause == "data", found
+    assert found[0].evidence["control"] == "planted"
+    assert run(circle_trainer(seed, False)) == []  # the aligned circle: nothing to find
+
+
+def test_planted_labels_keep_every_label_and_follow_the_inputs():
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.normal(size=(300, 5)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 3, 300))
+    got = label_alignment.planted((x,), y, np.random.default_rng(1), "cross_entropy")
+    assert got.dtype == y.dtype and sorted(got.tolist()) == sorted(y.tolist())
+    # a nearest-neighbour predictor reads them back from the inputs; the originals it cannot
+    from model_debugger.probes import _numpy_stats as st
+    assert st.knn_score(x.numpy(), got.numpy(), True) > 0.6  # chance: 1/3
+    assert st.knn_score(x.numpy(), y.numpy(), True) < 0.5
+    one_hot = np.eye(3, dtype=np.float32)[y.numpy()]  # a Keras one-hot target keeps its form
+    got = label_alignment.planted((x.numpy(),), one_hot, np.random.default_rng(1))
+    assert got.shape == one_hot.shape and (got.sum(0) == one_hot.sum(0)).all()
+    assert label_alignment.planted((np.ones((50, 3)),), y[:50], np.random.default_rng(0)) is None

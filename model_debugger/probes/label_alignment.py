@@ -24,7 +24,7 @@ from .base import Probe, ProbeContext, register
 ROWS = 1536
 MEMO_ROWS = 64    # the positive control: a fresh copy memorises this many rows ...
 MEMO_STEPS = 300  # ... in this many full-batch steps,
-MEMORISED = 0.75  # ... to below this share of the constant predictor's loss
+MEMORISED = 0.75  # ... to below this share of the constant predictor's loss (planted labels too)
 STEPS = 150
 FOLDS = 3
 CHECKS = 10    # held-out loss read 10 times per fit; the best counts (overfitting adds noise)
@@ -85,6 +85,60 @@ def memorises(tr, inputs, target, rng: np.random.Generator, ignore_index: int = 
     model = tr.unfreeze(tr.fresh_model())
     tr.fit(model, x, y, MEMO_STEPS, lr=1e-3, seed=0, opt_cls=tr.adam, batch_size=MEMO_ROWS)
     return tr.evaluate(model, x, y), base
+
+
+def planted(inputs, target, rng: np.random.Generator, loss: str | None = None):
+    """The user's labels re-dealt so that they follow the inputs: a task known to be learnable.
+
+    Rows are ordered along a random direction of the (standardised, flattened) first input and
+    given the labels in sorted order: every label value and its share is kept (the constant
+    predictor scores the same), but each label now depends on one linear feature of the
+    inputs. None when the inputs do not vary.
+    """
+    first = inputs[0]
+    x = st.as_matrix(first.detach().cpu().double().numpy() if hasattr(first, "detach")
+                     else first)
+    spread = x.std(0)
+    if not np.isfinite(x).all() or not float(spread.max(initial=0.0)) > 1e-8:
+        return None
+    keep = spread > 1e-8
+    score = ((x[:, keep] - x[:, keep].mean(0)) / spread[keep]) @ \
+        rng.standard_normal(int(keep.sum()))
+    y = target.detach().cpu().numpy() if hasattr(target, "detach") else np.asarray(target)
+    key = st.as_labels(y, loss)
+    if key is None:
+        key = np.asarray(y, dtype=np.float64).reshape(len(y), -1)[:, 0]
+    order = np.empty(len(score), dtype=np.int64)
+    order[np.argsort(score, kind="stable")] = np.argsort(key, kind="stable")
+    if hasattr(target, "detach"):
+        import torch
+
+        return target[torch.from_numpy(order)]
+    return target[order]
+
+
+def learns_planted(tr, inputs, target, folds, steps: int, rng: np.random.Generator,
+                   ignore_index: int = -100):
+    """The positive control: ``(held-out loss, constant loss)`` of a copy fitted to planted labels.
+
+    A fresh copy is trained as the probe trains its copies (same rows, steps and optimizer) on
+    :func:`planted` labels and read on the first fold: any copy that can learn at all learns a
+    label that follows one direction of its inputs, while one crippled by its
+    initialisation or its optimizer's settings stays at the constant predictor's loss. None
+    when the control says nothing (inputs without spread, no baseline).
+    """
+    labels = planted(inputs, target, rng, getattr(tr.loss_fn, "__name__", None))
+    if labels is None:
+        return None
+    base = constant_loss(tr.loss_fn.__name__, labels, ignore_index, tr.loss_kwargs)
+    if base is None or not base > 0:
+        return None
+    test = folds[0]
+    train = np.concatenate(folds[1:])
+    model = tr.unfreeze(tr.fresh_model())
+    tr.fit(model, tuple(x[train] for x in inputs), labels[train], steps, lr=1e-3, seed=0,
+           opt_cls=tr.adam)
+    return tr.evaluate(model, tuple(x[test] for x in inputs), labels[test]), base
 
 
 @register
@@ -153,18 +207,11 @@ class LabelAlignment(Probe):
             return []  # a copy diverged on a later fold, or the labels help
         if not real <= UNTRAINED * base:
             return []  # the copies never reached the prior: inconclusive about the labels
-        # the positive control: a copy that can learn at all memorises a few rows; one
-        # crippled by its initialisation or its optimizer's settings does not, and then
-        # real ~ shuffled says nothing about the labels
-        if ctx.time_left() < 1.5 * (time.monotonic() - started) / len(done):
-            return []  # the control does not fit in the probe budget: no verdict
-        try:
-            control = memorises(tr, inputs, target, rng, tr.loss_kwargs.get("ignore_index", -100))
-        except Exception:  # noqa: BLE001 - a control that cannot run: no verdict
-            return []
-        if control is not None and not control[0] < MEMORISED * control[1]:
-            return []  # the copies cannot even memorise 64 rows: the learner, not the labels
-        control_loss, control_base = control if control is not None else (None, None)
+        control = self._control(ctx, tr, inputs, target, folds, steps, rng,
+                                (time.monotonic() - started) / len(done))
+        if control is False:
+            return []  # the copies cannot learn even a planted label: the learner, not the labels
+        kind, control_loss, control_base = control or (None, None, None)
         witness = _witness(ctx, inputs, target, rng)
         if witness is not None and witness[0] >= witness[1] + WITNESS_MARGIN:
             return []  # another learner tells the labels from the inputs: they are aligned
@@ -177,11 +224,43 @@ class LabelAlignment(Probe):
             "or the labels are noise.",
             st.data_location(ctx), heldout_loss_real=real,
             heldout_loss_shuffled=mean_shuffled, heldout_loss_each_shuffle=shuffled,
-            control_memorised_loss=control_loss, control_constant_loss=control_base,
+            control=kind, control_loss=control_loss, control_constant_loss=control_base,
             train_fit_loss=pooled(0, 1), constant_loss=base, rows=n, folds=FOLDS,
             knn_real=witness[0] if witness else None,
             knn_shuffled=witness[1] if witness else None,
             strength=0.85, decisive=True)]
+
+
+    @staticmethod
+    def _control(ctx, tr, inputs, target, folds, steps: int, rng, fit_seconds: float):
+        """The positive control: ``(kind, loss, constant loss)`` it passed with, False, or None.
+
+        Real ~ shuffled says something about the labels only if the copies can learn at all.
+        Two tasks known to be learnable, the cheaper first: labels planted along one direction
+        of the inputs, learned on held-out rows (:func:`learns_planted`), else a few rows
+        memorised (:func:`memorises`; random labels on low-dimensional inputs, such as two
+        coordinates, are not memorisable in its steps, planted ones are). False when neither
+        passes (a copy crippled by its initialisation or its optimizer's settings, whose
+        tie between real and shuffled labels says nothing), or when they do not fit the budget;
+        None when neither can say (inputs without spread).
+        """
+        ignore = tr.loss_kwargs.get("ignore_index", -100)
+        said = False
+        for kind, check in (
+                ("planted", lambda: learns_planted(tr, inputs, target, folds, steps, rng, ignore)),
+                ("memorised", lambda: memorises(tr, inputs, target, rng, ignore))):
+            if ctx.time_left() < 1.5 * fit_seconds:
+                return False  # the control does not fit in the probe budget: no verdict
+            try:
+                got = check()
+            except Exception:  # noqa: BLE001 - a control that cannot run: no verdict
+                return False
+            if got is None:
+                continue
+            said = True
+            if got[0] < MEMORISED * got[1]:
+                return kind, got[0], got[1]
+        return False if said else None
 
 
 def _run_generalised(sig: dict | None) -> bool:
