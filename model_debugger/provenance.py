@@ -164,6 +164,34 @@ def selects_rows(location: dict | None) -> bool:
     return False
 
 
+_REORDER_CALLS = {"permutation", "shuffle", "sample", "roll", "shift", "argsort", "flip",
+                  "sort_values", "reindex"}
+_ROW_SKIPS = {"skiprows", "skipfooter", "skip_header", "skip_footer"}
+
+
+def reorders_rows(location: dict | None) -> bool:
+    """Whether the statement at ``location`` moves rows out of their order, or skips some.
+
+    An index array (``y[np.random.permutation(len(y))]``, ``X[order]``), a shuffle, sort,
+    shift or roll, a file read told to skip rows (``np.loadtxt(f, skiprows=1)``): where one
+    half of paired data can lose its partner. A contiguous slice (``X[:n]``) keeps the order.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return False
+    for stmt in _statements_at(tree, location["line"]):
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                f = node.func
+                if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")) in \
+                        _REORDER_CALLS or any(k.arg in _ROW_SKIPS for k in node.keywords):
+                    return True
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and \
+                    isinstance(node.slice, (ast.Name, ast.Call, ast.Attribute)):
+                return True
+    return False
+
+
 def setting_origin(location: dict | None, keyword: str) -> dict | None:
     """The line that set the value a call at ``location`` passes as ``keyword=``.
 

@@ -691,3 +691,48 @@ def test_data_made_by_a_preprocessing_object_is_located_at_the_object(tmp_path, 
         """))
     got = scaling_pipeline({"file": str(path), "line": 5, "used_at": 6})
     assert (got and got["line"]) == expect
+
+
+@pytest.mark.parametrize("broken", [
+    # the labels read with a header line they do not have: every label moves up one row
+    ('X = np.loadtxt(feats, delimiter=",", skiprows=1)',
+     "y = np.loadtxt(labels, skiprows=1).astype(int)  # <made>"),
+    # each half shuffled with its own permutation
+    ("X = X[np.random.permutation(len(X))]", "y = y[np.random.permutation(len(y))]  # <made>"),
+])
+def test_misaligned_labels_are_located_where_one_half_lost_its_pair(tmp_path, broken):
+    """``label_alignment`` is seen at ``fit``; the rows were moved where the labels (or only
+    the inputs) were read, shuffled or shifted, not at the later scaling of the inputs."""
+    from model_debugger.probes.label_alignment import _pairing_location
+
+    source = f"""
+        import numpy as np
+        from sklearn.preprocessing import StandardScaler
+        X, y = np.random.rand(400, 8), np.random.randint(0, 2, 400)
+        {broken[0]}
+        {broken[1]}
+        X_train, y_train = X[:300], y[:300]
+        X_train = StandardScaler().fit_transform(X_train)
+        model.fit(X_train, y_train, epochs=3)  # <use>
+        """
+    lines = textwrap.dedent(source).splitlines()
+    (tmp_path / "train.py").write_text(textwrap.dedent(source))
+    made = next(i for i, line in enumerate(lines, 1) if "# <made>" in line)
+    use = next(i for i, line in enumerate(lines, 1) if "# <use>" in line)
+    got = _pairing_location({"file": str(tmp_path / "train.py"), "line": use})
+    assert got["line"] == made, (got, made)
+
+
+def test_misaligned_inputs_alone_are_located_at_their_shuffle(tmp_path):
+    from model_debugger.probes.label_alignment import _pairing_location
+
+    source = textwrap.dedent("""
+        import numpy as np
+        X, y = np.random.rand(400, 8), np.random.randint(0, 2, 400)
+        X = X[np.random.permutation(len(X))]  # <made>
+        y = y.astype(int)
+        model.fit(X, y, epochs=3)  # <use>
+        """)
+    (tmp_path / "train.py").write_text(source)
+    got = _pairing_location({"file": str(tmp_path / "train.py"), "line": 6})
+    assert got["line"] == 4, got

@@ -152,6 +152,7 @@ class LabelAlignment(Probe):
     frameworks = ("torch", "keras")
     fix = ("Keep inputs and labels aligned: apply the same index/permutation to both (sort or "
            "shuffle them together).")
+    traces_origin = False  # located by :func:`_pairing_location` (the half that lost its pair)
 
     def run(self, ctx: ProbeContext):
         """One confirmed finding when real labels do no better than shuffled ones.
@@ -222,7 +223,7 @@ class LabelAlignment(Probe):
             f"out once over {FOLDS} folds). The labels carry no information about the inputs: "
             "X and y are misaligned (a sort, merge or shuffle that moved one without the other) "
             "or the labels are noise.",
-            st.data_location(ctx), heldout_loss_real=real,
+            _pairing_location(st.data_location(ctx)), heldout_loss_real=real,
             heldout_loss_shuffled=mean_shuffled, heldout_loss_each_shuffle=shuffled,
             control=kind, control_loss=control_loss, control_constant_loss=control_base,
             train_fit_loss=pooled(0, 1), constant_loss=base, rows=n, folds=FOLDS,
@@ -261,6 +262,20 @@ class LabelAlignment(Probe):
             if got[0] < MEMORISED * got[1]:
                 return kind, got[0], got[1]
         return False if said else None
+
+
+def _pairing_location(used: dict | None) -> dict | None:
+    """Where the pairing of inputs and labels was broken, traced from where training used them.
+
+    The labels' origin (a shuffle, shift or read that moved them is the usual fault), unless
+    only the inputs' trace ends on a line that moves rows (``X = X[perm]`` alone).
+    """
+    from ..provenance import data_origin, reorders_rows
+
+    labels, inputs = data_origin(used, "targets"), data_origin(used, "inputs")
+    if reorders_rows(inputs) and not reorders_rows(labels):
+        return inputs
+    return labels
 
 
 def _run_generalised(sig: dict | None) -> bool:
