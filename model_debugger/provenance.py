@@ -150,18 +150,9 @@ def selects_rows(location: dict | None) -> bool:
     ``train_test_split(X, y, train_size=0.04)``, ``X[:200]``: where the number of training
     rows was set (the origin :func:`data_origin` finds for :data:`ROWS`).
     """
-    tree = _tree_of(location)
-    if tree is None:
-        return False
-    for stmt in _statements_at(tree, location["line"]):
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Call):
-                f = node.func
-                if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")) in _SPLITS:
-                    return True
-            if isinstance(node, ast.Subscript) and _is_split(node.slice):
-                return True
-    return False
+    return any(isinstance(node, ast.Call) and _call_name(node) in _SPLITS or
+               isinstance(node, ast.Subscript) and _is_split(node.slice)
+               for node in _nodes_at(location))
 
 
 _REORDER_CALLS = {"permutation", "shuffle", "sample", "roll", "shift", "argsort", "flip",
@@ -176,20 +167,26 @@ def reorders_rows(location: dict | None) -> bool:
     shift or roll, a file read told to skip rows (``np.loadtxt(f, skiprows=1)``): where one
     half of paired data can lose its partner. A contiguous slice (``X[:n]``) keeps the order.
     """
+    return any(isinstance(node, ast.Call) and (
+                   _call_name(node) in _REORDER_CALLS or
+                   any(k.arg in _ROW_SKIPS for k in node.keywords)) or
+               isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and
+               isinstance(node.slice, (ast.Name, ast.Call, ast.Attribute))
+               for node in _nodes_at(location))
+
+
+def _nodes_at(location: dict | None):
+    """Every AST node of the statements at ``location`` (none when its file cannot be read)."""
     tree = _tree_of(location)
     if tree is None:
-        return False
+        return
     for stmt in _statements_at(tree, location["line"]):
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Call):
-                f = node.func
-                if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")) in \
-                        _REORDER_CALLS or any(k.arg in _ROW_SKIPS for k in node.keywords):
-                    return True
-            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and \
-                    isinstance(node.slice, (ast.Name, ast.Call, ast.Attribute)):
-                return True
-    return False
+        yield from ast.walk(stmt)
+
+
+def _call_name(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
 
 
 def setting_origin(location: dict | None, keyword: str) -> dict | None:
