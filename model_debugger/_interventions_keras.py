@@ -238,3 +238,69 @@ def shuffle(params: dict, keras) -> Callable[[], None]:
         return patched
 
     return install(keras.Model, "fit", factory)
+
+
+_LIBRARIES = ("tensorflow", "keras", "tf_keras", "model_debugger")
+
+
+def _user_caller(frame):
+    """The frame that called a TensorFlow op on the user's behalf, or None for a library's.
+
+    Autograph's wrappers (a traced ``call``) are seen through; the first other frame decides.
+    """
+    from .capture.codeloc import is_user_file
+
+    while frame is not None and \
+            frame.f_globals.get("__name__", "").startswith("tensorflow.python.autograph"):
+        frame = frame.f_back
+    if frame is None or frame.f_globals.get("__name__", "").startswith(_LIBRARIES) or \
+            not is_user_file(frame.f_code.co_filename):
+        return None
+    return frame
+
+
+def graph_keeping_stop_gradient(original, sites: list | None = None, only=None) -> Callable:
+    """A ``stop_gradient`` that keeps the graph where your code calls it.
+
+    Only calls from the user's code (not the framework's) and, given ``only`` (a set of
+    ``(file, line)``), only at those lines; their lines go to ``sites``. The op becomes an
+    identity: the forward values are the same, gradients flow through.
+    """
+    import sys
+
+    import tensorflow as tf
+
+    @tf.autograph.experimental.do_not_convert
+    def stop_gradient(x, *args, **kwargs):
+        caller = _user_caller(sys._getframe(1))
+        if caller is not None and (
+                only is None or (caller.f_code.co_filename, caller.f_lineno) in only):
+            if sites is not None:
+                site = {"file": caller.f_code.co_filename, "line": caller.f_lineno}
+                if site not in sites:
+                    sites.append(site)
+            return tf.identity(x)
+        return original(x, *args, **kwargs)
+
+    return stop_gradient
+
+
+def stop_gradient_owners(keras) -> list:
+    """The modules through which code calls ``stop_gradient``: ``tf`` and ``keras.ops``."""
+    import tensorflow as tf
+
+    return [m for m in (tf, getattr(keras, "ops", None)) if hasattr(m, "stop_gradient")]
+
+
+def keep_graph(params: dict, keras) -> Callable[[], None]:
+    """``tf.stop_gradient`` / ``keras.ops.stop_gradient`` in your code keep the graph.
+
+    ``params["sites"]`` (``[{"file", "line"}]``, from the finding) limits it to those calls.
+    """
+    from .capture.patches import install
+
+    sites = params.get("sites")
+    only = {(s["file"], s["line"]) for s in sites} if sites else None
+    return _removes([install(owner, "stop_gradient",
+                             lambda original: graph_keeping_stop_gradient(original, only=only))
+                     for owner in stop_gradient_owners(keras)])

@@ -113,9 +113,9 @@ INTERVENTIONS: dict[str, Kind] = {k.id: k for k in (
           ("torch",)),
     _kind("train_mode", "a model called with gradients on is put back in train mode",
           "train_mode", ("torch",)),
-    _kind("keep_graph", "a .detach() in your model's forward keeps the graph (only at "
-          "params['sites'], a list of {file, line}, when given)", "keep_graph", ("torch",),
-          validate=_sites),
+    _kind("keep_graph", "a .detach() in your model's forward (PyTorch) or a stop_gradient in "
+          "your code (Keras) keeps the graph (only at params['sites'], a list of {file, line}, "
+          "when given)", "keep_graph", validate=_sites),
 )}
 
 

@@ -204,10 +204,10 @@ KERAS = textwrap.dedent("""\
 """)
 
 
-@pytest.mark.slow
-def test_keras_interventions_change_what_they_name(tmp_path):
-    script = tmp_path / "k.py"
-    script.write_text(KERAS)
+def _script_seen(tmp_path, source: str):
+    """``seen(change, n)``: the script's ``SEEN {json}`` line from a run under ``change``."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
     art = ScriptArtifact(str(script))
     version = Version("current", str(script))
 
@@ -220,6 +220,12 @@ def test_keras_interventions_change_what_they_name(tmp_path):
         line = next(x for x in out.read_text().splitlines() if x.startswith("SEEN "))
         return json.loads(line[5:])
 
+    return seen
+
+
+@pytest.mark.slow
+def test_keras_interventions_change_what_they_name(tmp_path):
+    seen = _script_seen(tmp_path, KERAS)
     plain = seen(None, 0)
     assert plain["kernel_std"] == 0.0 and plain["trainable"] == 2 and plain["dropped"] > 0.5
     assert plain["opt"] == [0.999, 3.0, 1e-6] and plain["order"] == list(range(12))
@@ -233,3 +239,38 @@ def test_keras_interventions_change_what_they_name(tmp_path):
                 6)["opt"] == [0.999, None, 1e-6]
     order = seen(Intervention("shuffle"), 7)["order"]
     assert sorted(order) == list(range(12)) != order
+
+
+KERAS_CUT = textwrap.dedent("""\
+    import json
+    import numpy as np
+    import keras
+    import tensorflow as tf
+    keras.utils.set_random_seed(0)
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = keras.layers.Dense(16), keras.layers.Dense(1)
+
+        def call(self, x, training=False):
+            return self.head(tf.stop_gradient(self.body(x)))
+
+    X = np.random.default_rng(0).normal(size=(128, 6)).astype("float32")
+    net = Net()
+    net.compile(optimizer="sgd", loss="mse")
+    net(X[:1])
+    start = net.body.get_weights()[0].copy()
+    net.fit(X, X[:, :1], batch_size=32, epochs=1, verbose=0)
+    moved = float(np.abs(net.body.get_weights()[0] - start).max())
+    print("SEEN " + json.dumps({"body_moved": moved}))
+""")
+
+
+@pytest.mark.slow
+def test_keras_keep_graph_lets_gradients_through_a_stop_gradient_in_call(tmp_path):
+    seen = _script_seen(tmp_path, KERAS_CUT)
+    assert seen(None, 0)["body_moved"] == 0.0
+    assert seen(Intervention("keep_graph"), 1)["body_moved"] > 0.0
+    elsewhere = {"sites": [{"file": "other.py", "line": 1}]}  # only the finding's own lines
+    assert seen(Intervention("keep_graph", elsewhere), 2)["body_moved"] == 0.0

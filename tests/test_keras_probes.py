@@ -376,3 +376,63 @@ def test_copies_of_a_subclassed_keras_model_are_built_from_its_constructor_argum
     for a, b in zip(fresh.get_weights(), first):
         np.testing.assert_array_equal(a, b)
     assert ctx.trainer.fit(fresh, *ctx.trainer.subset(np.arange(64)), 5, lr=0.01)
+
+
+def _stopped_case(keras, how: str):
+    """A subclassed Keras model whose ``call`` stops the gradient of its first block's output
+    (``tf.stop_gradient`` or ``keras.ops.stop_gradient``), or only of a logged copy."""
+    import tensorflow as tf
+
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    class Stopped(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.body = keras.layers.Dense(64, activation="relu")
+            self.head = keras.layers.Dense(2)
+            self.seen = None
+
+        def call(self, x, training=False):
+            h = self.body(x)
+            if how == "tf":
+                h = tf.stop_gradient(h)  # <keras-stop-tf>
+            elif how == "ops":
+                h = keras.ops.stop_gradient(h)  # <keras-stop-ops>
+            else:
+                self.seen = keras.ops.stop_gradient(h)  # a copy kept aside: not on the path
+            return self.head(h)
+
+    X, y = problem()
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        model = Stopped()
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(X, y, batch_size=64, epochs=2, verbose=0)
+    source = {HERE: open(HERE, encoding="utf-8").read()}
+    return build_context(Run(rec.events), rec.keeper, source, budget=60.0)
+
+
+@pytest.mark.parametrize("how", ["tf", "ops"])
+def test_a_keras_stop_gradient_in_call_is_a_cut_confirmed_on_copies(tk, how):
+    """Most weights (the first block's) never train: a fresh copy's tape gets no gradient for
+    them, one whose stop_gradient keeps the graph gets all; copies trained both ways confirm
+    it, located at the stop_gradient line. (Before, the Keras side had no such measurement.)"""
+    from model_debugger.probes import run_probes
+
+    ctx = _stopped_case(tk, how)
+    assert ctx.signals["untrained_share"] > 0.5
+    [f] = run_probes(ctx, ["detached_output"]).findings
+    assert (f.check, f.root_cause, f.confirmed) == ("detached_output", "training_loop", True), f
+    assert f.location["line"] == line_of(f"keras-stop-{how}")
+    assert f.evidence["ungraded_share"] > 0.5 and f.evidence["ungraded_share_kept"] == 0.0
+
+
+def test_a_keras_stop_gradient_off_the_path_is_no_cut(tk):
+    from model_debugger.probes import run_probes
+
+    ctx = _stopped_case(tk, "aside")
+    assert ctx.signals.get("untrained_share", 0.0) < 0.5
+    assert run_probes(ctx, ["detached_output"]).findings == ()

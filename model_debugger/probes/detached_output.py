@@ -13,6 +13,10 @@ Two shapes of one fault:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import numpy as np
+
 from ..records import Intervention
 from ._heldout import SettingExperiment
 from ._lint import lint_hits, loc
@@ -78,21 +82,25 @@ class DetachedOutput(SettingExperiment):
         """Most parameters untrained in the run: which get no gradient, and the experiment."""
         untrained = ctx.signals.get("untrained_share", 0.0)
         tr = ctx.trainer
-        if untrained < CUT or tr is None or tr.framework != "torch" or tr.n < 16 or \
-                not ctx.live:
+        if untrained < CUT or tr is None or tr.framework not in ("torch", "keras") or \
+                tr.n < 16 or not ctx.live:
             return []
-        before, _ = _cut_share(tr, keep=False)
-        after, sites = _cut_share(tr, keep=True)
+        share, keeping = (_cut_share, _keeping_graph) if tr.framework == "torch" else \
+            (_keras_cut_share, _keras_keeping_graph)
+        before, _ = share(tr, keep=False)
+        after, sites = share(tr, keep=True)
         if before < CUT or after >= before or not sites:
             return []  # not a cut (frozen, left out of the optimizer), or not one detach undoes
-        cut, kept, confirmed = self.compare(ctx, _keeping_graph)
+        cut, kept, confirmed = self.compare(ctx, keeping)
         return [self.finding(
             "training_loop", confirmed,
             f"{before:.0%} of the parameters that need a gradient get none: the forward pass "
-            f"detaches a tensor on the way to the loss (a fresh copy's backward; {after:.0%} "
-            "once the detach keeps the graph). Two fresh copies trained on the same rows reach "
+            f"{'detaches' if tr.framework == 'torch' else 'stops the gradient of'} a tensor on "
+            f"the way to the loss (a fresh copy's backward; {after:.0%} once the "
+            f"{'detach' if tr.framework == 'torch' else 'stop_gradient'} keeps the graph). "
+            "Two fresh copies trained on the same rows reach "
             f"a held-out loss of {kept:.4g} with the graph kept and {cut:.4g} as written"
-            + (": the detach holds the loss up." if confirmed else
+            + (": the cut holds the loss up." if confirmed else
                ": no clearly better, so the cut is not what holds the loss up."),
             sites[0], undone=confirmed, strength=0.85 if confirmed else 0.2,
             ungraded_share=before, ungraded_share_kept=after, heldout_cut=cut,
@@ -138,3 +146,57 @@ def _keeping_graph(model, sites: list | None = None):
 
     model.forward = kept
     return model
+
+
+def _keras_cut_share(tr, keep: bool) -> tuple[float, list[dict]]:
+    """As :func:`_cut_share` for Keras: a fresh copy's gradients under a ``GradientTape``.
+
+    With ``keep``, ``tf.stop_gradient``/``keras.ops.stop_gradient`` called by the user's code
+    keep the graph, and their lines go to the sites.
+    """
+    import tensorflow as tf
+
+    model = tr.fresh_model()
+    sites: list[dict] = []
+    inputs, target = tr.subset(np.arange(min(tr.n, 64)))
+    with _keras_stop_gradient_kept(sites if keep else None):
+        with tf.GradientTape() as tape:
+            loss = tr._loss(model, inputs, target, True)
+    need = model.trainable_variables
+    grads = tape.gradient(loss, need)
+    total = sum(int(np.prod(v.shape)) for v in need)
+    none = sum(int(np.prod(v.shape)) for v, g in zip(need, grads) if g is None)
+    return (none / total if total else 0.0), sites
+
+
+def _keras_keeping_graph(model):
+    """``model`` (a Keras copy) whose every call keeps the graph where your code stops it."""
+    call = model.call
+
+    def kept(*args, **kwargs):
+        with _keras_stop_gradient_kept([]):
+            return call(*args, **kwargs)
+
+    model.call = kept
+    return model
+
+
+@contextmanager
+def _keras_stop_gradient_kept(sites: list | None):
+    """Within the block, the user's ``stop_gradient`` calls keep the graph (None: unchanged)."""
+    if sites is None:
+        yield
+        return
+    import keras
+
+    from .._interventions_keras import graph_keeping_stop_gradient, stop_gradient_owners
+    from ..capture.patches import install
+
+    undo = [install(owner, "stop_gradient",
+                    lambda original: graph_keeping_stop_gradient(original, sites))
+            for owner in stop_gradient_owners(keras)]
+    try:
+        yield
+    finally:
+        for remove in reversed(undo):
+            remove()
