@@ -292,15 +292,42 @@ def stop_gradient_owners(keras) -> list:
     return [m for m in (tf, getattr(keras, "ops", None)) if hasattr(m, "stop_gradient")]
 
 
-def keep_graph(params: dict, keras) -> Callable[[], None]:
-    """``tf.stop_gradient`` / ``keras.ops.stop_gradient`` in your code keep the graph.
+def install_graph_keeping(keras, sites: list | None = None, only=None,
+                          symbolic: list | None = None) -> list[Callable[[], None]]:
+    """Install the graph-keeping ``stop_gradient``; return what removes it.
 
-    ``params["sites"]`` (``[{"file", "line"}]``, from the finding) limits it to those calls.
+    The functions your code calls (``tf.stop_gradient``, ``keras.ops.stop_gradient``: see
+    :func:`graph_keeping_stop_gradient`), and the ``StopGradient`` operation a functional
+    model holds (``keras.ops.stop_gradient`` on a symbolic input makes one node of the graph;
+    only user code builds such graphs, so every one passes its input on, whatever ``only``
+    says). Each time such a node runs, ``symbolic`` (when given) gets a mark.
     """
     from .capture.patches import install
 
+    undo = [install(owner, "stop_gradient",
+                    lambda original: graph_keeping_stop_gradient(original, sites, only))
+            for owner in stop_gradient_owners(keras)]
+    try:
+        from keras.src.ops.core import StopGradient
+    except ImportError:  # another Keras layout: the functions only
+        return undo
+
+    def passthrough(call):
+        def call_kept(op, variable, *args, **kwargs):
+            if symbolic is not None and not symbolic:
+                symbolic.append(True)
+            return variable
+        return call_kept
+
+    return undo + [install(StopGradient, "call", passthrough)]
+
+
+def keep_graph(params: dict, keras) -> Callable[[], None]:
+    """``tf.stop_gradient`` / ``keras.ops.stop_gradient`` in your code keep the graph.
+
+    ``params["sites"]`` (``[{"file", "line"}]``, from the finding) limits the function calls
+    to those lines; a functional model's ``stop_gradient`` nodes all pass their input on.
+    """
     sites = params.get("sites")
     only = {(s["file"], s["line"]) for s in sites} if sites else None
-    return _removes([install(owner, "stop_gradient",
-                             lambda original: graph_keeping_stop_gradient(original, only=only))
-                     for owner in stop_gradient_owners(keras)])
+    return _removes(install_graph_keeping(keras, only=only))

@@ -407,7 +407,13 @@ def _stopped_case(keras, how: str):
     X, y = problem()
     with model_debugger.capture() as rec:
         keras.utils.set_random_seed(0)
-        model = Stopped()
+        if how == "lambda":  # a Lambda layer (clones of it keep the function and its globals)
+            model = keras.Sequential([
+                keras.Input((10,)), keras.layers.Dense(64, activation="relu"),
+                keras.layers.Lambda(lambda t: keras.ops.stop_gradient(t)),  # <keras-stop-lambda>
+                keras.layers.Dense(2)])
+        else:
+            model = Stopped()
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(X, y, batch_size=64, epochs=2, verbose=0)
@@ -415,7 +421,7 @@ def _stopped_case(keras, how: str):
     return build_context(Run(rec.events), rec.keeper, source, budget=60.0)
 
 
-@pytest.mark.parametrize("how", ["tf", "ops"])
+@pytest.mark.parametrize("how", ["tf", "ops", "lambda"])
 def test_a_keras_stop_gradient_in_call_is_a_cut_confirmed_on_copies(tk, how):
     """Most weights (the first block's) never train: a fresh copy's tape gets no gradient for
     them, one whose stop_gradient keeps the graph gets all; copies trained both ways confirm
@@ -436,3 +442,44 @@ def test_a_keras_stop_gradient_off_the_path_is_no_cut(tk):
     ctx = _stopped_case(tk, "aside")
     assert ctx.signals.get("untrained_share", 0.0) < 0.5
     assert run_probes(ctx, ["detached_output"]).findings == ()
+
+
+FUNCTIONAL_CUT = """\
+import keras
+
+
+def build():
+    inputs = keras.Input((10,))
+    hidden = keras.layers.Dense(64, activation="relu")(inputs)
+    hidden = keras.ops.stop_gradient(hidden)
+    return keras.Model(inputs, keras.layers.Dense(2)(hidden))
+"""
+
+
+def test_a_stop_gradient_node_of_a_functional_model_is_a_cut(tk, tmp_path):
+    """``keras.ops.stop_gradient`` on a symbolic tensor is a node of the graph, run by Keras
+    (no frame of the user's code): the node passes its input on in the copies, and the
+    finding is located at the line of the program that calls it."""
+    import importlib.util
+
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    path = tmp_path / "functional_cut.py"
+    path.write_text(FUNCTIONAL_CUT)
+    spec = importlib.util.spec_from_file_location("functional_cut", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    X, y = problem()
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        model = module.build()
+        model.compile(optimizer=tk.optimizers.Adam(1e-3),
+                      loss=tk.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(X, y, batch_size=64, epochs=2, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {str(path): FUNCTIONAL_CUT}, budget=60.0)
+    [f] = run_probes(ctx, ["detached_output"]).findings
+    assert (f.check, f.confirmed) == ("detached_output", True), f
+    assert f.location == {"file": str(path), "line": 7}

@@ -765,6 +765,22 @@ def _detach_hidden(p: Program) -> list[Edit]:
     raise NotApplicable("no single-name assignment in forward()")
 
 
+@operator("stop_gradient_hidden", "loop", "loss_not_decreasing", "training_loop",
+          "a Keras model stops the gradient after its last hidden layer: the layers below never "
+          "learn")
+def _stop_gradient_hidden(p: Program) -> list[Edit]:
+    need(not p.is_torch, "Keras only (detach_hidden is PyTorch's)")
+    dense = need(p.dense_layers()[:-1], "no hidden Dense")[-1]
+    k = keras_prefix(p)
+    parent = p.parents[dense]
+    if isinstance(parent, ast.List):  # Sequential([...]): a layer after it
+        return [replace(p, dense, f"{p.text(dense)}, "
+                        f"{k}.layers.Lambda(lambda t: {k}.ops.stop_gradient(t))")]
+    if isinstance(parent, ast.Call) and parent.func is dense:  # functional: Dense(...)(x)
+        return [wrap(p, parent, f"{k}.ops.stop_gradient({{x}})")]
+    raise NotApplicable("the hidden layer is neither in a list nor called on a tensor")
+
+
 @operator("step_removed", "loop", "loss_not_decreasing", "training_loop",
           "optimizer.step() / apply_gradients() missing")
 def _step_removed(p: Program) -> list[Edit]:

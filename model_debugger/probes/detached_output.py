@@ -14,6 +14,7 @@ Two shapes of one fault:
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 
@@ -86,7 +87,7 @@ class DetachedOutput(SettingExperiment):
                 tr.n < 16 or not ctx.live:
             return []
         share, keeping = (_cut_share, _keeping_graph) if tr.framework == "torch" else \
-            (_keras_cut_share, _keras_keeping_graph)
+            (partial(_keras_cut_share, sources=ctx.source_files), _keras_keeping_graph)
         before, _ = share(tr, keep=False)
         after, sites = share(tr, keep=True)
         if before < CUT or after >= before or not sites:
@@ -148,25 +149,46 @@ def _keeping_graph(model, sites: list | None = None):
     return model
 
 
-def _keras_cut_share(tr, keep: bool) -> tuple[float, list[dict]]:
+def _keras_cut_share(tr, keep: bool, sources: dict | None = None) -> tuple[float, list[dict]]:
     """As :func:`_cut_share` for Keras: a fresh copy's gradients under a ``GradientTape``.
 
     With ``keep``, ``tf.stop_gradient``/``keras.ops.stop_gradient`` called by the user's code
-    keep the graph, and their lines go to the sites.
+    keep the graph, and their lines go to the sites (for a functional model's node, the lines
+    of ``sources``, ``{path: text}``, that call it).
     """
     import tensorflow as tf
 
     model = tr.fresh_model()
     sites: list[dict] = []
+    symbolic: list = []
     inputs, target = tr.subset(np.arange(min(tr.n, 64)))
-    with _keras_stop_gradient_kept(sites if keep else None):
+    with _keras_stop_gradient_kept(sites if keep else None, symbolic):
         with tf.GradientTape() as tape:
             loss = tr._loss(model, inputs, target, True)
     need = model.trainable_variables
     grads = tape.gradient(loss, need)
     total = sum(int(np.prod(v.shape)) for v in need)
     none = sum(int(np.prod(v.shape)) for v, g in zip(need, grads) if g is None)
+    if symbolic:  # a functional model's node: where the code called stop_gradient
+        sites += [s for s in _stop_gradient_calls(sources) if s not in sites]
     return (none / total if total else 0.0), sites
+
+
+def _stop_gradient_calls(sources: dict | None) -> list[dict]:
+    """Lines of the user's code that call ``stop_gradient`` (where a functional node was made)."""
+    import ast
+
+    found = []
+    for path, text in (sources or {}).items():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        found += [{"file": path, "line": node.lineno} for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and getattr(node.func, "attr",
+                                                            getattr(node.func, "id", None))
+                  == "stop_gradient"]
+    return sorted(found, key=lambda s: (s["file"], s["line"]))
 
 
 def _keras_keeping_graph(model):
@@ -182,19 +204,20 @@ def _keras_keeping_graph(model):
 
 
 @contextmanager
-def _keras_stop_gradient_kept(sites: list | None):
-    """Within the block, the user's ``stop_gradient`` calls keep the graph (None: unchanged)."""
+def _keras_stop_gradient_kept(sites: list | None, symbolic: list | None = None):
+    """Within the block, the user's ``stop_gradient`` calls keep the graph (None: unchanged).
+
+    Their lines go to ``sites``; ``symbolic`` gets a mark when a functional model's
+    ``stop_gradient`` node ran.
+    """
     if sites is None:
         yield
         return
     import keras
 
-    from .._interventions_keras import graph_keeping_stop_gradient, stop_gradient_owners
-    from ..capture.patches import install
+    from .._interventions_keras import install_graph_keeping
 
-    undo = [install(owner, "stop_gradient",
-                    lambda original: graph_keeping_stop_gradient(original, sites))
-            for owner in stop_gradient_owners(keras)]
+    undo = install_graph_keeping(keras, sites, symbolic=symbolic)
     try:
         yield
     finally:

@@ -89,13 +89,14 @@ class KerasTrainer(SampleTrainer):
         import keras
 
         try:
-            model = keras.models.clone_model(self.model)
+            model = keras.models.clone_model(self.model, clone_function=_clone_layer)
         except Exception:  # noqa: BLE001 - a subclass Keras cannot revive from its config
             if self.init_args is None:
                 raise
             args, kwargs = self.init_args
             model = type(self.model)(*args, **kwargs)
-        if not model.built and self.inputs is not None:
+        if (not model.built or len(model.weights) != len(self.model.weights)) and \
+                self.inputs is not None:  # (a clone after a Lambda is built only up to it)
             model(self._x(tuple(x[:1] for x in self.inputs)))
         if self.initial_state is not None:
             model.set_weights(self.initial_state)
@@ -433,3 +434,22 @@ def _same_trainable(original, copy) -> None:
         if type(a) is type(b) and b.trainable != a.trainable:
             b.trainable = a.trainable
 
+
+
+def _clone_layer(layer):
+    """A new layer of the same config; a ``Lambda`` keeps its function object.
+
+    Keras rebuilds a ``Lambda`` from its config by unmarshalling the function's bytecode,
+    which safe mode refuses and which loses the function's globals (``keras`` itself in
+    ``lambda t: keras.ops.stop_gradient(t)``); the function here is the user's own, already
+    running in this process, so the clone shares it.
+    """
+    import keras
+
+    if isinstance(layer, keras.layers.Lambda):
+        config = layer.get_config()
+        return keras.layers.Lambda(layer.function, output_shape=layer._output_shape,
+                                   mask=layer.mask, arguments=dict(layer.arguments),
+                                   name=config.get("name"), dtype=config.get("dtype"),
+                                   trainable=config.get("trainable", True))
+    return layer.__class__.from_config(layer.get_config())
