@@ -483,3 +483,39 @@ def test_a_stop_gradient_node_of_a_functional_model_is_a_cut(tk, tmp_path):
     [f] = run_probes(ctx, ["detached_output"]).findings
     assert (f.check, f.confirmed) == ("detached_output", True), f
     assert f.location == {"file": str(path), "line": 7}
+
+
+def test_named_inputs_given_as_a_dict_are_kept_in_the_model_order(tk):
+    """``fit({"numeric": ..., "store": ...}, y)`` on a two-input functional model: the keeper
+    used to skip dict batches, so every live probe was blind (a validation set preprocessed
+    apart from training's gave no finding at all). The batches are kept in the order of the
+    model's inputs, copies run on them, and the shift is found."""
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    rng = np.random.default_rng(0)
+    numeric = rng.lognormal(2.0, 1.0, size=(1200, 4)).astype("float32")
+    store = rng.integers(0, 5, 1200).astype("int32")
+    y = (np.log(numeric).sum(1) > 8).astype("float32")
+    train_num = np.log1p(numeric[:1000])
+    train_num = (train_num - train_num.mean(0)) / train_num.std(0)
+    val_num = (numeric[1000:] - numeric[1000:].mean(0)) / 100.0  # not the training transform
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        num_in = tk.Input(shape=(4,), name="numeric")
+        cat_in = tk.Input(shape=(), dtype="int32", name="store")
+        h = tk.layers.Concatenate()([num_in, tk.layers.Embedding(5, 3)(cat_in)])
+        out = tk.layers.Dense(1, activation="sigmoid")(tk.layers.Dense(16, activation="relu")(h))
+        model = tk.Model([num_in, cat_in], out)
+        model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+        model.fit({"store": store[:1000], "numeric": train_num}, y[:1000], epochs=3,
+                  batch_size=64, verbose=0,
+                  validation_data=({"numeric": val_num, "store": store[1000:]}, y[1000:]))
+    source = {HERE: open(HERE, encoding="utf-8").read()}
+    ctx = build_context(Run(rec.events), rec.keeper, source, budget=60.0)
+    assert ctx.trainer is not None and [a.shape[1:] for a in ctx.trainer.inputs] == [(4,), ()]
+    assert ctx.val_xy is not None
+    found = run_probes(ctx, ["distribution_shift"]).findings
+    assert [f.check for f in found if f.confirmed] == ["distribution_shift"], found

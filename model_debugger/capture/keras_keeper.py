@@ -276,10 +276,12 @@ class KerasKeeper(SpilledState):
         """Keep a sample of the first epoch's training batches (bounded)."""
         if self._epoch is None:
             self._epoch = epoch
-        if self.full(epoch) or y is None or isinstance(x, dict):
+        if self.full(epoch) or y is None:
             return
-        x, y = to_numpy(x), to_numpy(y)
-        xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+        xs = self.positional(to_numpy(x))
+        y = to_numpy(y)
+        if xs is None:
+            return
         if not all(hasattr(a, "shape") and a.shape[:1] == y.shape[:1] for a in xs):
             return
         if not _adds_rows(self._rows, (*xs, y)):  # every row kept already: a custom loop's
@@ -287,6 +289,20 @@ class KerasKeeper(SpilledState):
             return
         self.train_batches.append((xs, y))
         self._samples += int(y.shape[0])
+
+    def positional(self, x) -> tuple | None:
+        """A batch's inputs as a tuple in the model's input order; None when it cannot say.
+
+        A dict (``fit({"numeric": ..., "store": ...}, y)``) is ordered by the names of the
+        model's inputs (``keras.Input(name=...)``), which is how Keras matches them; copies of
+        the model are then called with the inputs as a list, in that order.
+        """
+        if not isinstance(x, dict):
+            return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+        names = [getattr(t, "name", None) for t in getattr(self.model, "inputs", None) or []]
+        if not names or set(names) != set(x):
+            return None
+        return tuple(x[name] for name in names)
 
     def full(self, epoch: int) -> bool:
         """Whether :meth:`on_batch` keeps no more batches.
@@ -305,16 +321,17 @@ class KerasKeeper(SpilledState):
         try:
             if isinstance(val, (tuple, list)):
                 x, y = split_batch(val)
-                x, y = to_numpy(x), to_numpy(y)
-                xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+                xs, y = self.positional(to_numpy(x)), to_numpy(y)
+                if xs is None or y is None:
+                    return
                 self.val_batches.append((tuple(a[:MAX_SAMPLES] for a in xs), y[:MAX_SAMPLES]))
                 return
             seen = 0
             for batch in val:  # a tf.data.Dataset or a PyDataset: the first batches
                 x, y = split_batch(to_numpy(batch))
-                if y is None:
+                xs = self.positional(x)
+                if y is None or xs is None:
                     return
-                xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
                 self.val_batches.append((xs, y))
                 seen += len(y)
                 if seen >= MAX_SAMPLES or len(self.val_batches) >= MAX_BATCHES:
