@@ -641,7 +641,7 @@ def _follow(tree: ast.Module, node: ast.AST, value: ast.AST, line: int, name: st
     data on (``self.data.train_loader()`` returning ``DataLoader(self.train_ds)``), whose
     returns are followed; an attribute of ``self`` is followed to where it was assigned.
     """
-    handed = _handing_on(tree, value, _unpacked_index(node, name))
+    handed = _handing_on(tree, value, _unpacked_index(node, name), role)
     if handed is not None:
         results = [r for r in (_follow(tree, ret, part, ret.lineno, name, False, role, hops + 1)
                                for ret, part in handed) if r[0] is not None]
@@ -706,15 +706,16 @@ def _unpacked_index(node: ast.AST, name: str) -> int | None:
     return next((i for i, t in enumerate(elts) if isinstance(t, ast.Name) and t.id == name), None)
 
 
-def _handing_on(tree: ast.Module, value: ast.AST, index: int | None = None
-                ) -> list[tuple[ast.Return, ast.AST]] | None:
+def _handing_on(tree: ast.Module, value: ast.AST, index: int | None = None,
+                role: str | None = None) -> list[tuple[ast.Return, ast.AST]] | None:
     """What the function of this file that ``value`` calls returns, if it only hands data on.
 
     ``(return statement, returned data)`` pairs. The function is named once in the file (a method or a plain function) and every one of
     its returns is a pure wrapper of data made elsewhere (``return DataLoader(self.train_ds)``);
     a function that computes its result (``return (x - m) / s``) is where the data is made,
-    and the call's line stays the origin. ``index``: the call's result is unpacked and the
-    data is that element of a returned tuple (``X, y = load()``).
+    and the call's line stays the origin; for :data:`ROWS` a scaling that keeps every row is
+    handing on too (the rows were chosen before it). ``index``: the call's result is unpacked
+    and the data is that element of a returned tuple (``X, y = load()``).
     """
     while isinstance(value, ast.Call) and getattr(value.func, "id", None) in _DATA_FUNCS and \
             value.args:  # enumerate(self.loader()), iter(get_loader())
@@ -734,7 +735,8 @@ def _handing_on(tree: ast.Module, value: ast.AST, index: int | None = None
                 return None
             part = part.elts[index]
         parts.append((ret, part))
-    if not parts or any(_unwrapped(part) is None for _, part in parts):
+    if not parts or any(_unwrapped(part, role if role == ROWS else None) is None
+                        for _, part in parts):
         return None
     return parts
 

@@ -736,3 +736,28 @@ def test_misaligned_inputs_alone_are_located_at_their_shuffle(tmp_path):
     (tmp_path / "train.py").write_text(source)
     got = _pairing_location({"file": str(tmp_path / "train.py"), "line": 6})
     assert got["line"] == 4, got
+
+
+def test_the_rows_are_traced_into_a_loading_function_that_scales_what_it_returns(tmp_path):
+    """``X_tr, y_tr, ... = load_data()`` where ``load_data`` splits with ``train_size=0.05``
+    and returns the scaled arrays: the scaling keeps every row, so for ``ROWS`` the function
+    hands its split on (the origin was the call line)."""
+    from model_debugger.provenance import ROWS, selects_rows
+
+    source = """
+        import numpy as np
+        from sklearn.model_selection import train_test_split
+        from sklearn.preprocessing import StandardScaler
+
+        def load_data():
+            X, y = np.random.rand(2500, 8), np.random.randint(0, 3, 2500)
+            X_tr, X_ho, y_tr, y_ho = train_test_split(X, y, train_size=0.05)  # <made>
+            scaler = StandardScaler().fit(X_tr)
+            return scaler.transform(X_tr).astype("float32"), y_tr, scaler.transform(X_ho), y_ho
+
+        X_train, y_train, X_hold, y_hold = load_data()
+        model.fit(X_train, y_train, epochs=3)  # <use>
+        """
+    got, made, use = _origin(tmp_path, source, ROWS)
+    assert got == made and selects_rows({"file": str(tmp_path / "train.py"), "line": got})
+    assert _origin(tmp_path, source, "inputs")[0] != made  # the values: made by the scaling
