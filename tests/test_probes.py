@@ -296,6 +296,36 @@ def train_slow_lambda_collate():
         opt.step()
 
 
+class _RankedRows(torch.utils.data.Dataset):
+    """Each item's features ranked against a reference table sorted again for every item."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        row = self.x[i]
+        ranked = torch.sort(self.x.repeat(8, 1), dim=0).values  # <slow-getitem>
+        q = torch.searchsorted(ranked[:, 0].contiguous(), row[:1])
+        return torch.cat([row, q.float() / len(ranked)]), self.y[i]
+
+
+def train_slow_getitem():
+    torch.manual_seed(9)
+    feats = torch.randn(2000, 4)
+    loader = DataLoader(_RankedRows(feats, (feats[:, 0] > 0).long()), batch_size=32)
+    net = nn.Linear(5, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step, (xb, yb) in enumerate(loader):
+        opt.zero_grad()
+        F.cross_entropy(net(xb), yb).backward()
+        opt.step()
+        if step == 20:
+            break
+
+
 def train_schedule_collapsing():
     """A StepLR stepped every batch with gamma 0.02: the rate is ~0 after a few steps."""
     torch.manual_seed(8)
@@ -790,6 +820,14 @@ def test_a_slow_collate_is_located_at_itself_not_where_the_data_was_made(tmp_pat
     f = confirmed_one(ctx, "dataloader_throughput", "data")
     assert_at(f, "slow-collate")
     assert "used_at" not in f.location
+
+
+def test_a_slow_getitem_is_located_at_its_slowest_line(tmp_path):
+    """Of the lines of ``__getitem__``, the one that sorts a table for every item takes the
+    time: the finding is there (it was the ``def`` line)."""
+    ctx = captured(tmp_path, train_slow_getitem)
+    f = confirmed_one(ctx, "dataloader_throughput", "data")
+    assert_at(f, "slow-getitem")
 
 
 def test_a_schedule_that_stops_training_is_confirmed_by_a_copy_at_its_peak_rate(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 from ..capture.codeloc import definition_location
@@ -68,8 +69,15 @@ class DataloaderThroughput(Probe):
                 collate)
         dataset = getattr(loader, "dataset", loader)  # Keras: a PyDataset or a generator
         getitem = getattr(type(dataset), "__getitem__", None)
-        where = where or (_func_loc(getitem) if getitem else None) or _func_loc(dataset) or \
-            definition_location(dataset) or ctx.ref("loss_fn")
+        if where is not None:
+            where = _hottest_line(collate, lambda: collate(
+                [dataset[i] for i in range(min(len(dataset), 8))])) or where
+        elif getitem is not None and _func_loc(getitem):
+            where = _hottest_line(getitem, lambda: [dataset[i] for i in
+                                                     range(min(len(dataset), 4))]) or \
+                _func_loc(getitem)
+        where = where or _func_loc(dataset) or definition_location(dataset) or \
+            ctx.ref("loss_fn")
         workers = getattr(loader, "num_workers", getattr(loader, "workers", 0))
         return [self.finding(
             "data", True,
@@ -88,3 +96,47 @@ def _func_loc(fn) -> dict | None:
 
     return {"file": code.co_filename, "line": code.co_firstlineno} \
         if is_user_file(code.co_filename) else None
+
+
+HOT_SHARE = 0.3  # a line taking this share of the slow function's time is where it is slow
+
+
+def _hottest_line(fn, call) -> dict | None:
+    """The line of ``fn`` (the user's collate or ``__getitem__``) where ``call()`` spends most.
+
+    Line events of ``fn``'s own frames only are timed (a comprehension or a call on a line
+    counts on that line); None when no line takes :data:`HOT_SHARE` of the time, when
+    ``fn`` is not the user's code or when ``call`` fails.
+    """
+    code = getattr(fn, "__code__", None)
+    if code is None or _func_loc(fn) is None:
+        return None
+    spent: dict[int, float] = {}
+    at: list = [None, 0.0]  # the line running in fn's frame, since when
+
+    def local(frame, event, arg):
+        now = time.perf_counter()
+        if at[0] is not None:
+            spent[at[0]] = spent.get(at[0], 0.0) + now - at[1]
+        at[0], at[1] = (frame.f_lineno, now) if event == "line" else (None, now)
+        return local
+
+    def calls(frame, event, arg):
+        if frame.f_code is code:
+            at[0] = None
+            return local
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        call()
+    except Exception:  # noqa: BLE001 - a sample that fails here: the function's own line
+        return None
+    finally:
+        sys.settrace(previous)
+    total = sum(spent.values())
+    if not total:
+        return None
+    line, took = max(spent.items(), key=lambda kv: kv[1])
+    return {"file": code.co_filename, "line": line} if took >= HOT_SHARE * total else None
