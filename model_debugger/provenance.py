@@ -24,6 +24,7 @@ _PAIRING = {"TensorDataset", "from_tensor_slices", "from_tensors", "zip"}
 # random row splits: with a role, the trace follows the inputs (first) or the targets (last)
 _SPLITS = {"train_test_split"}
 ROWS = "rows"  # a role: which rows the inputs hold (a split or slice made them), not their values
+VALIDATION = "validation"  # a role: the validation inputs a ``fit`` call is given
 # methods that only re-wrap their receiver: the trace follows the receiver, not the arguments
 # (``xb.to(device)``, ``ds.shuffle(BUF).batch(BATCH)``)
 _DATA_METHODS = {"batch", "shuffle", "prefetch", "repeat", "cache", "to", "cuda", "cpu", "astype",
@@ -61,11 +62,12 @@ def data_origin(location: dict | None, role: str | None = None) -> dict | None:
     ----------
     location : dict or None
         ``{"file", "line"}`` where the capture saw the data used (a loss call, a ``fit`` call).
-    role : {"inputs", "targets"}, optional
+    role : {"inputs", "targets", ROWS, VALIDATION}, optional
         Which half of the data the finding is about: where a wrapper or a ``fit`` call takes
         inputs and targets together (``TensorDataset(X, y)``), the trace follows the first
         for inputs and the last for targets; without a role it follows each and keeps the
-        most recent line.
+        most recent line. :data:`ROWS`: the inputs' rows (a split); :data:`VALIDATION`: the
+        inputs of a ``fit`` call's ``validation_data`` (elsewhere, the inputs).
 
     Returns
     -------
@@ -362,6 +364,13 @@ def _origin_line(tree: ast.Module, line: int, role: str | None) -> int | None:
 def _statement_origin(tree: ast.Module, stmt: ast.stmt, line: int,
                       role: str | None) -> int | None:
     scope = _scope_of(tree, stmt)
+    if role == VALIDATION:  # ``fit(..., validation_data=(X_val, y_val))``: X_val's origin;
+        held = _validation_inputs(stmt)  # elsewhere (an evaluation forward) the inputs'
+        if held:
+            found = [o for o in (_trace(tree, scope, n, stmt.lineno, "inputs")[0]
+                                 for n in dict.fromkeys(held)) if o is not None]
+            return max(found) if found else None
+        role = "inputs"
     fit, inputs, targets = _data_arguments(stmt, scope)
     if fit and "" in (inputs + targets if role is None else
                       inputs if role in ("inputs", ROWS) else targets):
@@ -377,6 +386,25 @@ def _statement_origin(tree: ast.Module, stmt: ast.stmt, line: int,
         if best is None or key > best:
             best = key
     return best[1] if best is not None else None
+
+
+def _validation_inputs(stmt: ast.stmt) -> list[str]:
+    """The names of the inputs in a ``fit`` call's ``validation_data=`` (none: no such call).
+
+    ``(X_val, y_val)`` gives ``X_val``; a dict of named inputs gives each; one name (a
+    dataset carrying inputs and targets) gives that name.
+    """
+    for call in ast.walk(stmt):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and
+                call.func.attr in _FIT_CALLS):
+            continue
+        held = next((k.value for k in call.keywords if k.arg == "validation_data"), None)
+        if isinstance(held, (ast.Tuple, ast.List)) and held.elts:
+            held = held.elts[0]
+        parts = held.values if isinstance(held, ast.Dict) else \
+            held.elts if isinstance(held, (ast.Tuple, ast.List)) else [held]
+        return [r for r in (_root(p) for p in parts if p is not None) if r]
+    return []
 
 
 def _prediction_call(scope: list[ast.AST], name: str, before: int) -> ast.Call | None:

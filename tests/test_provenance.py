@@ -761,3 +761,28 @@ def test_the_rows_are_traced_into_a_loading_function_that_scales_what_it_returns
     got, made, use = _origin(tmp_path, source, ROWS)
     assert got == made and selects_rows({"file": str(tmp_path / "train.py"), "line": got})
     assert _origin(tmp_path, source, "inputs")[0] != made  # the values: made by the scaling
+
+
+@pytest.mark.parametrize("held", [
+    "(X_va, y_va)",
+    '({"numeric": X_va}, y_va)',
+])
+def test_validation_inputs_are_traced_from_fit_to_where_they_were_made(tmp_path, held):
+    """A shift between training and validation inputs is seen at ``fit``: for VALIDATION the
+    trace follows ``validation_data`` (it followed the training inputs, whose transform is
+    right)."""
+    from model_debugger.provenance import VALIDATION
+
+    source = f"""
+        import numpy as np
+        from sklearn.preprocessing import StandardScaler
+        X, y = np.random.rand(400, 4), np.random.randint(0, 2, 400)
+        scaler = StandardScaler()
+        X_tr = scaler.fit_transform(np.log1p(X[:300]))
+        X_va = scaler.transform(X[300:])  # <made>
+        y_tr, y_va = y[:300], y[300:]
+        model.fit(X_tr, y_tr, validation_data={held}, epochs=3)  # <use>
+        """
+    got, made, use = _origin(tmp_path, source, VALIDATION)
+    assert got == made
+    assert _origin(tmp_path, source, "inputs")[0] == made - 1  # the training inputs'

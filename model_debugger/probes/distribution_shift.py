@@ -29,7 +29,7 @@ class DistributionShift(Probe):
     """Compare training and validation inputs feature by feature and as a whole."""
 
     id = "distribution_shift"
-    data_role = "inputs"
+    data_role = "validation"  # provenance.VALIDATION: fit's validation_data, else the inputs
     categories = ("overfitting", "convergence_to_wrong_solution", "loss_not_decreasing")
     needs_live = False
     fix = ("Build the validation split from the same distribution as training (shuffle before "
