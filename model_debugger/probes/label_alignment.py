@@ -231,7 +231,6 @@ class LabelAlignment(Probe):
             knn_shuffled=witness[1] if witness else None,
             strength=0.85, decisive=True)]
 
-
     @staticmethod
     def _control(ctx, tr, inputs, target, folds, steps: int, rng, fit_seconds: float):
         """The positive control: ``(kind, loss, constant loss)`` it passed with, False, or None.
