@@ -272,6 +272,8 @@ def graph_keeping_stop_gradient(original, sites: list | None = None, only=None) 
 
     @tf.autograph.experimental.do_not_convert
     def stop_gradient(x, *args, **kwargs):
+        if _symbolic(x):  # building a functional model: its node passes on when it runs
+            return original(x, *args, **kwargs)
         caller = _user_caller(sys._getframe(1))
         if caller is not None and (
                 only is None or (caller.f_code.co_filename, caller.f_lineno) in only):
@@ -283,6 +285,16 @@ def graph_keeping_stop_gradient(original, sites: list | None = None, only=None) 
         return original(x, *args, **kwargs)
 
     return stop_gradient
+
+
+def _symbolic(x) -> bool:
+    """Whether ``x`` is a Keras symbolic tensor (a functional model being built)."""
+    try:
+        import keras
+
+        return isinstance(x, keras.KerasTensor)
+    except (ImportError, AttributeError):
+        return False
 
 
 def stop_gradient_owners(keras) -> list:

@@ -492,6 +492,23 @@ def test_a_finding_whose_intervention_changes_nothing_is_refuted(tmp_path):
     assert spent == lr  # no budget: untested, as the probe judged it
 
 
+def test_an_intervention_that_breaks_the_program_is_untested_not_a_cure(tmp_path):
+    """A re-run that fails before its first step (the change broke the program) shows no
+    symptom, and read as one that 'removed' it; it is untested, saying why."""
+    from model_debugger.phases.confirm import confirm
+
+    s = _at_fix(tmp_path, [])
+    nan = syn.make_run(syn.steps_events([1.0, 2.0, 5.0, float("nan")] * 5))
+    broken = syn.make_run(syn.error("exception", "ValueError", "a KerasTensor cannot be used"))
+    art = syn.CannedArtifact({"current": nan, "current+default_init": broken})
+    guess = Finding("initialization", "architecture", False, "weights 100x the default", None,
+                    {"category": "gradient_instability"})
+    got = confirm(s, art, [guess], Version("current", s.store.path("artifact.py")), 1, 60.0)[0]
+    assert not got.confirmed
+    assert "the re-run with the change failed" in got.evidence["intervention"]["untested"]
+    assert "KerasTensor" in got.evidence["intervention"]["untested"]
+
+
 def test_after_an_intervention_that_cures_the_symptom_the_rest_are_not_re_run(tmp_path):
     from model_debugger.phases.confirm import confirm
 

@@ -169,6 +169,14 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                 out.append(_untested(finding, intervention,
                                      "the re-runs ran into the end of the budget"))
                 continue
+            broke = next((m for m, b in zip(after, (m for s, m in zip(seeds, baseline,
+                                                                      strict=True)
+                                                    if s in shown), strict=True)
+                          if m["crashed"] and not b["crashed"]), None)
+            if broke is not None:  # the change broke the program: a failed run is no cure
+                out.append(_untested(finding, intervention, "the re-run with the change "
+                                     f"failed ({broke['error'] or 'no step recorded'})"))
+                continue
         before = [m for s, m in zip(seeds, baseline, strict=True) if s in shown]
         cited = [e.signal for e in cls.evidence] if cls and cls.primary == category else None
         judged = judge(category, before, after, None, cited)
