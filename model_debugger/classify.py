@@ -33,6 +33,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     ONE_VALUE_LOSS,
     OVERHEAD_MS,
     OVERHEAD_SHARE,
+    PEAK_RATIO,
     PLATEAU_DROP,
     RSS_GROWTH_MB,
     RSS_R2,
@@ -54,6 +55,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     VAL_RISE,
     VAL_RISE_SHARE,
     VANISH_RATIO,
+    WORSE_RATIO,
 )
 
 
@@ -207,6 +209,15 @@ def exploding(sig: dict):
                 sig["loss_spike"] >= (sig.get("constant_predictor_loss") or 0.1):
             ev += [_ev(sig, "loss_initial", "median of the first steps"),
                    _ev(sig, "loss_spike", f"highest loss after warm-up, >= {SPIKE_RATIO}x initial")]
+        elif _left_worse(sig):
+            ev += [_ev(sig, "loss_initial", "median of the first steps"),
+                   _ev(sig, "loss_spike", f"highest loss after warm-up, >= {PEAK_RATIO:g}x "
+                       "initial"),
+                   _ev(sig, "loss_final", f"median of the last steps: >= {WORSE_RATIO:g}x "
+                       "initial and above the constant predictor's (the updates drove the "
+                       "loss up and left it worse than knowing nothing)"),
+                   _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / "
+                       "mean")]
     if not ev and sig.get("loss_peak_ratio", 0) >= SPIKE_RATIO and \
             sig["loss_initial"] >= 2 * sig["loss_first"] and \
             sig["loss_initial"] >= (sig.get("constant_predictor_loss") or 0.0) and \
@@ -472,6 +483,18 @@ def vanishing(sig: dict):
         _ev(sig, "loss_relative_drop", "the loss barely moves")]
 
 
+def _left_worse(sig: dict) -> bool:
+    """The loss peaked at twice its start and ended 1.25x above it, worse than the prior's.
+
+    A plateau cannot end above where it began and above the constant predictor's: updates
+    that overshoot (a momentum or rate too high) drove it up, and it never came back down.
+    """
+    base = sig.get("constant_predictor_loss")
+    start = sig["loss_initial"]
+    return bool(base) and sig["loss_final"] >= WORSE_RATIO * start and \
+        sig["loss_final"] > base and sig.get("loss_spike", 0) >= PEAK_RATIO * start
+
+
 def not_decreasing(sig: dict):
     """``loss_not_decreasing`` when the loss barely falls, or ends near the constant predictor's.
 
@@ -487,7 +510,8 @@ def not_decreasing(sig: dict):
             _ev(sig, "loss_final", "median of the last steps"),
             _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / mean "
                 f"(final loss >= {BASELINE_MARGIN} x this)")]
-    if sig["loss_final"] >= DIVERGE_RATIO * max(sig["loss_initial"], 0):
+    if sig["loss_final"] >= DIVERGE_RATIO * max(sig["loss_initial"], 0) or \
+            sig["loss_initial"] > 0 and _left_worse(sig):
         return None  # a rising loss is divergence (gradient_instability), not a plateau
     converged = base is not None and sig["loss_final"] < 0.5 * base
     if sig["loss_relative_drop"] < PLATEAU_DROP and not converged:

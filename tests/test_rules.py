@@ -182,6 +182,30 @@ def test_exploding_spike_during_warm_up_is_ignored():
     assert cls.primary == HEALTHY
 
 
+def _overshot(final: float, peak: float) -> list:
+    """Classification targets of 10 classes (prior loss ln 10); a loss that starts at 2.2,
+    peaks at ``peak`` x its start mid-run and ends at ``final`` x it."""
+    loss = np.full(100, 2.2)
+    loss[40:60] = np.linspace(2.2, 2.2 * peak, 20)
+    loss[60:] = 2.2 * final
+    return [syn.targets_counts([100] * 10), syn.steps_events(loss)]
+
+
+def test_a_loss_driven_up_and_left_worse_than_the_prior_is_instability():
+    """Momentum 0.99 on a CNN: 2.2 -> a peak of 14 -> 3.3, above ln 10 = 2.30. Under the
+    divergence ratio (2x) and the spike ratio (10x), it read as a plateau."""
+    sig, _ = fires(C.exploding, syn.make_run(*_overshot(1.5, 6.0)), "gradient_instability",
+                   {"loss_initial", "loss_spike", "loss_final", "constant_predictor_loss"})
+    assert sig["loss_final"] < C.DIVERGE_RATIO * sig["loss_initial"]
+    assert sig["loss_spike"] < C.SPIKE_RATIO * sig["loss_initial"]
+
+
+@pytest.mark.parametrize("final,peak", [(1.5, 1.5), (1.1, 6.0)])
+def test_a_loss_that_ends_near_its_start_or_never_peaked_is_not_instability(final, peak):
+    sig, cls = quiet(C.exploding, syn.make_run(*_overshot(final, peak)))
+    assert cls.primary != "gradient_instability"
+
+
 def _grad_burst(factor: float, loss=None):
     gn = np.ones(100)
     gn[60] = C.GRAD_GROWTH * factor
