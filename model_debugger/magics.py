@@ -13,6 +13,8 @@ widgets). ``%unload_ext model_debugger`` removes every magic and drops it.
 - ``%%fix [--yes] [--allow-architecture] [--data-consent]``: the cell holds the changed code; the
   plan is shown with an Approve button (``--yes`` approves).
 - ``%verify [--seeds K]``, ``%md_status``, ``%md_export PATH``.
+- ``%md_open SESSION``: a saved session (a terminal's diagnosis, another notebook's) shown
+  and continued in this kernel.
 """
 
 from __future__ import annotations
@@ -268,6 +270,38 @@ class DebuggerMagics(Magics):
         replaced = "".join(f"; replaced {p}" for p in out["replaced"])
         display(views.message(f"exported the session record to {out['notebook']} "
                               f"(repro script {out['repro']}{replaced})"))
+
+
+    @magic_arguments()
+    @argument("session", help="the session's folder (or its session.json), e.g. one the CLI "
+                              "wrote under .model_debugger/")
+    @line_magic
+    def md_open(self, line: str) -> None:
+        """Open a saved session in this kernel: its runs, classification, findings and tracker.
+
+        A diagnosis made in a terminal (``model-debugger diagnose``, a multi-rank job
+        included) or in another notebook; the sidebar follows it. A script's session goes on
+        here (``%isolate``, ``%%fix``, ``%verify`` re-run the script); a notebook cell's reruns
+        only in the kernel that reproduced it.
+        """
+        from .session import DebugSession, SessionError
+
+        args = _parse(self.md_open, line)
+        if args is None:
+            return
+        ns, views = self.kernel, _views()
+        try:
+            session = DebugSession.load(args.session)
+        except SessionError as exc:
+            display(views.message(f"open failed: {exc}", "error"))
+            return
+        ns.use(session)
+        ns.show_run()
+        display(ns.curves)
+        display(views.status(ns.report()))
+        display(ns.gradients)
+        display(ns.new_tracker())
+        display(ns.findings_table)
 
 
 def _probe_clock(elapsed: float, budget: float) -> tuple[float, str]:

@@ -231,10 +231,37 @@ def test_md_export_writes_and_says_what_it_replaced(shell, tmp_path):
     assert os.path.isfile(os.path.join(folder, "repro.py"))
 
 
+@pytest.mark.slow
+def test_md_open_shows_a_terminal_diagnosis_in_the_kernel(shell, tmp_path):
+    """A script diagnosed by the CLI is opened in the kernel: its classification and findings
+    are shown, the kernel (and so the sidebar) follows it, and Isolate goes on from there."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "slow_lr.py").write_text(DATA + MODEL + LOOP)
+    done = subprocess.run([sys.executable, "-m", "model_debugger.cli", "diagnose", "slow_lr.py",
+                           "--json", "--probe-seconds", "10", "--intervene-seconds", "0",
+                           "--root", str(tmp_path / "terminal")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    report = json.loads(done.stdout)
+    folder = report["session_dir"]
+    out = magic(shell, "md_open", folder)
+    assert report["classification"]["primary"] in out and "loss_not_decreasing" in out
+    kernel = model_debugger.current_session()
+    assert kernel.session.directory == folder
+    assert kernel.report()["classification"] == report["classification"]
+    out = magic(shell, "isolate", "--budget 5")  # the script's session goes on here
+    assert "error" not in out.lower()[:200], out[:500]
+    out = magic(shell, "md_open", str(tmp_path / "nowhere"))
+    assert "open failed: no model_debugger session" in out
+    assert kernel.session.directory == folder  # a failed open keeps the session
+
+
 def test_unload_ext_removes_every_magic():
     ip = InteractiveShell.instance()
     names = ("reproduce", "classify", "isolate", "evidence", "fix", "verify", "md_status",
-             "md_export")
+             "md_export", "md_open")
     callbacks = {k: list(v) for k, v in ip.events.callbacks.items()}
     registry = set(ip.magics_manager.registry)
     configurables = list(ip.configurables)
@@ -260,7 +287,7 @@ def test_unload_ext_removes_every_magic():
 
 
 @pytest.mark.parametrize("name", ["reproduce", "isolate", "fix", "verify", "evidence",
-                                  "md_export", "classify"])
+                                  "md_export", "classify", "md_open"])
 def test_help_where_people_look(shell, capsys, name):
     """``%name --help`` prints the usage (not a UsageError); ``%name?`` finds every magic."""
     shell.run_line_magic(name, "--help")

@@ -117,3 +117,37 @@ def test_sidebar_follows_the_kernel_session(lab, tmp_path):
         assert exported, _state(page)["text"]
         page.screenshot(path=str(tmp_path / "sidebar-exported.png"))
         assert not [e for e in errors if "model" in e.lower()], errors
+
+
+def test_a_terminal_multi_rank_diagnosis_opened_in_the_kernel_shows_its_ranks(tmp_path):
+    """A 2-rank gloo job diagnosed by the CLI is opened with ``%md_open``: the sidebar
+    follows it and shows its per-rank table (every rank's status and steps)."""
+    from test_ranks import SPAWN, _diagnose
+
+    report = _diagnose(tmp_path, SPAWN, "healthy")
+    assert report["reproduce"]["ranks"] == 2
+    cells = [SETUP, f"%md_open {report['session_dir']}"]
+    (tmp_path / "lab").mkdir()
+    with lab_server(tmp_path / "lab", "ranks.ipynb", cells) as lab, \
+            browser_page(1500, 950) as (page, errors):
+        open_notebook(page, lab, "ranks.ipynb")
+        show_panel(page)
+        page.wait_for_function(
+            "() => ['missing','connected'].includes("
+            "document.querySelector('#model-debugger-panel')?.dataset.state)",
+            timeout=90_000)
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#model-debugger-panel "
+            "tr.jp-ModelDebugger-rank').length === 2", timeout=120_000)
+        rows = page.evaluate(
+            "() => [...document.querySelectorAll('#model-debugger-panel "
+            "tr.jp-ModelDebugger-rank')].map(r => [...r.cells].map(c => c.textContent))")
+        page.screenshot(path=str(tmp_path / "sidebar-ranks.png"))
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        shutil.copy(tmp_path / "sidebar-ranks.png", os.path.join(ARTIFACTS, "sidebar-ranks.png"))
+        assert [r[0] for r in rows] == ["0", "1"], rows
+        assert all(r[1] == "ok" and r[2] == "40" for r in rows), rows
+        assert _state(page)["primary"] == "healthy"
+        assert "Ranks (2)" in _state(page)["text"]
+        assert not [e for e in errors if "model" in e.lower()], errors
