@@ -14,6 +14,16 @@ from .interventions import removes as _removes
 _SETTINGS = {"weight_decay": "weight_decay", "momentum": "momentum", "beta1": "beta_1"}
 
 
+def fit_owner(keras):
+    """The class that defines Keras' ``fit`` (the backend's trainer), where the capture patches it.
+
+    A patch on ``keras.Model`` itself would shadow the backend's ``fit`` and call the one it
+    found at install time, bypassing the capture's patch installed later on the backend class:
+    every epoch's metrics and targets of the run were lost.
+    """
+    return next((k for k in keras.Model.__mro__ if "fit" in vars(k)), keras.Model)
+
+
 def _seen_set():
     """A set of objects seen in this run: weak where the objects allow it (ids are reused)."""
     import weakref
@@ -90,7 +100,7 @@ def _each_optimizer(keras, fn) -> Callable[[], None]:
             return apply_gradients(opt, *args, **kwargs)
         return patched
 
-    return _removes([install(keras.Model, "fit", fit_factory),
+    return _removes([install(fit_owner(keras), "fit", fit_factory),
                      install(keras.optimizers.Optimizer, "apply_gradients", apply_factory)])
 
 
@@ -111,7 +121,7 @@ def _each_model(keras, fn) -> Callable[[], None]:
             return fit(model, *args, **kwargs)
         return patched
 
-    return install(keras.Model, "fit", factory)
+    return install(fit_owner(keras), "fit", factory)
 
 
 def scale_lr(params: dict, keras) -> Callable[[], None]:
@@ -218,7 +228,7 @@ def standardize_inputs(params: dict, keras) -> Callable[[], None]:
             return fit(model, x, y, *args, **kwargs)
         return patched
 
-    return install(keras.Model, "fit", factory)
+    return install(fit_owner(keras), "fit", factory)
 
 
 def shuffle(params: dict, keras) -> Callable[[], None]:
@@ -237,7 +247,7 @@ def shuffle(params: dict, keras) -> Callable[[], None]:
             return fit(model, *args, **kwargs)
         return patched
 
-    return install(keras.Model, "fit", factory)
+    return install(fit_owner(keras), "fit", factory)
 
 
 _LIBRARIES = ("tensorflow", "keras", "tf_keras", "model_debugger")
@@ -343,3 +353,39 @@ def keep_graph(params: dict, keras) -> Callable[[], None]:
     sites = params.get("sites")
     only = {(s["file"], s["line"]) for s in sites} if sites else None
     return _removes(install_graph_keeping(keras, only=only))
+
+
+def match_target_shape(params: dict, keras) -> Callable[[], None]:
+    """A 1-D target given to ``fit`` becomes ``(N, 1)`` when the model's one output is ``(N, 1)``.
+
+    A ``train_step`` that computes its own loss (``y - y_pred`` of shapes ``(B,)`` and
+    ``(B, 1)``) then compares each prediction with its own target, not with every target of
+    the batch. The validation targets get the same shape. Arrays only (a dataset keeps its
+    shapes).
+    """
+    import numpy as np
+
+    from .capture.patches import install
+
+    def column(y):
+        return y.reshape(-1, 1) if isinstance(y, np.ndarray) and y.ndim == 1 else y
+
+    def one_column_output(model, x) -> bool:
+        try:
+            out = model(x[:1] if isinstance(x, np.ndarray) else x)
+        except Exception:  # noqa: BLE001 - cannot tell: leave the targets as they are
+            return False
+        shape = getattr(out, "shape", None)
+        return shape is not None and len(shape) == 2 and shape[-1] == 1
+
+    def factory(fit):
+        def patched(model, x=None, y=None, *args, **kwargs):
+            if isinstance(y, np.ndarray) and y.ndim == 1 and one_column_output(model, x):
+                y = column(y)
+                val = kwargs.get("validation_data")
+                if isinstance(val, tuple) and len(val) >= 2:
+                    kwargs["validation_data"] = (val[0], column(val[1]), *val[2:])
+            return fit(model, x, y, *args, **kwargs)
+        return patched
+
+    return install(fit_owner(keras), "fit", factory)

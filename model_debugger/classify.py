@@ -45,6 +45,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     STRAGGLER_SHARE,
     TAIL_DROP,
     TRAIN_NOT_RISING,
+    TRIVIAL_ERROR_SHARE,
     TRIVIAL_F1,
     TRIVIAL_METRIC_MARGIN,
     UNREACHABLE_SHARE,
@@ -463,6 +464,15 @@ def wrong_solution(sig: dict):
                         "the loss reaches the constant predictor's"),
                     _ev(sig, f"{split}_acc_final", f"'{sig[f'{split}_acc_name']}' at the end"),
                     _ev(sig, "majority_rate", "accuracy of always predicting the majority class")]
+    split = "val" if "val_error_final" in sig else "train"
+    if falls and sig.get("error_share", 0.0) >= TRIVIAL_ERROR_SHARE:
+        return "convergence_to_wrong_solution", [
+            _ev(sig, "loss_relative_drop", "the loss falls"),
+            _ev(sig, f"{split}_error_final", f"'{sig[f'{split}_error_name']}' at the end"),
+            _ev(sig, f"{split}_error_baseline", "the same error of a constant prediction (the "
+                "targets' median or mean): the model predicts no better"),
+            _ev(sig, "error_share", f"the model's error over the constant prediction's "
+                f"(>= {TRIVIAL_ERROR_SHARE:g})")]
     return None
 
 

@@ -111,6 +111,8 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
                    shown_when=lambda sig: sig.get("loss_broadcast_factor", 1.0) >= 2),
     DefiningSignal("output_range_unreachable", -1, 0.05,
                    shown_when=lambda sig: sig.get("output_range_unreachable", 0.0) >= 0.05),
+    DefiningSignal("error_share", -1, 0.05, cited_as=("val_error_final", "train_error_final"),
+                   shown_when=lambda sig: "error_share" in sig),
     DefiningSignal("val_f1_final", +1, 0.02),
     DefiningSignal("train_f1_final", +1, 0.02),
     DefiningSignal("val_acc_final", +1, 0.01),
@@ -145,8 +147,9 @@ CATEGORIES: dict[str, Target] = {
         "nor the loop's own work each step, the GPU, if any, should be kept busy, and no rank "
         "should hang or straggle (now {})"),
     "convergence_to_wrong_solution": Target(
-        _of("rank_updates_apart", "rank_desync", "loss_broadcast_factor", "output_range_unreachable", "val_f1_final",
-            "train_f1_final", "val_acc_final", "train_acc_final"),
+        _of("rank_updates_apart", "rank_desync", "loss_broadcast_factor",
+            "output_range_unreachable", "error_share", "val_f1_final", "train_f1_final",
+            "val_acc_final", "train_acc_final"),
         "the tracked metric should rise above the trivial level (now {})"),
 }
 

@@ -113,6 +113,9 @@ INTERVENTIONS: dict[str, Kind] = {k.id: k for k in (
           ("torch",)),
     _kind("train_mode", "a model called with gradients on is put back in train mode",
           "train_mode", ("torch",)),
+    _kind("match_target_shape", "a 1-D target given to Keras fit becomes (N, 1) when the "
+          "model's one output is (N, 1) (a loss written in train_step then pairs each "
+          "prediction with its own target)", "match_target_shape", ("keras",)),
     _kind("keep_graph", "a .detach() in your model's forward (PyTorch) or a stop_gradient in "
           "your code (Keras) keeps the graph (only at params['sites'], a list of {file, line}, "
           "when given)", "keep_graph", validate=_sites),
@@ -149,7 +152,9 @@ def _step_budget_keras(max_steps: int, keras) -> Callable[[], None]:
             return fit(model, *args, **kwargs)
         return patched
 
-    return install(keras.Model, "fit", factory)
+    from ._interventions_keras import fit_owner
+
+    return install(fit_owner(keras), "fit", factory)
 
 
 def check(intervention: Intervention) -> Kind:

@@ -35,13 +35,18 @@ def _tokens(name: str) -> set[str]:
 _VAL = {"val", "valid", "validation", "test", "eval", "dev", "holdout"}
 _ACC = {"acc", "accuracy", "top1"}
 _F1 = {"f1", "f1score", "recall", "precision", "auc", "auroc", "mcc"}
+# regression errors: (short names, the words of the long name)
+_ERRORS = {"rmse": ({"rmse"}, {"root", "mean", "squared", "error"}),
+           "mae": ({"mae"}, {"mean", "absolute", "error"}),
+           "mse": ({"mse"}, {"mean", "squared", "error"})}
 
 
 def metric_role(name: str) -> tuple[str, str] | None:
     """Classify a metric name as ``(split, kind)``.
 
     ``split`` is ``"train"`` or ``"val"``; ``kind`` is ``"loss"``, ``"acc"`` or ``"f1"`` (F1 and
-    other class-balanced scores). Returns None for anything else (learning rate, time, ...).
+    other class-balanced scores), or a regression error: ``"mae"``, ``"mse"``, ``"rmse"``.
+    Returns None for anything else (learning rate, time, ...).
     """
     tok = _tokens(name)
     joined = name.lower()
@@ -52,6 +57,9 @@ def metric_role(name: str) -> tuple[str, str] | None:
         return split, "acc"
     if tok & _F1 or any(t.endswith("f1") for t in tok):
         return split, "f1"
+    for kind, names in _ERRORS.items():
+        if tok & names[0] or names[1] <= tok:
+            return split, kind
     return None
 
 

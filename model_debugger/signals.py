@@ -122,6 +122,13 @@ SIGNALS: dict[str, str] = {
     "gap_final": "validation minus training loss at the end",
     "train_acc_bound": "lowest training accuracy the final loss allows (each error costs >= ln 2)",
     "acc_gap": "training accuracy (or its bound) minus the last validation accuracy",
+    **{f"{split}_error_{what}": f"{meaning} of the {split} regression error metric (mae, mse, "
+       "rmse), when the loss is one the capture does not know"
+       for split in ("val", "train")
+       for what, meaning in (("name", "name"), ("final", "last value"),
+                             ("baseline", "a constant prediction's value (from the targets)"))},
+    "error_share": "the regression error metric over a constant prediction's (validation's "
+                   "when there is one)",
     **{f"{split}_{kind}_{what}": f"{meaning} of the {split} {word}"
        for split in ("val", "train")
        for kind, word in (("acc", "accuracy"), ("f1", "F1 score"))
@@ -577,11 +584,39 @@ def compute(run: Run) -> dict:
             s[f"{split}_{kind}_gain"] = float(values[-1] - values[0])
             s[f"{split}_{kind}_points"] = len(values)
     _accuracy_gap(s, None if scaled else targets[-1] if targets else None)
+    _error_baseline(s, run)
     if run.ranks:
         from .ranks import signals as rank_signals
 
         s.update(rank_signals(run))
     return s
+
+
+def _error_baseline(s: dict, run: Run) -> None:
+    """A regression error metric against what a constant prediction scores on the targets.
+
+    Only when the capture kept target values (a loss it does not know, so no
+    ``constant_predictor_loss``): the metric is a known function (MAE: the median's mean
+    absolute deviation; MSE: the variance; RMSE: its root), the loss is not.
+    ``{split}_error_name``, ``{split}_error_final``, ``{split}_error_baseline``, and
+    ``error_share`` (the validation's when there is one).
+    """
+    kept = run.of("target_values")
+    if not kept:
+        return
+    kept = kept[-1]
+    base = {"mae": kept.get("mad"), "mse": kept.get("var"),
+            "rmse": math.sqrt(kept["var"]) if isinstance(kept.get("var"), (int, float)) and
+            kept["var"] >= 0 else None}
+    for split in ("train", "val"):
+        for kind in ("mae", "rmse", "mse"):
+            m = run.metric_by_role(split, kind)
+            if m is None or not len(_finite(m[1])) or not base[kind]:
+                continue
+            s[f"{split}_error_name"], s[f"{split}_error_final"] = m[0], float(_finite(m[1])[-1])
+            s[f"{split}_error_baseline"] = float(base[kind])
+            s["error_share"] = s[f"{split}_error_final"] / float(base[kind])
+            break
 
 
 def _accuracy_gap(s: dict, targets: dict | None) -> None:

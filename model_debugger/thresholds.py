@@ -44,6 +44,7 @@ ACC_GAP = 0.15               # training accuracy (or its bound) 15 points above 
 TRAIN_NOT_RISING = 1.02      # train loss at the end not above its value at the val minimum
 TRIVIAL_METRIC_MARGIN = 0.015  # accuracy no more than 1.5 points above the majority rate
 TRIVIAL_F1 = 0.05
+TRIVIAL_ERROR_SHARE = 0.9     # a regression error >= 90% of a constant prediction's
 ONE_VALUE_LOSS = 0.05        # targets all one value: the loss fell below 5% of its first value
 LOSS_FALLS = 0.10            # "loss falls": at least a 10% decrease
 GPU_IDLE_UTIL = 30.0         # median GPU utilisation below 30% ...

@@ -15,6 +15,7 @@ import pytest
 
 from model_debugger.artifacts import CellArtifact, Intervention, ScriptArtifact, Version
 from model_debugger.interventions import INTERVENTIONS
+from model_debugger.records import Run
 
 TORCH = textwrap.dedent("""\
     import torch
@@ -298,3 +299,36 @@ def test_keras_keep_graph_lets_gradients_through_a_stop_gradient_in_call(tmp_pat
     if source is KERAS_CUT:  # (a functional model's nodes all pass on, whatever the sites)
         elsewhere = {"sites": [{"file": "other.py", "line": 1}]}  # only the finding's lines
         assert seen(Intervention("keep_graph", elsewhere), 2)["body_moved"] == 0.0
+
+
+KERAS_EPOCHS = textwrap.dedent("""\
+    import numpy as np
+    import tensorflow as tf  # imported first: the capture and the budget patch in this order
+    import keras
+    keras.utils.set_random_seed(0)
+    X = np.random.default_rng(0).normal(size=(512, 4)).astype("float32")
+    y = X.sum(1).astype("float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(X, y, epochs=20, verbose=0, validation_data=(X[:64], y[:64]))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", [None, Intervention("shuffle")])
+def test_a_keras_re_run_under_a_step_budget_keeps_its_epochs(tmp_path, change):
+    """The step budget (and an intervention) patch ``fit`` too: they sat on ``keras.Model``
+    and called the backend's ``fit`` found at install time, bypassing the capture's patch, so
+    a bounded re-run recorded its steps but no epoch, no validation loss and no targets (the
+    signals that define overfitting and a wrong solution could never move)."""
+    script = tmp_path / "fit.py"
+    script.write_text(KERAS_EPOCHS)
+    art = ScriptArtifact(str(script))
+    path = tmp_path / "r.jsonl"
+    cap = art.run(Version("current", str(script)), 0, str(path), intervention=change,
+                  max_steps=50)
+    assert cap.error is None, cap.error
+    run = Run.load(str(path))
+    assert len(run.steps) == 50
+    assert run.of("epoch") and run.of("targets")
+    assert "val_loss" in run.metrics()

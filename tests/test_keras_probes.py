@@ -6,6 +6,7 @@ record and the capture's KerasKeeper with this file as the user's source, as the
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -519,3 +520,101 @@ def test_named_inputs_given_as_a_dict_are_kept_in_the_model_order(tk):
     assert ctx.val_xy is not None
     found = run_probes(ctx, ["distribution_shift"]).findings
     assert [f.check for f in found if f.confirmed] == ["distribution_shift"], found
+
+
+CUSTOM_STEP = """\
+import keras
+import tensorflow as tf
+
+
+class Regressor(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.body = keras.layers.Dense(16, activation="relu")
+        self.head = keras.layers.Dense(1)
+        self.tracker = keras.metrics.Mean(name="loss")
+
+    def call(self, x, training=False):
+        return self.head(self.body(x))
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+    def squared_error(self, y, y_pred):
+        return tf.reduce_mean(tf.square(y - y_pred))
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.squared_error(y, self(x, training=True))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+"""
+
+
+def test_a_loss_written_in_train_step_over_mismatched_shapes_is_a_broadcast_hypothesis(
+        tk, tmp_path):
+    """No loss given to compile: the capture cannot see the loss's shapes, but it sees a (B,)
+    target and a (B, 1) output; ``y - y_pred`` there broadcasts. A hypothesis located at the
+    line that computes the loss (through the method train_step calls), tested by re-running
+    with the targets shaped (B, 1) (``match_target_shape``)."""
+    import importlib.util
+
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probes.suggestions import intervention_for
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    path = tmp_path / "custom_step.py"
+    path.write_text(CUSTOM_STEP)
+    spec = importlib.util.spec_from_file_location("custom_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(512, 6)).astype("float32")
+    y = X[:, :3].sum(1).astype("float32")
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        model = module.Regressor()
+        model.compile(optimizer=tk.optimizers.Adam(1e-2))
+        model.fit(X, y, batch_size=64, epochs=2, verbose=0)
+    assert [e for e in rec.events if e["t"] == "target_values"]  # the loss is unknown
+    ctx = build_context(Run(rec.events), rec.keeper, {str(path): CUSTOM_STEP}, budget=30.0)
+    [f] = run_probes(ctx, ["loss_broadcast"]).findings
+    assert (f.root_cause, f.confirmed) == ("training_loop", False)
+    assert f.location == {"file": str(path), "line": 20}  # squared_error's return
+    assert intervention_for(f).id == "match_target_shape"
+
+
+@pytest.mark.slow
+def test_match_target_shape_gives_a_one_column_target_to_a_custom_train_step(tmp_path):
+    from model_debugger.artifacts import Intervention, ScriptArtifact, Version
+
+    script = tmp_path / "fit.py"
+    script.write_text(CUSTOM_STEP + """
+import json
+import numpy as np
+keras.utils.set_random_seed(0)
+X = np.random.default_rng(0).normal(size=(256, 6)).astype("float32")
+y = X[:, :3].sum(1).astype("float32")
+seen = []
+model = Regressor()
+model.compile(optimizer=keras.optimizers.Adam(1e-2))
+step = model.train_step
+model.train_step = lambda data: (seen.append(len(data[1].shape)), step(data))[1]
+model.fit(X, y, batch_size=64, epochs=1, verbose=0)
+print("SEEN " + json.dumps({"target_rank": seen[0]}))
+""")
+    art = ScriptArtifact(str(script))
+    for n, (change, rank) in enumerate([(None, 1), (Intervention("match_target_shape"), 2)]):
+        out = tmp_path / f"out{n}.txt"
+        with open(out, "w") as fh:
+            cap = art.run(Version("current", str(script)), 0, str(tmp_path / f"r{n}.jsonl"),
+                          intervention=change, stdout=fh)
+        assert cap.error is None, cap.error
+        line = next(x for x in out.read_text().splitlines() if x.startswith("SEEN "))
+        assert json.loads(line[5:])["target_rank"] == rank

@@ -1454,3 +1454,29 @@ def test_a_weighted_loss_has_no_constant_predictor_baseline():
     unweighted = compute(syn.make_run(syn.steps_events(syn.decay(100, 1.2, 0.5)),
                                       syn.targets_counts([97, 3])))
     assert C.classify(unweighted).primary == "loss_not_decreasing"  # what it read before
+
+
+def _custom_loss_regression(val_mae: list[float]) -> list:
+    """A Keras ``train_step`` computing its own loss: no ``targets`` event (the loss is not
+    known), the targets' values kept (``target_values``: MAD 0.116), a falling loss and the
+    run's ``mae`` / ``val_mae`` metrics."""
+    kept = {"t": "target_values", "n": 2000, "mean": 0.5, "var": 0.0204, "median": 0.49,
+            "mad": 0.116}
+    return [kept, syn.steps_events(syn.decay(100, 0.1, 0.02)),
+            syn.metric("mae", [0.2, 0.13, 0.118], "keras"),
+            syn.metric("val_mae", val_mae, "keras")]
+
+
+def test_a_regression_error_at_the_constant_predictions_is_a_wrong_solution():
+    """(B,) - (B, 1) in a hand-written MSE: the loss falls to the targets' variance and the
+    validation MAE ends at the median's (0.119 vs 0.116). With no known loss there was no
+    baseline at all, and the run read healthy."""
+    sig, cls = fires(C.wrong_solution, syn.make_run(*_custom_loss_regression([0.2, 0.13, 0.119])),
+                     "convergence_to_wrong_solution",
+                     {"val_error_final", "val_error_baseline", "error_share"})
+    assert sig["val_error_name"] == "val_mae" and sig["error_share"] > 1.0
+
+
+def test_a_regression_error_well_below_the_constant_predictions_is_quiet():
+    sig, cls = quiet(C.wrong_solution, syn.make_run(*_custom_loss_regression([0.2, 0.08, 0.04])))
+    assert sig["error_share"] < 0.5 and cls.primary == HEALTHY

@@ -17,6 +17,7 @@ import weakref
 
 import numpy as np
 
+from . import patches
 from .codeloc import user_frame
 from .keras_keeper import describe_loss, split_batch, to_numpy
 from .keras_steps import UNAPPLIED_MAX
@@ -43,7 +44,7 @@ class FitHooks:
     # -- fit -------------------------------------------------------------------------------
     def _wrap_fit(self, original):
         link = self._link
-        sig = inspect.signature(original)
+        sig = self._fit_signature(original)
 
         def fit(model, *args, **kwargs):
             inst = link()
@@ -68,6 +69,21 @@ class FitHooks:
 
         fit.__wrapped__ = original
         return fit
+
+    def _fit_signature(self, original) -> inspect.Signature:
+        """The signature of Keras' own ``fit``, whatever wraps it.
+
+        Another patch may sit below the capture's (an intervention's or a step budget's
+        ``fit(model, *args, **kwargs)``): bound against that, the ``callbacks`` argument the
+        capture adds is no parameter and was silently dropped, and with it every epoch's
+        metrics and targets of the run.
+        """
+        sig = inspect.signature(inspect.unwrap(original))
+        if "callbacks" in sig.parameters:
+            return sig
+        owner = next((k for k in self._keras.Model.__mro__ if "fit" in vars(k)), None)
+        real = patches.original(owner, "fit") if owner is not None else None
+        return inspect.signature(inspect.unwrap(real)) if real is not None else sig
 
     def _before_fit(self, model, arguments: dict, frame) -> None:
         loc = user_location(frame)
@@ -197,7 +213,9 @@ class FitHooks:
         self._last_x = x
         self.keeper.on_batch(x, y, self.rec.epoch)
         if y is not None and not isinstance(y, (dict, tuple, list)):
-            self.labels.observe(y.numpy() if hasattr(y, "numpy") else y)
+            y = y.numpy() if hasattr(y, "numpy") else y
+            self.labels.observe(y)
+            self.labels.observe_values(y, self.rec.epoch)
 
 
 

@@ -190,6 +190,9 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         data = self.labels.event()
         if data is not None:
             self.rec.emit("targets", **data)
+        values = self.labels.values_event()
+        if values is not None:
+            self.rec.emit("target_values", **values)
 
     def _observe_outputs(self) -> None:
         """The trained model's outputs on the kept training rows, for the output-range signal.

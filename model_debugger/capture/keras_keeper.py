@@ -65,6 +65,9 @@ def describe_loss(loss) -> dict | None:
             "sparse": ident.startswith("sparse"), "object": loss}
 
 
+VALUES_KEPT = 8192  # targets kept when the loss is not known (their constant predictor)
+
+
 class LabelStats:
     """Class counts (classification) or sum / sum of squares (regression) of the training targets."""
 
@@ -78,6 +81,37 @@ class LabelStats:
         self.moments = np.zeros(5)
         self.outputs: dict | None = None  # the trained model's outputs on kept rows
         self.weighted = False  # fit weighted the loss (class_weight, sample_weight)
+        self.values: list[np.ndarray] = []  # targets under a loss the capture does not know
+        self.kept = 0
+        self.values_epoch: int | None = None
+
+    def observe_values(self, y, epoch: int = 0) -> None:
+        """Keep up to :data:`VALUES_KEPT` numeric targets when the loss is not known.
+
+        A ``train_step`` that computes its own loss (``model.compile()`` without one): the
+        record cannot give that loss a constant-predictor baseline, but the metrics the run
+        reports (``mae``, ``mse``) are known functions, and the targets give theirs.
+        """
+        if self.loss is not None or y is None or self.kept >= VALUES_KEPT or \
+                self.values_epoch not in (None, epoch):
+            return  # (the first epoch only: the next ones hold the same rows again)
+        self.values_epoch = epoch
+        y = np.asarray(y)
+        if y.dtype.kind not in "fiu" or y.ndim > 2 or (y.ndim == 2 and y.shape[1] != 1):
+            return
+        f = y.astype(np.float64).reshape(-1)[:VALUES_KEPT - self.kept]
+        f = f[np.isfinite(f)]
+        self.values.append(f)
+        self.kept += int(f.size)
+
+    def values_event(self) -> dict | None:
+        """The ``target_values`` event: what a constant prediction scores on the targets kept."""
+        if self.loss is not None or self.kept < 2:
+            return None
+        f = np.concatenate(self.values)
+        median = float(np.median(f))
+        return {"n": int(f.size), "mean": float(f.mean()), "var": float(f.var()),
+                "median": median, "mad": float(np.abs(f - median).mean())}
 
     def observe(self, y) -> None:
         """Add one batch of targets ``y``: class counts (cross-entropy) or sum and sum of squares.

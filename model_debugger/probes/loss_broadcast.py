@@ -9,6 +9,7 @@ inputs. A direct measurement of the shapes, located at the loss call.
 
 from __future__ import annotations
 
+from ..records import Intervention
 from .base import Probe, ProbeContext, register
 
 
@@ -19,12 +20,25 @@ class LossBroadcast(Probe):
     id = "loss_broadcast"
     categories = ("convergence_to_wrong_solution", "loss_not_decreasing", "gradient_instability")
     needs_live = False
-    frameworks = ("torch",)
+    frameworks = ("torch", "keras")
     fix = ("Give the loss a prediction and a target of the same shape: squeeze the (B, 1) output "
            "(output.squeeze(-1)) or view the target as (B, 1).")
 
+    def intervention(self, finding):
+        """Keras: the targets given the output's shape in the re-run (a hypothesis to test)."""
+        if finding.evidence.get("framework") == "keras":
+            return Intervention("match_target_shape")
+        return None
+
     def run(self, ctx: ProbeContext):
-        """One confirmed finding when the capture saw a broadcasting training loss."""
+        """One confirmed finding when the capture saw a broadcasting training loss.
+
+        Keras: a loss the capture does not know (written in ``train_step``) over a ``(B,)``
+        target and a ``(B, 1)`` output is a hypothesis, tested by re-running with the
+        targets shaped ``(B, 1)``.
+        """
+        if ctx.framework == "keras":
+            return self._keras(ctx)
         event = ctx.run.first("loss_broadcast")
         if not event or not isinstance(event.get("factor"), (int, float)) or event["factor"] < 2:
             return []
@@ -39,3 +53,59 @@ class LossBroadcast(Probe):
             "model converges to a constant. Make both the same shape.",
             where, input_shape=event.get("input"), target_shape=event.get("target"),
             broadcast_shape=event.get("shape"), factor=event["factor"], strength=0.95)]
+
+    def _keras(self, ctx: ProbeContext):
+        if (ctx.loss or {}).get("name") is not None or ctx.model is None or \
+                not ctx.train_batches:
+            return []  # a compiled Keras loss matches the shapes itself
+        xs, y = ctx.train_batches[0]
+        if getattr(y, "ndim", None) != 1:
+            return []
+        try:
+            out = ctx.model(xs[0][:2] if len(xs) == 1 else [x[:2] for x in xs], training=False)
+        except Exception:  # noqa: BLE001 - a model that cannot be called here: no hypothesis
+            return []
+        shape = tuple(getattr(out, "shape", ()))
+        if len(shape) != 2 or shape[-1] != 1:
+            return []
+        return [self.finding(
+            "training_loop", False,
+            "The model outputs shape (B, 1) and the targets are (B,); the loss is computed "
+            "by your own code (no loss given to compile), where `y - y_pred` of those shapes "
+            "broadcasts to (B, B): every prediction is compared with every target, and the "
+            "best it can do is predict the targets' mean. A hypothesis, tested by re-running "
+            "with the targets shaped (B, 1).",
+            _loss_line(ctx.source_files) or ctx.ref("fit"), framework="keras",
+            input_shape=[None, 1], target_shape=[None], strength=0.5)]
+
+
+def _loss_line(sources: dict) -> dict | None:
+    """Where a ``train_step`` of the user's code computes its loss.
+
+    The statement binding ``loss`` in ``train_step``; when it calls a method of the same class
+    (``self.compute_mse(y, y_pred)``), that method's ``return`` line.
+    """
+    import ast
+
+    for path, text in (sources or {}).items():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+            step = methods.get("train_step")
+            if step is None:
+                continue
+            for node in ast.walk(step):
+                if isinstance(node, ast.Assign) and any(
+                        isinstance(t, ast.Name) and t.id == "loss" for t in node.targets):
+                    call = node.value
+                    name = getattr(getattr(call, "func", None), "attr", None)
+                    if isinstance(call, ast.Call) and name in methods:
+                        ret = next((r for r in ast.walk(methods[name])
+                                    if isinstance(r, ast.Return)), None)
+                        if ret is not None:
+                            return {"file": path, "line": ret.lineno}
+                    return {"file": path, "line": node.lineno}
+    return None
