@@ -310,7 +310,7 @@ KERAS_EPOCHS = textwrap.dedent("""\
     y = X.sum(1).astype("float32")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
-    model.fit(X, y, epochs=20, verbose=0, validation_data=(X[:64], y[:64]))
+    model.fit(X, y, 32, 20, 0, validation_data=(X[:64], y[:64]))  # (batch, epochs, verbose)
 """)
 
 

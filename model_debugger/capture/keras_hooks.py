@@ -38,6 +38,27 @@ def _untimed(model):
     return undo
 
 
+def _as_keywords(bound: inspect.BoundArguments) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of a bound ``fit`` call: the model positionally, the rest by name.
+
+    A patch below the capture's (an intervention's, a step budget's) may add a keyword such
+    as ``callbacks``; passed positionally, the same argument would arrive twice.
+    """
+    args: list = []
+    kwargs: dict = {}
+    for i, (name, value) in enumerate(bound.arguments.items()):
+        kind = bound.signature.parameters[name].kind
+        if i == 0 or kind is inspect.Parameter.POSITIONAL_ONLY:
+            args.append(value)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            args.extend(value)
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            kwargs.update(value)
+        else:
+            kwargs[name] = value
+    return tuple(args), kwargs
+
+
 class FitHooks:
     """``fit``: callback, timed train function, validation data. Needs the instrument's state."""
 
@@ -61,7 +82,8 @@ class FitHooks:
                 tee._on_line = lambda line: None if _PROGRESS.search(line) else on_line(line)
             inst._fit_depth += 1
             try:
-                return original(*bound.args, **bound.kwargs)
+                args, kwargs = _as_keywords(bound)
+                return original(*args, **kwargs)
             finally:
                 inst._fit_depth -= 1
                 if on_line is not None:
