@@ -217,13 +217,37 @@ def setting_origin(location: dict | None, keyword: str) -> dict | None:
     return {**location, "line": line, "used_at": location["line"]}
 
 
+_OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam",
+               "RAdam", "Nadam", "Adafactor", "Lion"}
+# where a setting sits when it is passed positionally: (keyword, the calls) -> position
+_POSITIONAL = {("max_norm", frozenset({"clip_grad_norm_"})): 1,
+               ("clip_value", frozenset({"clip_grad_value_"})): 1,
+               ("batch_size", frozenset({"DataLoader"})): 1,
+               ("lr", frozenset(_OPTIMIZERS)): 1,  # torch: (params, lr, ...)
+               ("momentum", frozenset({"SGD"})): 2,  # torch: (params, lr, momentum)
+               ("learning_rate", frozenset(_OPTIMIZERS)): 0}  # Keras: (learning_rate, ...)
+
+
+def _passed(call: ast.Call, keyword: str) -> ast.AST | None:
+    """The value ``call`` passes for ``keyword``: by name, or at the setting's usual position."""
+    for k in call.keywords:
+        if k.arg == keyword:
+            return k.value
+    name = _call_name(call)
+    for (kw, calls), position in _POSITIONAL.items():
+        if kw == keyword and name in calls and len(call.args) > position and \
+                not any(isinstance(a, ast.Starred) for a in call.args[:position + 1]):
+            return call.args[position]
+    return None
+
+
 def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
-    stmt, call = next(((st, n) for st in _statements_at(tree, line) for n in ast.walk(st)
-                       if isinstance(n, ast.Call) and any(k.arg == keyword for k in n.keywords)),
-                      (None, None))
+    stmt, call, value = next(((st, n, v) for st in _statements_at(tree, line)
+                              for n in ast.walk(st) if isinstance(n, ast.Call)
+                              for v in [_passed(n, keyword)] if v is not None),
+                             (None, None, None))
     if call is None:
         return None
-    value = next(k.value for k in call.keywords if k.arg == keyword)
     scope, before = _scope_of(tree, stmt), stmt.lineno
     for _ in range(_MAX_HOPS):
         if isinstance(value, ast.Name):

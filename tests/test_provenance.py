@@ -786,3 +786,22 @@ def test_validation_inputs_are_traced_from_fit_to_where_they_were_made(tmp_path,
     got, made, use = _origin(tmp_path, source, VALIDATION)
     assert got == made
     assert _origin(tmp_path, source, "inputs")[0] == made - 1  # the training inputs'
+
+
+@pytest.mark.parametrize("call,keyword", [
+    ("torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)", "max_norm"),
+    ("opt = torch.optim.SGD(model.parameters(), MAX_NORM)", "lr"),
+    ("opt = torch.optim.SGD(model.parameters(), 0.1, MAX_NORM)", "momentum"),
+    ("loader = DataLoader(ds, MAX_NORM)", "batch_size"),
+    ("opt = keras.optimizers.SGD(MAX_NORM)", "learning_rate"),
+])
+def test_a_setting_passed_by_position_is_located_where_it_was_set(tmp_path, call, keyword):
+    """``clip_grad_norm_(params, MAX_NORM)``: the value is at the setting's usual position,
+    traced to the constant (the call's line was kept)."""
+    from model_debugger.provenance import setting_origin
+
+    path = tmp_path / "train.py"
+    path.write_text(f"MAX_NORM = 1e-4\nx = 1\n{call}\n")
+    assert setting_origin({"file": str(path), "line": 3}, keyword)["line"] == 1
+    path.write_text(f"MAX_NORM = 1e-4\nx = 1\n{call.replace('MAX_NORM', '0.5')}\n")
+    assert setting_origin({"file": str(path), "line": 3}, keyword)["line"] == 3  # a literal
