@@ -590,3 +590,36 @@ def test_a_custom_loop_validating_with_a_metric_keeps_its_validation_batches(tra
     assert np.allclose(kept[0][0][0], Xv[:32] * 10.0) and np.array_equal(kept[1][1], yv[32:])
     ref = Run(rec.events).refs()["eval_forward"]
     assert ref["line"] == line_of("keras-eval")
+
+
+class _TapeTrainer:
+    """A training class: its model is ``self.model``, and its step sees only ``self``."""
+
+    def __init__(self, model):
+        self.model = model
+        self.opt = keras.optimizers.Adam(1e-2)
+        self.loss_fn = ce()
+
+    def train_step(self, xb, yb):
+        with tf.GradientTape() as tape:
+            loss = self.loss_fn(yb, self.model(xb, training=True))
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.opt.apply_gradients(zip(grads, self.model.trainable_variables))
+        return loss
+
+
+@pytest.mark.parametrize("traced", [True, False], ids=["tf_function", "eager"])
+def test_a_model_held_by_a_training_class_is_found(traced):
+    """Found among the attributes of the step's ``self`` (it was among names only: no model,
+    no trainer, and every live probe of such a loop was skipped)."""
+    X, y = data(128)
+    with capture() as rec:
+        trainer = _TapeTrainer(mlp())
+        step = tf.function(trainer.train_step) if traced else trainer.train_step
+        for i in range(0, 128, 32):
+            step(X[i:i + 32], y[i:i + 32])
+    from model_debugger.trainers import trainer_for
+
+    assert rec.keeper.model is trainer.model
+    assert next(e for e in rec.events if e["t"] == "model")["name"] == "self.model"
+    assert trainer_for(rec.keeper) is not None

@@ -315,12 +315,12 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         depth = 0
         while f is not None and depth < 8:
             for scope in (f.f_locals, f.f_globals):
-                for name, obj in list(scope.items()):
-                    if isinstance(obj, model_cls):  # no variables (all frozen): the largest
-                        score = len(wanted.intersection(id(v) for v in obj.trainable_variables)) \
-                            if wanted else len(obj.weights)
-                        if score and (best is None or score > best[0]):
-                            best = (score, name, obj, f.f_globals, frame_span(f, scope))
+                for name, obj in _models_in(scope, model_cls, scope is f.f_locals):
+                    # no variables (all frozen): the largest
+                    score = len(wanted.intersection(id(v) for v in obj.trainable_variables)) \
+                        if wanted else len(obj.weights)
+                    if score and (best is None or score > best[0]):
+                        best = (score, name, obj, f.f_globals, frame_span(f, scope))
             f, depth = f.f_back, depth + 1
         if best is not None:
             self._on_model(best[2], best[1], best[3], best[4])
@@ -344,3 +344,20 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             made = self._init_args.get(id(model))
             if made is not None and made[0]() is model:
                 self.keeper.init_args = made[1:]
+
+
+def _models_in(scope: dict, model_cls, attributes: bool):
+    """``(name, model)`` of the Keras models a scope holds.
+
+    With ``attributes`` (a function's locals), also those held by its objects' attributes:
+    a training class keeps its model as ``self.model``, and its ``train_step`` sees only
+    ``self``.
+    """
+    for name, obj in list(scope.items()):
+        if isinstance(obj, model_cls):
+            yield name, obj
+        elif attributes and not isinstance(obj, type) and \
+                isinstance(getattr(obj, "__dict__", None), dict):
+            for attr, value in list(vars(obj).items()):
+                if isinstance(value, model_cls):
+                    yield f"{name}.{attr}", value
