@@ -955,6 +955,29 @@ def test_missing_zero_grad(tmp_path):
     assert f.evidence["zero_grad_calls"] == 0 and f.evidence["steps"] == 20
 
 
+def train_zero_grad_once_per_epoch():
+    """zero_grad() before the batch loop, not in it: each epoch's steps add up."""
+    torch.manual_seed(3)
+    X = torch.randn(320, 6)
+    y = (X[:, 0] > 0).long()
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for _epoch in range(3):
+        opt.zero_grad()  # <zero-grad-per-epoch>
+        for i in range(0, 320, 32):
+            F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+
+
+def test_zero_grad_called_outside_the_step_loop_is_located_at_that_call(tmp_path):
+    """Called (3 times in 30 steps), so the fix is to move it: the finding is at the call
+    (it was at backward())."""
+    ctx = captured(tmp_path, train_zero_grad_once_per_epoch)
+    f = confirmed_one(ctx, "missing_zero_grad", "training_loop")
+    assert f.evidence["zero_grad_calls"] == 3
+    assert_at(f, "zero-grad-per-epoch")
+
+
 def test_optimizer_recreated_every_step(tmp_path):
     ctx = captured(tmp_path, train_rebuilding_optimizer)
     f = confirmed_one(ctx, "optimizer_recreated", "training_loop")

@@ -260,6 +260,8 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             inst = link()
             if inst is not None:
                 inst.keeper.zero_grad_calls += 1
+                if inst.keeper.zero_grad_calls == 1:  # where gradients are cleared (once)
+                    inst.guard(inst.ref)("zero_grad", user_location(sys._getframe()))
             return original(obj, *args, **kwargs)
 
         zero_grad.__wrapped__ = original
