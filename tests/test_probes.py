@@ -342,6 +342,22 @@ def train_schedule_collapsing():
             sched.step()
 
 
+def train_decay_by_hand():
+    """A decay written by hand, halving the rate every step: ~0 in a few steps."""
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _epoch in range(4):
+        for i in range(0, len(X), 64):
+            for g in opt.param_groups:
+                g["lr"] = g["lr"] * 0.5  # <decay-by-hand>
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+
+
 def train_frozen_layers():
     torch.manual_seed(8)
     X = torch.randn(1024, 12)
@@ -828,6 +844,14 @@ def test_a_slow_getitem_is_located_at_its_slowest_line(tmp_path):
     ctx = captured(tmp_path, train_slow_getitem)
     f = confirmed_one(ctx, "dataloader_throughput", "data")
     assert_at(f, "slow-getitem")
+
+
+def test_a_schedule_written_by_hand_is_located_where_it_writes_the_rate(tmp_path):
+    """No scheduler: the rate is written into param_groups by the loop (it was located at the
+    optimizer)."""
+    ctx = captured(tmp_path, train_decay_by_hand)
+    f = confirmed_one(ctx, "lr_schedule", "hyperparameter")
+    assert_at(f, "decay-by-hand")
 
 
 def test_a_schedule_that_stops_training_is_confirmed_by_a_copy_at_its_peak_rate(tmp_path):

@@ -66,6 +66,29 @@ class LrSchedule(Probe):
             "median one"
             + (": the schedule's decay holds the loss up." if confirmed else
                ": no clearly better, so the decay is not what holds the loss up."),
-            ctx.ref("scheduler") or ctx.ref("optimizer"), undone=confirmed,
+            ctx.ref("scheduler") or rate_written(ctx.source_files) or ctx.ref("optimizer"),
+            undone=confirmed,
             strength=0.8 if confirmed else 0.15, lr_peak=peak, lr_median=typical,
             lr_collapsed_share=share, heldout_median_lr=held, heldout_peak_lr=at_peak)]
+
+
+def rate_written(sources: dict) -> dict | None:
+    """The user's line that writes the learning rate into the optimizer, when no scheduler does.
+
+    ``g["lr"] = g["lr"] * warm`` over ``opt.param_groups``: a schedule written by hand is set
+    there, not where the optimizer was built. The first such assignment of the code.
+    """
+    import ast
+
+    for path, text in (sources or {}).items():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for node in sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))),
+                           key=lambda n: n.lineno):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and
+                   t.slice.value in ("lr", "learning_rate") for t in targets):
+                return {"file": path, "line": node.lineno}
+    return None
