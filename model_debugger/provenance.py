@@ -374,6 +374,8 @@ def _iterable_line(tree: ast.Module, scope: list[ast.AST], name: str, before: in
         return max(made, key=lambda b: b[0])[0] if made else line
     if isinstance(value, (ast.Name, ast.Subscript, ast.Attribute)):
         return _iterable_line(tree, _scope_of(tree, node), _root(value) or "", line, hops + 1)
+    if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "next":
+        return line  # drawn here by hand: ``xb, yb = next(iter(train_ds))``
     return None
 
 

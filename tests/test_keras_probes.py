@@ -618,3 +618,37 @@ print("SEEN " + json.dumps({"target_rank": seen[0]}))
         assert cap.error is None, cap.error
         line = next(x for x in out.read_text().splitlines() if x.startswith("SEEN "))
         assert json.loads(line[5:])["target_rank"] == rank
+
+
+def test_the_same_first_batch_fed_at_every_step_is_the_loop_feeding_64_rows(tk):
+    """``xb, yb = next(iter(train_ds))`` inside the step loop: train_on_batch sees the same 64
+    rows every step. The capture notes the data came round after one batch (``rows_repeat``);
+    the model memorises 64 examples, located at the line that draws them. (train_on_batch
+    loops had no kept batches at all: no trainer, no live probe.)"""
+    import tensorflow as tf
+
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    X, y = problem(2048)
+    Xv, yv = problem(512, seed=1)
+    train_ds = tf.data.Dataset.from_tensor_slices((X, y)).batch(64)
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        model = tk.Sequential([tk.Input((10,)), tk.layers.Dense(256, activation="relu"),
+                               tk.layers.Dense(256, activation="relu"), tk.layers.Dense(2)])
+        model.compile(optimizer=tk.optimizers.Adam(3e-3),
+                      loss=tk.losses.SparseCategoricalCrossentropy(from_logits=True))
+        for epoch in range(6):
+            for _ in range(30):
+                xb, yb = next(iter(train_ds))  # <first-batch>
+                model.train_on_batch(xb, yb)
+            print(f"epoch {epoch} val_loss {model.evaluate(Xv, yv, verbose=0):.4f}")
+    assert [e["distinct"] for e in rec.events if e["t"] == "rows_repeat"] == [64]
+    source = {HERE: open(HERE, encoding="utf-8").read()}
+    ctx = build_context(Run(rec.events), rec.keeper, source, budget=60.0)
+    assert ctx.trainer is not None
+    [f] = [f for f in run_probes(ctx, ["data_volume"]).findings if f.confirmed]
+    assert f.root_cause == "training_loop" and f.location["line"] == line_of("first-batch")

@@ -59,7 +59,23 @@ def _as_keywords(bound: inspect.BoundArguments) -> tuple[tuple, dict]:
     return tuple(args), kwargs
 
 
-class FitHooks:
+class BatchKeeping:
+    """Training batches handed to the keeper, and when the data first came round."""
+
+    def _keep_batch(self, x, y) -> None:
+        """Keep a batch; a ``rows_repeat`` event when a batch first holds only kept rows.
+
+        That is the end of an epoch (the distinct rows are the dataset), or, early, the same
+        few rows fed again and again (a loop that takes the first batch every step).
+        """
+        before = self.keeper.came_round
+        self.keeper.on_batch(x, y, self.rec.epoch)
+        if before is None and self.keeper.came_round is not None:
+            self.rec.emit("rows_repeat", distinct=int(self.keeper.came_round),
+                          step=self.rec.step)
+
+
+class FitHooks(BatchKeeping):
     """``fit``: callback, timed train function, validation data. Needs the instrument's state."""
 
     # -- fit -------------------------------------------------------------------------------
@@ -199,7 +215,7 @@ class FitHooks:
             out = original(model, force)
             inst = link()
             fn = getattr(model, "train_function", None)
-            if inst is not None and inst._fit_depth and fn is not None and \
+            if inst is not None and fn is not None and \
                     not getattr(fn, "_md_timed", False):
                 model.train_function = inst._timed(model, fn)
                 inst.hold(_untimed(model))
@@ -233,7 +249,7 @@ class FitHooks:
     def _on_data(self, data) -> None:
         x, y = split_batch(data)
         self._last_x = x
-        self.keeper.on_batch(x, y, self.rec.epoch)
+        self._keep_batch(x, y)
         if y is not None and not isinstance(y, (dict, tuple, list)):
             y = y.numpy() if hasattr(y, "numpy") else y
             self.labels.observe(y)
@@ -241,7 +257,7 @@ class FitHooks:
 
 
 
-class LoopHooks:
+class LoopHooks(BatchKeeping):
     """Custom loops: the model's last input, paired with the targets by the loss.
 
     ``Model.__call__`` remembers the last input (eager, or symbolic while a ``tf.function`` is
@@ -465,7 +481,7 @@ class LoopHooks:
 
     def _on_traced_batch(self, x, y) -> None:
         """One training batch of a traced step, kept like an eager one; closes the gate when full."""
-        self.keeper.on_batch(x, y, self.rec.epoch)
+        self._keep_batch(x, y)
         if self.keeper.full(self.rec.epoch) and self._keep_gate is not None:
             self._keep_gate.assign(False)
 
@@ -520,4 +536,4 @@ class LoopHooks:
         self.labels.observe(y)
         if x is not None:
             self._last_x = x
-            self.keeper.on_batch(x, y, self.rec.epoch)
+            self._keep_batch(x, y)

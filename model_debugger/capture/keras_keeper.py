@@ -240,6 +240,7 @@ class KerasKeeper(SpilledState):
         self._epoch: int | None = None
         self._rows: set[int] = set()  # hashes of the kept (x, y) rows
         self._wrapped = False  # a batch of rows all kept already: the data came round again
+        self.came_round: int | None = None  # rows kept when it did (None: not seen)
 
     def on_model(self, model, namespace: dict | None) -> None:
         """Keep the first model seen, its namespace and a host copy of its initial weights.
@@ -320,6 +321,7 @@ class KerasKeeper(SpilledState):
             return
         if not _adds_rows(self._rows, (*xs, y)):  # every row kept already: a custom loop's
             self._wrapped = True                    # next epoch (none is signalled)
+            self.came_round = self._samples  # distinct rows before the data came round
             return
         self.train_batches.append((xs, y))
         self._samples += int(y.shape[0])

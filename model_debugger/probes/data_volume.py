@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..provenance import ROWS, data_origin, selects_rows
+from ..provenance import ROWS, batches_origin, data_origin, selects_rows
 from ..thresholds import ACC_GAP, VAL_RISE
+from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
 
 PARAMS_PER_SAMPLE = 10.0
 DISTINCT_SHARE = 0.1  # distinct rows at most this share of the kept rows ...
 MIN_ROWS = 256        # ... of at least this many rows
+REPEAT_STEPS = 3      # the data came round within this many steps: the same rows every step
 
 
 @register
@@ -38,6 +40,9 @@ class DataVolume(Probe):
 
     def run(self, ctx: ProbeContext):
         """One confirmed finding on a generalisation gap when parameters per sample are >= 10.
+
+        Samples are the distinct rows when the training data came round within its first
+        steps (the capture's ``rows_repeat``): the same batch fed at every step.
 
         Samples per epoch come from the record's ``targets`` event and the epochs observed; the
         parameter count from its ``model`` event.
@@ -56,22 +61,40 @@ class DataVolume(Probe):
         if ctx.trainer is not None and ctx.trainer.targets is not None \
                 and ctx.trainer.targets.ndim > 1:
             per_sample = max(1, per_sample // int(np.prod(ctx.trainer.targets.shape[1:])))
+        # the training data came round after a few rows: every step feeds those again (a loop
+        # taking the first batch each time), whatever an "epoch" counts
+        repeat = ctx.run.first("rows_repeat") or {}
+        fed_again = isinstance(repeat.get("distinct"), int) and repeat["distinct"] > 0 and \
+            repeat.get("step", REPEAT_STEPS) < REPEAT_STEPS and \
+            len(ctx.run.steps) >= 10 * max(repeat["step"], 1)
+        if fed_again:
+            per_sample = min(per_sample, repeat["distinct"])
         ratio = model["params"] / per_sample
         if ratio < PARAMS_PER_SAMPLE:
             return []
         shown = (f"validation loss rose {sig['val_loss_rise']:.0%} from its minimum while the "
                  "train loss kept falling" if rose else
                  f"training accuracy ends {sig['acc_gap']:.0%} above validation accuracy")
-        where, split = _rows_location(ctx)
+        if fed_again:
+            where, split = batches_origin(st.data_location(ctx)), False
+            said = (f"The training data came round after {repeat['distinct']:,} rows (at step "
+                    f"{repeat['step']} of {len(ctx.run.steps)}): every step feeds the same rows "
+                    "again, so the model trains on "
+                    f"{repeat['distinct']:,} examples with {model['params']:,} parameters "
+                    f"({ratio:,.0f} per example) and memorises them: {shown}. The batches are "
+                    "made here: draw a new batch each step (iterate the dataset once per "
+                    "epoch).")
+        else:
+            where, split = _rows_location(ctx)
+            said = (f"The model has {model['params']:,} parameters for about {per_sample:,} "
+                    f"training samples per epoch ({ratio:,.0f} per sample). It can memorise "
+                    f"the training set: {shown}. "
+                    + ("The training rows were chosen here: more of the data for training, "
+                       if split else "More data, ")
+                    + "augmentation, a smaller model, weight decay or early stopping at the "
+                    "validation minimum address it.")
         return [self.finding(
-            "data", True,
-            f"The model has {model['params']:,} parameters for about {per_sample:,} training "
-            f"samples per epoch ({ratio:,.0f} per sample). It can memorise the training set: "
-            f"{shown}. "
-            + ("The training rows were chosen here: more of the data for training, "
-               if split else "More data, ")
-            + "augmentation, a smaller model, weight decay or early stopping at the validation "
-            "minimum address it.",
+            "training_loop" if fed_again else "data", True, said,
             where, params=model["params"], samples_per_epoch=per_sample,
             params_per_sample=ratio, val_loss_rise=sig.get("val_loss_rise"),
             acc_gap=sig.get("acc_gap"), val_loss_min_index=sig.get("val_loss_min_index"),
@@ -85,8 +108,6 @@ def _rows_location(ctx: ProbeContext) -> tuple[dict | None, bool]:
     when that ends at a split or slice, it chose how few rows there are. Otherwise the data is
     what it is and the model's capacity is what to change: the model's line.
     """
-    from . import _numpy_stats as st
-
     origin = data_origin(st.data_location(ctx), ROWS)
     if origin and origin.get("used_at") is not None and selects_rows(origin):
         return origin, True
@@ -95,7 +116,6 @@ def _rows_location(ctx: ProbeContext) -> tuple[dict | None, bool]:
 
 def _repeated_rows(ctx: ProbeContext):
     """A confirmed finding when the kept training rows are a few distinct rows repeated."""
-    from . import _numpy_stats as st
     from .constant_inputs import _inputs
 
     x = _inputs(ctx)
