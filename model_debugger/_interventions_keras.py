@@ -9,19 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .capture.keras_util import fit_owner
 from .interventions import removes as _removes
 
 _SETTINGS = {"weight_decay": "weight_decay", "momentum": "momentum", "beta1": "beta_1"}
-
-
-def fit_owner(keras):
-    """The class that defines Keras' ``fit`` (the backend's trainer), where the capture patches it.
-
-    A patch on ``keras.Model`` itself would shadow the backend's ``fit`` and call the one it
-    found at install time, bypassing the capture's patch installed later on the backend class:
-    every epoch's metrics and targets of the run were lost.
-    """
-    return next((k for k in keras.Model.__mro__ if "fit" in vars(k)), keras.Model)
 
 
 def _seen_set():

@@ -152,7 +152,7 @@ def _step_budget_keras(max_steps: int, keras) -> Callable[[], None]:
             return fit(model, *args, **kwargs)
         return patched
 
-    from ._interventions_keras import fit_owner
+    from .capture.keras_util import fit_owner
 
     return install(fit_owner(keras), "fit", factory)
 

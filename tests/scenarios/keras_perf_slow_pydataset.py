@@ -3,7 +3,7 @@
 expect-category: performance_issue
 expect-root-cause: data
 expect-check: dataloader_throughput
-expect-line: def __getitem__
+expect-line: def __getitem__|time.sleep(
 expect-backward: model.fit(
 fault: data pipeline (per-sample work in PyDataset.__getitem__, one worker)
 """

@@ -3,7 +3,7 @@
 expect-category: performance_issue
 expect-root-cause: data
 expect-check: dataloader_throughput
-expect-line: def collate
+expect-line: def collate|xs[i, j] = v
 fault: data pipeline (pure-Python collate)
 """
 import torch
