@@ -248,6 +248,7 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
                              (None, None, None))
     if call is None:
         return None
+    positional = not any(k.value is value for k in call.keywords)
     scope, before = _scope_of(tree, stmt), stmt.lineno
     for _ in range(_MAX_HOPS):
         if isinstance(value, ast.Name):
@@ -261,6 +262,8 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
             before, node, value = max(bound, key=lambda b: b[0])
             if not isinstance(node, ast.Assign):
                 return None  # a loop variable, a change in place: no single setting
+            if positional and isinstance(value, ast.Call):
+                return None  # computed (``clip = hyper.pop("clip")``): a guess at best
             if not isinstance(value, (ast.Name, ast.Subscript, ast.Attribute)):
                 return before
         elif isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) and \
