@@ -150,4 +150,5 @@ def test_a_terminal_multi_rank_diagnosis_opened_in_the_kernel_shows_its_ranks(tm
         assert all(r[1] == "ok" and r[2] == "40" for r in rows), rows
         assert _state(page)["primary"] == "healthy"
         assert "Ranks (2)" in _state(page)["text"]
+        assert not _state(page)["overflows"]  # the wide table scrolls in its box
         assert not [e for e in errors if "model" in e.lower()], errors
