@@ -150,7 +150,8 @@ CATEGORIES: dict[str, Target] = {
         _of("rank_updates_apart", "rank_desync", "loss_broadcast_factor",
             "output_range_unreachable", "error_share", "val_f1_final", "train_f1_final",
             "val_acc_final", "train_acc_final"),
-        "the tracked metric should rise above the trivial level (now {})"),
+        "the tracked metric should rise above the trivial level, or a regression error fall "
+        "below a constant prediction's (now {})"),
 }
 
 UNKNOWN_TARGET = "the defining signal should move out of the problem range"

@@ -158,7 +158,7 @@ def selects_rows(location: dict | None) -> bool:
 
 
 _REORDER_CALLS = {"permutation", "shuffle", "sample", "roll", "shift", "argsort", "flip",
-                  "sort_values", "reindex"}
+                  "sort_values", "reindex", "sort", "sorted"}
 _ROW_SKIPS = {"skiprows", "skipfooter", "skip_header", "skip_footer"}
 
 
@@ -173,7 +173,8 @@ def reorders_rows(location: dict | None) -> bool:
                    _call_name(node) in _REORDER_CALLS or
                    any(k.arg in _ROW_SKIPS for k in node.keywords)) or
                isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and
-               isinstance(node.slice, (ast.Name, ast.Call, ast.Attribute))
+               (isinstance(node.slice, (ast.Call, ast.Attribute)) or
+                isinstance(node.slice, ast.Name) and not node.slice.id.isupper())
                for node in _nodes_at(location))
 
 
@@ -222,10 +223,10 @@ _OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax
 # where a setting sits when it is passed positionally: (keyword, the calls) -> position
 _POSITIONAL = {("max_norm", frozenset({"clip_grad_norm_"})): 1,
                ("clip_value", frozenset({"clip_grad_value_"})): 1,
-               ("batch_size", frozenset({"DataLoader"})): 1,
-               ("lr", frozenset(_OPTIMIZERS)): 1,  # torch: (params, lr, ...)
-               ("momentum", frozenset({"SGD"})): 2,  # torch: (params, lr, momentum)
-               ("learning_rate", frozenset(_OPTIMIZERS)): 0}  # Keras: (learning_rate, ...)
+               ("batch_size", frozenset({"DataLoader"})): 1}
+# an optimizer's positions: PyTorch takes the parameters first, Keras the rate
+_TORCH_OPTIMIZER = {"lr": 1, "momentum": 2}
+_KERAS_OPTIMIZER = {"lr": 0, "learning_rate": 0, "momentum": 1}
 
 
 def _passed(call: ast.Call, keyword: str) -> ast.AST | None:
@@ -234,11 +235,33 @@ def _passed(call: ast.Call, keyword: str) -> ast.AST | None:
         if k.arg == keyword:
             return k.value
     name = _call_name(call)
-    for (kw, calls), position in _POSITIONAL.items():
-        if kw == keyword and name in calls and len(call.args) > position and \
-                not any(isinstance(a, ast.Starred) for a in call.args[:position + 1]):
-            return call.args[position]
-    return None
+    position = next((p for (kw, calls), p in _POSITIONAL.items()
+                     if kw == keyword and name in calls), None)
+    if name in _OPTIMIZERS and call.args:
+        position = (_TORCH_OPTIMIZER if _torch_optimizer(call) else _KERAS_OPTIMIZER).get(keyword)
+        if name != "SGD" and keyword == "momentum":
+            position = None
+    if position is None or len(call.args) <= position or \
+            any(isinstance(a, ast.Starred) for a in call.args[:position + 1]):
+        return None
+    return call.args[position]
+
+
+def _torch_optimizer(call: ast.Call) -> bool:
+    """Whether an optimizer call takes PyTorch's layout (parameters first) or Keras' (rate first).
+
+    Read from the dotted name (``torch.optim.SGD``, ``optim.Adam`` vs ``keras.optimizers.SGD``),
+    else from the first argument: parameters (``model.parameters()``, a list, ``param_groups``,
+    ``params``) or a rate (a number, ``LR``).
+    """
+    func = ast.unparse(call.func)
+    if "optimizers" in func or "keras" in func:
+        return False
+    if "optim" in func:
+        return True
+    first = call.args[0]
+    return isinstance(first, (ast.Call, ast.List, ast.ListComp, ast.GeneratorExp)) or \
+        any(w in ast.unparse(first).lower() for w in ("param", "group"))
 
 
 def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:

@@ -39,6 +39,8 @@ _F1 = {"f1", "f1score", "recall", "precision", "auc", "auroc", "mcc"}
 _ERRORS = {"rmse": ({"rmse"}, {"root", "mean", "squared", "error"}),
            "mae": ({"mae"}, {"mean", "absolute", "error"}),
            "mse": ({"mse"}, {"mean", "squared", "error"})}
+_ERROR_VARIANTS = {"percentage", "percent", "logarithmic", "log", "scaled", "relative", "msle",
+                   "mape"}  # another error than the constant-predictor baseline is for
 
 
 def metric_role(name: str) -> tuple[str, str] | None:
@@ -57,8 +59,9 @@ def metric_role(name: str) -> tuple[str, str] | None:
         return split, "acc"
     if tok & _F1 or any(t.endswith("f1") for t in tok):
         return split, "f1"
+    words = tok - _VAL - {"train", "training"}
     for kind, names in _ERRORS.items():
-        if tok & names[0] or names[1] <= tok:
+        if words & names[0] and not words & _ERROR_VARIANTS or words == names[1]:
             return split, kind
     return None
 

@@ -127,8 +127,9 @@ SIGNALS: dict[str, str] = {
        for split in ("val", "train")
        for what, meaning in (("name", "name"), ("final", "last value"),
                              ("baseline", "a constant prediction's value (from the targets)"))},
-    "error_share": "the regression error metric over a constant prediction's (validation's "
-                   "when there is one)",
+    "error_share": "the regression error metric over a constant prediction's, squared for "
+                   "MAE and RMSE (an MSE ratio: 1 - R^2 for MSE); the validation's when there "
+                   "is one",
     **{f"{split}_{kind}_{what}": f"{meaning} of the {split} {word}"
        for split in ("val", "train")
        for kind, word in (("acc", "accuracy"), ("f1", "F1 score"))
@@ -604,18 +605,20 @@ def _error_baseline(s: dict, run: Run) -> None:
     kept = run.of("target_values")
     if not kept:
         return
+    from .records import as_float
+
     kept = kept[-1]
-    base = {"mae": kept.get("mad"), "mse": kept.get("var"),
-            "rmse": math.sqrt(kept["var"]) if isinstance(kept.get("var"), (int, float)) and
-            kept["var"] >= 0 else None}
+    var, mad = as_float(kept.get("var")), as_float(kept.get("mad"))
+    base = {"mae": mad, "mse": var, "rmse": math.sqrt(var) if var >= 0 else math.nan}
     for split in ("train", "val"):
         for kind in ("mae", "rmse", "mse"):
             m = run.metric_by_role(split, kind)
-            if m is None or not len(_finite(m[1])) or not base[kind]:
+            if m is None or not len(_finite(m[1])) or not base[kind] > 0:
                 continue
             s[f"{split}_error_name"], s[f"{split}_error_final"] = m[0], float(_finite(m[1])[-1])
             s[f"{split}_error_baseline"] = float(base[kind])
-            s["error_share"] = s[f"{split}_error_final"] / float(base[kind])
+            share = s[f"{split}_error_final"] / float(base[kind])
+            s["error_share"] = share if kind == "mse" else share ** 2  # on the MSE's scale
             break
 
 

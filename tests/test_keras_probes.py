@@ -652,3 +652,55 @@ def test_the_same_first_batch_fed_at_every_step_is_the_loop_feeding_64_rows(tk):
     assert ctx.trainer is not None
     [f] = [f for f in run_probes(ctx, ["data_volume"]).findings if f.confirmed]
     assert f.root_cause == "training_loop" and f.location["line"] == line_of("first-batch")
+
+
+def test_a_healthy_train_on_batch_loop_keeps_every_batch_once(tk):
+    """A new slice each step: the timed train function keeps the batch and the traced loss
+    hook does not keep it again (kept twice, every such loop 'came round' at its first step)."""
+    import model_debugger
+
+    X, y = problem(2048)
+    with model_debugger.capture() as rec:
+        model = tk.Sequential([tk.Input((10,)), tk.layers.Dense(16), tk.layers.Dense(2)])
+        model.compile(optimizer="adam",
+                      loss=tk.losses.SparseCategoricalCrossentropy(from_logits=True))
+        for i in range(0, 2048, 64):
+            model.train_on_batch(X[i:i + 64], y[i:i + 64])
+    assert not [e for e in rec.events if e["t"] == "rows_repeat"]
+    assert len(rec.keeper.train_batches) == 32
+
+
+def test_a_subclassed_model_is_cloned_from_its_config(tk):
+    """Keras takes a clone_function for Sequential and functional models only."""
+    from model_debugger.trainers.keras import _clone
+
+    class Net(tk.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = tk.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    net = Net()
+    net(np.zeros((1, 3), "float32"))
+    assert type(_clone(tk, net)) is Net
+
+
+def test_a_compiled_custom_loss_function_is_no_broadcast_hypothesis(tk):
+    """Keras squeezes the shapes for a compiled loss, a custom function included."""
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    def my_mse(y_true, y_pred):
+        return tk.ops.mean(tk.ops.square(y_true - y_pred))
+
+    X, y = problem()
+    with model_debugger.capture() as rec:
+        model = tk.Sequential([tk.Input((10,)), tk.layers.Dense(8), tk.layers.Dense(1)])
+        model.compile(optimizer="adam", loss=my_mse)
+        model.fit(X, y.astype("float32"), epochs=1, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {}, budget=30.0)
+    assert run_probes(ctx, ["loss_broadcast"]).findings == ()

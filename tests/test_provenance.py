@@ -805,3 +805,18 @@ def test_a_setting_passed_by_position_is_located_where_it_was_set(tmp_path, call
     assert setting_origin({"file": str(path), "line": 3}, keyword)["line"] == 1
     path.write_text(f"MAX_NORM = 1e-4\nx = 1\n{call.replace('MAX_NORM', '0.5')}\n")
     assert setting_origin({"file": str(path), "line": 3}, keyword)["line"] == 3  # a literal
+
+
+@pytest.mark.parametrize("call,keyword,line", [
+    ("opt = keras.optimizers.SGD(LR, MOMENTUM)", "lr", 1),  # Keras: the rate first
+    ("opt = keras.optimizers.SGD(LR, MOMENTUM)", "momentum", 2),
+    ("opt = torch.optim.SGD(groups, LR)", "lr", 1),  # PyTorch: the parameters first
+    ("opt = torch.optim.SGD(groups, 0.1)", "learning_rate", 4),  # no such position: the call
+])
+def test_an_optimizer_positional_setting_follows_its_framework_layout(tmp_path, call, keyword,
+                                                                        line):
+    from model_debugger.provenance import setting_origin
+
+    path = tmp_path / "train.py"
+    path.write_text(f"LR = 0.05\nMOMENTUM = 0.9\ngroups = [{{'params': []}}]\n{call}\n")
+    assert setting_origin({"file": str(path), "line": 4}, keyword)["line"] == line

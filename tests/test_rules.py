@@ -1480,3 +1480,13 @@ def test_a_regression_error_at_the_constant_predictions_is_a_wrong_solution():
 def test_a_regression_error_well_below_the_constant_predictions_is_quiet():
     sig, cls = quiet(C.wrong_solution, syn.make_run(*_custom_loss_regression([0.2, 0.08, 0.04])))
     assert sig["error_share"] < 0.5 and cls.primary == HEALTHY
+
+
+@pytest.mark.parametrize("name,role", [
+    ("val_mae", ("val", "mae")), ("mean_absolute_error", ("train", "mae")),
+    ("val_root_mean_squared_error", ("val", "rmse")), ("mse", ("train", "mse")),
+    ("mean_absolute_percentage_error", None), ("val_mean_squared_logarithmic_error", None),
+    ("mae_scaled", None)])
+def test_regression_error_metrics_are_named_exactly(name, role):
+    """A percentage or logarithmic error has another constant-prediction value: no role."""
+    assert metric_role(name) == role

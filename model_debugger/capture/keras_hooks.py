@@ -241,7 +241,11 @@ class FitHooks(BatchKeeping):
                 raise StopIteration from None
             inst._data_wait += time.perf_counter() - t0
             inst.guard(inst._on_data)(data)
-            return fn(iter((data,)))
+            inst._timed_batch = True  # kept here: the traced loss hook must not keep it again
+            try:
+                return fn(iter((data,)))
+            finally:
+                inst._timed_batch = False
 
         train_function._md_timed = True
         return train_function
@@ -480,8 +484,12 @@ class LoopHooks(BatchKeeping):
         tf.cond(gate, kept, lambda: tf.constant(True))
 
     def _on_traced_batch(self, x, y) -> None:
-        """One training batch of a traced step, kept like an eager one; closes the gate when full."""
-        self._keep_batch(x, y)
+        """One training batch of a traced step, kept like an eager one; closes the gate when full.
+
+        Not when the timed train function kept it already (``train_on_batch``).
+        """
+        if not getattr(self, "_timed_batch", False):
+            self._keep_batch(x, y)
         if self.keeper.full(self.rec.epoch) and self._keep_gate is not None:
             self._keep_gate.assign(False)
 

@@ -78,6 +78,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._fitting = None
         self._stash_of: dict[int, tuple] = {}  # id(model) -> stash key of its traced fit step
         self._fit_depth = 0
+        self._timed_batch = False  # the timed train function is running a batch it kept
         self._in_apply = False
         self._data_wait = 0.0
         self._last_step_end = None
@@ -314,8 +315,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         f = user_frame(frame)
         depth = 0
         while f is not None and depth < 8:
-            for scope in (f.f_locals, f.f_globals):
-                for name, obj in _models_in(scope, model_cls, scope is f.f_locals):
+            for scope, attributes in ((f.f_locals, True), (f.f_globals, False)):
+                for name, obj in _models_in(scope, model_cls, attributes):
                     # no variables (all frozen): the largest
                     score = len(wanted.intersection(id(v) for v in obj.trainable_variables)) \
                         if wanted else len(obj.weights)

@@ -55,9 +55,9 @@ class LossBroadcast(Probe):
             broadcast_shape=event.get("shape"), factor=event["factor"], strength=0.95)]
 
     def _keras(self, ctx: ProbeContext):
-        if (ctx.loss or {}).get("name") is not None or ctx.model is None or \
-                not ctx.train_batches:
-            return []  # a compiled Keras loss matches the shapes itself
+        if ctx.loss is not None or getattr(ctx.model, "loss", None) is not None or \
+                ctx.model is None or not ctx.train_batches:
+            return []  # a compiled Keras loss (even a custom function) matches the shapes
         xs, y = ctx.train_batches[0]
         if getattr(y, "ndim", None) != 1:
             return []

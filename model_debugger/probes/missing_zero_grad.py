@@ -40,7 +40,7 @@ class MissingZeroGrad(Probe):
         if not hits and not never_called and not not_reset:
             return []
         where = loc(hits[0]) if hits else ctx.ref("backward")
-        if zero and not_reset and ctx.ref("zero_grad"):
+        if zero and not_reset and not hits and ctx.ref("zero_grad"):
             where = ctx.ref("zero_grad")  # called, but not between the steps: move it there
         growth = ctx.signals.get("grad_norm_growth")
         if never_called or not_reset:

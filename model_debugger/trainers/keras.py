@@ -89,7 +89,7 @@ class KerasTrainer(SampleTrainer):
         import keras
 
         try:
-            model = keras.models.clone_model(self.model, clone_function=_clone_layer)
+            model = _clone(keras, self.model)
         except Exception:  # noqa: BLE001 - a subclass Keras cannot revive from its config
             if self.init_args is None:
                 raise
@@ -434,6 +434,18 @@ def _same_trainable(original, copy) -> None:
         if type(a) is type(b) and b.trainable != a.trainable:
             b.trainable = a.trainable
 
+
+
+def _clone(keras, model):
+    """``keras.models.clone_model``, a Sequential or functional model's Lambdas keeping their function.
+
+    Keras takes a ``clone_function`` (:func:`_clone_layer`) for those only: a subclassed model
+    is cloned from its config, as before.
+    """
+    if isinstance(model, keras.Sequential) or \
+            type(model).__name__ == "Functional" or getattr(model, "_is_graph_network", False):
+        return keras.models.clone_model(model, clone_function=_clone_layer)
+    return keras.models.clone_model(model)
 
 
 def _clone_layer(layer):
