@@ -361,9 +361,16 @@ def match_target_shape(params: dict, keras) -> Callable[[], None]:
     def column(y):
         return y.reshape(-1, 1) if isinstance(y, np.ndarray) and y.ndim == 1 else y
 
+    def first_row(x):
+        if isinstance(x, dict):
+            return {k: first_row(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(first_row(v) for v in x)
+        return x[:1] if hasattr(x, "shape") else x
+
     def one_column_output(model, x) -> bool:
         try:
-            out = model(x[:1] if isinstance(x, np.ndarray) else x)
+            out = model(first_row(x))  # one row (of each named input): never the whole set
         except Exception:  # noqa: BLE001 - cannot tell: leave the targets as they are
             return False
         shape = getattr(out, "shape", None)
