@@ -1002,6 +1002,32 @@ def test_zero_grad_called_outside_the_step_loop_is_located_at_that_call(tmp_path
     assert_at(f, "zero-grad-per-epoch")
 
 
+def train_two_loops_second_never_clears():
+    """A warm-up loop that clears its gradients, then a main loop that never does."""
+    torch.manual_seed(3)
+    X = torch.randn(320, 6)
+    y = (X[:, 0] > 0).long()
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for i in range(0, 64, 32):
+        opt.zero_grad()
+        F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()
+        opt.step()
+    for _epoch in range(3):
+        for i in range(0, 320, 32):
+            F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()  # <never-cleared>
+            opt.step()
+
+
+def test_zero_grad_called_in_another_loop_leaves_the_finding_at_the_loop_that_never_clears(
+        tmp_path):
+    """The warm-up's call is not the line to move: the main loop needs its own zero_grad()."""
+    ctx = captured(tmp_path, train_two_loops_second_never_clears)
+    f = confirmed_one(ctx, "missing_zero_grad", "training_loop")
+    assert f.evidence["zero_grad_calls"] == 2
+    assert_at(f, "never-cleared")
+
+
 def test_optimizer_recreated_every_step(tmp_path):
     ctx = captured(tmp_path, train_rebuilding_optimizer)
     f = confirmed_one(ctx, "optimizer_recreated", "training_loop")

@@ -40,8 +40,9 @@ class MissingZeroGrad(Probe):
         if not hits and not never_called and not not_reset:
             return []
         where = loc(hits[0]) if hits else ctx.ref("backward")
-        if zero and not_reset and not hits and ctx.ref("zero_grad"):
-            where = ctx.ref("zero_grad")  # called, but not between the steps: move it there
+        called = ctx.ref("zero_grad")
+        if zero and not_reset and called and (not hits or _inside(called, hits[0])):
+            where = called  # called, but not between the steps (once an epoch): move it there
         growth = ctx.signals.get("grad_norm_growth")
         if never_called or not_reset:
             seen = []
@@ -61,3 +62,14 @@ class MissingZeroGrad(Probe):
                 grad_norm_growth=growth, strength=0.95, decisive=True)]
         return [self.finding("training_loop", False, hits[0].message + " (zero_grad calls were "
                              "not counted in this run)", where, strength=0.4)]
+
+
+def _inside(ref: dict, hit) -> bool:
+    """True when the ``zero_grad`` call is in the training loop the lint hit names.
+
+    Then the call is the line to move (before the batch loop, not in it); a call in another
+    loop (a first loop that clears, a second that never does) leaves the hit's line.
+    """
+    span = hit.loop
+    return (span is not None and ref.get("file") == hit.file
+            and span[0] <= ref.get("line", 0) <= span[1])
