@@ -178,6 +178,32 @@ def reorders_rows(location: dict | None) -> bool:
                for node in _nodes_at(location))
 
 
+def loop_exit(location: dict | None) -> dict | None:
+    """The statement that leaves the loop at ``location`` before its iterable runs out.
+
+    ``location`` is the ``for`` line where a loader was iterated; the first ``break`` or
+    ``return`` in that loop's own body (not in a loop or function nested in it) is the line
+    that cut the pass short. None when the loop has none (an ``islice`` or ``zip`` cut it) or
+    the file cannot be read.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    loop = next((n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor))
+                 and n.lineno <= location["line"] <= n.iter.end_lineno), None)
+    if loop is None:
+        return None
+    stack, exits = list(loop.body), []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Break, ast.Return)):
+            exits.append(node.lineno)
+        elif not isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef,
+                                   ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
+    return {"file": location["file"], "line": min(exits)} if exits else None
+
+
 def _nodes_at(location: dict | None):
     """Every AST node of the statements at ``location`` (none when its file cannot be read)."""
     tree = _tree_of(location)

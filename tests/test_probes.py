@@ -1423,6 +1423,50 @@ def test_training_length_is_silent_when_training_longer_does_not_help(tmp_path):
     assert probe(ctx, "training_length") == []
 
 
+def _one_batch_epoch(loader, net, opt):
+    for xb, yb in loader:
+        opt.zero_grad()
+        loss = F.cross_entropy(net(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss.item()  # <left-early>
+
+
+def train_leaving_each_pass_early(style: str):
+    """30 epochs that each train on one batch of 20: a ``return`` or a ``break`` in the loop."""
+    torch.manual_seed(0)
+    X = torch.randn(640, 8)
+    y = (X[:, :3].sum(1) > 0).long()
+    loader = DataLoader(TensorDataset(X, y), batch_size=32, shuffle=True)
+    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for _epoch in range(30):
+        if style == "return":
+            _one_batch_epoch(loader, net, opt)
+            continue
+        for i, (xb, yb) in enumerate(loader):
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+            if i >= 1:
+                break  # <break-early>
+
+
+@pytest.mark.parametrize("style,tag,drawn", [("return", "left-early", 1),
+                                             ("break", "break-early", 2)])
+def test_a_loop_that_leaves_each_pass_early_is_the_cause_of_too_few_updates(
+        tmp_path, style, tag, drawn):
+    """The updates were few because the loop left the loader: the loop's exit is the cause
+    (training_loop), not the batch size; later passes' rows are kept (a pass is not the data)."""
+    ctx = captured(tmp_path, lambda: train_leaving_each_pass_early(style))
+    ev = ctx.run.first("passes")
+    assert ev["batches"] == 20 and ev["drawn"][:-1] == [drawn] * 29
+    assert ctx.trainer.n > 32 * drawn  # rows of later passes kept too
+    f = confirmed_one(ctx, "training_length", "training_loop")
+    assert_at(f, tag)
+    assert (f.evidence["batches_per_pass"], f.evidence["drawn_per_pass"]) == (20, drawn)
+
+
 # -- loss_broadcast ------------------------------------------------------------------------------
 def _regression(view_target: bool):
     torch.manual_seed(0)

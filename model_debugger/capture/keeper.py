@@ -61,6 +61,9 @@ class Keeper(SpilledState):
         self._samples = {"train": 0, "val": 0}
         self._epoch: dict[str, int] = {}
         self.train_loader = None
+        # the training loop leaves each pass over its loader early: a pass is not the data, so
+        # training batches are kept past the first one
+        self.cut_passes = False
         self.zero_grad_calls = 0
         self.loss_input: dict | None = None
 
@@ -162,7 +165,8 @@ class Keeper(SpilledState):
             return True
         first = self._epoch.get(split)
         batches = self.train_batches if training else self.val_batches
-        return (first is None or epoch == first) and self._samples[split] < MAX_SAMPLES \
+        return (first is None or epoch == first or training and self.cut_passes) \
+            and self._samples[split] < MAX_SAMPLES \
             and len(batches) < MAX_BATCHES
 
     def on_loss(self, name, input, target, extra_args, kwargs, model_input, training,
@@ -170,7 +174,8 @@ class Keeper(SpilledState):
         """Keep a sample (model input, target); on the first training call describe the input.
 
         Samples come from the first epoch (or eval pass) only, so repeated epochs over a small
-        dataset do not fill the sample with copies.
+        dataset do not fill the sample with copies; training samples come from later epochs
+        too when a loop leaves its passes early (:attr:`cut_passes`).
         """
         split = "train" if training else "val"
         out = None
@@ -181,7 +186,8 @@ class Keeper(SpilledState):
                 self.loss["kwargs"].update(_positional(name, extra_args))
             out = self.loss_input = describe_loss_input(name, input)
         first = self._epoch.setdefault(split, epoch)
-        if model_input is None or self._samples[split] >= MAX_SAMPLES or epoch != first:
+        if model_input is None or self._samples[split] >= MAX_SAMPLES or \
+                epoch != first and not (training and self.cut_passes):
             return out
         batches = self.train_batches if training else self.val_batches
         if len(batches) >= MAX_BATCHES:

@@ -23,6 +23,8 @@ import weakref
 
 from .codeloc import user_location
 
+PASSES_KEPT = 64  # passes over one loader whose batch counts are kept
+
 
 class TimedIterator:
     """Wraps a DataLoader iterator: time spent waiting in ``__next__`` is data wait."""
@@ -40,8 +42,11 @@ class TimedIterator:
         inst = self._link()
         if inst is not None:
             inst._in_data = True
+        drawn = False
         try:
-            return next(self._inner)
+            item = next(self._inner)
+            drawn = True
+            return item
         finally:
             inst = self._link()
             if inst is not None:
@@ -49,6 +54,7 @@ class TimedIterator:
                 inst._active_loader = self._loader_id
                 if self._loader_id in inst._train_loaders or not inst._train_loaders:
                     inst._data_wait += time.perf_counter() - t0
+                inst._count_batch(self._loader_id, drawn)
 
     def __len__(self):
         return len(self._inner)
@@ -66,6 +72,9 @@ class DataHooks:
         self._active_loader = None
         self._loader_refs: dict[int, weakref.ref] = {}
         self._loaders_made: dict[int, tuple] = {}  # id -> (location, batch size, weakref)
+        # id -> [where it was first iterated, batches drawn per pass (the current one last),
+        #        whether the current pass ran out, batches in a pass]
+        self._passes: dict[int, list] = {}
 
     def _note_train_loader(self) -> None:
         """The loader of the batch that reached ``backward()`` trains (called each backward).
@@ -121,9 +130,43 @@ class DataHooks:
 
     def _on_loader_iter(self, loader) -> None:
         self._loader_refs[id(loader)] = weakref.ref(loader)
+        seen = self._passes.get(id(loader))
+        if seen is None and len(self._passes) < 256:
+            self._passes[id(loader)] = [user_location(sys._getframe()), [0], False,
+                                        _length(loader)]
+        elif seen is not None and len(seen[1]) < PASSES_KEPT:
+            if id(loader) in self._train_loaders and not seen[2] and seen[3] and \
+                    2 * seen[1][-1] <= seen[3]:
+                self.keeper.cut_passes = True  # the last pass drew under half of it
+            seen[1].append(0)
+            seen[2] = False
         if id(loader) in self._train_loaders:  # a training loader iterated again: next epoch
             self.losses.flush_eval()
             self.rec.set_epoch(self.rec.epoch + 1, "dataloader")
+
+
+    def _count_batch(self, loader_id: int, drawn: bool) -> None:
+        """One ``__next__`` of a loader's pass: a batch drawn, or the pass ran out."""
+        seen = self._passes.get(loader_id)
+        if seen is not None:
+            if drawn:
+                seen[1][-1] += 1
+            else:
+                seen[2] = True
+
+    def _emit_passes(self) -> None:
+        """``passes``: how many batches each pass over the training loader drew, of how many.
+
+        A pass left before the loader ran out (a ``break`` or ``return`` in the batch loop, an
+        ``islice``) is read by ``training_length``; only the first training loader is reported.
+        """
+        lid = next(iter(self._train_loaders), None) if len(self._train_loaders) == 1 else None
+        seen = self._passes.get(lid)
+        if seen is None:
+            return
+        where = seen[0] or {}
+        self.rec.emit("passes", batches=seen[3], drawn=seen[1], last_ran_out=seen[2],
+                      file=where.get("file"), line=where.get("line"))
 
 
 def _length(loader) -> int | None:

@@ -154,6 +154,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self.losses.emit()
         self._emit_overhead()
         self._dist_finish()
+        self._emit_passes()
         if self._backwards or self._opt_steps:  # torch imported but not trained: say nothing
             most = max(self._built_at.items(), key=lambda kv: kv[1], default=(None, 0))
             built_at = {"file": most[0][0], "line": most[0][1]} if most[1] > 1 and \

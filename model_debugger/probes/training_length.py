@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..provenance import batches_origin
+from ..provenance import batches_origin, loop_exit
 from ..thresholds import FEW_STEPS, FLOOR_SHARE
 from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
@@ -85,14 +85,46 @@ class TrainingLength(Probe):
         short, long = losses
         if not (math.isfinite(short) and math.isfinite(long)) or not long < CLEAR * short:
             return []
+        measured = (f"Fresh copies from the same initial weights with the same optimizer and "
+                    f"batch size reach held-out loss {short:.4g} after {steps} steps and "
+                    f"{long:.4g} after {longer}: the loss was held up by the number of updates, "
+                    "not by the model or the data.")
+        cut = cut_passes(ctx)
+        if cut is not None:  # the loop, not the settings, made the updates few
+            return [self.finding(
+                "training_loop", True,
+                f"Each pass over the training loader drew {cut['drawn']} of its "
+                f"{cut['batches']} batches: the batch loop is left early "
+                f"({'a break or return' if cut['exit'] else 'the loop stops drawing'}), so the "
+                f"run made only {steps} optimizer updates. {measured} Let every pass run to the "
+                "loader's end.",
+                cut["exit"] or cut["loop"], run_steps=steps, batch_size=batch,
+                longer_steps=longer, loss_as_run=short, loss_longer=long,
+                batches_per_pass=cut["batches"], drawn_per_pass=cut["drawn"], strength=0.85)]
         where = ctx.ref("loader") or ctx.ref("fit") or ctx.ref("trainer") or \
             batches_origin(st.data_location(ctx))  # a custom loop: where its batches are made
         return [self.finding(
             "hyperparameter", True,
-            f"The run made only {steps} optimizer updates (about {batch} rows each). Fresh "
-            f"copies from the same initial weights with the same optimizer and batch size reach "
-            f"held-out loss {short:.4g} after {steps} steps and {long:.4g} after {longer}: the loss was "
-            "held up by the number of updates, not by the model or the data. Use a smaller "
-            "batch or more epochs.",
+            f"The run made only {steps} optimizer updates (about {batch} rows each). {measured} "
+            "Use a smaller batch or more epochs.",
             where, run_steps=steps, batch_size=batch, longer_steps=longer,
             loss_as_run=short, loss_longer=long, strength=0.8)]
+
+
+def cut_passes(ctx: ProbeContext) -> dict | None:
+    """Passes over the training loader left before it ran out, from the ``passes`` event.
+
+    At least two passes begun after the first, and every finished pass (all but the last)
+    drew fewer than half the loader's batches. Returns the batches per pass, the most a pass
+    drew, the ``for`` line and the statement that left it (:func:`provenance.loop_exit`).
+    """
+    ev = ctx.run.first("passes") or {}
+    batches, drawn = ev.get("batches"), ev.get("drawn")
+    if not isinstance(batches, int) or batches < 2 or not isinstance(drawn, list) or \
+            len(drawn) < 3 or not all(isinstance(d, int) for d in drawn):
+        return None
+    done = drawn[:-1]
+    if max(done) * 2 > batches:
+        return None
+    loop = {"file": ev.get("file"), "line": ev.get("line")} if ev.get("file") else None
+    return {"batches": batches, "drawn": max(done), "loop": loop, "exit": loop_exit(loop)}
