@@ -1467,6 +1467,37 @@ def test_a_loop_that_leaves_each_pass_early_is_the_cause_of_too_few_updates(
     assert (f.evidence["batches_per_pass"], f.evidence["drawn_per_pass"]) == (20, drawn)
 
 
+def train_first_batches_only():
+    """60 epochs over an unshuffled loader, each left after its third batch: 48 rows memorised."""
+    torch.manual_seed(0)
+    X = torch.randn(1200, 20)
+    y = (X[:, :5].sum(1) + 0.5 * torch.randn(1200) > 0).long()
+    train = DataLoader(TensorDataset(X[:1000], y[:1000]), batch_size=16)
+    val = DataLoader(TensorDataset(X[1000:], y[1000:]), batch_size=100)
+    net = nn.Sequential(nn.Linear(20, 256), nn.ReLU(), nn.Linear(256, 2))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _epoch in range(60):
+        net.train()
+        for step, (xb, yb) in enumerate(train):
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+            if step == 2:
+                break  # <first-batches>
+        net.eval()
+        with torch.no_grad():
+            for xb, yb in val:
+                F.cross_entropy(net(xb), yb)
+
+
+def test_rows_repeated_by_a_loop_that_leaves_its_passes_early_are_the_loop(tmp_path):
+    """The same 48 rows every epoch: data_volume's repeated rows, caused by the loop's exit."""
+    ctx = captured(tmp_path, train_first_batches_only)
+    f = confirmed_one(ctx, "data_volume", "training_loop")
+    assert_at(f, "first-batches")
+    assert f.evidence["distinct_rows"] == 48 and f.evidence["drawn_per_pass"] == 3
+
+
 # -- loss_broadcast ------------------------------------------------------------------------------
 def _regression(view_target: bool):
     torch.manual_seed(0)

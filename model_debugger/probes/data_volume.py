@@ -19,6 +19,7 @@ from ..provenance import ROWS, batches_origin, data_origin, selects_rows
 from ..thresholds import ACC_GAP, VAL_RISE
 from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
+from .training_length import cut_passes
 
 PARAMS_PER_SAMPLE = 10.0
 DISTINCT_SHARE = 0.1  # distinct rows at most this share of the kept rows ...
@@ -126,11 +127,21 @@ def _repeated_rows(ctx: ProbeContext):
     if distinct > DISTINCT_SHARE * len(rows) or distinct < 2:  # one row: constant_inputs
         return None
     probe = DataVolume()
+    said = (f"The {len(rows)} kept training rows hold only {distinct} distinct examples, each "
+            f"seen about {len(rows) / distinct:.0f} times: the model learns from {distinct} "
+            "examples, whatever the length of an epoch, and memorises them")
+    cut = cut_passes(ctx)
+    if cut is not None:  # the loop takes the loader's first batches and leaves
+        return probe.finding(
+            "training_loop", True,
+            f"{said}. Each pass over the training loader drew {cut['drawn']} of its "
+            f"{cut['batches']} batches: the batch loop is left early, so every epoch trains on "
+            "the same first rows. Let every pass run to the loader's end.",
+            cut["exit"] or cut["loop"], strength=0.85, decisive=True, rows=len(rows),
+            distinct_rows=distinct, batches_per_pass=cut["batches"],
+            drawn_per_pass=cut["drawn"])
     return probe.finding(
-        "data", True,
-        f"The {len(rows)} kept training rows hold only {distinct} distinct examples, each seen "
-        f"about {len(rows) / distinct:.0f} times: the model learns from {distinct} examples, "
-        "whatever the length of an epoch, and memorises them (a sampling or indexing step "
-        "repeats a handful of rows).", data_origin(st.data_location(ctx), probe.data_role),
+        "data", True, f"{said} (a sampling or indexing step repeats a handful of rows).",
+        data_origin(st.data_location(ctx), probe.data_role),
         strength=0.85, decisive=True,
         rows=len(rows), distinct_rows=distinct)
