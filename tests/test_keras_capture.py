@@ -623,3 +623,29 @@ def test_a_model_held_by_a_training_class_is_found(traced):
     assert rec.keeper.model is trainer.model
     assert next(e for e in rec.events if e["t"] == "model")["name"] == "self.model"
     assert trainer_for(rec.keeper) is not None
+
+
+def test_a_custom_loop_has_epochs_and_a_validation_loss_from_its_dataset_passes():
+    """Each pass over the training dataset is an epoch (as a PyTorch loader's); the training
+    loss object called without a tape is the validation loss, one value per epoch."""
+    X, y = data(256)
+    Xv, yv = data(64, seed=1)
+    with capture() as rec:
+        model = mlp()
+        opt = keras.optimizers.Adam(1e-2)
+        loss_fn = ce()
+        train = tf.data.Dataset.from_tensor_slices((X, y)).batch(64)
+        for _epoch in range(3):
+            for xb, yb in train:
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(yb, model(xb, training=True))
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+            val = float(loss_fn(yv, model(Xv, training=False)))
+    run = Run(rec.events)
+    assert [s["ep"] for s in run.steps] == [0] * 4 + [1] * 4 + [2] * 4
+    losses = [m for m in run.of("metric") if m["name"] == "eval_loss"]
+    assert [m["epoch"] for m in losses] == [0, 1, 2]
+    assert math.isclose(losses[-1]["value"], val, rel_tol=1e-5)
+    passes = run.first("passes")
+    assert passes["batches"] == 4 and passes["drawn"] == [4, 4, 4] and passes["last_ran_out"]

@@ -704,3 +704,42 @@ def test_a_compiled_custom_loss_function_is_no_broadcast_hypothesis(tk):
         model.fit(X, y.astype("float32"), epochs=1, verbose=0)
     ctx = build_context(Run(rec.events), rec.keeper, {}, budget=30.0)
     assert run_probes(ctx, ["loss_broadcast"]).findings == ()
+
+
+def _one_batch_epoch(tf, model, opt, loss_fn, ds):
+    for xb, yb in ds:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return float(loss)  # <keras-left-early>
+
+
+def test_a_tape_loop_that_leaves_each_pass_over_its_dataset_early_is_the_cause(tk):
+    """A ``return`` inside the batch loop: each of 20 epochs trains on one of 20 batches. The
+    capture counts the batches each pass over the tf.data dataset drew; training_length names
+    the loop's exit (training_loop), not the batch size."""
+    import tensorflow as tf
+
+    import model_debugger
+    from model_debugger.probing import build_context, probe
+    from model_debugger.records import Classification, Run
+
+    X, y = problem(640)
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        ds = tf.data.Dataset.from_tensor_slices((X, y)).shuffle(640, seed=0).batch(32)
+        model = tk.Sequential([tk.Input((10,)), tk.layers.Dense(32, activation="relu"),
+                               tk.layers.Dense(2)])
+        opt = tk.optimizers.SGD(0.01)
+        loss_fn = tk.losses.SparseCategoricalCrossentropy(from_logits=True)
+        for _epoch in range(20):
+            _one_batch_epoch(tf, model, opt, loss_fn, ds)
+    run = Run(rec.events)
+    passes = run.first("passes")
+    assert passes["batches"] == 20 and passes["drawn"] == [1] * 20
+    ctx = build_context(run, rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=60.0, classification=Classification("loss_not_decreasing"))
+    found = [f for f in probe(ctx, ["training_length"]).findings if f.confirmed]
+    assert found and found[0].root_cause == "training_loop", found
+    assert found[0].location["line"] == line_of("keras-left-early")

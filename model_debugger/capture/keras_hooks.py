@@ -26,6 +26,15 @@ from .keras_util import in_xla, user_location
 _PROGRESS = re.compile(r"/step\b|━|\d+/\d+ \[")  # Keras progress bar lines, not user metrics
 
 
+def _cardinality(dataset) -> int | None:
+    """Batches in one pass over a ``tf.data`` dataset (None: unknown or infinite)."""
+    try:
+        n = int(dataset.cardinality())
+    except Exception:  # noqa: BLE001 - not a dataset Keras can size
+        return None
+    return n if n > 0 else None
+
+
 def _untimed(model):
     """The undo of a timed train function: after the capture the model retraces without it."""
     ref = weakref.ref(model)
@@ -364,13 +373,45 @@ class LoopHooks(BatchKeeping):
                     inst._loop[0] != threading.get_ident():  # (a consumer on another thread)
                 return original(obj, *args, **kwargs)
             t0 = time.perf_counter()
+            out = stop = None
             try:
-                return original(obj, *args, **kwargs)
+                out = original(obj, *args, **kwargs)
+                return out
+            except StopIteration:
+                stop = True
+                raise
             finally:
                 inst._data_wait += time.perf_counter() - t0
+                inst.guard(inst._count_pass)(obj, out, stop)
 
         timed.__wrapped__ = original
         return timed
+
+    def _count_pass(self, obj, out, stop) -> None:
+        """A custom loop's pass over a dataset: begun (``__iter__``), a batch, or run out.
+
+        The training dataset iterated again starts the next epoch (the validation losses seen
+        since are written first), as a PyTorch training loader does.
+        """
+        if out is not None and type(obj).__name__ != "OwnedIterator":  # a dataset's __iter__
+            if len(self._iterating) > 1024:
+                self._iterating.clear()
+            key = id(obj)
+            self._iterating[id(out)] = (key, weakref.ref(out))
+            if self._passes.begin(key, user_location(sys._getframe()), _cardinality(obj)):
+                self.keeper.cut_passes = True  # its last pass drew under half of it
+            if key == self._passes.train:
+                self._flush_eval()
+                self.rec.set_epoch(self.rec.epoch + 1, "dataset")
+            return
+        entry = self._iterating.get(id(obj))
+        if entry is None or entry[1]() is not obj:
+            return
+        if stop:
+            self._passes.ran_out(entry[0])
+        elif out is not None:
+            self._passes.drew(entry[0])
+            self._last_source = entry[0]
 
     def _work_enter(self) -> None:
         if not self._work_depth:
@@ -423,7 +464,7 @@ class LoopHooks(BatchKeeping):
             inst = link()
             if inst is not None and not inst._fit_depth:
                 if inst._tf.executing_eagerly():
-                    inst.guard(inst._on_loss_call)(loss, y_true, y_pred)
+                    inst.guard(inst._on_loss_call)(loss, y_true, y_pred, out)
                 else:
                     inst.guard(inst._on_traced_loss_call)(loss, y_true)
             return out
@@ -520,6 +561,21 @@ class LoopHooks(BatchKeeping):
         x, self._call = self._call, None
         self._keep_val(x, y_true)
 
+    def _note_eval_loss(self, out, y_true) -> None:
+        """An eager evaluation of the training loss object (no tape): one validation batch."""
+        rows = getattr(y_true, "shape", (None,))[:1]
+        value = float(out) if out is not None and getattr(out, "shape", None) == () else None
+        if value is not None and rows and rows[0]:
+            self._eval_losses.append((value, int(rows[0])))
+
+    def _flush_eval(self) -> None:
+        """Record the mean loss of the evaluation just finished (``eval_loss``, a custom loop)."""
+        if self._eval_losses:
+            total = sum(v * n for v, n in self._eval_losses)
+            count = sum(n for _, n in self._eval_losses)
+            self._eval_losses = []
+            self.rec.metric("eval_loss", total / count, "auto")
+
     def _keep_val(self, x, y_true) -> None:
         """Keep an evaluation's input and targets as a validation batch (at most 32)."""
         if x is None or self._tf.is_tensor(x) and self._tf.is_symbolic_tensor(x):
@@ -529,7 +585,7 @@ class LoopHooks(BatchKeeping):
                 and getattr(x, "shape", (None,))[:1] == y.shape[:1]:
             self.keeper.val_batches.append(((to_numpy(x),), y))
 
-    def _on_loss_call(self, loss, y_true, y_pred) -> None:
+    def _on_loss_call(self, loss, y_true, y_pred, out=None) -> None:
         from tensorflow.python.eager import record
 
         x, self._call = self._call, None
@@ -537,6 +593,8 @@ class LoopHooks(BatchKeeping):
             x = None  # traced earlier, not this eager batch
         if not record.could_possibly_record():  # no tape: an evaluation
             self._keep_val(x, y_true)
+            if self._steps and (self.keeper.loss or {}).get("object") is loss:
+                self._note_eval_loss(out, y_true)
             return
         if not self._describe_loss(loss):
             return

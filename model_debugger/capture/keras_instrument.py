@@ -33,6 +33,7 @@ from .keras_hooks import FitHooks, LoopHooks
 from .keras_keeper import KerasKeeper, LabelStats, describe_loss
 from .keras_steps import StepHooks
 from .keras_util import initializing, user_location
+from .passes import Passes
 
 # losses under which the output's range is read (regression, raw scores): signals.output_range
 _BOUNDED_READ = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
@@ -82,6 +83,10 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._in_apply = False
         self._data_wait = 0.0
         self._last_step_end = None
+        self._passes = Passes()  # batches drawn per pass over each dataset (custom loops)
+        self._iterating: dict[int, tuple] = {}  # id(iterator) -> (its dataset's key, weakref)
+        self._last_source = None  # the dataset of the last batch drawn in a custom loop
+        self._eval_losses: list = []  # (mean loss, rows) of a custom loop's evaluation batches
         self._last_x = None
         self._nonfinite_seen = False
         self._epoch_base = 0
@@ -179,8 +184,12 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             vec, layout = self._pending
             self._pending = None
             self._emit_from_vec(vec, layout)
+        self._flush_eval()
         self._emit_targets()
         self._emit_overhead()
+        passes = self._passes.event()
+        if passes is not None:
+            self.rec.emit("passes", **passes)
         if self._steps:  # imported but not trained with (PyTorch did the training): say nothing
             self.rec.emit("calls", optimizer_steps=self._steps, backward=self._steps)
         elif self._gradients:

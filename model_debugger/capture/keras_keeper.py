@@ -241,6 +241,9 @@ class KerasKeeper(SpilledState):
         self._rows: set[int] = set()  # hashes of the kept (x, y) rows
         self._wrapped = False  # a batch of rows all kept already: the data came round again
         self.came_round: int | None = None  # rows kept when it did (None: not seen)
+        # a custom loop leaves each pass over its dataset early: a pass is not the data, so
+        # batches are kept past the first epoch
+        self.cut_passes = False
 
     def on_model(self, model, namespace: dict | None) -> None:
         """Keep the first model seen, its namespace and a host copy of its initial weights.
@@ -347,7 +350,8 @@ class KerasKeeper(SpilledState):
         only rows kept already (the data came round again).
         """
         return self._wrapped or len(self.train_batches) >= MAX_BATCHES or \
-            self._samples >= MAX_SAMPLES or (self._epoch is not None and epoch != self._epoch)
+            self._samples >= MAX_SAMPLES or \
+            (self._epoch is not None and epoch != self._epoch and not self.cut_passes)
 
     def materialise_validation(self) -> None:
         """Turn what ``fit`` got as validation data into ``val_batches`` (arrays or a dataset)."""

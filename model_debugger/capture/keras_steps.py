@@ -257,6 +257,7 @@ class StepHooks(OverheadWatch, HeldWatch):
         work = self._take_work(now)  # a custom loop: forward, backward and step (LoopHooks)
         if work is not None:  # the rest of the step is the loop's own work
             step["bz"] = work
+            self._passes.trains(self._last_source)
             if dt is not None and self._loop is not None:
                 self._watch_overhead(dt, self._data_wait, step["bz"], *self._loop)
         if mgn:

@@ -22,8 +22,7 @@ import time
 import weakref
 
 from .codeloc import user_location
-
-PASSES_KEPT = 64  # passes over one loader whose batch counts are kept
+from .passes import Passes
 
 
 class TimedIterator:
@@ -72,9 +71,7 @@ class DataHooks:
         self._active_loader = None
         self._loader_refs: dict[int, weakref.ref] = {}
         self._loaders_made: dict[int, tuple] = {}  # id -> (location, batch size, weakref)
-        # id -> [where it was first iterated, batches drawn per pass (the current one last),
-        #        whether the current pass ran out, batches in a pass]
-        self._passes: dict[int, list] = {}
+        self._passes = Passes()  # batches drawn per pass over each loader
 
     def _note_train_loader(self) -> None:
         """The loader of the batch that reached ``backward()`` trains (called each backward).
@@ -85,6 +82,7 @@ class DataHooks:
         if self._active_loader is not None and self._active_loader not in self._train_loaders:
             first = not self._train_loaders
             self._train_loaders.add(self._active_loader)
+            self._passes.trains(self._active_loader)
             ref = self._loader_refs.get(self._active_loader)
             if self.keeper.train_loader is None and ref is not None:
                 self.keeper.train_loader = ref()
@@ -130,16 +128,8 @@ class DataHooks:
 
     def _on_loader_iter(self, loader) -> None:
         self._loader_refs[id(loader)] = weakref.ref(loader)
-        seen = self._passes.get(id(loader))
-        if seen is None and len(self._passes) < 256:
-            self._passes[id(loader)] = [user_location(sys._getframe()), [0], False,
-                                        _length(loader)]
-        elif seen is not None and len(seen[1]) < PASSES_KEPT:
-            if id(loader) in self._train_loaders and not seen[2] and seen[3] and \
-                    2 * seen[1][-1] <= seen[3]:
-                self.keeper.cut_passes = True  # the last pass drew under half of it
-            seen[1].append(0)
-            seen[2] = False
+        if self._passes.begin(id(loader), user_location(sys._getframe()), _length(loader)):
+            self.keeper.cut_passes = True  # the training loader's last pass drew under half
         if id(loader) in self._train_loaders:  # a training loader iterated again: next epoch
             self.losses.flush_eval()
             self.rec.set_epoch(self.rec.epoch + 1, "dataloader")
@@ -147,26 +137,19 @@ class DataHooks:
 
     def _count_batch(self, loader_id: int, drawn: bool) -> None:
         """One ``__next__`` of a loader's pass: a batch drawn, or the pass ran out."""
-        seen = self._passes.get(loader_id)
-        if seen is not None:
-            if drawn:
-                seen[1][-1] += 1
-            else:
-                seen[2] = True
+        if drawn:
+            self._passes.drew(loader_id)
+        else:
+            self._passes.ran_out(loader_id)
 
     def _emit_passes(self) -> None:
         """``passes``: how many batches each pass over the training loader drew, of how many.
 
-        A pass left before the loader ran out (a ``break`` or ``return`` in the batch loop, an
-        ``islice``) is read by ``training_length``; only the first training loader is reported.
+        Only when one loader trained (see :class:`~.passes.Passes`).
         """
-        lid = next(iter(self._train_loaders), None) if len(self._train_loaders) == 1 else None
-        seen = self._passes.get(lid)
-        if seen is None:
-            return
-        where = seen[0] or {}
-        self.rec.emit("passes", batches=seen[3], drawn=seen[1], last_ran_out=seen[2],
-                      file=where.get("file"), line=where.get("line"))
+        event = self._passes.event() if len(self._train_loaders) == 1 else None
+        if event is not None:
+            self.rec.emit("passes", **event)
 
 
 def _length(loader) -> int | None:

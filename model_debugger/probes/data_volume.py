@@ -64,9 +64,11 @@ class DataVolume(Probe):
             per_sample = max(1, per_sample // int(np.prod(ctx.trainer.targets.shape[1:])))
         # the training data came round after a few rows: every step feeds those again (a loop
         # taking the first batch each time), whatever an "epoch" counts
-        repeat = ctx.run.first("rows_repeat") or {}
+        # (or within the first pass of a loop that leaves each pass early: the same rows)
+        repeat, cut = ctx.run.first("rows_repeat") or {}, cut_passes(ctx)
         fed_again = isinstance(repeat.get("distinct"), int) and repeat["distinct"] > 0 and \
-            repeat.get("step", REPEAT_STEPS) < REPEAT_STEPS and \
+            repeat.get("step", REPEAT_STEPS) < (REPEAT_STEPS if cut is None else
+                                                max(REPEAT_STEPS, cut["drawn"] + 1)) and \
             len(ctx.run.steps) >= 10 * max(repeat["step"], 1)
         if fed_again:
             per_sample = min(per_sample, repeat["distinct"])
@@ -77,14 +79,18 @@ class DataVolume(Probe):
                  "train loss kept falling" if rose else
                  f"training accuracy ends {sig['acc_gap']:.0%} above validation accuracy")
         if fed_again:
-            where, split = batches_origin(st.data_location(ctx)), False
+            where, split = (cut["exit"] or cut["loop"]) if cut else \
+                batches_origin(st.data_location(ctx)), False
             said = (f"The training data came round after {repeat['distinct']:,} rows (at step "
                     f"{repeat['step']} of {len(ctx.run.steps)}): every step feeds the same rows "
                     "again, so the model trains on "
                     f"{repeat['distinct']:,} examples with {model['params']:,} parameters "
-                    f"({ratio:,.0f} per example) and memorises them: {shown}. The batches are "
-                    "made here: draw a new batch each step (iterate the dataset once per "
-                    "epoch).")
+                    f"({ratio:,.0f} per example) and memorises them: {shown}. " + (
+                        f"Each pass over the training data drew {cut['drawn']} of its "
+                        f"{cut['batches']} batches: the batch loop is left here; let every pass "
+                        "run to the end." if cut else
+                        "The batches are made here: draw a new batch each step (iterate the "
+                        "dataset once per epoch)."))
         else:
             where, split = _rows_location(ctx)
             said = (f"The model has {model['params']:,} parameters for about {per_sample:,} "
