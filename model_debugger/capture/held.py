@@ -5,8 +5,10 @@ appended without ``.item()``) is the most common way a loop leaks memory. Every
 ``HELD_EVERY`` steps, on the training thread, :class:`HeldWatch` (mixed into both instruments)
 looks at the variables of the user's frames on the stack (locals, and the module's globals) and
 measures the bytes of tensors and arrays each list, tuple, dict, set or deque holds (one level
-deep, plus tuples inside it; a long container is sampled). A ``held`` event lists those holding
-at least ``HELD_MIN_BYTES``: name, length, bytes, and the frame's file and line.
+deep, plus tuples inside it; a long container is sampled; a ``self``'s container attributes and
+a dict's lists too). A ``held`` event lists those holding at least ``HELD_MIN_BYTES``, or at least
+``HELD_MIN_GRAPHS`` tensors with autograd history: name, length, bytes, graphs, and the frame's
+file and line.
 
 Importing this module imports neither torch nor tensorflow.
 """
@@ -20,7 +22,8 @@ from .codeloc import is_user_file
 
 HELD_EVERY = 50  # steps between looks
 HELD_MAX = 40  # looks at most (then every 50th step after the 2000th is not looked at)
-HELD_MIN_BYTES = 1 << 20  # containers holding less are not reported
+HELD_MIN_BYTES = 1 << 20  # containers holding less are not reported ...
+HELD_MIN_GRAPHS = 3  # ... unless they hold this many tensors with autograd history
 SAMPLE = 512  # elements of a long container looked at (the rest estimated from them)
 _CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
 _SNAPSHOT = sys.version_info < (3, 13)  # a function frame's f_locals is a dict the frame keeps
@@ -68,6 +71,15 @@ def held_bytes(container, seen: set[int] | None = None) -> int:
     seen : set, optional
         Storages already counted (shared across containers of one look).
     """
+    return held(container, seen)[0]
+
+
+def held(container, seen: set[int] | None = None) -> tuple[int, int]:
+    """``(bytes, graphs)`` a container holds, sampled and scaled up as :func:`held_bytes`.
+
+    Graphs: the PyTorch tensors among them that carry autograd history (each keeps its whole
+    graph alive, which its own bytes do not show).
+    """
     seen = set() if seen is None else seen
     items = container.values() if isinstance(container, dict) else container
     n = len(container)
@@ -75,14 +87,39 @@ def held_bytes(container, seen: set[int] | None = None) -> int:
     try:
         picked = list(items)[::stride] if stride > 1 else list(items)
     except RuntimeError:  # changed size while read (another thread): not this time
-        return 0
-    total = 0
+        return 0, 0
+    total = graphs = 0
     for item in picked:
-        if isinstance(item, tuple):
-            total += sum(_nbytes(x, seen) for x in item)
-        else:
-            total += _nbytes(item, seen)
-    return total * stride
+        for x in item if isinstance(item, tuple) else (item,):
+            total += _nbytes(x, seen)
+            graphs += _has_graph(x)
+    return total * stride, graphs * stride
+
+
+def _has_graph(obj) -> bool:
+    """A PyTorch tensor with autograd history (a ``grad_fn``)."""
+    return type(obj).__module__.split(".", 1)[0] == "torch" and \
+        getattr(obj, "grad_fn", None) is not None
+
+
+def _candidates(name: str, value):
+    """The containers a variable holds, one level each.
+
+    Itself, an object's (``self``) container attributes, and the lists of a dict of lists
+    (``history['val_loss']``).
+    """
+    if isinstance(value, _CONTAINERS):
+        if value:
+            yield name, value
+        if isinstance(value, dict):
+            for key, inner in list(value.items())[:16]:
+                if isinstance(key, (str, int)) and isinstance(inner, (list, collections.deque)) \
+                        and inner:
+                    yield f"{name}[{key!r}]", inner
+    elif name == "self" and isinstance(getattr(value, "__dict__", None), dict):
+        for attr, inner in list(vars(value).items())[:64]:
+            if isinstance(inner, _CONTAINERS) and not attr.startswith("__"):
+                yield from _candidates(f"self.{attr}", inner)
 
 
 class HeldWatch:
@@ -116,16 +153,19 @@ class HeldWatch:
                 if not module:
                     scopes.append(("global", f.f_globals))
                 for scope, names in scopes:
-                    for name, value in list(names.items()):
-                        if not isinstance(value, _CONTAINERS) or id(value) in done or \
-                                not value or name.startswith("__"):
+                    for var, obj in list(names.items()):
+                        if var.startswith("__"):
                             continue
-                        done.add(id(value))
-                        size = held_bytes(value, seen)
-                        if size >= HELD_MIN_BYTES:
-                            found.append({"name": name, "len": len(value), "bytes": size,
-                                          "scope": scope, "file": code.co_filename,
-                                          "func": code.co_name, "line": f.f_lineno})
+                        for name, value in _candidates(var, obj):
+                            if id(value) in done:
+                                continue
+                            done.add(id(value))
+                            size, graphs = held(value, seen)
+                            if size >= HELD_MIN_BYTES or graphs >= HELD_MIN_GRAPHS:
+                                found.append({"name": name, "len": len(value), "bytes": size,
+                                              "graphs": graphs, "scope": scope,
+                                              "file": code.co_filename, "func": code.co_name,
+                                              "line": f.f_lineno})
                     if scope == "local" and not module and _SNAPSHOT:
                         names.clear()
             f, depth = f.f_back, depth + 1

@@ -109,6 +109,9 @@ class GraphRetention(Probe):
                 "`.item()` or `.detach()` values instead.",
                 where, variable=name, tensors=count,
                 tensor_bytes=size, rss_mb_per_step=growth, strength=0.95)]
+        kept = self._held_graphs(ctx, growth)
+        if kept is not None:
+            return [kept]
         cache = self._cache(ctx, namespace, growth) or self._held(ctx)
         if cache is not None:
             return [cache]
@@ -142,6 +145,48 @@ class GraphRetention(Probe):
         name, (count, size) = max(held.items(), key=lambda kv: kv[1][1])
         return _cache_finding(self, ctx, name, count, size, grown, _growing_line(ctx, name))
 
+
+    def _held_graphs(self, ctx: ProbeContext, growth):
+        """Tensors with autograd history piling up in a container while the run was looked at.
+
+        A container in the loop's frames (or a ``self`` attribute, or a dict's list) whose count
+        of tensors with a ``grad_fn`` rose to >= ``MIN_WHEN_GROWING`` across the ``held``
+        looks. Located where the graphs were made when that is an evaluation run outside
+        ``no_grad`` (the lint's ``eval_without_no_grad``) and the container grew slower than
+        once a step (a per-epoch validation history), else where the container is added to.
+        """
+        by: dict[tuple, list] = {}
+        for event in ctx.run.of("held"):
+            for c in event.get("containers", []):
+                if isinstance(c.get("graphs"), int):
+                    by.setdefault((c.get("name"), c.get("file"), c.get("func")), []).append(
+                        (event["step"], c))
+        best = None
+        for (name, _file, _func), seen in by.items():
+            (s0, first), (s1, last) = seen[0], seen[-1]
+            if s1 > s0 and last["graphs"] >= MIN_WHEN_GROWING and \
+                    last["graphs"] > first["graphs"] and \
+                    (best is None or last["graphs"] > best[1]["graphs"]):
+                best = (name, last, (last["graphs"] - first["graphs"]) / (s1 - s0))
+        if best is None:
+            return None
+        name, last, per_step = best
+        made = lint_hits(ctx, "eval_without_no_grad")
+        at_eval = bool(made) and per_step < 0.5
+        where = loc(made[0]) if at_eval else (
+            _growing_line(ctx, name) or {"file": last["file"], "line": last["line"]})
+        return self.finding(
+            "training_loop", True,
+            f"'{name}' held {last['graphs']} tensors that still carry autograd history at "
+            f"step {max(s for s, _ in by[(name, last['file'], last['func'])])} and kept "
+            f"gaining them ({per_step:.3g} a step): each keeps its whole graph, activations "
+            "included, alive, so memory grows"
+            + (f" ({growth:.3g} MB/step measured)" if growth is not None else "")
+            + (". They are made by an evaluation that runs outside torch.no_grad(): wrap it "
+               "in `with torch.no_grad():` (or store `.item()` values)." if at_eval else
+               ". Store `.item()` or `.detach()` values instead."),
+            where, variable=name, tensors=last["graphs"], graphs_per_step=per_step,
+            rss_mb_per_step=growth, strength=0.9)
 
     def _held(self, ctx: ProbeContext):
         """The same, from the record: a container in the loop's frames that grew during the run.
