@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .records import Run
+from .records import Run, ranks_at_half
 from .thresholds import MIN_STEPS, WINDOW_ROWS
 
 # every signal compute() produces, with its meaning (names are public: rules, findings and
@@ -579,7 +579,10 @@ def compute(run: Run) -> dict:
             values = _finite(m[1])
             scale = 100.0 if values.max() > 1.0 else 1.0
             values = values / scale
-            s[f"{split}_{kind}_name"] = m[0]
+            name = m[0]
+            if kind == "f1" and ranks_at_half(name):  # an AUC: chance at 0.5, read as Gini
+                values, name = np.clip(2.0 * values - 1.0, 0.0, 1.0), f"2*{name}-1"
+            s[f"{split}_{kind}_name"] = name
             s[f"{split}_{kind}_final"] = float(values[-1])
             s[f"{split}_{kind}_max"] = float(values.max())
             s[f"{split}_{kind}_gain"] = float(values[-1] - values[0])

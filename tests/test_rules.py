@@ -536,6 +536,17 @@ def test_wrong_solution_f1_quiet_when_f1_once_was_clearly_above_zero():
     assert sig["val_f1_max"] >= 2 * C.TRIVIAL_F1
 
 
+@pytest.mark.parametrize("name", ["val_auc", "val_roc_auc", "AUROC"])
+def test_an_auc_at_half_is_a_trivial_class_balanced_score(name):
+    """An area under the ROC curve scores 0.5 for a constant predictor: read as 2*AUC-1 it is
+    trivial (a sigmoid-free softmax over one unit scores AUC 0.5 exactly), 0.9 is not."""
+    run = syn.make_run(syn.healthy_steps(100), syn.metric(name, [0.5] * 5))
+    fires(C.wrong_solution, run, "convergence_to_wrong_solution", {"loss_relative_drop"})
+    sig, _ = quiet(C.wrong_solution, syn.make_run(syn.healthy_steps(100),
+                                                  syn.metric(name, [0.9] * 5)))
+    assert sig[f"{'val' if 'val' in name else 'train'}_f1_final"] == pytest.approx(0.8)
+
+
 def _f1_zero_with_drop(drop: float):
     loss = syn.two_level(100, 1.0, 1.0 - drop)
     return syn.make_run(syn.steps_events(loss), syn.metric("val_f1", [0.0] * 5))
