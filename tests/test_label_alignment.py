@@ -206,7 +206,7 @@ def test_knn_score_reads_classes_and_regression_targets():
 
 @pytest.mark.parametrize("sig", [
     {"constant_predictor_loss": 0.69, "val_loss_min": 0.5},
-    {"majority_rate": 0.5, "val_acc_max": 0.75}])
+    {"majority_rate": 0.5, "val_acc_max": 0.75, "val_acc_final": 0.72}])
 def test_a_run_that_generalised_is_a_witness_that_its_labels_are_aligned(sig):
     """Copies that learn nothing in the budget (here: noise labels) say nothing when the run
     itself predicted validation rows well beyond the prior: misaligned labels cannot do that."""
@@ -217,6 +217,14 @@ def test_a_run_that_generalised_is_a_witness_that_its_labels_are_aligned(sig):
     ctx.signals = {"constant_predictor_loss": 0.69, "val_loss_min": 0.68,
                    "majority_rate": 0.5, "val_acc_max": 0.52}  # at the prior: no witness
     assert len(LabelAlignment().run(ctx)) == 1
+    # one lucky reading of a noisy accuracy, back at the prior at the end: no witness either
+    ctx.signals.update(val_acc_max=0.75, val_acc_final=0.51)
+    assert len(LabelAlignment().run(ctx)) == 1
+    # nor is an accuracy read off a run that never fitted its own training labels
+    ctx.signals.update(val_acc_final=0.75, loss_floor_share=0.99)
+    assert len(LabelAlignment().run(ctx)) == 1
+    ctx.signals.update(loss_floor_share=0.5)
+    assert LabelAlignment().run(ctx) == []
 
 
 def test_the_witness_gives_no_answer_on_ignored_positions():
