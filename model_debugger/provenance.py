@@ -12,6 +12,7 @@ at the first line that computes something: that line made the data the model tra
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import os
 
@@ -176,6 +177,32 @@ def reorders_rows(location: dict | None) -> bool:
                (isinstance(node.slice, (ast.Call, ast.Attribute)) or
                 isinstance(node.slice, ast.Name) and not node.slice.id.isupper())
                for node in _nodes_at(location))
+
+
+def reorder_within(location: dict | None, last: bool) -> dict | None:
+    """The row-moving line inside the user's function called at ``location``, or None.
+
+    ``X, y = shuffle_in_unison(X, y)``: the statement that moves rows is in the helper. The one
+    binding the name the function returns last (labels, ``last``) or first (inputs) is chosen,
+    else its first row-moving statement.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    calls = [n for stmt in _statements_at(tree, location["line"]) for n in ast.walk(stmt)
+             if isinstance(n, ast.Call)]
+    for call in calls:
+        for func in _functions(tree, _call_name(call)):
+            moving = [stmt for stmt in ast.walk(func) if isinstance(stmt, ast.Assign) and
+                      reorders_rows({"file": location["file"], "line": stmt.lineno})]
+            if not moving:
+                continue
+            returned = [r.value.elts for r in _returns(func) if isinstance(r.value, ast.Tuple)]
+            name = _root(returned[0][-1 if last else 0]) if returned else None
+            best = next((stmt for stmt in moving
+                         if name in {_root(t) for t in stmt.targets}), moving[0])
+            return {"file": location["file"], "line": best.lineno}
+    return None
 
 
 def loop_exit(location: dict | None) -> dict | None:
@@ -803,16 +830,57 @@ def _returns(func: ast.AST) -> list[ast.Return]:
     return out
 
 
-def _unpacked_index(node: ast.AST, name: str) -> int | None:
-    """The position of ``name`` in a tuple-unpacking assignment (``X, y = load()``), or None."""
-    if not isinstance(node, ast.Assign) or len(node.targets) != 1 or \
-            not isinstance(node.targets[0], (ast.Tuple, ast.List)):
-        return None
-    elts = node.targets[0].elts
-    return next((i for i, t in enumerate(elts) if isinstance(t, ast.Name) and t.id == name), None)
+class _Unbatch(ast.NodeTransformer):
+    """``X[b]`` -> ``X`` where ``b`` is a name or slice: a generator's batch of the rows."""
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        if isinstance(node.value, (ast.Name, ast.Attribute)) and not any(
+                isinstance(n, ast.Call) for n in ast.walk(node.slice)):
+            return node.value
+        return self.generic_visit(node)
 
 
-def _handing_on(tree: ast.Module, value: ast.AST, index: int | None = None,
+def _yields(func: ast.AST) -> list[ast.Return]:
+    """The ``yield x`` statements of a generator ``func``, as returns of ``x`` at their lines.
+
+    Each batch a generator hands on is what a loop over it binds.
+    """
+    out, stack = [], list(ast.iter_child_nodes(func))
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Yield) and \
+                n.value.value is not None:
+            batch = _Unbatch().visit(copy.deepcopy(n.value.value))
+            out.append(ast.copy_location(ast.Return(value=batch), n))
+        stack.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def _unpacked_index(node: ast.AST, name: str) -> tuple[int, ...] | None:
+    """The position of ``name`` in a tuple unpacking, or None.
+
+    An assignment (``X, y = load()``) or a loop (``for xb, yb in batches(X, y)``); nested
+    unpacking gives a path (``(X_tr, y_tr), (X_va, y_va) = split(X, y)``: ``y_tr`` is (0, 1)).
+    """
+    target = node.target if isinstance(node, (ast.For, ast.AsyncFor)) else \
+        node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+    return _path_to(target, name) if isinstance(target, (ast.Tuple, ast.List)) else None
+
+
+def _path_to(target: ast.AST, name: str) -> tuple[int, ...] | None:
+    if isinstance(target, ast.Name):
+        return () if target.id == name else None
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for i, elt in enumerate(target.elts):
+            inner = _path_to(elt, name)
+            if inner is not None:
+                return (i, *inner)
+    return None
+
+
+def _handing_on(tree: ast.Module, value: ast.AST, index: tuple[int, ...] | None = None,
                 role: str | None = None) -> list[tuple[ast.Return, ast.AST]] | None:
     """What the function of this file that ``value`` calls returns, if it only hands data on.
 
@@ -834,14 +902,16 @@ def _handing_on(tree: ast.Module, value: ast.AST, index: int | None = None,
     if len(defs) != 1:
         return None
     parts = []
-    for ret in _returns(defs[0]):
+    for ret in _returns(defs[0]) + _yields(defs[0]):
         part = ret.value
-        if index is not None and isinstance(part, (ast.Tuple, ast.List)):
-            if index >= len(part.elts):
+        for i in index or ():
+            if not isinstance(part, (ast.Tuple, ast.List)):
+                break
+            if i >= len(part.elts):
                 return None
-            part = part.elts[index]
+            part = part.elts[i]
         parts.append((ret, part))
-    if not parts or any(_unwrapped(part, role if role == ROWS else None) is None
+    if not parts or any(_unwrapped(part, role) is None
                         for _, part in parts):
         return None
     return parts
@@ -892,10 +962,17 @@ def _through_callers(tree: ast.Module, func: ast.AST, name: str, role: str | Non
     if root is None:
         return None, False
     stmt = next((st for st in _statements_at(tree, call.lineno)
-                 if any(n is call for n in ast.walk(st))), None)
+                 if any(n is call for n in ast.walk(st))), None) or _header_of(tree, call)
     if stmt is None:
         return None, False
     return _trace(tree, _scope_of(tree, stmt), root, stmt.lineno, role, hops + 1)
+
+
+def _header_of(tree: ast.Module, call: ast.Call) -> ast.stmt | None:
+    """The loop or ``with`` whose header makes ``call`` (``for xb, yb in batches(X, y):``)."""
+    return next((st for st in ast.walk(tree) if isinstance(st, (ast.For, ast.AsyncFor, ast.With))
+                 and any(n is call for h in ((st.iter,) if isinstance(st, (ast.For, ast.AsyncFor))
+                                             else st.items) for n in ast.walk(h))), None)
 
 
 def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:

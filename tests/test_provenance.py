@@ -820,3 +820,69 @@ def test_an_optimizer_positional_setting_follows_its_framework_layout(tmp_path, 
     path = tmp_path / "train.py"
     path.write_text(f"LR = 0.05\nMOMENTUM = 0.9\ngroups = [{{'params': []}}]\n{call}\n")
     assert setting_origin({"file": str(path), "line": 4}, keyword)["line"] == line
+
+
+HELPERS = """
+    import numpy as np
+
+    def shuffle_in_unison(X, y, seed):
+        rng = np.random.default_rng(seed)
+        X = X[rng.permutation(len(X))]  # <X>
+        y = y[rng.permutation(len(y))]  # <y>
+        return X, y
+
+    def split(X, y, n_val):
+        return (X[n_val:], y[n_val:]), (X[:n_val], y[:n_val])
+
+    def minibatches(X, y, size, rng):
+        idx = rng.permutation(len(X))
+        for start in range(0, len(X), size):
+            b = idx[start:start + size]
+            yield X[b], y[b]
+
+    def train_one_epoch(model, X, y, rng):
+        for xb, yb in minibatches(X, y, 64, rng):
+            loss = loss_fn(model(xb), yb)  # <use>
+
+    def main():
+        X, y = load()
+        X, y = shuffle_in_unison(X, y, 0)
+        (X_tr, y_tr), (X_va, y_va) = split(X, y, 200)
+        for epoch in range(5):
+            train_one_epoch(model, X_tr, y_tr, rng)
+"""
+
+
+@pytest.mark.parametrize("role,marker", [("targets", "y"), ("inputs", "X")])
+def test_helpers_that_batch_split_and_shuffle_are_followed_per_half(tmp_path, role, marker):
+    """A generator's batches (``yield X[b], y[b]``) and a split's nested unpacking keep each
+    half apart, so the trace reaches the line inside the helper that moved that half."""
+    got, made, _ = _origin(tmp_path, HELPERS.replace(f"# <{marker}>", "# <made>"), role=role)
+    assert got == made
+
+
+def test_a_shuffle_helper_called_twice_is_located_inside_it(tmp_path):
+    """Called for two datasets, the helper has no single caller to follow; the line inside it
+    that moves the labels is still where the pairing broke."""
+    from model_debugger.provenance import reorder_within
+
+    source = textwrap.dedent("""
+        import numpy as np
+
+        def shuffled(X, y):
+            X = X[np.random.permutation(len(X))]
+            y = y[np.random.permutation(len(y))]  # <made>
+            return X, y
+
+        Xa, ya = shuffled(*load("a"))  # <call>
+        Xb, yb = shuffled(*load("b"))
+        Xc, yc = load("c")  # <plain>
+    """)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    at = {tag: next(i for i, line in enumerate(lines, 1) if f"# <{tag}>" in line)
+          for tag in ("made", "call", "plain")}
+    assert reorder_within({"file": str(path), "line": at["call"]}, last=True)["line"] == \
+        at["made"]
+    assert reorder_within({"file": str(path), "line": at["plain"]}, last=True) is None

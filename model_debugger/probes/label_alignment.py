@@ -267,14 +267,17 @@ def _pairing_location(used: dict | None) -> dict | None:
     """Where the pairing of inputs and labels was broken, traced from where training used them.
 
     The labels' origin (a shuffle, shift or read that moved them is the usual fault), unless
-    only the inputs' trace ends on a line that moves rows (``X = X[perm]`` alone).
+    only the inputs' trace ends on a line that moves rows (``X = X[perm]`` alone); an origin
+    that calls the user's helper which moves rows is located inside it.
     """
-    from ..provenance import data_origin, reorders_rows
+    from ..provenance import data_origin, reorder_within, reorders_rows
 
     labels, inputs = data_origin(used, "targets"), data_origin(used, "inputs")
     if reorders_rows(inputs) and not reorders_rows(labels):
         return inputs
-    return labels
+    # (a helper that moves rows, ``X, y = shuffle_in_unison(X, y)``: the line inside it)
+    return reorder_within(labels, last=True) or labels if labels and not \
+        reorders_rows(labels) else labels
 
 
 def _run_generalised(sig: dict | None) -> bool:
