@@ -344,7 +344,13 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
                 return before
         elif isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) and \
                 isinstance(value.slice.value, str):
-            return _dict_entry(tree, value.slice.value, before)
+            entry = _dict_entry(tree, value.slice.value, before)
+            if entry is None:
+                return None
+            before, value = entry
+            if not isinstance(value, (ast.Attribute, ast.Subscript)):
+                return before  # written in the dict ({"lr": 0.5}): the setting
+            # ({"lr": args.lr}): where the argument is declared
         elif isinstance(value, ast.Attribute):
             return _declared(tree, value.attr, before)
         else:
@@ -352,10 +358,17 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
     return None
 
 
-def _dict_entry(tree: ast.Module, key: str, before: int) -> int | None:
-    """The line of the last ``"key": value`` entry of a dict literal before line ``before``."""
-    found = [line for line in _dict_entries(tree, key) if line < before]
-    return max(found) if found else None
+def _dict_entry(tree: ast.Module, key: str, before: int) -> tuple[int, ast.AST] | None:
+    """``(line, value)`` of the ``"key": value`` entry of a dict literal that set it.
+
+    The last one before line ``before``; else the file's only one (a config built in
+    ``main()``, below the ``train(config)`` that reads it).
+    """
+    found = list(_dict_entries(tree, key))
+    earlier = [e for e in found if e[0] < before]
+    if earlier:
+        return max(earlier, key=lambda e: e[0])
+    return found[0] if len(found) == 1 else None
 
 
 def _dict_entries(tree: ast.Module, key: str):
@@ -363,12 +376,12 @@ def _dict_entries(tree: ast.Module, key: str):
         if isinstance(node, ast.Dict):
             for k, v in zip(node.keys, node.values):
                 if isinstance(k, ast.Constant) and k.value == key:
-                    yield v.lineno
+                    yield v.lineno, v
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
                 node.func.id == "dict":
             for k in node.keywords:
                 if k.arg == key:
-                    yield k.value.lineno
+                    yield k.value.lineno, k.value
 
 
 def _declared(tree: ast.Module, attr: str, before: int) -> int | None:

@@ -1138,47 +1138,6 @@ def test_a_cache_local_to_the_training_function_is_found_from_the_record(tmp_pat
     assert f.evidence["variable"] == "features_seen" and f.evidence["held_share"] >= 0.5
 
 
-class _Trainer:
-    """A trainer object whose history keeps tensors: the loop's frames hold only ``self``."""
-
-    def __init__(self, keep: str):
-        torch.manual_seed(0)
-        self.X, self.y = torch.randn(640, 8), torch.randint(0, 2, (640,))
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.05)
-        self.keep = keep
-        self.history = {"train_loss": [], "val_loss": []}
-
-    def evaluate(self):
-        self.net.eval()
-        return F.cross_entropy(self.net(self.X[:128]), self.y[:128])  # <eval-graph>
-
-    def fit(self, epochs: int):
-        for _epoch in range(epochs):
-            self.net.train()
-            for i in range(0, 640, 32):
-                self.opt.zero_grad()
-                loss = F.cross_entropy(self.net(self.X[i:i + 32]), self.y[i:i + 32])
-                loss.backward()
-                self.opt.step()
-                if self.keep == "train":
-                    self.history["train_loss"].append(loss)  # <kept-train-loss>
-            self.history["val_loss"].append(
-                self.evaluate() if self.keep == "val" else self.evaluate().item())
-
-
-@pytest.mark.parametrize("keep,tag", [("val", "eval-graph"), ("train", "kept-train-loss")])
-def test_graphs_kept_in_a_trainer_objects_history_are_found_from_the_record(tmp_path, keep, tag):
-    """``self.history['val_loss']`` gains an evaluation loss with its graph every epoch (made
-    outside no_grad: located at the evaluation), or the training loss every step (located
-    where it is appended). Neither is in the namespace Isolate sees."""
-    ctx = captured(tmp_path, lambda: _Trainer(keep).fit(8))
-    f = confirmed_one(ctx, "graph_retention", "training_loop")
-    assert_at(f, tag)
-    assert f.evidence["variable"] == f"self.history['{keep}_loss']"
-    assert f.evidence["tensors"] >= 3
-
-
 def test_batch_memory_real_cpu_allocation_failure(tmp_path):
     ctx = captured(tmp_path, train_until_oom, error=RuntimeError)
     assert ctx.run.error["kind"] == "oom" and ctx.run.error["step"] == 5

@@ -429,6 +429,46 @@ def test_a_setting_passed_by_name_or_config_is_located_where_it_was_set(tmp_path
         {"file": str(path), "line": line_of("<use lr")}  # not passed: unchanged
 
 
+def test_a_config_built_below_the_function_that_reads_it_leads_to_its_argparse_default(
+        tmp_path):
+    """``train(config)`` reads ``config["lr"]``; ``main()`` below builds the dict from
+    ``args.lr``, whose ``add_argument`` default is the setting."""
+    from model_debugger.provenance import setting_origin
+
+    source = textwrap.dedent("""
+        import argparse
+
+        def get_args():
+            p = argparse.ArgumentParser()
+            p.add_argument("--lr", type=float, default=0.5)  # <lr>
+            p.add_argument("--momentum", type=float, default=0.9)
+            return p.parse_args()
+
+        def train(config):
+            opt = SGD(params, lr=config["lr"], momentum=config["momentum"])  # <use>
+            clip = config["clip"]
+            loader = DataLoader(data, batch_size=config["batch"])  # <batch use>
+
+        def main():
+            args = get_args()
+            config = {"lr": args.lr, "momentum": args.momentum, "clip": 1.0,
+                      "batch": 512}  # <batch>
+            train(config)
+    """)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+
+    def line_of(marker):
+        return next(i for i, text in enumerate(lines, 1) if marker in text)
+
+    def origin(use, keyword):
+        return setting_origin({"file": str(path), "line": line_of(use)}, keyword)["line"]
+
+    assert origin("<use>", "lr") == line_of("<lr>")
+    assert origin("<batch use>", "batch_size") == line_of("<batch>")  # written in the dict
+
+
 def test_a_step_called_inside_a_comprehension_is_followed_to_the_data(tmp_path):
     got, made, _ = _origin(tmp_path, """
         import numpy as np

@@ -18,8 +18,8 @@ import numpy as np
 from ..provenance import ROWS, batches_origin, data_origin, selects_rows
 from ..thresholds import ACC_GAP, VAL_RISE
 from . import _numpy_stats as st
+from ._passes import cut_passes
 from .base import Probe, ProbeContext, register
-from .training_length import cut_passes
 
 PARAMS_PER_SAMPLE = 10.0
 DISTINCT_SHARE = 0.1  # distinct rows at most this share of the kept rows ...

@@ -15,9 +15,10 @@ import math
 
 import numpy as np
 
-from ..provenance import batches_origin, loop_exit
+from ..provenance import batches_origin
 from ..thresholds import FEW_STEPS, FLOOR_SHARE
 from . import _numpy_stats as st
+from ._passes import cut_passes
 from .base import Probe, ProbeContext, register
 
 EXTRA = 8    # the longer copy makes this many times the run's optimizer steps
@@ -109,22 +110,3 @@ class TrainingLength(Probe):
             "Use a smaller batch or more epochs.",
             where, run_steps=steps, batch_size=batch, longer_steps=longer,
             loss_as_run=short, loss_longer=long, strength=0.8)]
-
-
-def cut_passes(ctx: ProbeContext) -> dict | None:
-    """Passes over the training loader left before it ran out, from the ``passes`` event.
-
-    At least two passes begun after the first, and every finished pass (all but the last)
-    drew fewer than half the loader's batches. Returns the batches per pass, the most a pass
-    drew, the ``for`` line and the statement that left it (:func:`provenance.loop_exit`).
-    """
-    ev = ctx.run.first("passes") or {}
-    batches, drawn = ev.get("batches"), ev.get("drawn")
-    if not isinstance(batches, int) or batches < 2 or not isinstance(drawn, list) or \
-            len(drawn) < 3 or not all(isinstance(d, int) for d in drawn):
-        return None
-    done = drawn[:-1]
-    if max(done) * 2 > batches:
-        return None
-    loop = {"file": ev.get("file"), "line": ev.get("line")} if ev.get("file") else None
-    return {"batches": batches, "drawn": max(done), "loop": loop, "exit": loop_exit(loop)}

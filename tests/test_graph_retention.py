@@ -1,0 +1,72 @@
+"""graph_retention on tensors kept in a trainer object's history (its own file: the trainer's
+evaluation outside ``no_grad`` is linted, which would show in every probe test of a shared file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import model_debugger
+from model_debugger import probing
+from model_debugger.probes import run_probes
+from model_debugger.probing import build_context
+from model_debugger.records import Run
+
+HERE = Path(__file__).read_text().splitlines()
+
+
+def line_of(tag: str) -> int:
+    return next(i for i, text in enumerate(HERE, 1) if f"# <{tag}>" in text)
+
+
+class _Trainer:
+    """A trainer object whose history keeps tensors: the loop's frames hold only ``self``."""
+
+    def __init__(self, keep: str):
+        torch.manual_seed(0)
+        self.X, self.y = torch.randn(640, 8), torch.randint(0, 2, (640,))
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.05)
+        self.keep = keep
+        self.history = {"train_loss": [], "val_loss": []}
+
+    def evaluate(self):
+        self.net.eval()
+        return F.cross_entropy(self.net(self.X[:128]), self.y[:128])  # <eval-graph>
+
+    def fit(self, epochs: int):
+        for _epoch in range(epochs):
+            self.net.train()
+            for i in range(0, 640, 32):
+                self.opt.zero_grad()
+                loss = F.cross_entropy(self.net(self.X[i:i + 32]), self.y[i:i + 32])
+                loss.backward()
+                self.opt.step()
+                if self.keep == "train":
+                    self.history["train_loss"].append(loss)  # <kept-train-loss>
+            self.history["val_loss"].append(
+                self.evaluate() if self.keep == "val" else self.evaluate().item())
+
+
+@pytest.mark.parametrize("keep,tag", [("val", "eval-graph"), ("train", "kept-train-loss")])
+def test_graphs_kept_in_a_trainer_objects_history_are_found_from_the_record(tmp_path, keep, tag):
+    """``self.history['val_loss']`` gains an evaluation loss with its graph every epoch (made
+    outside no_grad: located at the evaluation), or the training loss every step (located
+    where it is appended). Neither is in the namespace Isolate sees."""
+    path = str(tmp_path / "record.jsonl")
+    with model_debugger.capture(path) as rec:
+        _Trainer(keep).fit(8)
+    run = Run.load(path)
+    ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 600.0)
+    found = [f for f in run_probes(ctx, ["graph_retention"]).findings if f.confirmed]
+    assert found, run_probes(ctx, ["graph_retention"]).findings
+    f = found[0]
+    assert (f.check, f.root_cause) == ("graph_retention", "training_loop")
+    assert f.location["line"] == line_of(tag)
+    assert f.evidence["variable"] == f"self.history['{keep}_loss']"
+    assert f.evidence["tensors"] >= 3
