@@ -405,10 +405,11 @@ SETTINGS = """
 """
 
 
-def test_a_setting_passed_by_name_or_config_is_located_where_it_was_set(tmp_path):
+def _settings(tmp_path, source: str):
+    """``(line_of(marker), origin(use marker, keyword), path)`` for a program's settings."""
     from model_debugger.provenance import setting_origin
 
-    source = textwrap.dedent(SETTINGS)
+    source = textwrap.dedent(source)
     path = tmp_path / "train.py"
     path.write_text(source)
     lines = source.splitlines()
@@ -418,6 +419,14 @@ def test_a_setting_passed_by_name_or_config_is_located_where_it_was_set(tmp_path
 
     def origin(use, keyword):
         return setting_origin({"file": str(path), "line": line_of(use)}, keyword)["line"]
+
+    return line_of, origin, path
+
+
+def test_a_setting_passed_by_name_or_config_is_located_where_it_was_set(tmp_path):
+    from model_debugger.provenance import setting_origin
+
+    line_of, origin, path = _settings(tmp_path, SETTINGS)
 
     assert origin("<use batch_size>", "batch_size") == line_of("<batch_size>")
     assert origin("<use lr", "lr") == line_of("<lr>")  # a dict entry
@@ -433,9 +442,7 @@ def test_a_config_built_below_the_function_that_reads_it_leads_to_its_argparse_d
         tmp_path):
     """``train(config)`` reads ``config["lr"]``; ``main()`` below builds the dict from
     ``args.lr``, whose ``add_argument`` default is the setting."""
-    from model_debugger.provenance import setting_origin
-
-    source = textwrap.dedent("""
+    line_of, origin, _ = _settings(tmp_path, """
         import argparse
 
         def get_args():
@@ -455,15 +462,6 @@ def test_a_config_built_below_the_function_that_reads_it_leads_to_its_argparse_d
                       "batch": 512}  # <batch>
             train(config)
     """)
-    path = tmp_path / "train.py"
-    path.write_text(source)
-    lines = source.splitlines()
-
-    def line_of(marker):
-        return next(i for i, text in enumerate(lines, 1) if marker in text)
-
-    def origin(use, keyword):
-        return setting_origin({"file": str(path), "line": line_of(use)}, keyword)["line"]
 
     assert origin("<use>", "lr") == line_of("<lr>")
     assert origin("<batch use>", "batch_size") == line_of("<batch>")  # written in the dict
