@@ -1091,6 +1091,37 @@ def test_binary_cross_entropy_over_class_indices_is_a_mismatch_of_loss_and_targe
         assert found[0].evidence["targets_outside"] == 0.5
 
 
+def train_logits_that_start_in_the_unit_interval(squash: bool):
+    """BCE-with-logits on raw scores whose first batch lies in [0, 1] by chance (a small
+    initialisation, bias 0.1), or on a sigmoid's outputs."""
+    torch.manual_seed(0)
+    X = torch.randn(512, 6)
+    y = (X[:, 0] > 0).float().unsqueeze(1)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(0.05)
+        net[2].bias.fill_(0.1)
+    if squash:
+        net.append(nn.Sigmoid())
+    opt = torch.optim.Adam(net.parameters(), lr=0.02)
+    for _epoch in range(6):
+        for i in range(0, 512, 32):
+            opt.zero_grad()
+            F.binary_cross_entropy_with_logits(net(X[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+
+
+@pytest.mark.parametrize("squash", [False, True])
+def test_a_first_batch_in_the_unit_interval_is_no_squashed_output(tmp_path, squash):
+    """Only outputs that stay in [0, 1] over the whole run were squashed: raw scores that
+    merely start there (0.1 +- small) are logits."""
+    ctx = captured(tmp_path, lambda: train_logits_that_start_in_the_unit_interval(squash))
+    assert ctx.run.first("loss_input")["kind"] == "unit_interval"
+    found = [f for f in probe(ctx, "loss_output_mismatch") if f.confirmed]
+    assert bool(found) is squash, found
+
+
 def test_loss_output_mismatch_softmax_before_cross_entropy(tmp_path):
     ctx = captured(tmp_path, train_softmax_into_ce)
     f = confirmed_one(ctx, "loss_output_mismatch", "architecture")

@@ -109,7 +109,7 @@ class LossOutputMismatch(Probe):
         floored = self._floored(ctx, seen) or _targets_outside(self, ctx)
         if floored is not None:
             return [floored]
-        measured = kind in _EXPECTS_LOGITS.get(name, ())
+        measured = kind in _EXPECTS_LOGITS.get(name, ()) and _held_all_run(ctx, kind)
         if not hits and not measured:
             return []
         where = loc(hits[0]) if hits else output_location(ctx) \
@@ -262,3 +262,21 @@ def _line(ctx: ProbeContext, where: dict | None) -> str | None:
     text = ctx.source_files.get(where["file"])
     lines = text.splitlines() if isinstance(text, str) else []
     return lines[where["line"] - 1] if 0 < where["line"] <= len(lines) else None
+
+
+def _held_all_run(ctx: ProbeContext, kind: str) -> bool:
+    """Whether the first batch's kind of loss input held over the whole run.
+
+    The capture describes the loss input on the first training call; the ``targets`` event
+    keeps its range over every call. A freshly initialised model's logits can all fall in
+    [0, 1] on the first batch (0.03-0.17): outputs that left [0, 1] later were never squashed.
+    """
+    ev = ctx.run.of("targets")
+    low, high = (ev[-1].get("input_min"), ev[-1].get("input_max")) if ev else (None, None)
+    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+        return True  # no run-wide range recorded: the first batch is all there is
+    if kind in ("unit_interval", "probabilities"):
+        return low >= 0.0 and high <= 1.0
+    if kind == "log_probabilities":
+        return high <= 0.0
+    return True
