@@ -649,3 +649,27 @@ def test_a_custom_loop_has_epochs_and_a_validation_loss_from_its_dataset_passes(
     assert math.isclose(losses[-1]["value"], val, rel_tol=1e-5)
     passes = run.first("passes")
     assert passes["batches"] == 4 and passes["drawn"] == [4, 4, 4] and passes["last_ran_out"]
+
+
+def test_a_subclassed_model_is_sized_once_it_is_built():
+    """Found at compile, unbuilt (a subclassed model builds on its first call): its size is
+    recorded once a step has built it, not as 0 parameters (data_volume reads it)."""
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.head(self.hidden(x))
+
+    X, y = data(128)
+    with capture() as rec:
+        keras.utils.set_random_seed(0)
+        model = Net()
+        model.compile(optimizer="adam", loss=ce())
+        assert not model.built
+        model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+    events = [e for e in rec.events if e.get("t") == "model"]
+    assert len(events) == 1 and events[0]["params"] == model.count_params() == 8 * 16 + 16 + 34

@@ -87,6 +87,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._iterating: dict[int, tuple] = {}  # id(iterator) -> (its dataset's key, weakref)
         self._last_source = None  # the dataset of the last batch drawn in a custom loop
         self._eval_losses: list = []  # (mean loss, rows) of a custom loop's evaluation batches
+        self._unsized = None  # (weakref, name) of a model found before it was built
         self._last_x = None
         self._nonfinite_seen = False
         self._epoch_base = 0
@@ -184,6 +185,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             vec, layout = self._pending
             self._pending = None
             self._emit_from_vec(vec, layout)
+        self._emit_model()
         self._flush_eval()
         self._emit_targets()
         self._emit_overhead()
@@ -304,6 +306,23 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         return out, config
 
     # -- models ----------------------------------------------------------------------------
+    def _emit_model(self) -> None:
+        """The ``model`` event of the model found, once it is built (its size is known)."""
+        if self._unsized is None:
+            return
+        ref, name = self._unsized
+        self._unsized = None
+        model = ref()
+        if model is None:
+            return
+        try:
+            params = int(model.count_params()) if model.built else 0
+        except Exception:  # noqa: BLE001
+            params = 0
+        modules = [layer.name for layer in getattr(model, "layers", []) if layer.weights]
+        self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
+                      modules=modules[:500], training=True, framework="keras")
+
     def _discover_from_frame(self, model, frame) -> None:
         f = user_frame(frame)
         name, namespace, span = "model", None, None
@@ -340,13 +359,9 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             return
         self._models[id(model)] = weakref.ref(model)
         self._root = weakref.ref(model)
-        try:
-            params = int(model.count_params()) if model.built else 0
-        except Exception:  # noqa: BLE001
-            params = 0
-        modules = [layer.name for layer in getattr(model, "layers", []) if layer.weights]
-        self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
-                      modules=modules[:500], training=True, framework="keras")
+        self._unsized = (weakref.ref(model), name)
+        if model.built:  # (a subclassed model is built by its first call: sized at a step)
+            self._emit_model()
         self.ref("model", definition_location(model) or assignment(namespace, name, span),
                  name=name)
         with self._tf.init_scope():  # found while a tf.function traces: read the weights eagerly

@@ -249,6 +249,8 @@ class StepHooks(OverheadWatch, HeldWatch):
         self._emit_step(loss, total, mgn)
 
     def _emit_step(self, loss, gn, mgn) -> None:
+        if self._unsized is not None:
+            self._emit_model()  # built by now (a subclassed model's first call)
         now = time.perf_counter()
         dt = now - self._last_step_end if self._last_step_end is not None else None
         self._last_step_end = now
