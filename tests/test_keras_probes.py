@@ -743,3 +743,35 @@ def test_a_tape_loop_that_leaves_each_pass_over_its_dataset_early_is_the_cause(t
     found = [f for f in probe(ctx, ["training_length"]).findings if f.confirmed]
     assert found and found[0].root_cause == "training_loop", found
     assert found[0].location["line"] == line_of("keras-left-early")
+
+
+def test_a_keras_callback_that_decays_the_rate_every_few_batches_is_the_schedule(tk):
+    """A callback meant per epoch, hooked per batch: the rate collapses within the first
+    epoch. The capture follows the optimizer's learning_rate (``lr`` events); lr_schedule
+    confirms by experiment and is located where the callback writes the rate."""
+    import model_debugger
+    from model_debugger.probing import build_context, probe
+    from model_debugger.records import Classification, Run
+
+    class Decay(tk.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch % 5 == 4:
+                rate = float(self.model.optimizer.learning_rate)
+                self.model.optimizer.learning_rate = rate * 0.3  # <keras-rate-written>
+
+    X, y = problem(1024)
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        model = tk.Sequential([tk.Input((10,)), tk.layers.Dense(32, activation="relu"),
+                               tk.layers.Dense(2)])
+        model.compile(optimizer=tk.optimizers.SGD(0.05),
+                      loss=tk.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(X, y, batch_size=32, epochs=3, verbose=0, callbacks=[Decay()])
+    run = Run(rec.events)
+    rates = [e["lr"] for e in run.of("lr")]
+    assert rates[0] == pytest.approx(0.05) and rates[-1] < 1e-4 * rates[0]
+    ctx = build_context(run, rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=60.0, classification=Classification("loss_not_decreasing"))
+    assert ctx.signals["lr_collapsed_share"] > 0.5
+    found = [f for f in probe(ctx, ["lr_schedule"]).findings if f.confirmed]
+    assert found and found[0].location["line"] == line_of("keras-rate-written"), found

@@ -61,3 +61,31 @@ active: list = []  # the Recorders inside their block, innermost last (appended 
 def active_recorder():
     """The innermost active Recorder, or None."""
     return active[-1] if active else None
+
+
+LR_EVENTS = 64  # ``lr`` events at most (one each time the rate moved by LR_MOVE or more)
+LR_MOVE = 1.5
+
+
+class RateTrack:
+    """The learning rate's trajectory as ``lr`` events: one each time it moved by ``LR_MOVE``.
+
+    Shared by both instruments (a PyTorch group's ``lr``, a Keras optimizer's
+    ``learning_rate``), at most ``LR_EVENTS``: a schedule's shape, not every step.
+    """
+
+    def __init__(self, rec) -> None:
+        self.rec = rec
+        self.last: float | None = None
+        self.events = 0
+
+    def note(self, lr) -> None:
+        """The rate in force at the record's current step."""
+        if not isinstance(lr, (int, float)) or not math.isfinite(lr) or self.events >= LR_EVENTS:
+            return
+        last = self.last
+        if last is None or (lr > 0) != (last > 0) or \
+                lr > 0 and not 1 / LR_MOVE < lr / last < LR_MOVE:
+            self.last = float(lr)
+            self.events += 1
+            self.rec.emit("lr", step=self.rec.step, lr=float(lr))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 import weakref
 
+from ._util import RateTrack
 from .codeloc import assignment, definition_location, frame_span, user_frame
 from .instrument import Instrument
 from .keras_hooks import FitHooks, LoopHooks
@@ -88,6 +89,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._last_source = None  # the dataset of the last batch drawn in a custom loop
         self._eval_losses: list = []  # (mean loss, rows) of a custom loop's evaluation batches
         self._unsized = None  # (weakref, name) of a model found before it was built
+        self._rates = RateTrack(rec)  # the optimizer's learning rate over the run (``lr``)
+        self._rate_of = None  # weakref to the optimizer whose rate is followed
         self._last_x = None
         self._nonfinite_seen = False
         self._epoch_base = 0
@@ -274,6 +277,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         if ref is not None and ref() is opt:
             return
         self._opts[id(opt)] = weakref.ref(opt)
+        self._rate_of = self._opts[id(opt)]
         loc = self._opt_locs.get(id(opt)) or fallback
         hyper, config = self._hyper(opt)
         self.keeper.on_optimizer(opt, hyper, config)
@@ -322,6 +326,18 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         modules = [layer.name for layer in getattr(model, "layers", []) if layer.weights]
         self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
                       modules=modules[:500], training=True, framework="keras")
+
+    def _note_rate(self) -> None:
+        """The followed optimizer's learning rate now (a variable, or its schedule's value)."""
+        opt = self._rate_of() if self._rate_of is not None else None
+        if opt is None:
+            return
+        try:
+            with self._tf.init_scope():
+                lr = opt.learning_rate
+                self._rates.note(float(lr.numpy() if hasattr(lr, "numpy") else lr))
+        except Exception:  # noqa: BLE001 - a rate that cannot be read here: no event
+            return
 
     def _discover_from_frame(self, model, frame) -> None:
         f = user_frame(frame)

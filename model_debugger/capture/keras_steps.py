@@ -251,6 +251,7 @@ class StepHooks(OverheadWatch, HeldWatch):
     def _emit_step(self, loss, gn, mgn) -> None:
         if self._unsized is not None:
             self._emit_model()  # built by now (a subclassed model's first call)
+        self._note_rate()
         now = time.perf_counter()
         dt = now - self._last_step_end if self._last_step_end is not None else None
         self._last_step_end = now

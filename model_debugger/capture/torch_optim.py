@@ -33,6 +33,7 @@ import sys
 import time
 import weakref
 
+from ._util import RateTrack
 from .codeloc import user_location
 from .torch_grads import (
     copy_weights,
@@ -48,8 +49,6 @@ from .torch_util import hyper
 
 _OPTIMIZER_EVENTS = 3  # ``optimizer`` events per line that builds one (a loop may build many)
 HIST_PARAMS = 64  # gradients histogrammed per step, at most
-LR_EVENTS = 64  # ``lr`` events at most (one each time the rate moved by LR_MOVE or more)
-LR_MOVE = 1.5
 
 
 class OptimizerHooks:
@@ -74,8 +73,7 @@ class OptimizerHooks:
         self._step_clipped = None  # the clipped global norm of the step in progress
         self._guarded_on_clip = self.guard(self._on_clip)
         self._updated: set[int] = set()  # ids of parameters some optimizer's first step updated
-        self._lr_last: float | None = None  # the last learning rate written (``lr`` events)
-        self._lr_events = 0
+        self._rates = RateTrack(self.rec)  # the learning rate's trajectory (``lr`` events)
         self._scheduler_seen = False
         self._updated_by: set[int] = set()  # ids of the optimizers counted there
         self._elsewhere_seen = False  # an optimizer_elsewhere event was written
@@ -137,14 +135,7 @@ class OptimizerHooks:
         lr = groups[0].get("lr") if groups else None
         if hasattr(lr, "item"):  # a tensor learning rate
             lr = float(lr.item())
-        if not isinstance(lr, (int, float)) or self._lr_events >= LR_EVENTS:
-            return
-        last = self._lr_last
-        if last is None or (lr > 0) != (last > 0) or \
-                lr > 0 and not 1 / LR_MOVE < lr / last < LR_MOVE:
-            self._lr_last = float(lr)
-            self._lr_events += 1
-            self.rec.emit("lr", step=self.rec.step, lr=float(lr))
+        self._rates.note(lr)
 
     # -- steps -----------------------------------------------------------------------------
     def _params(self, opt) -> list:

@@ -5,7 +5,8 @@ the rate fell below 1% of its peak for at least half of the steps. Then tested b
 two fresh copies trained on the same rows, one at the rate the schedule held for most of the run
 (its median over the steps) and one at the schedule's peak; the finding is confirmed when the
 copy at the peak reaches a clearly lower held-out loss (the decay, not the model or the data,
-holds the loss up). PyTorch schedules (the record has no Keras rate trajectory yet).
+holds the loss up). PyTorch schedules, and a Keras optimizer's ``learning_rate`` (a schedule
+or a callback that writes it).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class LrSchedule(Probe):
     cost = 2
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
     needs_live = True
-    frameworks = ("torch",)
+    frameworks = ("torch", "keras")
     suggested_by = ("lr_collapsed_share",)
     fix = ("Slow the schedule down (a larger step_size, a gamma closer to 1, a decay over the "
            "whole run), or step it per epoch rather than per batch.")
@@ -75,7 +76,8 @@ class LrSchedule(Probe):
 def rate_written(sources: dict) -> dict | None:
     """The user's line that writes the learning rate into the optimizer, when no scheduler does.
 
-    ``g["lr"] = g["lr"] * warm`` over ``opt.param_groups``: a schedule written by hand is set
+    ``g["lr"] = g["lr"] * warm`` over ``opt.param_groups``, or a Keras callback's
+    ``self.model.optimizer.learning_rate = lr * factor``: a schedule written by hand is set
     there, not where the optimizer was built. The first such assignment of the code.
     """
     import ast
@@ -89,6 +91,8 @@ def rate_written(sources: dict) -> dict | None:
                            key=lambda n: n.lineno):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and
-                   t.slice.value in ("lr", "learning_rate") for t in targets):
+                   t.slice.value in ("lr", "learning_rate") or
+                   isinstance(t, ast.Attribute) and t.attr in ("lr", "learning_rate") and
+                   "optimizer" in ast.unparse(t.value) for t in targets):
                 return {"file": path, "line": node.lineno}
     return None
