@@ -312,10 +312,36 @@ class _RankedRows(torch.utils.data.Dataset):
         return torch.cat([row, q.float() / len(ranked)]), self.y[i]
 
 
-def train_slow_getitem():
+class _RankAgainst:
+    """A transform that sorts its reference table again for every item it ranks."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __call__(self, row):
+        ranked = torch.sort(self.table.repeat(8, 1), dim=0).values  # <slow-transform>
+        q = torch.searchsorted(ranked[:, 0].contiguous(), row[:1])
+        return torch.cat([row, q.float() / len(ranked)])
+
+
+class _TransformedRows(torch.utils.data.Dataset):
+    def __init__(self, x, y, transform):
+        self.x, self.y, self.transform = x, y, transform
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.transform(self.x[i]), self.y[i]
+
+
+def train_slow_getitem(transform: bool = False):
     torch.manual_seed(9)
     feats = torch.randn(2000, 4)
-    loader = DataLoader(_RankedRows(feats, (feats[:, 0] > 0).long()), batch_size=32)
+    labels = (feats[:, 0] > 0).long()
+    data = _TransformedRows(feats, labels, _RankAgainst(feats)) if transform else \
+        _RankedRows(feats, labels)
+    loader = DataLoader(data, batch_size=32)
     net = nn.Linear(5, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     for step, (xb, yb) in enumerate(loader):
@@ -838,12 +864,14 @@ def test_a_slow_collate_is_located_at_itself_not_where_the_data_was_made(tmp_pat
     assert "used_at" not in f.location
 
 
-def test_a_slow_getitem_is_located_at_its_slowest_line(tmp_path):
+@pytest.mark.parametrize("transform,tag", [(False, "slow-getitem"), (True, "slow-transform")])
+def test_a_slow_getitem_is_located_at_its_slowest_line(tmp_path, transform, tag):
     """Of the lines of ``__getitem__``, the one that sorts a table for every item takes the
-    time: the finding is there (it was the ``def`` line)."""
-    ctx = captured(tmp_path, train_slow_getitem)
+    time: the finding is there (it was the ``def`` line); inside the user's transform when
+    ``__getitem__`` only calls it (it was the call's line)."""
+    ctx = captured(tmp_path, lambda: train_slow_getitem(transform))
     f = confirmed_one(ctx, "dataloader_throughput", "data")
-    assert_at(f, "slow-getitem")
+    assert_at(f, tag)
 
 
 def test_a_schedule_written_by_hand_is_located_where_it_writes_the_rate(tmp_path):

@@ -102,28 +102,41 @@ HOT_SHARE = 0.3  # a line taking this share of the slow function's time is where
 
 
 def _hottest_line(fn, call) -> dict | None:
-    """The line of ``fn`` (the user's collate or ``__getitem__``) where ``call()`` spends most.
+    """The user's line where ``call()`` spends most (``fn``: a collate or ``__getitem__``).
 
-    Line events of ``fn``'s own frames only are timed (a comprehension or a call on a line
-    counts on that line); None when no line takes :data:`HOT_SHARE` of the time, when
-    ``fn`` is not the user's code or when ``call`` fails.
+    Time is charged to the innermost line of the user's code running (a library call counts
+    on the line that made it; a user helper or transform called from ``fn``, its own lines):
+    where the work is, not only the line of ``fn`` that reached it. None when no line takes
+    :data:`HOT_SHARE` of the time, when ``fn`` is not the user's code or when ``call`` fails.
     """
+    from ..capture.codeloc import is_user_file
+
     code = getattr(fn, "__code__", None)
     if code is None or _func_loc(fn) is None:
         return None
-    spent: dict[int, float] = {}
-    at: list = [None, 0.0]  # the line running in fn's frame, since when
+    spent: dict[tuple, float] = {}
+    at: list = [None, 0.0]  # the (file, line) running in the innermost user frame, since when
+    inside = [0]  # user frames of fn's call on the stack
 
-    def local(frame, event, arg):
+    def charge(key) -> None:
         now = time.perf_counter()
         if at[0] is not None:
             spent[at[0]] = spent.get(at[0], 0.0) + now - at[1]
-        at[0], at[1] = (frame.f_lineno, now) if event == "line" else (None, now)
+        at[0], at[1] = key, now
+
+    def local(frame, event, arg):
+        if event == "line":
+            charge((frame.f_code.co_filename, frame.f_lineno))
+        elif event == "return":
+            inside[0] -= 1
+            back = frame.f_back
+            charge((back.f_code.co_filename, back.f_lineno) if inside[0] and back else None)
         return local
 
     def calls(frame, event, arg):
-        if frame.f_code is code:
-            at[0] = None
+        if frame.f_code is code or inside[0] and is_user_file(frame.f_code.co_filename):
+            inside[0] += 1
+            charge(None)
             return local
         return None
 
@@ -138,5 +151,5 @@ def _hottest_line(fn, call) -> dict | None:
     total = sum(spent.values())
     if not total:
         return None
-    line, took = max(spent.items(), key=lambda kv: kv[1])
-    return {"file": code.co_filename, "line": line} if took >= HOT_SHARE * total else None
+    (file, line), took = max(spent.items(), key=lambda kv: kv[1])
+    return {"file": file, "line": line} if took >= HOT_SHARE * total else None
