@@ -562,10 +562,10 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
             return (True, [""], [""]) if loader == "" else (False, [loader], [loader])
         if isinstance(call.func, ast.Attribute) and call.func.attr in _FIT_CALLS:
             args = [*call.args[:2]] + [k.value for k in call.keywords if k.arg in ("x", "y")]
-            names = [a.id if isinstance(a, ast.Name) else "" for a in args[:2]]
+            names = [_fit_names(a) for a in args[:2]]
             if len(names) == 1:  # fit(train_ds): one dataset carries inputs and targets
-                return True, names, names
-            return True, names[:1], names[1:]
+                return True, names[0], names[0]
+            return True, names[0] if names else [], names[1] if len(names) > 1 else []
     inputs: list[str] = []
     targets: list[str] = []
     loss_call = next((c for c in calls if len(c.args) >= 2), None)  # outermost: the loss
@@ -588,6 +588,21 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
     if loss_call is None and len(calls) == 1 and calls[0].args:
         inputs = [r for r in map(_root, calls[0].args) if r]  # a forward: ``out = model(xb)``
     return False, inputs, [t for t in targets if t not in inputs]
+
+
+def _fit_names(arg: ast.AST) -> list[str]:
+    """The names a ``fit`` argument hands over; ``[""]`` when it is computed on that line.
+
+    ``X``, or the values of a dict or list of named inputs (``{"numeric": X_num, "region":
+    X_cat}``, ``[X_a, X_b]``).
+    """
+    if isinstance(arg, ast.Name):
+        return [arg.id]
+    parts = arg.values if isinstance(arg, ast.Dict) else \
+        arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else None
+    if parts and all(isinstance(p, ast.Name) for p in parts):
+        return [p.id for p in parts]
+    return [""]
 
 
 def _user_function(call: ast.Call | None, scope: list[ast.AST]) -> bool:
@@ -1002,8 +1017,10 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
         return value
     if role not in (None, ROWS) and isinstance(value, ast.Subscript) and _is_split(value.slice):
         return _unwrapped(value.value, role)
-    if isinstance(value, (ast.Tuple, ast.List)):  # (x, y) handed on together
-        inner = [_unwrapped(e, role) for e in value.elts]
+    if isinstance(value, (ast.Tuple, ast.List, ast.Dict)):  # (x, y) handed on together
+        # (a dict of named inputs, ``fit({"numeric": X, "region": r}, y)``: its values)
+        inner = [_unwrapped(e, role) for e in
+                 (value.values if isinstance(value, ast.Dict) else value.elts)]
         if not inner or any(i is None for i in inner):
             return None
         return ast.Tuple(elts=[e for i in inner for e in

@@ -924,3 +924,15 @@ def test_a_shuffle_helper_called_twice_is_located_inside_it(tmp_path):
     assert reorder_within({"file": str(path), "line": at["call"]}, last=True)["line"] == \
         at["made"]
     assert reorder_within({"file": str(path), "line": at["plain"]}, last=True) is None
+
+
+def test_named_inputs_of_fit_are_followed_to_the_latest_made(tmp_path):
+    """``fit({"numeric": X_num, "region": X_cat}, y)``: each named input is traced; the
+    latest line that made one of them is the inputs' origin (it was the fit line)."""
+    got, made, use = _origin(tmp_path, """
+        X_num, X_cat, y = load()
+        X_tr, X_va, c_tr, c_va, y_tr, y_va = train_test_split(X_num, X_cat, y)
+        X_tr = scaler.fit_transform(X_tr)  # <made>
+        model.fit({"numeric": X_tr, "region": c_tr}, y_tr, epochs=3)  # <use>
+    """, role="inputs")
+    assert got == made != use
