@@ -361,7 +361,8 @@ def broadcast_loss(sig: dict):
 
     ``(B, 1)`` predictions against a ``(B,)`` target: every prediction against every target.
     Whatever the curve does, such a loss is minimised by the targets' mean: the model converges
-    to a constant.
+    to a constant. Ranked before the loss-growth rule: the spikes of such a loss are another
+    objective's (skewed targets paired with every prediction).
     """
     factor = sig.get("loss_broadcast_factor")
     if factor is None or factor < 2:
@@ -658,8 +659,8 @@ def gpu_idle(sig: dict):
 
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
-    nonfinite, oom, rank_hang, loss_without_metric, exploding, memory_growth, rank_desync,
-    broadcast_loss, bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
+    nonfinite, oom, rank_hang, loss_without_metric, broadcast_loss, exploding, memory_growth,
+    rank_desync, bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
     not_decreasing, vanishing, rank_straggler, slow_data, loop_overhead, gpu_idle, plateau,
 )
 

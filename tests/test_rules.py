@@ -68,9 +68,9 @@ def classify_and_check(sig: dict) -> Classification:
 
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
-    assert names == ["nonfinite", "oom", "rank_hang", "loss_without_metric", "exploding",
-                     "memory_growth",
-                     "rank_desync", "broadcast_loss", "bounded_output", "below_zero",
+    assert names == ["nonfinite", "oom", "rank_hang", "loss_without_metric", "broadcast_loss",
+                     "exploding", "memory_growth",
+                     "rank_desync", "bounded_output", "below_zero",
                      "one_value_targets",
                      "overfitting", "wrong_solution", "generalisation_gap", "not_decreasing", "vanishing",
                      "rank_straggler", "slow_data", "loop_overhead", "gpu_idle", "plateau"]
@@ -1357,6 +1357,21 @@ def test_broadcast_loss_outranks_the_curve():
                         "target": [32], "shape": [32, 32], "factor": 32.0})
     fires(C.broadcast_loss, run, "convergence_to_wrong_solution", {"loss_broadcast_factor"})
     quiet(C.broadcast_loss, syn.make_run(syn.steps_events(np.linspace(1.0, 0.5, 200))))
+
+
+def test_broadcast_loss_outranks_a_loss_spike():
+    """The spikes of a B x B loss are another objective's: the primary is the wrong solution,
+    the spike stays a secondary."""
+    loss = np.full(200, 0.7)
+    loss[120] = 12.0
+    run = syn.make_run(syn.steps_events(loss),
+                       {"t": "loss_broadcast", "loss": "mse_loss", "input": [64, 1],
+                        "target": [64], "shape": [64, 64], "factor": 64.0})
+    sig = compute(run)
+    assert C.exploding(sig) is not None
+    cls = C.classify(sig)
+    assert cls.primary == "convergence_to_wrong_solution"
+    assert "gradient_instability" in cls.secondary
 
 
 def test_bounded_output_needs_unreachable_targets():
