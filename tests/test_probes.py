@@ -1557,6 +1557,52 @@ def test_rows_repeated_by_a_loop_that_leaves_its_passes_early_are_the_loop(tmp_p
     assert f.evidence["distinct_rows"] == 48 and f.evidence["drawn_per_pass"] == 3
 
 
+def _blob_splits():
+    torch.manual_seed(0)
+    labels = torch.randint(0, 3, (1200,))
+    feats = torch.eye(3, 4)[labels] * 2 + 0.8 * torch.randn(1200, 4)
+    return (feats[:960], labels[:960]), (feats[960:], labels[960:])
+
+
+def train_rescaled_alone():
+    """One array split in two; only the training side is rescaled (x 1000)."""
+    (train_x, train_y), (val_x, val_y) = _blob_splits()
+    train = DataLoader(TensorDataset(train_x * 1000.0, train_y), batch_size=64)  # <train-apart>
+    net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _epoch in range(3):
+        for xb, yb in train:
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+        with torch.no_grad():
+            F.cross_entropy(net(val_x), val_y)
+
+
+def validated_rescaled_alone():
+    """The same, with only the validation side rescaled, inline at the evaluation."""
+    (train_x, train_y), (val_x, val_y) = _blob_splits()
+    net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _epoch in range(3):
+        for xb, yb in DataLoader(TensorDataset(train_x, train_y), batch_size=64):
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+        with torch.no_grad():
+            F.cross_entropy(net(val_x * 1000.0), val_y)  # <val-apart>
+
+
+@pytest.mark.parametrize("train,tag", [(train_rescaled_alone, "train-apart"),
+                                       (validated_rescaled_alone, "val-apart")])
+def test_a_shift_is_located_on_the_side_changed_last(tmp_path, train, tag):
+    """Both splits come from one array: the side whose inputs were made last (rescaled alone)
+    is where they came apart (the training side was never looked at)."""
+    ctx = captured(tmp_path, train)
+    f = confirmed_one(ctx, "distribution_shift", "data")
+    assert_at(f, tag)
+
+
 # -- loss_broadcast ------------------------------------------------------------------------------
 def _regression(view_target: bool):
     torch.manual_seed(0)

@@ -30,6 +30,7 @@ class DistributionShift(Probe):
 
     id = "distribution_shift"
     data_role = "validation"  # provenance.VALIDATION: fit's validation_data, else the inputs
+    traces_origin = False  # located by :func:`_split_location` (the side changed last)
     categories = ("overfitting", "convergence_to_wrong_solution", "loss_not_decreasing")
     needs_live = False
     fix = ("Build the validation split from the same distribution as training (shuffle before "
@@ -81,11 +82,27 @@ class DistributionShift(Probe):
         else:
             text = (f"Possible mild shift between training and validation inputs: {auc_text}"
                     f"{'; shifted: ' + where if where else ''}. Not strong enough to confirm.")
-        # located where the validation inputs were made: traced back from the first
-        # evaluation forward (an inline transform there, ``net(xb * 10.0)``, is that line)
-        where_val = ctx.ref("eval_forward") or st.data_location(ctx)
-        return [self.finding("data", confirmed, text, where_val, strength=strength,
+        return [self.finding("data", confirmed, text, _split_location(ctx), strength=strength,
                              auc=score, ks_critical=crit, top_features=top,
                              shifted_features=int(significant.sum()),
                              major_shift_features=int(major.sum()),
                              n_train=len(x), n_val=len(v))]
+
+
+def _split_location(ctx: ProbeContext) -> dict | None:
+    """Where the two splits' inputs came apart: the side whose inputs were made last.
+
+    Validation inputs are traced back from the first evaluation forward (an inline transform
+    there, ``net(xb * 10.0)``, is that line) or ``fit``'s ``validation_data``; training inputs
+    from where training used them. Both come from shared data: the later of the two origins in
+    the file is the change made to one side only (``DataLoader(TensorDataset(train_X * 1000,
+    ...))`` beside a validation split left as it was), else the validation side's.
+    """
+    from ..provenance import VALIDATION, data_origin
+
+    val = data_origin(ctx.ref("eval_forward") or st.data_location(ctx), VALIDATION)
+    train = data_origin(st.data_location(ctx), "inputs")
+    if val and train and train.get("file") == val.get("file") and "used_at" in train and \
+            train["line"] > val["line"]:
+        return train
+    return val
