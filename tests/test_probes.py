@@ -225,6 +225,22 @@ def train_lr_too_high():
         opt.step()
 
 
+def train_summed_loss():
+    """A usual rate (0.05) on a loss summed over batches of 64: every step 64x the mean's."""
+    torch.manual_seed(5)
+    X = torch.randn(1024, 6)
+    y = X @ torch.randn(6, 1)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+    criterion = nn.MSELoss(reduction="sum")  # <summed>
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for _epoch in range(3):
+        for i in range(0, 1024, 64):
+            loss = criterion(net(X[i:i + 64]), y[i:i + 64])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
 def train_lr_too_low():
     torch.manual_seed(6)
     X = torch.randn(1024, 20)
@@ -773,6 +789,16 @@ def test_lr_range_too_high(tmp_path):
     ev = f.evidence
     assert ev["lr"] == 3.0 and ev["diverge_lr"] <= 3.0
     assert ev["safe_lr"] <= ev["diverge_lr"] / 10 * (1 + 1e-9)
+
+
+def test_a_rate_too_high_for_a_summed_loss_is_located_at_the_sum(tmp_path):
+    """The rate is usual; the loss summed over the batch made each step 64x larger: the line
+    that made the sum is what to change (it was the optimizer's line)."""
+    ctx = captured(tmp_path, train_summed_loss)
+    assert ctx.run.of("targets")[-1]["reduction"] == "sum"
+    f = confirmed_one(ctx, "lr_range", "hyperparameter")
+    assert_at(f, "summed")
+    assert "reduction='sum'" in f.explanation
 
 
 @pytest.mark.parametrize("primary,user,expect", [

@@ -53,3 +53,28 @@ def _ran(hit, ran: dict[str, list[int]]) -> bool:
 
 def loc(hit) -> dict:
     return {"file": hit.file, "line": hit.line}
+
+
+def summed_loss_line(ctx: ProbeContext) -> dict | None:
+    """The line that built a loss summed over the batch, when the training loss was one.
+
+    The capture marks the training loss ``reduction: "sum"`` (``targets`` event); the first
+    call in the code passing ``reduction="sum"`` (``nn.MSELoss(reduction="sum")``) made it.
+    """
+    import ast
+
+    run = getattr(ctx, "run", None)
+    ev = run.of("targets") if run is not None else []
+    if not ev or ev[-1].get("reduction") != "sum":
+        return None
+    for path, text in (getattr(ctx, "source_files", None) or {}).items():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for node in sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)),
+                           key=lambda n: n.lineno):
+            if any(k.arg == "reduction" and isinstance(k.value, ast.Constant) and
+                   k.value.value == "sum" for k in node.keywords):
+                return {"file": path, "line": node.lineno}
+    return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._lint import summed_loss_line
 from .base import Probe, ProbeContext, blown_up, register, setting_location
 
 VANISH = 1e-3      # layer median norm / largest layer median norm
@@ -87,12 +88,15 @@ class GradientFlow(Probe):
                 f"held non-finite values ({bad['in_batch']}): the data, not the module.",
                 ctx.ref("backward"), strength=0.3, **common)
         if growth is not None and growth >= GROWTH:
+            summed = summed_loss_line(ctx)
             return self.finding(
                 "hyperparameter", True,
                 f"Non-finite {what} first at step {step} in {where}, after the gradient norm "
                 f"grew {growth:.3g}x: updates grow until values overflow, the signature of a "
-                "learning rate too high for the scale of inputs and weights.",
-                setting_location(ctx.ref("optimizer"), "lr"), strength=0.7, **common)
+                "learning rate too high for the scale of inputs and weights"
+                + (" (the loss sums over the batch: reduction='sum' makes every step the "
+                   "batch size times the mean's)." if summed else "."),
+                summed or setting_location(ctx.ref("optimizer"), "lr"), strength=0.7, **common)
         custom = _module_location(ctx, module) if module else None
         # weights already non-finite: an earlier update (a gradient the capture did not
         # measure, see norm_every) put them there, not the forward pass

@@ -14,6 +14,7 @@ import numpy as np
 from ..records import Intervention
 from ..thresholds import FLOOR_SHARE, GRAD_GROWTH
 from ._heldout import heldout_loss
+from ._lint import summed_loss_line
 from .base import Probe, ProbeContext, register, setting_location
 from .report import ProbeResult
 
@@ -101,6 +102,12 @@ class LRRange(Probe):
         unstable = unstable_run or "first_nonfinite_step" in sig or \
             sig.get("loss_relative_drop", 0) < 0 or sig.get("grad_norm_growth", 0) >= GRAD_GROWTH
         stuck = sig.get("loss_relative_drop", 1.0) < 0.2
+        # a rate too high for a loss summed over the batch: the sum made each step that large
+        summed = summed_loss_line(ctx)
+        where_high = summed or setting_location(ctx.ref("optimizer"), "lr")
+        summed_text = (" The loss sums over the batch (reduction='sum'): every step is the "
+                       "batch size times the mean's, so the rate is too high for it; average "
+                       "instead (reduction='mean') or divide the rate.") if summed else ""
         if diverge_lr is not None and user >= diverge_lr and unstable:
             from ..pitfalls.optimization import typical_lr
 
@@ -112,14 +119,14 @@ class LRRange(Probe):
                     f"The loss diverges in a sweep from the initial weights already at lr "
                     f"{diverge_lr:.3g}, far below the usual range of {tr.opt_cls.__name__} "
                     f"({typical[0]:g}-{typical[1]:g}); the learning rate {user:g} overshoots, "
-                    "but so would any usual rate: look at the scale of inputs and targets first.",
-                    setting_location(ctx.ref("optimizer"), "lr"), strength=0.5, **common)]
+                    "but so would any usual rate: look at the scale of inputs and targets first."
+                    + summed_text, where_high, strength=0.5, **common)]
             return [self.finding(
                 "hyperparameter", True,
                 f"The learning rate {user:g} is above the rate where the loss diverges in a sweep "
                 f"from the initial weights ({diverge_lr:.3g}); updates overshoot, the loss and "
-                f"gradients grow until they overflow. A safe rate is about {safe_lr:.3g}.",
-                setting_location(ctx.ref("optimizer"), "lr"), strength=0.8, **common)]
+                f"gradients grow until they overflow. A safe rate is about {safe_lr:.3g}."
+                + summed_text, where_high, strength=0.8, **common)]
         if unstable_run and user >= UNSAFE * safe_lr:
             # the run blew up although a short sweep from the initial weights did not: a
             # hypothesis only; a re-run at the safe rate (the intervention) tells
@@ -129,8 +136,8 @@ class LRRange(Probe):
                 f"safe rate of a sweep from the initial weights ({safe_lr:.3g}; it diverged "
                 f"{'at ' + format(diverge_lr, '.3g') if diverge_lr else 'nowhere in the sweep'}"
                 "). A short sweep can miss a blow-up that builds over many steps; a re-run at the "
-                "safe rate would confirm it.",
-                setting_location(ctx.ref("optimizer"), "lr"), strength=0.45, **common)]
+                "safe rate would confirm it." + summed_text, where_high, strength=0.45,
+                **common)]
         settled_high = sig.get("loss_floor_share", 0.0) >= FLOOR_SHARE and \
             ctx.classification is not None and \
             ctx.classification.primary == "loss_not_decreasing"
