@@ -797,6 +797,18 @@ def _step_removed(p: Program) -> list[Edit]:
             Edit(p.line_start(prev.lineno), p.line_start(prev.lineno), "", change=True)]
 
 
+@operator("batch_loop_exit", "loop", "loss_not_decreasing", "training_loop",
+          "the batch loop is left after its first step (a break or return one indent too "
+          "deep): every epoch trains on one batch")
+def _batch_loop_exit(p: Program) -> list[Edit]:
+    stmt = p.step_stmt() if p.is_torch else p.apply_gradients_stmt()
+    stmt = need(stmt, "no step")
+    loop = need(p.loop_of(stmt), "the step is not in a loop")
+    need(isinstance(loop, ast.For) and p.parents[stmt] is loop, "no batch loop around the step")
+    need(outer_loop(p, loop) is not loop, "no epoch loop around the batch loop")
+    return [insert_after(p, stmt, "break", change=True)]
+
+
 @operator("graph_kept", "loop", "memory_issue", "training_loop",
           "every step's predictions kept in a list with their autograd graph")
 def _graph_kept(p: Program) -> list[Edit]:
