@@ -344,7 +344,8 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
                 return before
         elif isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) and \
                 isinstance(value.slice.value, str):
-            entry = _dict_entry(tree, value.slice.value, before)
+            entry = _dict_entry(tree, value.slice.value, before,
+                                _handed_config(tree, scope, _root(value.value)))
             if entry is None:
                 return None
             before, value = entry
@@ -358,17 +359,48 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
     return None
 
 
-def _dict_entry(tree: ast.Module, key: str, before: int) -> tuple[int, ast.AST] | None:
+def _dict_entry(tree: ast.Module, key: str, before: int,
+                handed: ast.AST | None = None) -> tuple[int, ast.AST] | None:
     """``(line, value)`` of the ``"key": value`` entry of a dict literal that set it.
 
-    The last one before line ``before``; else the file's only one (a config built in
-    ``main()``, below the ``train(config)`` that reads it).
+    The last one before line ``before``; else the one in ``handed``, the dict literal that
+    the function reading it is given (a config built in ``main()``, below the
+    ``train(config)`` that reads it).
     """
     found = list(_dict_entries(tree, key))
     earlier = [e for e in found if e[0] < before]
     if earlier:
         return max(earlier, key=lambda e: e[0])
-    return found[0] if len(found) == 1 else None
+    if handed is None:
+        return None
+    return next((e for e in _dict_entries(handed, key)), None)
+
+
+def _handed_config(tree: ast.Module, scope: list, name: str | None) -> ast.AST | None:
+    """The dict literal a function's single caller passes for its parameter ``name``, or None.
+
+    ``config = {...}; train(config)``: the literal bound to the argument before the call.
+    """
+    func = scope[0] if scope else None
+    if name is None or not _is_parameter(func, name):
+        return None
+    params = [p.arg for p in (*func.args.posonlyargs, *func.args.args)]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and
+             isinstance(n.func, ast.Name) and n.func.id == func.name]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    arg = next((k.value for k in call.keywords if k.arg == name), None)
+    if arg is None and params.index(name) < len(call.args):
+        arg = call.args[params.index(name)]
+    if isinstance(arg, ast.Dict):
+        return arg
+    if not isinstance(arg, ast.Name):
+        return None
+    bound = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and
+             isinstance(n.value, ast.Dict) and n.lineno < call.lineno and
+             any(isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
+    return bound[-1] if bound else None
 
 
 def _dict_entries(tree: ast.Module, key: str):
@@ -921,6 +953,10 @@ def _handing_on(tree: ast.Module, value: ast.AST, index: tuple[int, ...] | None 
     """
     while isinstance(value, ast.Call) and getattr(value.func, "id", None) in _DATA_FUNCS and \
             value.args:  # enumerate(self.loader()), iter(get_loader())
+        if value.func.id == "enumerate" and index:  # ``for i, (xb, yb) in enumerate(...)``
+            if index[0] != 1:
+                return None  # the counter
+            index = index[1:]
         value = value.args[0]
     if not isinstance(value, ast.Call):
         return None

@@ -36,16 +36,19 @@ _VAL = {"val", "valid", "validation", "test", "eval", "dev", "holdout"}
 _ACC = {"acc", "accuracy", "top1"}
 _F1 = {"f1", "f1score", "recall", "precision", "auc", "auroc", "mcc"}
 _RANKING = {"auc", "auroc", "rocauc"}  # class-balanced scores that rank: 0.5 at chance
+_PR = {"pr", "prc", "prauc", "aucpr", "precision", "ap"}  # a precision-recall area: not 0.5
 
 
 def ranks_at_half(name: str) -> bool:
     """Whether a class-balanced score is an area under the ROC curve (chance scores 0.5, not 0).
 
     Its signals are read as ``2 * AUC - 1`` (the Gini coefficient: 0 at chance, 1 perfect),
-    on the scale of the F1-like scores whose trivial predictor scores 0.
+    on the scale of the F1-like scores whose trivial predictor scores 0. An area under the
+    precision-recall curve (``pr_auc``, ``auc_pr``) is not: its chance level is the positive
+    rate.
     """
     tok = _tokens(name)
-    return bool(tok & _RANKING or any(t.endswith("auc") for t in tok))
+    return bool(tok & _RANKING) and not tok & _PR
 # regression errors: (short names, the words of the long name)
 _ERRORS = {"rmse": ({"rmse"}, {"root", "mean", "squared", "error"}),
            "mae": ({"mae"}, {"mean", "absolute", "error"}),

@@ -33,7 +33,7 @@ class _Trainer:
         self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
         self.opt = torch.optim.SGD(self.net.parameters(), lr=0.05)
         self.keep = keep
-        self.history = {"train_loss": [], "val_loss": []}
+        self.history = {"train_loss": [], "val_loss": [], "epoch_loss": []}
 
     def evaluate(self):
         self.net.eval()
@@ -49,15 +49,19 @@ class _Trainer:
                 self.opt.step()
                 if self.keep == "train":
                     self.history["train_loss"].append(loss)  # <kept-train-loss>
+            if self.keep == "epoch":
+                self.history["epoch_loss"].append(loss)  # <kept-epoch-loss>
             self.history["val_loss"].append(
                 self.evaluate() if self.keep == "val" else self.evaluate().item())
 
 
-@pytest.mark.parametrize("keep,tag", [("val", "eval-graph"), ("train", "kept-train-loss")])
+@pytest.mark.parametrize("keep,tag", [("val", "eval-graph"), ("train", "kept-train-loss"),
+                                      ("epoch", "kept-epoch-loss")])
 def test_graphs_kept_in_a_trainer_objects_history_are_found_from_the_record(tmp_path, keep, tag):
     """``self.history['val_loss']`` gains an evaluation loss with its graph every epoch (made
-    outside no_grad: located at the evaluation), or the training loss every step (located
-    where it is appended). Neither is in the namespace Isolate sees."""
+    outside no_grad: located at the evaluation), or the training loss every step or every
+    epoch (located where it is appended, though an evaluation outside no_grad is in the file).
+    Neither is in the namespace Isolate sees."""
     path = str(tmp_path / "record.jsonl")
     with model_debugger.capture(path) as rec:
         _Trainer(keep).fit(8)

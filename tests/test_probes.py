@@ -1896,3 +1896,33 @@ def test_a_learning_rate_lever_ranks_after_a_specific_cause_equally_supported():
     unconfirmed = Finding("gradient_flow", "architecture", False, "", None,
                           {"category": "loss_not_decreasing", "strength": 1.0})
     assert rank([unconfirmed, lever])[0].check == "lr_range"  # confirmed first, always
+
+
+def test_the_hot_line_stays_on_the_users_line_calling_an_installed_package(tmp_path, monkeypatch):
+    """Time inside an installed package (PIL, torchvision: not torch, not the user's either)
+    is charged to the user's line that called it."""
+    import importlib
+    import sys
+
+    from model_debugger.probes.dataloader_throughput import _hottest_line
+
+    lib = tmp_path / "site-packages"
+    lib.mkdir()
+    (lib / "fakeslowlib.py").write_text(
+        "import time\n\ndef work(x):\n    time.sleep(0.01)\n    return x\n")
+    monkeypatch.syspath_prepend(str(lib))
+    fake = importlib.import_module("fakeslowlib")
+
+    class Items(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return fake.work(torch.tensor([float(i)]))  # <calls-package>
+
+    try:
+        got = _hottest_line(Items.__getitem__, lambda: [Items()[i] for i in range(4)])
+    finally:
+        sys.modules.pop("fakeslowlib", None)
+    assert got is not None and got["file"] == __file__
+    assert got["line"] == line_of("calls-package")

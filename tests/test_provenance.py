@@ -936,3 +936,36 @@ def test_named_inputs_of_fit_are_followed_to_the_latest_made(tmp_path):
         model.fit({"numeric": X_tr, "region": c_tr}, y_tr, epochs=3)  # <use>
     """, role="inputs")
     assert got == made != use
+
+
+@pytest.mark.parametrize("role,marker", [("targets", "y"), ("inputs", "X")])
+def test_a_generator_under_enumerate_keeps_its_halves(tmp_path, role, marker):
+    """``for i, (xb, yb) in enumerate(minibatches(X, y))``: the counter is not a half."""
+    source = """
+        def minibatches(X, y, size):
+            for start in range(0, len(X), size):
+                yield X[start:start + size], y[start:start + size]
+
+        X, y = load()
+        X = X * 1000.0  # <X>
+        y = y[::-1]  # <y>
+        for i, (xb, yb) in enumerate(minibatches(X, y, 64)):
+            loss = loss_fn(model(xb), yb)  # <use>
+    """.replace(f"# <{marker}>", "# <made>")
+    got, made, _ = _origin(tmp_path, source, role=role)
+    assert got == made
+
+
+def test_a_later_dict_that_is_not_the_config_handed_in_is_no_setting(tmp_path):
+    """``cfg`` comes from a file; a later ``print({"lr": ...})`` is not where it was set."""
+    line_of, origin, _ = _settings(tmp_path, """
+        import json
+
+        def train(cfg):
+            opt = SGD(params, lr=cfg["lr"])  # <use>
+            for epoch in range(3):
+                print({"epoch": epoch, "lr": opt.param_groups[0]["lr"]})
+
+        train(json.load(open("cfg.json")))
+    """)
+    assert origin("<use>", "lr") == line_of("<use>")

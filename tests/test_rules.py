@@ -547,6 +547,14 @@ def test_an_auc_at_half_is_a_trivial_class_balanced_score(name):
     assert sig[f"{'val' if 'val' in name else 'train'}_f1_final"] == pytest.approx(0.8)
 
 
+@pytest.mark.parametrize("name", ["val_pr_auc", "auc_pr"])
+def test_a_precision_recall_area_is_not_read_as_a_roc_area(name):
+    """A PR-AUC's chance level is the positive rate: 0.3 -> 0.42 is learning, not 'stays ~0'."""
+    run = syn.make_run(syn.healthy_steps(100), syn.metric(name, [0.30, 0.36, 0.42]))
+    sig, cls = quiet(C.wrong_solution, run)
+    assert sig[f"{'val' if 'val' in name else 'train'}_f1_final"] == pytest.approx(0.42)
+
+
 def _f1_zero_with_drop(drop: float):
     loss = syn.two_level(100, 1.0, 1.0 - drop)
     return syn.make_run(syn.steps_events(loss), syn.metric("val_f1", [0.0] * 5))

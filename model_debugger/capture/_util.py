@@ -79,6 +79,11 @@ class RateTrack:
         self.last: float | None = None
         self.events = 0
 
+    @property
+    def full(self) -> bool:
+        """No more ``lr`` events will be written (reading the rate is then wasted work)."""
+        return self.events >= LR_EVENTS
+
     def note(self, lr) -> None:
         """The rate in force at the record's current step."""
         if not isinstance(lr, (int, float)) or not math.isfinite(lr) or self.events >= LR_EVENTS:

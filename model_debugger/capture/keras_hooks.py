@@ -390,19 +390,22 @@ class LoopHooks(BatchKeeping):
     def _count_pass(self, obj, out, stop) -> None:
         """A custom loop's pass over a dataset: begun (``__iter__``), a batch, or run out.
 
-        The training dataset iterated again starts the next epoch (the validation losses seen
-        since are written first), as a PyTorch training loader does.
+        The training dataset iterated again after a pass that ran out starts the next epoch
+        (the validation losses seen since are written first), as a PyTorch training loader
+        does; a loop that takes one batch per ``iter()`` (``next(iter(ds))``) or leaves its
+        passes early starts one at its evaluations instead (:meth:`_epoch_at_step`).
         """
         if out is not None and type(obj).__name__ != "OwnedIterator":  # a dataset's __iter__
             if len(self._iterating) > 1024:
                 self._iterating.clear()
             key = id(obj)
             self._iterating[id(out)] = (key, weakref.ref(out))
-            if self._passes.begin(key, user_location(sys._getframe()), _cardinality(obj)):
+            cut, ran_out = self._passes.begin(key, obj, user_location(sys._getframe()),
+                                              _cardinality(obj))
+            if cut:
                 self.keeper.cut_passes = True  # its last pass drew under half of it
-            if key == self._passes.train:
-                self._flush_eval()
-                self.rec.set_epoch(self.rec.epoch + 1, "dataset")
+            if key == self._passes.train and ran_out:
+                self._next_epoch()
             return
         entry = self._iterating.get(id(obj))
         if entry is None or entry[1]() is not obj:
@@ -567,6 +570,16 @@ class LoopHooks(BatchKeeping):
         value = float(out) if out is not None and getattr(out, "shape", None) == () else None
         if value is not None and rows and rows[0]:
             self._eval_losses.append((value, int(rows[0])))
+
+    def _next_epoch(self) -> None:
+        """A custom loop's epoch ended: its validation losses written, the epoch counted."""
+        self._flush_eval()
+        self.rec.set_epoch(self.rec.epoch + 1, "dataset")
+
+    def _epoch_at_step(self) -> None:
+        """A training step after evaluation losses: the evaluation closed an epoch."""
+        if self._eval_losses:
+            self._next_epoch()
 
     def _flush_eval(self) -> None:
         """Record the mean loss of the evaluation just finished (``eval_loss``, a custom loop)."""

@@ -36,6 +36,8 @@ from .keras_steps import StepHooks
 from .keras_util import initializing, user_location
 from .passes import Passes
 
+RATE_EVERY_FROM, RATE_EVERY = 200, 10  # the learning rate read at every step, then every 10th
+
 # losses under which the output's range is read (regression, raw scores): signals.output_range
 _BOUNDED_READ = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
                  "binary_cross_entropy_with_logits")
@@ -88,7 +90,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._iterating: dict[int, tuple] = {}  # id(iterator) -> (its dataset's key, weakref)
         self._last_source = None  # the dataset of the last batch drawn in a custom loop
         self._eval_losses: list = []  # (mean loss, rows) of a custom loop's evaluation batches
-        self._unsized = None  # (weakref, name) of a model found before it was built
+        self._unsized: list = []  # (weakref, name) of the models found, until each is built
         self._rates = RateTrack(rec)  # the optimizer's learning rate over the run (``lr``)
         self._rate_of = None  # weakref to the optimizer whose rate is followed
         self._last_x = None
@@ -188,7 +190,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             vec, layout = self._pending
             self._pending = None
             self._emit_from_vec(vec, layout)
-        self._emit_model()
+        self._emit_model(last=True)
         self._flush_eval()
         self._emit_targets()
         self._emit_overhead()
@@ -310,28 +312,33 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         return out, config
 
     # -- models ----------------------------------------------------------------------------
-    def _emit_model(self) -> None:
-        """The ``model`` event of the model found, once it is built (its size is known)."""
-        if self._unsized is None:
-            return
-        ref, name = self._unsized
-        self._unsized = None
-        model = ref()
-        if model is None:
-            return
-        try:
-            params = int(model.count_params()) if model.built else 0
-        except Exception:  # noqa: BLE001
-            params = 0
-        modules = [layer.name for layer in getattr(model, "layers", []) if layer.weights]
-        self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
-                      modules=modules[:500], training=True, framework="keras")
+    def _emit_model(self, last: bool = False) -> None:
+        """The ``model`` events of the models found, each once it is built (its size known).
+
+        ``last`` (the capture ends): the ones still unbuilt too, with 0 parameters.
+        """
+        pending, self._unsized = self._unsized, []
+        for ref, name in pending:
+            model = ref()
+            if model is None:
+                continue
+            if not model.built and not last:
+                self._unsized.append((ref, name))
+                continue
+            try:
+                params = int(model.count_params()) if model.built else 0
+            except Exception:  # noqa: BLE001
+                params = 0
+            modules = [layer.name for layer in getattr(model, "layers", []) if layer.weights]
+            self.rec.emit("model", name=name, cls=type(model).__name__, params=params,
+                          modules=modules[:500], training=True, framework="keras")
 
     def _note_rate(self) -> None:
         """The followed optimizer's learning rate now (a variable, or its schedule's value)."""
         opt = self._rate_of() if self._rate_of is not None else None
-        if opt is None:
-            return
+        if opt is None or self._rates.full or self.rec.step >= RATE_EVERY_FROM and \
+                self.rec.step % RATE_EVERY:
+            return  # (each read evaluates the schedule: every step early, then every 10th)
         try:
             with self._tf.init_scope():
                 lr = opt.learning_rate
@@ -375,7 +382,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             return
         self._models[id(model)] = weakref.ref(model)
         self._root = weakref.ref(model)
-        self._unsized = (weakref.ref(model), name)
+        self._unsized.append((weakref.ref(model), name))
         if model.built:  # (a subclassed model is built by its first call: sized at a step)
             self._emit_model()
         self.ref("model", definition_location(model) or assignment(namespace, name, span),

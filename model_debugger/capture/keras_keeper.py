@@ -314,7 +314,8 @@ class KerasKeeper(SpilledState):
         """Keep a sample of the first epoch's training batches (bounded)."""
         if self._epoch is None:
             self._epoch = epoch
-        if self.full(epoch) or y is None:
+        if self.full(self._epoch) or y is None or \
+                epoch > self._epoch + 1 and self.full(epoch):  # (repeats: one epoch on)
             return
         xs = self.positional(to_numpy(x))
         y = to_numpy(y)
@@ -322,9 +323,11 @@ class KerasKeeper(SpilledState):
             return
         if not all(hasattr(a, "shape") and a.shape[:1] == y.shape[:1] for a in xs):
             return
-        if not _adds_rows(self._rows, (*xs, y)):  # every row kept already: a custom loop's
-            self._wrapped = True                    # next epoch (none is signalled)
-            self.came_round = self._samples  # distinct rows before the data came round
+        if not _adds_rows(self._rows, (*xs, y)):  # every row kept already: the data came
+            self._wrapped = True                    # round (the same batch every step, or a
+            self.came_round = self._samples         # custom loop's next epoch)
+            return
+        if self.full(epoch):  # a later epoch's new rows: not kept (checked for repeats only)
             return
         self.train_batches.append((xs, y))
         self._samples += int(y.shape[0])

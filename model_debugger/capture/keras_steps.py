@@ -249,9 +249,11 @@ class StepHooks(OverheadWatch, HeldWatch):
         self._emit_step(loss, total, mgn)
 
     def _emit_step(self, loss, gn, mgn) -> None:
-        if self._unsized is not None:
+        if self._unsized:
             self._emit_model()  # built by now (a subclassed model's first call)
         self._note_rate()
+        if not self._fit_depth:
+            self._epoch_at_step()  # (a custom loop's evaluation since the last step)
         now = time.perf_counter()
         dt = now - self._last_step_end if self._last_step_end is not None else None
         self._last_step_end = now

@@ -128,7 +128,9 @@ class DataHooks:
 
     def _on_loader_iter(self, loader) -> None:
         self._loader_refs[id(loader)] = weakref.ref(loader)
-        if self._passes.begin(id(loader), user_location(sys._getframe()), _length(loader)):
+        cut, _ = self._passes.begin(id(loader), loader, user_location(sys._getframe()),
+                                    _length(loader))
+        if cut:
             self.keeper.cut_passes = True  # the training loader's last pass drew under half
         if id(loader) in self._train_loaders:  # a training loader iterated again: next epoch
             self.losses.flush_eval()

@@ -109,8 +109,6 @@ def _hottest_line(fn, call) -> dict | None:
     where the work is, not only the line of ``fn`` that reached it. None when no line takes
     :data:`HOT_SHARE` of the time, when ``fn`` is not the user's code or when ``call`` fails.
     """
-    from ..capture.codeloc import is_user_file
-
     code = getattr(fn, "__code__", None)
     if code is None or _func_loc(fn) is None:
         return None
@@ -134,7 +132,7 @@ def _hottest_line(fn, call) -> dict | None:
         return local
 
     def calls(frame, event, arg):
-        if frame.f_code is code or inside[0] and is_user_file(frame.f_code.co_filename):
+        if frame.f_code is code or inside[0] and _own(frame.f_code.co_filename):
             inside[0] += 1
             charge(None)
             return local
@@ -153,3 +151,15 @@ def _hottest_line(fn, call) -> dict | None:
         return None
     (file, line), took = max(spent.items(), key=lambda kv: kv[1])
     return {"file": file, "line": line} if took >= HOT_SHARE * total else None
+
+
+def _own(path: str) -> bool:
+    """The user's own code: a user file outside installed packages.
+
+    PIL, torchvision and albumentations are not torch, yet not the user's either: time spent
+    there stays on the user's line that called them.
+    """
+    from ..capture.codeloc import is_user_file
+
+    parts = path.replace("\\", "/").split("/")
+    return is_user_file(path) and "site-packages" not in parts and "dist-packages" not in parts

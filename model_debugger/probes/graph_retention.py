@@ -61,12 +61,13 @@ def _growing_line(ctx: ProbeContext, name: str) -> dict | None:
             for node in ast.walk(loop):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                         node.func.attr in ("append", "extend", "add", "insert") and \
-                        isinstance(node.func.value, (ast.Name, ast.Subscript)) and \
-                        ast.unparse(node.func.value).replace('"', "'") == name:
+                        isinstance(node.func.value, (ast.Name, ast.Subscript, ast.Attribute)) \
+                        and ast.unparse(node.func.value).replace('"', "'") == name:
                     return {"file": path, "line": node.lineno}
                 if isinstance(node, ast.Assign) and any(
-                        isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)
-                        and t.value.id == name for t in node.targets):
+                        isinstance(t, ast.Subscript) and
+                        isinstance(t.value, (ast.Name, ast.Attribute)) and
+                        ast.unparse(t.value) == name for t in node.targets):
                     return {"file": path, "line": node.lineno}
     return None
 
@@ -171,10 +172,10 @@ class GraphRetention(Probe):
         if best is None:
             return None
         name, last, per_step = best
-        made = lint_hits(ctx, "eval_without_no_grad")
-        at_eval = bool(made) and per_step < 0.5
-        where = loc(made[0]) if at_eval else (
-            _growing_line(ctx, name) or {"file": last["file"], "line": last["line"]})
+        grows = _growing_line(ctx, name)
+        made = _evaluation_feeding(ctx, grows) if per_step < 0.5 else None
+        at_eval = made is not None
+        where = made or grows or {"file": last["file"], "line": last["line"]}
         return self.finding(
             "training_loop", True,
             f"'{name}' held {last['graphs']} tensors that still carry autograd history at "
@@ -210,6 +211,40 @@ class GraphRetention(Probe):
             _growing_line(ctx, name) or {"file": held["file"], "line": held["line"]},
             variable=name, items=last["len"], tensor_bytes=last["bytes"],
             held_mb_per_step=held["mb_per_step"], held_share=share, strength=0.85)
+
+
+def _evaluation_feeding(ctx: ProbeContext, grows: dict | None) -> dict | None:
+    """The lint's evaluation outside ``no_grad`` that made what is added at ``grows``, or None.
+
+    The hit must be the line that made what is added (``val_loss = crit(model(Xv), yv)``
+    then appended), or lie in a function of the file whose result is what is added
+    (``val_loss, acc = self.evaluate()`` then appended).
+    """
+    import ast
+
+    from ..provenance import data_origin
+
+    hits = lint_hits(ctx, "eval_without_no_grad")
+    if not hits or grows is None:
+        return None
+    text = ctx.source_files.get(grows["file"])
+    try:
+        tree = ast.parse(text) if text else None
+    except (SyntaxError, ValueError):
+        tree = None
+    if tree is None:
+        return None
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    origin = data_origin(grows) or grows
+    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not isinstance(
+        n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.While, ast.If,
+            ast.With, ast.Try)) and n.lineno <= origin["line"] <= (n.end_lineno or n.lineno)]
+    called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+              for st in stmts for n in ast.walk(st) if isinstance(n, ast.Call)}
+    spans = [(f.lineno, f.end_lineno or f.lineno) for f in funcs if f.name in called]
+    return next((loc(h) for h in hits if h.file == grows["file"] and
+                 (any(a <= h.line <= b for a, b in spans) or
+                  abs(h.line - origin["line"]) <= 1)), None)
 
 
 CACHE_SHARE = 0.5  # of the memory growth measured, held by one container of tensors
