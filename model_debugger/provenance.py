@@ -182,9 +182,9 @@ def reorders_rows(location: dict | None) -> bool:
 def reorder_within(location: dict | None, last: bool) -> dict | None:
     """The row-moving line inside the user's function called at ``location``, or None.
 
-    ``X, y = shuffle_in_unison(X, y)``: the statement that moves rows is in the helper. The one
-    binding the name the function returns last (labels, ``last``) or first (inputs) is chosen,
-    else its first row-moving statement.
+    ``X, y = shuffle_in_unison(X, y)``: the statement that moves rows is in the helper: the
+    one that moves the name the function returns last (labels, ``last``) or first (inputs),
+    by assignment (``y = y[perm]``) or in place (``rng.shuffle(y)``); None when none does.
     """
     tree = _tree_of(location)
     if tree is None:
@@ -193,25 +193,27 @@ def reorder_within(location: dict | None, last: bool) -> dict | None:
              if isinstance(n, ast.Call)]
     for call in calls:
         for func in _functions(tree, _call_name(call)):
-            moving = [stmt for stmt in ast.walk(func) if isinstance(stmt, ast.Assign) and
-                      reorders_rows({"file": location["file"], "line": stmt.lineno})]
-            if not moving:
-                continue
+            moving = [stmt for stmt in ast.walk(func) if isinstance(stmt, (ast.Assign, ast.Expr))
+                      and reorders_rows({"file": location["file"], "line": stmt.lineno})]
             returned = [r.value.elts for r in _returns(func) if isinstance(r.value, ast.Tuple)]
             name = _root(returned[0][-1 if last else 0]) if returned else None
-            best = next((stmt for stmt in moving
-                         if name in {_root(t) for t in stmt.targets}), moving[0])
-            return {"file": location["file"], "line": best.lineno}
+            best = next((stmt for stmt in moving if name is not None and (
+                name in {_root(t) for t in stmt.targets} if isinstance(stmt, ast.Assign) else
+                name in {_root(a) for c in ast.walk(stmt) if isinstance(c, ast.Call)
+                         for a in c.args})), None)  # ``y = y[perm]``, ``rng.shuffle(y)``
+            if best is not None:
+                return {"file": location["file"], "line": best.lineno}
     return None
 
 
 def loop_exit(location: dict | None) -> dict | None:
     """The statement that leaves the loop at ``location`` before its iterable runs out.
 
-    ``location`` is the ``for`` line where a loader was iterated; the first ``break`` or
-    ``return`` in that loop's own body (not in a loop or function nested in it) is the line
-    that cut the pass short. None when the loop has none (an ``islice`` or ``zip`` cut it) or
-    the file cannot be read.
+    ``location`` is the ``for`` line where a loader was iterated; a ``break`` in that loop's
+    own body or a ``return`` anywhere in it (not in a function nested in it) cut the pass
+    short: one guarded by the loop's counter first (``if i == 2: break``), then unguarded
+    ones, then one on a bad value (``if not isfinite(loss): break``). None when the loop has
+    none (an ``islice`` or ``zip`` cut it) or the file cannot be read.
     """
     tree = _tree_of(location)
     if tree is None:
@@ -220,15 +222,25 @@ def loop_exit(location: dict | None) -> dict | None:
                  and n.lineno <= location["line"] <= n.iter.end_lineno), None)
     if loop is None:
         return None
-    stack, exits = list(loop.body), []
+    counters = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} | {
+        n.target.id for n in ast.walk(loop) if isinstance(n, ast.AugAssign)
+        and isinstance(n.target, ast.Name)}
+    stack, exits = [(n, None, False) for n in loop.body], []
     while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.Break, ast.Return)):
-            exits.append(node.lineno)
-        elif not isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef,
-                                   ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            stack.extend(ast.iter_child_nodes(node))
-    return {"file": location["file"], "line": min(exits)} if exits else None
+        node, guard, nested = stack.pop()
+        if isinstance(node, ast.Return) or isinstance(node, ast.Break) and not nested:
+            reads = {n.id for n in ast.walk(guard) if isinstance(n, ast.Name)} if guard else set()
+            text = ast.unparse(guard) if guard is not None else ""
+            # an exit on the batch count (``if i == 2: break``) before one on a bad value
+            # (``if not torch.isfinite(loss): break``), before any other
+            rank = 0 if reads & counters else 2 if "nan" in text or "finite" in text else 1
+            exits.append((rank, node.lineno))
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                                   ast.ClassDef)):
+            inner = nested or isinstance(node, (ast.For, ast.AsyncFor, ast.While))
+            test = node.test if isinstance(node, ast.If) else guard
+            stack.extend((c, test, inner) for c in ast.iter_child_nodes(node))
+    return {"file": location["file"], "line": min(exits)[1]} if exits else None
 
 
 def _nodes_at(location: dict | None):
@@ -891,12 +903,16 @@ def _returns(func: ast.AST) -> list[ast.Return]:
 
 
 class _Unbatch(ast.NodeTransformer):
-    """``X[b]`` -> ``X`` where ``b`` is a name or slice: a generator's batch of the rows."""
+    """``X[b]`` -> ``X`` where ``b`` is a name or slice: a generator's batch of the rows.
+
+    A constant key (``batch["x"]``) picks a field, not rows, and is kept.
+    """
 
     def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
-        if isinstance(node.value, (ast.Name, ast.Attribute)) and not any(
+        if isinstance(node.value, (ast.Name, ast.Attribute)) and \
+                isinstance(node.slice, (ast.Name, ast.Slice)) and not any(
                 isinstance(n, ast.Call) for n in ast.walk(node.slice)):
-            return node.value
+            return node.value  # (``b["x"]`` picks a field, not rows: kept)
         return self.generic_visit(node)
 
 

@@ -969,3 +969,51 @@ def test_a_later_dict_that_is_not_the_config_handed_in_is_no_setting(tmp_path):
         train(json.load(open("cfg.json")))
     """)
     assert origin("<use>", "lr") == line_of("<use>")
+
+
+def test_the_exit_that_cut_the_pass_is_the_one_on_the_batch_count(tmp_path):
+    """A NaN guard's ``break`` comes first in the loop; the one on the counter cut the passes."""
+    from model_debugger.provenance import loop_exit
+
+    source = textwrap.dedent("""
+        for epoch in range(10):
+            for i, (xb, yb) in enumerate(loader):  # <loop>
+                loss = step(xb, yb)
+                if not torch.isfinite(loss):
+                    break
+                for _ in range(2):
+                    break
+                if i == 2:
+                    break  # <exit>
+    """)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    at = {t: next(i for i, line in enumerate(lines, 1) if f"# <{t}>" in line)
+          for t in ("loop", "exit")}
+    assert loop_exit({"file": str(path), "line": at["loop"]})["line"] == at["exit"]
+
+
+def test_a_helper_shuffling_the_labels_in_place_is_located_at_that_call(tmp_path):
+    """``np.random.shuffle(y)`` inside the helper, not the index it computed for X."""
+    from model_debugger.provenance import reorder_within
+
+    source = textwrap.dedent("""
+        import numpy as np
+
+        def shuffled(X, y):
+            idx = np.random.permutation(len(X))
+            X = X[idx]
+            np.random.shuffle(y)  # <made>
+            return X, y
+
+        Xa, ya = shuffled(*load("a"))  # <call>
+        Xb, yb = shuffled(*load("b"))
+    """)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    at = {t: next(i for i, line in enumerate(lines, 1) if f"# <{t}>" in line)
+          for t in ("made", "call")}
+    assert reorder_within({"file": str(path), "line": at["call"]}, last=True)["line"] == \
+        at["made"]

@@ -58,8 +58,10 @@ def loc(hit) -> dict:
 def summed_loss_line(ctx: ProbeContext) -> dict | None:
     """The line that built a loss summed over the batch, when the training loss was one.
 
-    The capture marks the training loss ``reduction: "sum"`` (``targets`` event); the first
-    call in the code passing ``reduction="sum"`` (``nn.MSELoss(reduction="sum")``) made it.
+    The capture marks the training loss ``reduction: "sum"`` (``targets`` event); the call
+    passing ``reduction="sum"`` (``nn.MSELoss(reduction="sum")``) nearest above the training
+    loss call made it (an evaluation's summed loss further down is not it); else the file's
+    only such call.
     """
     import ast
 
@@ -67,14 +69,20 @@ def summed_loss_line(ctx: ProbeContext) -> dict | None:
     ev = run.of("targets") if run is not None else []
     if not ev or ev[-1].get("reduction") != "sum":
         return None
+    used = ctx.ref("loss_fn") if hasattr(ctx, "ref") else None
+    found = []
     for path, text in (getattr(ctx, "source_files", None) or {}).items():
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
-        for node in sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)),
-                           key=lambda n: n.lineno):
-            if any(k.arg == "reduction" and isinstance(k.value, ast.Constant) and
-                   k.value.value == "sum" for k in node.keywords):
-                return {"file": path, "line": node.lineno}
-    return None
+        found += [{"file": path, "line": n.lineno} for n in ast.walk(tree)
+                  if isinstance(n, ast.Call) and any(
+                      k.arg == "reduction" and isinstance(k.value, ast.Constant) and
+                      k.value.value == "sum" for k in n.keywords)]
+    if used and found:  # the training loss call itself, else the nearest sum above it
+        same = [f for f in found if f["file"] == used.get("file")]
+        above = [f for f in same if f["line"] <= used.get("line", 0)]
+        if above:
+            return max(above, key=lambda f: f["line"])
+    return min(found, key=lambda f: (f["file"], f["line"])) if len(found) == 1 else None

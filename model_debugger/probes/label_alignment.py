@@ -276,8 +276,9 @@ def _pairing_location(used: dict | None) -> dict | None:
     if reorders_rows(inputs) and not reorders_rows(labels):
         return inputs
     # (a helper that moves rows, ``X, y = shuffle_in_unison(X, y)``: the line inside it)
-    return reorder_within(labels, last=True) or labels if labels and not \
-        reorders_rows(labels) else labels
+    if labels and "used_at" in labels and not reorders_rows(labels):
+        return reorder_within(labels, last=True) or labels
+    return labels
 
 
 def _run_generalised(sig: dict | None) -> bool:
