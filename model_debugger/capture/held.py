@@ -61,21 +61,11 @@ def _nbytes(obj, seen: set[int]) -> int:
     return 0
 
 
-def held_bytes(container, seen: set[int] | None = None) -> int:
-    """Tensor / array bytes a container holds (its elements, and the tuples among them).
-
-    Parameters
-    ----------
-    container : list, tuple, dict, set or deque
-        What to measure; longer than ``SAMPLE`` elements, evenly sampled and scaled up.
-    seen : set, optional
-        Storages already counted (shared across containers of one look).
-    """
-    return held(container, seen)[0]
-
-
 def held(container, seen: set[int] | None = None) -> tuple[int, int]:
-    """``(bytes, graphs)`` a container holds, sampled and scaled up as :func:`held_bytes`.
+    """``(bytes, graphs)`` a container holds.
+
+    Bytes: tensors and arrays among its elements and the tuples in it (storages counted once
+    across ``seen``; a container longer than ``SAMPLE`` is evenly sampled and scaled up).
 
     Graphs: the PyTorch tensors among them that carry autograd history (each keeps its whole
     graph alive, which its own bytes do not show).
