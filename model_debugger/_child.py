@@ -86,17 +86,15 @@ def main(argv: list[str] | None = None) -> int:
         from .capture.recorder import set_rank_context
         from .interventions import process_context
 
-        # what the processes the script starts run in, and (rank 0) the probes after it: the
-        # probes before this run's time limit ends (they run inside the script's time here)
+        # what the processes the script starts run in, and (the rank the job's records name)
+        # the probes after it, before this run's time limit ends (inside the script's time)
         deadline = time.time() + ns.max_seconds if ns.max_seconds else None
         after = partial(probe_process, ns.isolate, ns.probes, os.path.abspath(ns.script),
                         deadline) if ns.isolate > 0 and not ns.rank_of else None
         set_rank_context(partial(process_context, ns.seed, ns.intervention, ns.max_steps),
                          after)
-    if ns.rank_of:  # one rank of a launched job: its record among the job's; rank 0 probes
-        ns.record = process_record(ns.rank_of)  # its live objects (the parent merges them)
-        if os.environ.get("RANK", "0") != "0":
-            ns.isolate = 0.0
+    if ns.rank_of:  # one rank of a launched job: its record among the job's; the named rank
+        ns.record = process_record(ns.rank_of)  # probes its live objects (the parent merges)
     else:
         os.environ[RANKS_ENV] = _ranks_folder(ns.record)
     code = 0
@@ -217,6 +215,9 @@ def _probe(rec, ns, script: str) -> None:
     The findings go next to the record (``findings.json``).
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if ns.rank_of:
+        _probe_rank(rec, ns, script)
+        return
     try:
         import json
 
@@ -233,9 +234,8 @@ def _probe(rec, ns, script: str) -> None:
         run = load_job(ns.record, wait=nodes_wait(_launch_options(ns.launch)))  # every step,
         # and the ranks' records (a job on several nodes: theirs too, once they end)
         report = probe_run(run, rec.keeper, user_sources(run, [script]), request)
-        if run.ranks and not ns.rank_of:  # rank 0's probes on its live objects, merged
-            report = _with_rank_zero(report, run, Store.findings_beside(
-                os.path.join(Store.ranks_beside(ns.record), "any.jsonl")))
+        if run.ranks:  # the named rank's probes on its live objects, merged
+            report = _with_rank(report, run, Store.ranks_beside(ns.record))
         write_findings(Store.findings_beside(ns.record), report)
     except Exception:  # noqa: BLE001 - Isolate failing must not hide the reproduction
         import traceback
@@ -244,33 +244,55 @@ def _probe(rec, ns, script: str) -> None:
         traceback.print_exc()
 
 
-def _with_rank_zero(report, run, path: str):
-    """The job's report with rank 0's findings (probes on its live objects) merged in.
+def _probe_rank(rec, ns, script: str) -> None:
+    """One rank of a launched job: its probes, when the job's records name it (else none)."""
+    try:
+        from ._rank_probes import probes_here, run_probes
 
-    Rank 0 probed under its own record's classification: only its findings for a category
-    the job was classified with are kept, each with ``rank: 0``. A check both ran keeps rank
-    0's finding: it measured on live objects where the job had only the records (the checks
-    that compare ranks run on the job alone).
+        info = next((e for e in reversed(rec.events) if e.get("t") == "rank"), None)
+        if info is not None and probes_here(ns.record, info):
+            run_probes(ns.record, rec.keeper, info["rank"], ns.isolate, ns.probes, script)
+    except Exception:  # noqa: BLE001 - the rank's training is done; say so, do not fail it
+        import traceback
+
+        print("model_debugger: a rank's probes failed:", file=sys.stderr)
+        traceback.print_exc()
+
+
+def _with_rank(report, run, folder: str):
+    """The job's report with one rank's findings (probes on its live objects) merged in.
+
+    The rank the job's records name (:func:`~model_debugger.ranks.probed`) left its report in
+    the ranks ``folder``; when it left none (it could not tell it was the one), rank 0's is
+    read. That rank probed under its own record's classification: only its findings for a
+    category the job was classified with are kept, each with its ``rank``. A check both ran
+    keeps the rank's finding: it measured on live objects where the job had only the records
+    (the checks that compare ranks run on the job alone).
     """
     from dataclasses import replace
 
     from .classify import classify
     from .probes import SHARED, rank
     from .probing import read_report
+    from .ranks import probed
     from .records import Finding
     from .signals import compute
+    from .store import Store
 
-    zero = read_report(path)
+    which = probed(run.ranks)
+    zero = read_report(Store.rank_findings(folder, which))
+    if zero is None and which != 0:
+        which, zero = 0, read_report(Store.rank_findings(folder, 0))
     if zero is None:
         return report
     cls = classify(compute(run))
     cats = [cls.primary, *cls.secondary]
     extra = [Finding(f.check, f.root_cause, f.confirmed, f.explanation, f.location,
-                     {**f.evidence, "rank": 0}) for f in zero.findings
+                     {**f.evidence, "rank": which}) for f in zero.findings
              if f.evidence.get("category") in cats]
     live = {f.check for f in extra}
     kept = [f for f in report.findings if f.check not in live]
-    seconds = {**{f"{k}@rank0": v for k, v in zero.probe_seconds.items()},
+    seconds = {**{f"{k}@rank{which}": v for k, v in zero.probe_seconds.items()},
                **report.probe_seconds}
     shared = {name: getattr(zero, name) for name in SHARED
               if getattr(report, name) is None and getattr(zero, name) is not None}

@@ -80,12 +80,6 @@ def _other_nodes(record: str, ranks: list[Run]) -> list[Run]:
     return out
 
 
-def _complete(ranks: list[Run]) -> bool:
-    worlds = [w for w in ((r.rank or {}).get("world_size") for r in ranks) if isinstance(w, int)]
-    world = max(worlds, default=len(ranks))
-    return len({_rank(r) for r in ranks}) >= world and all(r.ended or r.error for r in ranks)
-
-
 def nodes_wait(launch: dict | None) -> float:
     """How long to wait for other nodes' ranks: :data:`NODE_WAIT` for a job on several nodes."""
     return NODE_WAIT if launch and int(launch.get("nnodes") or 1) > 1 else 0.0
@@ -114,7 +108,7 @@ def load_job(record: str, wait: float = 0.0) -> Run:
     local = mine + ranks
     while True:
         ranks = local + _other_nodes(record, local)
-        if _complete(ranks) or time.monotonic() >= deadline:
+        if complete(ranks) or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
         local = mine + _read_folder(os.path.dirname(folder), folder)
@@ -362,6 +356,35 @@ def is_straggler(sig: dict) -> bool:
     """Whether the straggler signals pass their thresholds (the rule and the probe agree)."""
     return sig.get("rank_straggler_share", 0.0) >= STRAGGLER_SHARE and \
         sig.get("rank_straggler_ms", 0.0) >= STRAGGLER_MS
+
+
+def probed(ranks: list[Run]) -> int:
+    """The rank whose live objects the probes read, decided from every rank's record.
+
+    The rank where the job's first non-finite value began (one rank, not a tie), else the
+    straggler (when it passes its thresholds), else rank 0: what went wrong on one rank is
+    measured on that rank's model and batches, not on a replica that only received it.
+    """
+    first = _nonfinite_origin(ranks).get("nonfinite_rank")
+    if isinstance(first, int):
+        return first
+    slow = _straggler(ranks)
+    if is_straggler(slow) and isinstance(slow.get("rank_straggler"), int):
+        return slow["rank_straggler"]
+    return 0
+
+
+def complete(ranks: list[Run]) -> bool:
+    """Whether every rank of the job wrote a record that ended (or died in the teardown)."""
+    worlds = [w for w in ((r.rank or {}).get("world_size") for r in ranks) if isinstance(w, int)]
+    world = max(worlds, default=len(ranks))
+    return len({_rank(r) for r in ranks}) >= world and \
+        all(r.ended or r.error or torn_down(r) for r in ranks)
+
+
+def read_ranks(folder: str) -> list[Run]:
+    """The process records in one ranks folder (see :func:`load_job`)."""
+    return _read_folder(os.path.dirname(folder), folder)
 
 
 def _nonfinite_origin(ranks: list[Run]) -> dict:

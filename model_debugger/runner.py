@@ -155,7 +155,10 @@ def run_script(script: str, args: list[str], record: str, seed: int | None = Non
 
 
 def _clear_ranks(record: str) -> None:
-    """Remove an earlier run's process records beside ``record`` (never read as this run's)."""
+    """Remove an earlier run's process records and rank reports beside ``record``.
+
+    Never read as this run's.
+    """
     from .store import Store
 
     folder = Store.ranks_beside(record)
@@ -166,7 +169,7 @@ def _clear_ranks(record: str) -> None:
     except OSError:
         return
     for name in names:
-        if name.endswith(".jsonl"):
+        if name.endswith(".jsonl") or name.startswith("findings"):  # records, rank reports
             try:
                 os.unlink(os.path.join(folder, name))
             except OSError:

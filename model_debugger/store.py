@@ -214,6 +214,11 @@ class Store:
         """Where probes that ran beside ``record`` left their report."""
         return os.path.join(os.path.dirname(record), FINDINGS)
 
+    @staticmethod
+    def rank_findings(folder: str, rank: int) -> str:
+        """Where one rank of a job left its probes' report, in the job's ranks ``folder``."""
+        return os.path.join(folder, f"findings.rank{int(rank)}.json")
+
     def _folder(self, kind: str, n: int) -> str:
         path = os.path.join(self.directory, kind, str(int(n)))
         os.makedirs(path, mode=0o700, exist_ok=True)

@@ -411,3 +411,27 @@ def test_token_ids_looked_up_by_an_embedding_are_no_features_to_scale():
     assert _token_ids(types.SimpleNamespace(train_xy=(ids.astype("float32"), None),
                                             model=embed))  # ids handed over as floats
     assert not _token_ids(types.SimpleNamespace(train_xy=(ids + 0.5, None), model=embed))
+
+
+def test_rows_holding_nan_are_left_out_of_the_sample_probes_train_on():
+    import torch
+    from torch import nn
+
+    from model_debugger.trainers.keras import _finite_rows as keras_rows
+    from model_debugger.trainers.torch import TorchTrainer
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    y = x @ torch.ones(4, 1)
+    x[5, 2] = float("nan")  # one row of the inputs, one of the targets
+    y[9, 0] = float("inf")
+    model = nn.Linear(4, 1)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    tr = TorchTrainer(model, state, {"cls": torch.optim.SGD, "hyper": {"lr": 0.05}},
+                      {"name": "mse_loss"}, [((x[:32],), y[:32]), ((x[32:],), y[32:])])
+    assert tr.n == 62 and torch.isfinite(tr.inputs[0]).all()
+    rates, losses = tr.sweep(1e-6, 1e-3, 20)  # a sweep at tiny rates stays finite
+    assert np.isfinite(losses).all()
+    xs, ys = keras_rows((x.numpy(),), y.numpy())
+    assert len(ys) == 62 and np.isfinite(xs[0]).all() and np.isfinite(ys).all()
+    assert keras_rows((np.full((3, 2), np.nan),), np.zeros(3)) == (None, None)

@@ -223,7 +223,10 @@ def test_a_nonfinite_batch_on_one_rank_names_that_rank_before_the_all_reduce_spr
     assert ev["nonfinite_rank"] == 1 and ev["first_nonfinite_step"] == 15, ev
     data = _finding(report, "nonfinite_inputs")
     assert data["confirmed"] and data["root_cause"] == "data"
-    assert "rank 1" in data["explanation"]
+    assert data["evidence"]["rank"] == 1  # measured on rank 1's own kept batches, live
+    assert data["evidence"]["rows_checked"] > 0
+    # the NaN row is the data's finding: a sweep on rank 1's rows without it does not diverge
+    assert not any(f["check"] == "lr_range" and f["confirmed"] for f in report["findings"])
 
 
 def test_a_straggler_rank_is_a_performance_issue_that_names_it_and_its_line(tmp_path):
@@ -238,6 +241,8 @@ def test_a_straggler_rank_is_a_performance_issue_that_names_it_and_its_line(tmp_
     assert f["confirmed"] and f["root_cause"] == "training_loop"
     assert f["evidence"]["rank"] == 1 and f["evidence"]["victims"] == ["rank 0"]
     assert f["location"]["line"] == _line(SPAWN, "STRAGGLER LINE")
+    live = _finding(report, "step_overhead")  # probed on the straggler's own live objects
+    assert live["evidence"]["rank"] == 1
 
 
 def test_replicas_that_drift_apart_are_a_desync(tmp_path):
@@ -352,6 +357,45 @@ def test_the_first_nonfinite_value_is_ordered_by_step_then_loss_before_gradient(
     assert sig["nonfinite_ranks"] == 2
     c = _rank_run(0, [{}] * 3, {"t": "nonfinite", "step": 1, "what": "grad"})
     assert R.signals(_job(c, b))["nonfinite_rank"] == 0  # an earlier step wins
+
+
+def test_the_probed_rank_is_where_the_first_nonfinite_began_else_the_straggler_else_0():
+    nan_on_1 = _rank_run(1, [{}] * 3, {"t": "nonfinite", "step": 2, "what": "loss"})
+    spread_to_0 = _rank_run(0, [{}] * 3, {"t": "nonfinite", "step": 2, "what": "grad"})
+    assert R.probed([spread_to_0, nan_on_1]) == 1
+    tied = _rank_run(0, [{}] * 3, {"t": "nonfinite", "step": 2, "what": "loss"})
+    assert R.probed([tied, nan_on_1]) == 0  # on both at once: no one rank's, rank 0
+    fast = _rank_run(0, _steps(20, 0.04, 0.038, 0.002))
+    slow = _rank_run(1, _steps(20, 0.04, 0.008, 0.002))
+    assert R.probed([fast, slow]) == 1
+    even = _rank_run(1, _steps(20, 0.04, 0.038, 0.002))
+    assert R.probed([fast, even]) == 0
+
+
+def _write_rank(folder: Path, run: Run, ended: bool = True) -> None:
+    events = [e for e in run.events if ended or e.get("t") != "end"]
+    (folder / f"proc-{100 + run.rank['rank']}.jsonl").write_text(
+        "".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_a_rank_probes_when_the_ended_records_name_it_and_rank_0_when_they_cannot(
+        tmp_path, monkeypatch):
+    from model_debugger._rank_probes import probes_here
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    zero = _rank_run(0, [{}] * 3, {"t": "nonfinite", "step": 2, "what": "grad"})
+    one = _rank_run(1, [{}] * 3, {"t": "nonfinite", "step": 2, "what": "loss"})
+    _write_rank(tmp_path, zero)
+    _write_rank(tmp_path, one, ended=False)  # rank 1's record has not ended yet
+    record = str(tmp_path / "proc-100.jsonl")
+    assert probes_here(record, zero.rank, wait=0.3) is True  # past the wait: rank 0
+    assert probes_here(record, one.rank, wait=0.3) is False
+    _write_rank(tmp_path, one)
+    assert probes_here(record, zero.rank, wait=0.3) is False  # the records name rank 1
+    assert probes_here(record, one.rank, wait=0.3) is True
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # ranks on other nodes: rank 0, no wait
+    assert probes_here(record, zero.rank, wait=30) is True
+    assert probes_here(record, one.rank, wait=30) is False
 
 
 def test_a_hang_needs_a_rank_waiting_at_the_end_and_one_that_is_not():

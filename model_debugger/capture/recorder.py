@@ -474,8 +474,8 @@ def set_rank_context(factory, after=None) -> None:
     ``factory`` is picklable (a ``functools.partial`` of a module function) and returns a
     context manager, entered inside the process's capture: the run's seed, its intervention
     and step budget (:mod:`model_debugger._child`). ``after(recorder)``, picklable too, runs
-    once the process's capture has ended (its hooks removed, its live objects kept): rank 0's
-    probes. None: nothing.
+    once the process's capture has ended (its hooks removed, its live objects kept): the probes
+    of the rank the job's records name. None: nothing.
     """
     _rank_context[0], _rank_context[1] = factory, after
 

@@ -403,7 +403,25 @@ def _stack(batches):
             if len(i) == len(first_in) and t.shape[1:] == first_t.shape[1:]
             and all(a.shape[1:] == b.shape[1:] for a, b in zip(i, first_in))]
     inputs = tuple(np.concatenate([i[k] for i, _ in keep]) for k in range(len(first_in)))
-    return inputs, np.concatenate([t for _, t in keep])
+    return _finite_rows(inputs, np.concatenate([t for _, t in keep]))
+
+
+def _finite_rows(inputs: tuple, target):
+    """The rows whose inputs and target hold only finite values (None, None: no such row).
+
+    A row with a NaN or inf makes every experiment on the sample diverge at any rate or
+    architecture: that is the data's finding (``nonfinite_inputs``), not the model's.
+    """
+    ok = np.ones(len(target), dtype=bool)
+    for a in (*inputs, target):
+        a = np.asarray(a)
+        if len(a) == len(target) and np.issubdtype(a.dtype, np.inexact):
+            ok &= np.isfinite(a.reshape(len(a), -1)).all(1)
+    if ok.all():
+        return inputs, target
+    if not ok.any():
+        return None, None
+    return tuple(a[ok] if len(a) == len(target) else a for a in inputs), target[ok]
 
 
 def _same_rank(target, out):

@@ -365,7 +365,25 @@ def _stack(batches):
                     for a, b in zip(i, first_in))]
     inputs = tuple(torch.cat([i[k].detach() for i, _ in keep]) for k in range(len(first_in)))
     target = torch.cat([t.detach() for _, t in keep])
-    return inputs, target
+    return _finite_rows(inputs, target)
+
+
+def _finite_rows(inputs: tuple, target):
+    """The rows whose inputs and target hold only finite values (None, None: no such row).
+
+    A row with a NaN or inf makes every experiment on the sample diverge at any rate or
+    architecture: that is the data's finding (``nonfinite_inputs``, read from the batches),
+    not evidence about the model or the learning rate.
+    """
+    ok = torch.ones(len(target), dtype=torch.bool)
+    for t in (*inputs, target):
+        if len(t) == len(target) and (t.is_floating_point() or t.is_complex()):
+            ok &= torch.isfinite(t.reshape(len(t), -1)).all(1)
+    if bool(ok.all()):
+        return inputs, target
+    if not bool(ok.any()):
+        return None, None
+    return tuple(t[ok] if len(t) == len(target) else t for t in inputs), target[ok]
 
 
 def _main_output(out, shape):
