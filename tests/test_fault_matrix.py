@@ -186,3 +186,16 @@ def test_the_symptom_aware_category_accepts_only_a_printed_non_finite_value():
     assert not symptom_hit(row("gradient_instability", "epoch 3 loss 0.4 (financial)"))
     assert not symptom_hit(row("loss_not_decreasing", "epoch 3 loss nan"))  # another category
     assert symptom_hit(row("overfitting", "epoch 3 loss 0.4", hit=True))  # strict hit stays
+
+
+def test_rows_lists_exactly_the_jobs_of_an_earlier_results_file(tmp_path):
+    earlier = tmp_path / "earlier.jsonl"
+    jobs = [{"kind": "healthy", "base": "keras_fit", "operator": None, "seed": 1},
+            {"kind": "fault", "base": "torch_loop", "operator": "lr_too_high", "seed": 0}]
+    earlier.write_text("".join(json.dumps({**j, "got": None}) + "\n" for j in jobs))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "fault_matrix" / "run.py"),
+           "--rows", str(earlier), "--sample", "84", "--list"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["healthy keras_fit - 1", "fault torch_loop lr_too_high 0",
+                                        "2 jobs"]

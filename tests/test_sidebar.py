@@ -121,10 +121,11 @@ def test_sidebar_follows_the_kernel_session(lab, tmp_path):
 
 def test_a_terminal_multi_rank_diagnosis_opened_in_the_kernel_shows_its_ranks(tmp_path):
     """A 2-rank gloo job diagnosed by the CLI is opened with ``%md_open``: the sidebar
-    follows it and shows its per-rank table (every rank's status and steps)."""
+    follows it and shows its per-rank table (every rank's status and steps) and which rank
+    each finding is about (a straggler: rank 1)."""
     from test_ranks import SPAWN, _diagnose
 
-    report = _diagnose(tmp_path, SPAWN, "healthy")
+    report = _diagnose(tmp_path, SPAWN, "straggler")
     assert report["reproduce"]["ranks"] == 2
     cells = [SETUP, f"%md_open {report['session_dir']}"]
     (tmp_path / "lab").mkdir()
@@ -148,7 +149,11 @@ def test_a_terminal_multi_rank_diagnosis_opened_in_the_kernel_shows_its_ranks(tm
         shutil.copy(tmp_path / "sidebar-ranks.png", os.path.join(ARTIFACTS, "sidebar-ranks.png"))
         assert [r[0] for r in rows] == ["0", "1"], rows
         assert all(r[1] == "ok" and r[2] == "40" for r in rows), rows
-        assert _state(page)["primary"] == "healthy"
+        assert _state(page)["primary"] == "performance_issue"
         assert "Ranks (2)" in _state(page)["text"]
+        badges = page.evaluate(
+            "() => [...document.querySelectorAll('#model-debugger-panel "
+            ".jp-ModelDebugger-rankBadge')].map(b => b.textContent)")
+        assert badges and set(badges) == {"rank 1"}, badges
         assert not _state(page)["overflows"]  # the wide table scrolls in its box
         assert not [e for e in errors if "model" in e.lower()], errors

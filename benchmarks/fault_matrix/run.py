@@ -121,7 +121,14 @@ def stratified(all_pairs: list[tuple[str, str]], n: int, seed: int) -> list[tupl
 
 
 def jobs_for(args) -> list[dict]:
-    """The jobs to run: the healthy checks, then the fault pairs."""
+    """The jobs to run: the healthy checks, then the fault pairs.
+
+    With ``args.rows`` (an earlier results file), exactly that file's jobs, in its order:
+    a before/after comparison on the same rows, whatever operators were added since.
+    """
+    if getattr(args, "rows", None) is not None:
+        keys = ("kind", "base", "operator", "seed")
+        return [{k: r[k] for k in keys} for r in read_rows(args.rows)]
     base_paths = bases(args.bases)
     ops = args.operators
     all_pairs = pairs(base_paths, ops)
@@ -510,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 60, the product's; 0: off)")
     ap.add_argument("--bare-timeout", type=float, default=300.0)
     ap.add_argument("--diagnose-timeout", type=float, default=900.0)
+    ap.add_argument("--rows", type=Path, default=None,
+                    help="run exactly the jobs of an earlier results file (before/after)")
     ap.add_argument("--report", action="store_true", help="only print the tables of --out")
     ap.add_argument("--list", action="store_true", help="only list the jobs")
     args = ap.parse_args(argv)
