@@ -252,6 +252,38 @@ def _nodes_at(location: dict | None):
         yield from ast.walk(stmt)
 
 
+def callee_made(location: dict | None) -> dict | None:
+    """The line that built the callable a call at ``location`` calls, else ``location``.
+
+    ``loss = criterion(out, yb)`` with ``criterion = nn.BCEWithLogitsLoss()`` earlier in the
+    same scope (or ``self.criterion = ...`` in any method) is located at that construction:
+    a setting the loss lacks (``pos_weight=``, ``weight=``) is added where it was made. A
+    callable bound by a plain name or a parameter, or a function called directly
+    (``F.cross_entropy(...)``), keeps the call's line.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return location
+    for stmt in _statements_at(tree, location["line"]):
+        for node in ast.walk(stmt):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Name):
+                found = [(line, value) for scope in _scope_of(tree, stmt)
+                         for line, _, value in _bindings(scope, func.id, stmt.lineno)]
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and \
+                    func.value.id == "self":
+                found = [(line, value) for line, _, value in
+                         _attribute_bindings(tree, func.attr)]
+            else:
+                continue
+            made = [line for line, value in found if isinstance(value, ast.Call)]
+            if made:
+                return {**location, "line": max(made)}
+    return location
+
+
 def _call_name(call: ast.Call) -> str:
     f = call.func
     return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")

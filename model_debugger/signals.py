@@ -43,6 +43,7 @@ SIGNALS: dict[str, str] = {
     "loss_uninformed": "loss of an untrained model that knows nothing (uniform scores, zero output)",
     "constant_predictor_loss": "loss of the best input-independent predictor (label prior/mean)",
     "majority_rate": "share of the most frequent class in the training targets",
+    "loss_weighted": "1: the training loss weights classes or samples (weight=, class_weight)",
     "first_nonfinite_step": "first step with a non-finite loss, gradient or weight",
     "nonfinite_what": "what went non-finite first (loss, gradient, weights)",
     "nonfinite_module": "the module where the first non-finite value appeared",
@@ -442,6 +443,8 @@ def compute(run: Run) -> dict:
         s["loss_kind"], s["loss_below_zero"] = kind, s["loss_min"]
     s["constant_predictor_loss"], s["majority_rate"] = constant_predictor(
         targets[-1] if targets else None)
+    if targets and targets[-1].get("weighted"):
+        s["loss_weighted"] = 1
     if s["constant_predictor_loss"] and "loss_final" in s:
         s["loss_floor_share"] = s["loss_final"] / s["constant_predictor_loss"]
     trained = run.of("trained")

@@ -1017,3 +1017,29 @@ def test_a_helper_shuffling_the_labels_in_place_is_located_at_that_call(tmp_path
           for t in ("made", "call")}
     assert reorder_within({"file": str(path), "line": at["call"]}, last=True)["line"] == \
         at["made"]
+
+
+def test_a_loss_object_is_located_where_it_was_made(tmp_path):
+    from model_debugger.provenance import callee_made
+
+    source = textwrap.dedent('''\
+        import torch
+        from torch import nn
+        criterion = nn.MSELoss()
+        criterion = nn.BCEWithLogitsLoss()
+        class Trainer:
+            def __init__(self):
+                self.loss_fn = nn.CrossEntropyLoss()
+            def step(self, x, y, fn):
+                a = self.loss_fn(x, y)
+                b = fn(x, y)
+                return a + b
+        def train(x, y):
+            return criterion(x, y) + nn.functional.mse_loss(x, y)
+        ''')
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    at = {"file": str(path)}
+    assert callee_made({**at, "line": 13})["line"] == 4  # the latest construction before use
+    assert callee_made({**at, "line": 9})["line"] == 7  # self.loss_fn, made in __init__
+    assert callee_made({**at, "line": 10})["line"] == 10  # a parameter: the call stays

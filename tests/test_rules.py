@@ -636,6 +636,20 @@ def test_wrong_solution_accuracy_below_majority_rate_fires():
     assert sig["val_acc_final"] < sig["majority_rate"]
 
 
+def test_wrong_solution_accuracy_below_majority_under_a_weighted_loss_is_its_trade_off():
+    below = 0.6 - 3 * C.TRIVIAL_METRIC_MARGIN
+    weighted = syn.make_run(syn.steps_events(syn.decay(100)),
+                            {**syn.targets_counts(MAJORITY_COUNTS), "weighted": True},
+                            syn.metric("val_acc", [0.45, 0.5, below]))
+    sig, _ = quiet(C.wrong_solution, weighted)  # weight= / class_weight: rare classes' recall
+    assert sig["loss_weighted"] == 1
+    at = syn.make_run(syn.steps_events(syn.decay(100)),
+                      {**syn.targets_counts(MAJORITY_COUNTS), "weighted": True},
+                      syn.metric("val_acc", [0.45, 0.5, 0.6]))
+    fires(C.wrong_solution, at, "convergence_to_wrong_solution",
+          {"val_acc_final", "majority_rate"})  # at the majority rate: weighted or not
+
+
 def test_wrong_solution_accuracy_beyond_margin_is_quiet():
     sig, cls = quiet(C.wrong_solution, _acc_run(0.6 + 3 * C.TRIVIAL_METRIC_MARGIN))
     assert abs(sig["val_acc_final"] - sig["majority_rate"]) > C.TRIVIAL_METRIC_MARGIN

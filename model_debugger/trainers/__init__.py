@@ -91,6 +91,9 @@ class Trainer(Protocol):
         with ``shuffle=False`` are consecutive rows in their given order, cycled.
         """
 
+    def predict(self, model: Any, inputs: tuple) -> Any:
+        """``model``'s outputs on the given rows in inference mode, as a NumPy array."""
+
     def evaluate(self, model: Any, inputs: tuple, target: Any) -> float:
         """Mean loss of ``model`` on the given rows, in inference mode."""
 

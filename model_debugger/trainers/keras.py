@@ -345,6 +345,11 @@ class KerasTrainer(SampleTrainer):
             total += np.asarray(out).nbytes
         return total / max(int(inputs[0].shape[0]), 1)
 
+    def predict(self, model, inputs) -> np.ndarray:
+        """``model``'s outputs on ``inputs`` in inference mode (the one output the loss reads)."""
+        out = model(self._x(inputs), training=False)
+        return np.asarray(out, dtype=np.float64)
+
     def evaluate(self, model, inputs, target) -> float:
         """Mean loss of ``model`` on the given rows (inference mode)."""
         return float(self._loss(model, inputs, target, False))

@@ -187,6 +187,20 @@ class TorchTrainer(SampleTrainer):
         loss = self.loss_fn(out, target, **self.loss_kwargs)
         return loss if loss.dim() == 0 else loss.mean()  # reduction="none" in the user's code
 
+    def predict(self, model, inputs) -> np.ndarray:
+        """``model``'s outputs on ``inputs`` in inference mode, shaped as the loss read them."""
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                out = _main_output(self.forward(model, inputs), self.loss_input_shape)
+        finally:
+            model.train(was)
+        if self.loss_input_shape is not None and tuple(out.shape[1:]) != \
+                tuple(self.loss_input_shape):
+            out = out.reshape(out.shape[0], *self.loss_input_shape)
+        return out.detach().float().cpu().numpy()
+
     def subset(self, idx):
         """``(inputs, target)`` rows ``idx`` of the training sample."""
         return tuple(x[idx] for x in self.inputs), self.targets[idx]
