@@ -28,6 +28,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     GROWTH_WITH_LEARNING,
     HELD_FLOOR,
     LOSS_FALLS,
+    LR_STALLED,
     MIN_STEPS,
     NOT_RESET,
     ONE_VALUE_LOSS,
@@ -555,13 +556,17 @@ def plateau(sig: dict):
 
     A loss can settle at 40-95% of the constant predictor's because the task is hard (noisy
     labels) or because something holds it up (frozen layers, heavy dropout, a rate far too low).
+    Where most weights never updated, or the learning rate sat below 1% of its peak for at
+    least half the run (a schedule that all but stopped training), a loss settled anywhere
+    above 5% of it is suspect too.
     Signals cannot tell which, an experiment can: this classification stands only when Isolate
     confirms a cause by experiment (:func:`tentative`, :func:`without_cause`).
     """
     share = sig.get(PLATEAU_SIGNAL)
     short = MIN_STEPS <= sig.get("steps", 0) < FEW_STEPS  # may have stopped before it learned
     held = sig.get("untrained_share", 0.0) >= UNTRAINED_SHARE  # most weights never updated
-    floor = HELD_FLOOR if held else FLOOR_SHARE
+    stalled = sig.get("lr_collapsed_share", 0.0) >= LR_STALLED  # or most steps updated ~nothing
+    floor = HELD_FLOOR if held or stalled else FLOOR_SHARE
     if share is None or not floor <= share < BASELINE_MARGIN or "first_nonfinite_step" in sig \
             or not (short or held) and (sig.get("loss_points", 0) < 4 * MIN_STEPS or
                                         sig.get("loss_tail_drop", 0.0) >= TAIL_DROP):
@@ -570,7 +575,7 @@ def plateau(sig: dict):
           _ev(sig, "constant_predictor_loss", "loss of predicting the label prior / mean"),
           _ev(sig, PLATEAU_SIGNAL, f"the loss ends at >= {floor:g} x the constant "
               "predictor's (tentative: it stands only if an experiment finds what holds it up)")]
-    if sig.get("lr_collapsed_share", 0.0) >= 0.5:
+    if stalled:
         ev.append(_ev(sig, "lr_collapsed_share", "of the run's steps with the learning rate below "
                       "1% of its peak (what could hold the loss up)"))
     if held:

@@ -17,6 +17,7 @@ FLOOR_SHARE = 0.4            # a plateau at >= 40% of it: suspect, to be shown b
 TAIL_DROP = 0.3              # ... unless still learning fast: the second half fell >= 30%
 UNREACHABLE_SHARE = 0.05     # targets an output floored at 0 cannot reach: a wrong solution
 UNTRAINED_SHARE = 0.5        # most of the model never updated (frozen, not in the optimizer) ...
+LR_STALLED = 0.5             # ... or the rate sat below 1% of its peak for half the run or more
 HELD_FLOOR = 0.05            # ... and the loss ends above 5% of the constant predictor's: suspect
 FEW_STEPS = 100              # a run of fewer optimizer steps may have stopped before it learned
 DIVERGE_RATIO = 2.0          # final loss at least twice the initial loss

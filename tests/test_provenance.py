@@ -1043,3 +1043,22 @@ def test_a_loss_object_is_located_where_it_was_made(tmp_path):
     assert callee_made({**at, "line": 13})["line"] == 4  # the latest construction before use
     assert callee_made({**at, "line": 9})["line"] == 7  # self.loss_fn, made in __init__
     assert callee_made({**at, "line": 10})["line"] == 10  # a parameter: the call stays
+
+
+def test_a_schedule_is_located_where_its_decay_was_set(tmp_path):
+    from model_debugger.probes.lr_schedule import _decay_origin
+
+    source = textwrap.dedent('''\
+        import argparse
+        import torch
+        p = argparse.ArgumentParser()
+        p.add_argument("--lr-decay", type=float, default=0.2)
+        args = p.parse_args([])
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=args.lr_decay)
+        other = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.02)
+        ''')
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    assert _decay_origin({"file": str(path), "line": 7})["line"] == 4  # the argparse default
+    assert _decay_origin({"file": str(path), "line": 8})["line"] == 8  # literals: the scheduler

@@ -860,6 +860,27 @@ def test_a_loss_held_up_by_weights_that_never_train_is_a_tentative_plateau():
     quiet(C.plateau, _held(0.5 * C.HELD_FLOOR, 0.1))  # it learned all the same
 
 
+def _stalled(share: float, collapsed: float, tail_fall: float = 0.0) -> Run:
+    """A settled loss in a run whose rate sat below 1% of its peak for ``collapsed`` of it."""
+    run = _settled(share, tail_fall)
+    n = len(run.steps)
+    low = int(n * (1 - collapsed))
+    lrs = [{"t": "lr", "step": 0, "lr": 0.1}, {"t": "lr", "step": low, "lr": 1e-6}]
+    return Run([*run.events[:-1], *lrs, run.events[-1]])
+
+
+def test_a_loss_settled_while_the_rate_had_collapsed_is_a_tentative_plateau():
+    """A schedule that all but stopped training (ExponentialLR(gamma=0.2)): a loss well below the
+    usual floor is suspect, for lr_schedule's experiment to decide; a settled loss is needed."""
+    low = 0.5 * C.FLOOR_SHARE
+    sig, cls = fires(C.plateau, _stalled(low, 0.9), "loss_not_decreasing",
+                     {"loss_floor_share", "lr_collapsed_share"})
+    assert sig["lr_collapsed_share"] >= C.LR_STALLED and C.tentative(cls)
+    quiet(C.plateau, _stalled(low, 0.5 * C.LR_STALLED))  # the rate held for most of the run
+    quiet(C.plateau, _stalled(low, 0.9, tail_fall=1.5 * C.TAIL_DROP))  # still falling fast
+    quiet(C.plateau, _stalled(0.5 * C.HELD_FLOOR, 0.9))  # it learned all the same
+
+
 def test_plateau_quiet_below_the_floor_share():
     sig, cls = quiet(C.plateau, _settled(0.5 * C.FLOOR_SHARE))
     assert cls.primary == HEALTHY and not C.tentative(cls)

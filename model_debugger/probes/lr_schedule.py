@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..thresholds import LR_STALLED
 from ._heldout import BETTER, heldout_loss
 from .base import Probe, ProbeContext, register
 
-COLLAPSED = 0.5  # share of the run's steps spent below 1% of the peak rate
+COLLAPSED = LR_STALLED  # share of the run's steps spent below 1% of the peak rate
 
 
 def rate_per_step(events: list[dict], steps: int) -> np.ndarray:
@@ -67,10 +68,28 @@ class LrSchedule(Probe):
             "median one"
             + (": the schedule's decay holds the loss up." if confirmed else
                ": no clearly better, so the decay is not what holds the loss up."),
-            ctx.ref("scheduler") or rate_written(ctx.source_files) or ctx.ref("optimizer"),
-            undone=confirmed,
+            _decay_origin(ctx.ref("scheduler")) or rate_written(ctx.source_files) or
+            ctx.ref("optimizer"), undone=confirmed,
             strength=0.8 if confirmed else 0.15, lr_peak=peak, lr_median=typical,
             lr_collapsed_share=share, heldout_median_lr=held, heldout_peak_lr=at_peak)]
+
+
+DECAY_KEYWORDS = ("gamma", "decay_rate", "step_size", "milestones", "lr_lambda", "T_max")
+
+
+def _decay_origin(location: dict | None) -> dict | None:
+    """Where the scheduler's decay was set, else the scheduler's line.
+
+    Its ``gamma=`` (or decay rate, step size, ...) traced to the line that set it: a config
+    entry, an argparse default.
+    """
+    from .base import setting_location
+
+    for keyword in DECAY_KEYWORDS:
+        found = setting_location(location, keyword)
+        if found is not location:
+            return found
+    return location
 
 
 def rate_written(sources: dict) -> dict | None:
