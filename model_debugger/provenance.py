@@ -243,6 +243,28 @@ def loop_exit(location: dict | None) -> dict | None:
     return {"file": location["file"], "line": min(exits)[1]} if exits else None
 
 
+def enclosing_loop(location: dict | None) -> dict | None:
+    """The header of the innermost ``for`` / ``while`` loop holding ``location``'s line.
+
+    None when the line is in no loop (of its own function) or the file cannot be read: a
+    setting the loop's steps need (``model.train()``) goes just before that header.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    line = location["line"]
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    inner = max(funcs, key=lambda n: n.lineno, default=None)
+    loops = [n for n in ast.walk(inner or tree)
+             if isinstance(n, (ast.For, ast.AsyncFor, ast.While))
+             and n.lineno < line <= (n.end_lineno or n.lineno)
+             and not any(f is not inner and f.lineno > n.lineno for f in funcs)]
+    if not loops:
+        return None
+    return {"file": location["file"], "line": max(n.lineno for n in loops)}
+
+
 def _nodes_at(location: dict | None):
     """Every AST node of the statements at ``location`` (none when its file cannot be read)."""
     tree = _tree_of(location)

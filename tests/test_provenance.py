@@ -1062,3 +1062,26 @@ def test_a_schedule_is_located_where_its_decay_was_set(tmp_path):
     path.write_text(source)
     assert _decay_origin({"file": str(path), "line": 7})["line"] == 4  # the argparse default
     assert _decay_origin({"file": str(path), "line": 8})["line"] == 8  # literals: the scheduler
+
+
+def test_the_loop_around_a_step_is_its_innermost_loop_in_its_own_function(tmp_path):
+    from model_debugger.provenance import enclosing_loop
+
+    source = textwrap.dedent('''\
+        def train_epoch(model, loader, opt):
+            total = 0.0
+            for xb, yb in loader:
+                loss = model(xb).sum()
+                loss.backward()
+            return total
+        for epoch in range(3):
+            train_epoch(None, [], None)
+        loss = 1
+        ''')
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    at = {"file": str(path)}
+    assert enclosing_loop({**at, "line": 5})["line"] == 3  # not the epoch loop calling it
+    assert enclosing_loop({**at, "line": 8})["line"] == 7
+    assert enclosing_loop({**at, "line": 9}) is None
+    assert enclosing_loop({**at, "line": 2}) is None

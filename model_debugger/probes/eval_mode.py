@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..provenance import enclosing_loop
 from ..records import Intervention
 from ._lint import lint_hits, loc
 from .base import Probe, ProbeContext, register
@@ -26,7 +27,10 @@ class EvalModeNotReset(Probe):
         off = sum(1 for f in flags if f is False)
         if not hits and not off:
             return []
-        where = loc(hits[0]) if hits else ctx.ref("backward")
+        # a lint hit (the eval() call never undone), else the loop whose steps ran in eval
+        # mode: model.train() goes before it
+        where = loc(hits[0]) if hits else enclosing_loop(ctx.ref("backward")) or \
+            ctx.ref("backward")
         if off:
             return [self.finding(
                 "training_loop", True,
