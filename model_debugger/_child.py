@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         os.environ[RANKS_ENV] = _ranks_folder(ns.record)
     code = 0
+    from ._rank_probes import RANK_WAIT  # a launched rank may wait for rank 0's decision
+
     rec = capture(ns.record)
     if ns.max_seconds:
         signal.signal(signal.SIGALRM, _interrupt)
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 if ns.max_seconds:  # the limit counts the script, not our set-up (launched:
                     # each rank's own, from its script's start; this is the backstop)
                     signal.setitimer(signal.ITIMER_REAL, ns.max_seconds + (
-                        LAUNCH_SETUP + ns.isolate if launch.get("nproc_per_node") else 0.0))
+                        LAUNCH_SETUP + 3 * RANK_WAIT + ns.isolate
+                        if launch.get("nproc_per_node") else 0.0))
                 if launch.get("nproc_per_node"):
                     _launch(launch, ns, script, args)
                 else:
@@ -262,15 +265,16 @@ def _probe_rank(rec, ns, script: str) -> None:
 def _with_rank(report, run, folder: str):
     """The job's report with one rank's findings (probes on its live objects) merged in.
 
-    The rank the job's records name (:func:`~model_debugger.ranks.probed`) left its report in
-    the ranks ``folder``; when it left none (it could not tell it was the one), rank 0's is
-    read. That rank probed under its own record's classification: only its findings for a
+    The rank rank 0 named (its decision in the ranks ``folder``, else the one the job's records
+    name: :func:`~model_debugger.ranks.probed`) left its report there; when it left none,
+    rank 0's is read. That rank probed under its own record's classification: only its findings for a
     category the job was classified with are kept, each with its ``rank``. A check both ran
     keeps the rank's finding: it measured on live objects where the job had only the records
     (the checks that compare ranks run on the job alone).
     """
     from dataclasses import replace
 
+    from ._rank_probes import DECISION, read_decision
     from .classify import classify
     from .probes import SHARED, rank
     from .probing import read_report
@@ -279,7 +283,9 @@ def _with_rank(report, run, folder: str):
     from .signals import compute
     from .store import Store
 
-    which = probed(run.ranks)
+    which = read_decision(os.path.join(folder, DECISION))  # rank 0's decision
+    if which is None:
+        which = probed(run.ranks)
     zero = read_report(Store.rank_findings(folder, which))
     if zero is None and which != 0:
         which, zero = 0, read_report(Store.rank_findings(folder, 0))

@@ -5,9 +5,9 @@ partial) before its script runs; what it needs is imported when it runs, in the 
 
 Probes that need live objects run on one rank: the rank the job's records name
 (:func:`model_debugger.ranks.probed`: where the first non-finite value began, a straggler),
-else rank 0. Each rank, once its own record has ended, waits a little for the others'
-(:func:`probes_here`) and probes only when it is the named one; a rank that cannot tell (a
-record missing past the wait, ranks on other nodes) leaves it to rank 0.
+else rank 0. Rank 0, once its own record has ended, waits a little for the others' and writes
+which rank probes; the others wait for that decision (:func:`probes_here`). Past the wait, or
+with ranks on other nodes, rank 0 probes.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ import json
 import os
 import time
 
-RANK_WAIT = 10.0  # seconds a rank waits for the job's other records to end before deciding
+RANK_WAIT = 10.0  # seconds rank 0 waits for the job's other records to end before deciding
+DECISION = "probed.rank"  # rank 0's decision, in the ranks folder: which rank probes
 
 
 def probes_here(record: str, info: dict | None, wait: float = RANK_WAIT) -> bool:
     """Whether the rank that wrote ``record`` (its ``rank`` event ``info``) runs the probes.
 
-    The records beside ``record`` (the job's ranks folder) are read until every rank's has
-    ended, for at most ``wait`` seconds; then the rank they name probes. Past the wait, or
-    when some ranks run on other nodes (their records are elsewhere), rank 0 does.
+    Rank 0 decides, once, for the job: it reads the records beside ``record`` (the job's
+    ranks folder) until every rank's has ended, for at most ``wait`` seconds, names the rank
+    they point at (itself past the wait) and writes that decision into the folder. Every
+    other rank waits for the decision (at most ``3 * wait``) and probes only when named; with
+    none, it does not. So exactly one rank probes whatever the order the ranks end in. When
+    some ranks run on other nodes (their records are elsewhere), rank 0 probes at once.
     """
     from .ranks import complete, probed, read_ranks
 
@@ -36,14 +40,38 @@ def probes_here(record: str, info: dict | None, wait: float = RANK_WAIT) -> bool
     if isinstance(world, int) and local and local.isdigit() and int(local) < world:
         return rank == 0  # several nodes: the named rank may be on another one
     folder = os.path.dirname(os.path.abspath(record))
+    decision = os.path.join(folder, DECISION)
+    if rank != 0:
+        deadline = time.monotonic() + 3 * wait
+        while time.monotonic() < deadline:
+            named = read_decision(decision)
+            if named is not None:
+                return named == rank
+            time.sleep(0.2)
+        return False
     deadline = time.monotonic() + wait
+    named = 0
     while True:
         ranks = read_ranks(folder)
         if complete(ranks):
-            return probed(ranks) == rank
+            named = probed(ranks)
+            break
         if time.monotonic() >= deadline:
-            return rank == 0
+            break
         time.sleep(0.2)
+    tmp = f"{decision}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(str(int(named)))
+    os.replace(tmp, decision)
+    return named == 0
+
+
+def read_decision(path: str) -> int | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def probe_process(budget: float, probes: str | None, script: str, deadline: float | None,

@@ -451,10 +451,12 @@ def wrong_solution(sig: dict):
             continue  # a class-balanced score that is not trivial outranks accuracy
         if f"{split}_acc_final" in sig and sig.get("majority_rate") is not None:
             trivial = sig[f"{split}_acc_final"] <= sig["majority_rate"] + TRIVIAL_METRIC_MARGIN
-            if sig.get("loss_weighted") and \
-                    sig[f"{split}_acc_final"] < sig["majority_rate"] - TRIVIAL_METRIC_MARGIN:
+            acc = sig[f"{split}_acc_final"]
+            if sig.get("loss_weighted") and 1.0 - sig["majority_rate"] + TRIVIAL_METRIC_MARGIN \
+                    < acc < sig["majority_rate"] - TRIVIAL_METRIC_MARGIN:
                 continue  # a class-weighted loss trades plain accuracy for the rare classes'
-                # recall on purpose: below the majority rate is its choice, not a constant
+                # recall on purpose: below the majority rate is its choice; at a rare class's
+                # share it predicts that class for every row, a constant all the same
             # fell to the prior's loss (it learned the prior, nothing else); a loss that never
             # moved is a plateau (not_decreasing), whatever the accuracy
             near_baseline = sig.get("constant_predictor_loss") is not None and \

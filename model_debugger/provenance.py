@@ -279,30 +279,33 @@ def callee_made(location: dict | None) -> dict | None:
 
     ``loss = criterion(out, yb)`` with ``criterion = nn.BCEWithLogitsLoss()`` earlier in the
     same scope (or ``self.criterion = ...`` in any method) is located at that construction:
-    a setting the loss lacks (``pos_weight=``, ``weight=``) is added where it was made. A
-    callable bound by a plain name or a parameter, or a function called directly
-    (``F.cross_entropy(...)``), keeps the call's line.
+    a setting the loss lacks (``pos_weight=``, ``weight=``) is added where it was made. Only
+    the statement's outermost call counts (not ``model(x)`` in its arguments); a callable that
+    is a parameter, bound otherwise than by a call, or a function called directly
+    (``F.cross_entropy(...)``) keeps the call's line.
     """
     tree = _tree_of(location)
     if tree is None:
         return location
     for stmt in _statements_at(tree, location["line"]):
-        for node in ast.walk(stmt):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            if isinstance(func, ast.Name):
-                found = [(line, value) for scope in _scope_of(tree, stmt)
-                         for line, _, value in _bindings(scope, func.id, stmt.lineno)]
-            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and \
-                    func.value.id == "self":
-                found = [(line, value) for line, _, value in
-                         _attribute_bindings(tree, func.attr)]
-            else:
-                continue
-            made = [line for line, value in found if isinstance(value, ast.Call)]
-            if made:
-                return {**location, "line": max(made)}
+        call = next((n for n in ast.walk(stmt) if isinstance(n, ast.Call)), None)
+        if call is None:
+            continue
+        func = call.func
+        found: list = []
+        if isinstance(func, ast.Name):
+            for scope in _scope_of(tree, stmt):
+                if _is_parameter(scope, func.id):
+                    break
+                found = _bindings(scope, func.id, stmt.lineno)
+                if found:
+                    break
+            found = [(line, value) for line, _, value in found]
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and \
+                func.value.id == "self":
+            found = [(line, value) for line, _, value in _attribute_bindings(tree, func.attr)]
+        made = [line for line, value in found if isinstance(value, ast.Call)]
+        return {**location, "line": max(made)} if made else location
     return location
 
 

@@ -39,6 +39,23 @@ _RANKING = {"auc", "auroc", "rocauc"}  # class-balanced scores that rank: 0.5 at
 _PR = {"pr", "prc", "prauc", "aucpr", "precision", "ap"}  # a precision-recall area: not 0.5
 
 
+def _balanced_rank(name: str) -> int:
+    """Which class-balanced score speaks for the rare class first (lower: preferred).
+
+    F1 and MCC weigh both errors; recall says whether the rare class is found at all; an
+    area under the ROC curve ranks scores whatever the threshold; precision alone is high
+    when the model predicts the rare class for a handful of rows (it hides a recall of 0).
+    """
+    tok = _tokens(name)
+    if tok & {"f1", "f1score", "mcc"} or any(t.endswith("f1") for t in tok):
+        return 0
+    if "recall" in tok:
+        return 1
+    if ranks_at_half(name):
+        return 2
+    return 3
+
+
 def ranks_at_half(name: str) -> bool:
     """Whether a class-balanced score is an area under the ROC curve (chance scores 0.5, not 0).
 
@@ -240,7 +257,7 @@ class Run:
             return None
         # a single printed value does not outrank a curve (a progress bar's last frame)
         names.sort(key=lambda n: (len(metrics[n]) < 2, sources.get(n) == "auto",
-                                  -len(metrics[n]), n))
+                                  -len(metrics[n]), _balanced_rank(n) if kind == "f1" else 0, n))
         name = names[0]
         return name, _per_epoch(metrics[name])
 

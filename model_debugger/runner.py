@@ -169,14 +169,16 @@ def _clear_ranks(record: str) -> None:
     except OSError:
         return
     for name in names:
-        if name.endswith(".jsonl") or name.startswith("findings"):  # records, rank reports
+        if name.endswith(".jsonl") or name.startswith(("findings", "probed")):  # records,
+            # the ranks' reports, which rank probes
             try:
                 os.unlink(os.path.join(folder, name))
             except OSError:
                 pass
 
 
-LAUNCH_SECONDS = 100.0  # a launched job: its ranks' start-up and the launcher's stop (_child)
+LAUNCH_SECONDS = 130.0  # a launched job: its ranks' start-up, their wait for rank 0's decision
+# on which rank probes (_rank_probes), and the launcher's stop (_child)
 SETUP_SECONDS = 120.0  # the most the child's own set-up may take before the script starts
 
 

@@ -1036,6 +1036,11 @@ def test_a_loss_object_is_located_where_it_was_made(tmp_path):
                 return a + b
         def train(x, y):
             return criterion(x, y) + nn.functional.mse_loss(x, y)
+        model = nn.Linear(2, 1)
+        def direct(x, y):
+            return nn.functional.mse_loss(model(x), y)
+        def given(criterion, x, y):
+            return criterion(x, y)
         ''')
     path = tmp_path / "train.py"
     path.write_text(source)
@@ -1043,6 +1048,8 @@ def test_a_loss_object_is_located_where_it_was_made(tmp_path):
     assert callee_made({**at, "line": 13})["line"] == 4  # the latest construction before use
     assert callee_made({**at, "line": 9})["line"] == 7  # self.loss_fn, made in __init__
     assert callee_made({**at, "line": 10})["line"] == 10  # a parameter: the call stays
+    assert callee_made({**at, "line": 16})["line"] == 16  # not the model in its arguments
+    assert callee_made({**at, "line": 18})["line"] == 18  # a parameter shadows the module's
 
 
 def test_a_schedule_is_located_where_its_decay_was_set(tmp_path):

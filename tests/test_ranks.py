@@ -378,24 +378,28 @@ def _write_rank(folder: Path, run: Run, ended: bool = True) -> None:
         "".join(json.dumps(e) + "\n" for e in events))
 
 
-def test_a_rank_probes_when_the_ended_records_name_it_and_rank_0_when_they_cannot(
-        tmp_path, monkeypatch):
-    from model_debugger._rank_probes import probes_here
+def test_rank_0_decides_which_rank_probes_and_exactly_one_does(tmp_path, monkeypatch):
+    from model_debugger._rank_probes import DECISION, probes_here
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     zero = _rank_run(0, [{}] * 3, {"t": "nonfinite", "step": 2, "what": "grad"})
     one = _rank_run(1, [{}] * 3, {"t": "nonfinite", "step": 2, "what": "loss"})
-    _write_rank(tmp_path, zero)
-    _write_rank(tmp_path, one, ended=False)  # rank 1's record has not ended yet
-    record = str(tmp_path / "proc-100.jsonl")
-    assert probes_here(record, zero.rank, wait=0.3) is True  # past the wait: rank 0
-    assert probes_here(record, one.rank, wait=0.3) is False
-    _write_rank(tmp_path, one)
-    assert probes_here(record, zero.rank, wait=0.3) is False  # the records name rank 1
-    assert probes_here(record, one.rank, wait=0.3) is True
+    early, late = tmp_path / "early", tmp_path / "late"
+    for folder in (early, late):
+        folder.mkdir()
+        _write_rank(folder, zero)
+    _write_rank(early, one)  # every record ended: they name rank 1
+    _write_rank(late, one, ended=False)  # rank 1 still running when rank 0 gives up waiting
+    assert probes_here(str(late / "proc-101.jsonl"), one.rank, wait=0.2) is False  # no decision
+    assert probes_here(str(early / "proc-100.jsonl"), zero.rank, wait=0.3) is False
+    assert probes_here(str(early / "proc-101.jsonl"), one.rank, wait=0.3) is True
+    assert probes_here(str(late / "proc-100.jsonl"), zero.rank, wait=0.3) is True  # past it
+    _write_rank(late, one)  # rank 1 ends later and sees rank 0's decision: it does not probe
+    assert probes_here(str(late / "proc-101.jsonl"), one.rank, wait=0.3) is False
+    assert (late / DECISION).read_text() == "0" and (early / DECISION).read_text() == "1"
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # ranks on other nodes: rank 0, no wait
-    assert probes_here(record, zero.rank, wait=30) is True
-    assert probes_here(record, one.rank, wait=30) is False
+    assert probes_here(str(early / "proc-100.jsonl"), zero.rank, wait=30) is True
+    assert probes_here(str(early / "proc-101.jsonl"), one.rank, wait=30) is False
 
 
 def test_a_hang_needs_a_rank_waiting_at_the_end_and_one_that_is_not():

@@ -648,6 +648,11 @@ def test_wrong_solution_accuracy_below_majority_under_a_weighted_loss_is_its_tra
                       syn.metric("val_acc", [0.45, 0.5, 0.6]))
     fires(C.wrong_solution, at, "convergence_to_wrong_solution",
           {"val_acc_final", "majority_rate"})  # at the majority rate: weighted or not
+    rare = syn.make_run(syn.steps_events(syn.decay(100)),
+                        {**syn.targets_counts(MAJORITY_COUNTS), "weighted": True},
+                        syn.metric("val_acc", [0.45, 0.5, 0.4]))
+    fires(C.wrong_solution, rare, "convergence_to_wrong_solution",
+          {"val_acc_final", "majority_rate"})  # the rare class for every row: over-weighted
 
 
 def test_wrong_solution_accuracy_beyond_margin_is_quiet():
@@ -1559,3 +1564,18 @@ def test_a_regression_error_well_below_the_constant_predictions_is_quiet():
 def test_regression_error_metrics_are_named_exactly(name, role):
     """A percentage or logarithmic error has another constant-prediction value: no role."""
     assert metric_role(name) == role
+
+
+def test_recall_speaks_for_the_rare_class_before_precision_and_auc():
+    """Keras metrics=[Recall, Precision, AUC]: a recall of 0 (the rare class never predicted)
+    is the class-balanced score read, not the AUC's ranking nor a precision of a few rows."""
+    run = syn.make_run(syn.healthy_steps(100), syn.metric("val_auc", [0.8] * 5),
+                       syn.metric("val_precision", [0.6] * 5),
+                       syn.metric("val_recall", [0.0] * 5))
+    sig, _ = fires(C.wrong_solution, run, "convergence_to_wrong_solution",
+                   {"loss_relative_drop", "val_f1_final"})
+    assert sig["val_f1_name"] == "val_recall"
+    both = syn.make_run(syn.healthy_steps(100), syn.metric("val_recall", [0.0] * 5),
+                        syn.metric("val_f1", [0.7] * 5))
+    sig, _ = quiet(C.wrong_solution, both)  # F1 weighs both errors: it is read first
+    assert sig["val_f1_name"] == "val_f1"

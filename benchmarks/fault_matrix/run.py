@@ -127,8 +127,12 @@ def jobs_for(args) -> list[dict]:
     a before/after comparison on the same rows, whatever operators were added since.
     """
     if getattr(args, "rows", None) is not None:
+        if not args.rows.exists():
+            raise SystemExit(f"--rows {args.rows}: no such file")
         keys = ("kind", "base", "operator", "seed")
-        return [{k: r[k] for k in keys} for r in read_rows(args.rows)]
+        rows = [r for r in read_rows(args.rows) if all(k in r for k in keys) and
+                (r["operator"] is None or r["operator"] in OPERATORS)]
+        return [{k: r[k] for k in keys} for r in rows]
     base_paths = bases(args.bases)
     ops = args.operators
     all_pairs = pairs(base_paths, ops)
@@ -523,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="only list the jobs")
     args = ap.parse_args(argv)
 
+    if args.rows is not None and args.rows.resolve() == args.out.resolve():
+        raise SystemExit("--out must be a new file, not --rows (it would resume every job)")
     if args.report:
         print(tables(read_rows(args.out)))
         return 0

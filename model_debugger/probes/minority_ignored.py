@@ -57,6 +57,17 @@ def _numpy(a) -> np.ndarray:
     return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
 
 
+def _labels(target, loss: str | None) -> np.ndarray | None:
+    """Class labels of ``target`` rows, -1 for rows in no class.
+
+    A cross-entropy ignores negative ids (``ignore_index=-100``): they count in no class.
+    """
+    labels = st.as_labels(_numpy(target), loss)
+    if labels is None:
+        return None
+    return np.where(labels < 0, -1, labels)
+
+
 @register
 class MinorityIgnored(Probe):
     """The rarest class mostly missed, and a class-balanced copy finds it: the imbalance."""
@@ -82,25 +93,32 @@ class MinorityIgnored(Probe):
     def run(self, ctx: ProbeContext):
         """One finding when the user's model misses the rarest class of an imbalanced sample."""
         tr, loss = ctx.trainer, st.loss_name(ctx)
-        labels = st.as_labels(_numpy(tr.targets), loss)
+        if ctx.signals.get("loss_weighted"):
+            return []  # the user weighted the classes already: no unweighted imbalance
+        labels = _labels(tr.targets, loss)
         if labels is None:
             return []
-        classes, counts = np.unique(labels, return_counts=True)
+        classes, counts = np.unique(labels[labels >= 0], return_counts=True)
         if len(classes) < 2:
             return []
         shares = counts / counts.sum()
         if shares.max() < MAJORITY and shares.min() > RARE:
             return []
         rare = int(classes[int(np.argmin(counts))])
-        split = "validation" if tr.val_targets is not None else "training"
-        inputs, target = (tr.val_inputs, tr.val_targets) if split == "validation" else \
-            (tr.inputs, tr.targets)
-        truth = st.as_labels(_numpy(target), loss)
-        seen = predicted_labels(tr.predict(tr.model, inputs), loss)
-        if truth is None or seen is None or len(seen) != len(truth) or \
-                int((truth == rare).sum()) < MIN_RARE:
+        read = None
+        for split, inputs, target in (("validation", tr.val_inputs, tr.val_targets),
+                                      ("training", tr.inputs, tr.targets)):
+            truth = _labels(target, loss) if target is not None else None
+            if truth is not None and int((truth == rare).sum()) >= MIN_RARE:
+                read = split, inputs, truth
+                break
+        if read is None:
             return []
-        mine = recalls(truth, seen)
+        split, inputs, truth = read
+        seen = predicted_labels(tr.predict(tr.model, inputs), loss)
+        if seen is None or len(seen) != len(truth):
+            return []
+        mine = recalls(truth[truth >= 0], seen[truth >= 0])
         if mine.get(rare, 1.0) >= MISSED:
             return []
         trials = []
@@ -126,8 +144,11 @@ class MinorityIgnored(Probe):
                      f"accuracy of {plain:.2f} as the data is and {balanced:.2f} on a "
                      f"class-balanced resample ({len(trials)} seeds)")
             text += (": the unweighted imbalance is the cause; weight the loss or resample."
-                     if confirmed else ": balancing does not clearly help, so the imbalance "
-                     "alone does not explain it.")
+                     if confirmed else
+                     f": the experiment was cut short ({len(trials)} of {len(SEEDS)} seeds)."
+                     if len(trials) < len(SEEDS) else
+                     ": balancing does not clearly help, so the imbalance alone does not "
+                     "explain it.")
         location = ctx.ref("fit") or callee_made(ctx.ref("loss_fn")) or st.data_location(ctx)
         return [self.finding(
             "data", confirmed, text, location, strength=0.8 if confirmed else 0.2,
@@ -141,19 +162,19 @@ class MinorityIgnored(Probe):
         tr, loss = ctx.trainer, st.loss_name(ctx)
         n = min(tr.n, ROWS)
         idx = _numpy(tr.randperm(tr.n, seed))[:n]
-        labels = st.as_labels(_numpy(tr.targets), loss)[idx]
+        labels = _labels(tr.targets, loss)[idx]
         cut = int(SPLIT * n)
         rng = np.random.default_rng(seed)
         fit_rows, held_rows = idx[:cut], idx[cut:]
         fit_labels = labels[:cut]
-        classes = np.unique(fit_labels)
+        classes = np.unique(fit_labels[fit_labels >= 0])
         if len(classes) < 2:
             return None
-        most = max(int((fit_labels == c).sum()) for c in classes)
+        each = max(cut // len(classes), 1)  # as many rows as the plain copy, each class equally
         balanced_rows = rng.permutation(np.concatenate([
-            rng.choice(fit_rows[fit_labels == c], most, replace=True) for c in classes]))
+            rng.choice(fit_rows[fit_labels == c], each, replace=True) for c in classes]))
         held_inputs, held_target = tr.subset(held_rows)
-        truth = st.as_labels(_numpy(held_target), loss)
+        truth = _labels(held_target, loss)
         rare = int(classes[int(np.argmin([(fit_labels == c).sum() for c in classes]))])
         if truth is None or int((truth == rare).sum()) < 2:
             return None
@@ -165,7 +186,7 @@ class MinorityIgnored(Probe):
             got = predicted_labels(tr.predict(model, held_inputs), loss)
             if got is None:
                 return None
-            r = recalls(truth, got)
+            r = recalls(truth[truth >= 0], got[truth >= 0])
             scores.append({"recall": r.get(rare, 0.0), "balanced": float(np.mean(list(
                 r.values())))})
         return scores[0], scores[1]

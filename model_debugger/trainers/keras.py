@@ -346,8 +346,12 @@ class KerasTrainer(SampleTrainer):
         return total / max(int(inputs[0].shape[0]), 1)
 
     def predict(self, model, inputs) -> np.ndarray:
-        """``model``'s outputs on ``inputs`` in inference mode (the one output the loss reads)."""
+        """``model``'s outputs on ``inputs`` in inference mode (the first, for several)."""
         out = model(self._x(inputs), training=False)
+        if isinstance(out, dict):
+            out = next(iter(out.values()))
+        elif isinstance(out, (list, tuple)):
+            out = out[0]
         return np.asarray(out, dtype=np.float64)
 
     def evaluate(self, model, inputs, target) -> float:
@@ -412,20 +416,19 @@ def _stack(batches):
 
 
 def _finite_rows(inputs: tuple, target):
-    """The rows whose inputs and target hold only finite values (None, None: no such row).
+    """The rows whose inputs and target hold only finite values (all rows when none does).
 
     A row with a NaN or inf makes every experiment on the sample diverge at any rate or
-    architecture: that is the data's finding (``nonfinite_inputs``), not the model's.
+    architecture: that is the data's finding (``nonfinite_inputs``), not the model's. Non-finite
+    values in every row are kept (an additive mask holds ``-inf`` by design).
     """
     ok = np.ones(len(target), dtype=bool)
     for a in (*inputs, target):
         a = np.asarray(a)
         if len(a) == len(target) and np.issubdtype(a.dtype, np.inexact):
             ok &= np.isfinite(a.reshape(len(a), -1)).all(1)
-    if ok.all():
+    if ok.all() or not ok.any():  # every row: inf by design (a padding mask)
         return inputs, target
-    if not ok.any():
-        return None, None
     return tuple(a[ok] if len(a) == len(target) else a for a in inputs), target[ok]
 
 

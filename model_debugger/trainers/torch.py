@@ -190,16 +190,21 @@ class TorchTrainer(SampleTrainer):
     def predict(self, model, inputs) -> np.ndarray:
         """``model``'s outputs on ``inputs`` in inference mode, shaped as the loss read them."""
         was = model.training
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        parts = []
         model.eval()
         try:
             with torch.no_grad():
-                out = _main_output(self.forward(model, inputs), self.loss_input_shape)
+                for i in range(0, len(inputs[0]), PREDICT_ROWS):  # the model's device, in chunks
+                    chunk = tuple(x[i:i + PREDICT_ROWS].to(device) for x in inputs)
+                    out = _main_output(self.forward(model, chunk), self.loss_input_shape)
+                    if self.loss_input_shape is not None and tuple(out.shape[1:]) != \
+                            tuple(self.loss_input_shape):
+                        out = out.reshape(out.shape[0], *self.loss_input_shape)
+                    parts.append(out.detach().float().cpu().numpy())
         finally:
             model.train(was)
-        if self.loss_input_shape is not None and tuple(out.shape[1:]) != \
-                tuple(self.loss_input_shape):
-            out = out.reshape(out.shape[0], *self.loss_input_shape)
-        return out.detach().float().cpu().numpy()
+        return np.concatenate(parts)
 
     def subset(self, idx):
         """``(inputs, target)`` rows ``idx`` of the training sample."""
@@ -382,21 +387,23 @@ def _stack(batches):
     return _finite_rows(inputs, target)
 
 
+PREDICT_ROWS = 256  # rows per forward when predicting
+
+
 def _finite_rows(inputs: tuple, target):
-    """The rows whose inputs and target hold only finite values (None, None: no such row).
+    """The rows whose inputs and target hold only finite values (all rows when none does).
 
     A row with a NaN or inf makes every experiment on the sample diverge at any rate or
     architecture: that is the data's finding (``nonfinite_inputs``, read from the batches),
-    not evidence about the model or the learning rate.
+    not evidence about the model or the learning rate. Non-finite values in every row are
+    kept: an additive mask holds ``-inf`` by design.
     """
     ok = torch.ones(len(target), dtype=torch.bool)
     for t in (*inputs, target):
         if len(t) == len(target) and (t.is_floating_point() or t.is_complex()):
             ok &= torch.isfinite(t.reshape(len(t), -1)).all(1)
-    if bool(ok.all()):
+    if bool(ok.all()) or not bool(ok.any()):  # every row: inf by design (a padding mask)
         return inputs, target
-    if not bool(ok.any()):
-        return None, None
     return tuple(t[ok] if len(t) == len(target) else t for t in inputs), target[ok]
 
 
