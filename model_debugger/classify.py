@@ -296,11 +296,16 @@ def overfitting(sig: dict):
     Where the training loss is known, the training set must also end fitted better than the
     validation set (validation loss above training loss): a validation rise that stays below a
     training loss that is not falling is a noisy or unstable run, not a generalisation gap.
-    The rise, or the gap between validation and training loss, must also reach
+    Not when a class-balanced validation score (F1, recall, ...) never left ~0: the model never
+    predicted the rare class, so it had nothing to stop generalising. The rise, or the gap
+    between validation and training loss, must also reach
     ``VAL_RISE_SHARE`` of what the validation loss had gained over the constant predictor's:
     from a minimum near zero a rise of 150% can be a few hundredths, a classifier growing
     confident on a handful of rows while its accuracy holds.
     """
+    if sig.get("val_f1_points", 0) >= 3 and sig.get("val_f1_max", 1.0) < 2 * TRIVIAL_F1:
+        return None  # the validation's class-balanced score never left ~0 (the rare class never
+        # predicted): nothing learned to stop generalising; wrong_solution reads it
     if sig.get("val_loss_rise", 0) >= VAL_RISE and sig["val_loss_min_index"] < sig["val_points"] - 1:
         if "train_loss_final" in sig and \
                 sig["train_loss_final"] > TRAIN_NOT_RISING * sig["train_loss_at_val_min"]:

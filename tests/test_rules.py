@@ -392,6 +392,19 @@ def test_overfitting_fires_when_val_rises_while_train_does_not(train_ratio):
     assert sig["train_loss_final"] == pytest.approx(train_ratio * sig["train_loss_at_val_min"])
 
 
+def test_overfitting_quiet_when_the_rare_class_was_never_predicted_on_validation():
+    """A val loss rising while the validation recall never left 0 (Keras, class weights the
+    wrong way round): the model never predicted the rare class, a wrong solution."""
+    run = _overfit_run(1.5 * C.VAL_RISE, 0.5)
+    events = [e for e in run.events if e["t"] not in ("start", "end")]
+    for recall, fires_too in (([0.0] * 10, False), ([0.0, 0.2, 0.4] + [0.5] * 7, True)):
+        with_recall = syn.make_run(events, syn.metric("val_recall", recall))
+        sig = compute(with_recall)
+        assert (C.overfitting(sig) is not None) is fires_too, sig.get("val_f1_max")
+    cls = classify_and_check(compute(syn.make_run(events, syn.metric("val_recall", [0.0] * 10))))
+    assert cls.primary == "convergence_to_wrong_solution"
+
+
 def test_overfitting_quiet_below_val_rise():
     sig, cls = quiet(C.overfitting, _overfit_run(0.5 * C.VAL_RISE))
     assert sig["val_loss_rise"] == pytest.approx(0.5 * C.VAL_RISE)
