@@ -673,3 +673,29 @@ def test_a_subclassed_model_is_sized_once_it_is_built():
         model.fit(X, y, batch_size=32, epochs=1, verbose=0)
     events = [e for e in rec.events if e.get("t") == "model"]
     assert len(events) == 1 and events[0]["params"] == model.count_params() == 8 * 16 + 16 + 34
+
+
+def test_a_model_built_in_part_before_fit_keeps_every_initial_weight():
+    """An adapted Normalization holds weights before ``fit``; the Dense layers of a subclassed
+    model are built by its first call: the initial weights are all of them, before any update."""
+    X, y = data(256)
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.norm = keras.layers.Normalization()
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.out = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.out(self.hidden(self.norm(x)))
+
+    with capture() as rec:
+        model = Net()
+        model.norm.adapt(X)
+        model.compile(optimizer="sgd",
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(X, y, epochs=1, batch_size=64, verbose=0)
+    kept = rec.keeper.initial_state
+    assert len(kept) == len(model.get_weights()) == 7  # mean, variance, count + 2 x (kernel, bias)
+    assert not np.array_equal(kept[3], model.get_weights()[3])  # the kernel before its updates

@@ -260,16 +260,25 @@ class KerasKeeper(SpilledState):
     def keep_initial_weights(self) -> None:
         """Take the host copy of the model's weights, unless taken already or still unbuilt.
 
-        A subclassed model has no weights until its first call: the capture calls this again
-        just before the first optimizer step (its weights then are still the initial ones).
+        A subclassed model has no weights until its first call (or only some: a Normalization
+        adapted before ``fit``): the capture calls this again just before the first optimizer
+        step (its weights then are still the initial ones), and a copy that holds fewer weights
+        than the model now has is taken again.
         """
         model = self.model
-        if model is None or self._initial_state is not None or self._spill is not None:
+        if model is None:
             return
         try:
             weights = list(model.weights)  # get_weights() order; one host copy at a time
             if not weights:  # not built yet
                 return
+            taken = len(self._initial_state) if self._initial_state is not None else \
+                len(self._spilled) if self._spill is not None else None
+            if taken is not None and taken >= len(weights):
+                return
+            if taken is not None:  # built in part before (an adapted Normalization): its
+                self._drop_spill()  # first call built the rest, no update yet: take them all
+                self._initial_state = None
             size = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in weights)
             spill = open_spill() if size > threshold_bytes() else None  # None: in RAM
             if spill is not None:
