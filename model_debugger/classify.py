@@ -479,13 +479,14 @@ def wrong_solution(sig: dict):
                     _ev(sig, "majority_rate", "accuracy of always predicting the majority class")]
     split = "val" if "val_error_final" in sig else "train"
     if falls and sig.get("error_share", 0.0) >= TRIVIAL_ERROR_SHARE:
-        return "convergence_to_wrong_solution", [
-            _ev(sig, "loss_relative_drop", "the loss falls"),
-            _ev(sig, f"{split}_error_final", f"'{sig[f'{split}_error_name']}' at the end"),
-            _ev(sig, f"{split}_error_baseline", "the same error of a constant prediction (the "
-                "targets' median or mean): the model predicts no better"),
-            _ev(sig, "error_share", f"the model's error over the constant prediction's "
-                f"(>= {TRIVIAL_ERROR_SHARE:g})")]
+        ev = [_ev(sig, "loss_relative_drop", "the loss falls"),
+              _ev(sig, f"{split}_error_final", f"'{sig[f'{split}_error_name']}' at the end")]
+        if f"{split}_error_baseline" in sig:
+            ev.append(_ev(sig, f"{split}_error_baseline", "the same error of a constant "
+                          "prediction (the targets' median or mean): the model predicts no better"))
+        return "convergence_to_wrong_solution", [*ev, _ev(
+            sig, "error_share", "the model's error over the constant prediction's (1 - R² for "
+            f"an R²; >= {TRIVIAL_ERROR_SHARE:g})")]
     return None
 
 

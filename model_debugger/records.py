@@ -70,6 +70,7 @@ def ranks_at_half(name: str) -> bool:
 _ERRORS = {"rmse": ({"rmse"}, {"root", "mean", "squared", "error"}),
            "mae": ({"mae"}, {"mean", "absolute", "error"}),
            "mse": ({"mse"}, {"mean", "squared", "error"})}
+_R2 = {"r2", "rsquared", "r2score"}  # the coefficient of determination: 1 - MSE / variance
 _ERROR_VARIANTS = {"percentage", "percent", "logarithmic", "log", "scaled", "relative", "msle",
                    "mape"}  # another error than the constant-predictor baseline is for
 
@@ -78,7 +79,8 @@ def metric_role(name: str) -> tuple[str, str] | None:
     """Classify a metric name as ``(split, kind)``.
 
     ``split`` is ``"train"`` or ``"val"``; ``kind`` is ``"loss"``, ``"acc"`` or ``"f1"`` (F1 and
-    other class-balanced scores), or a regression error: ``"mae"``, ``"mse"``, ``"rmse"``.
+    other class-balanced scores), a regression error: ``"mae"``, ``"mse"``, ``"rmse"``, or
+    ``"r2"`` (the coefficient of determination).
     Returns None for anything else (learning rate, time, ...).
     """
     tok = _tokens(name)
@@ -91,6 +93,8 @@ def metric_role(name: str) -> tuple[str, str] | None:
     if tok & _F1 or any(t.endswith("f1") for t in tok):
         return split, "f1"
     words = tok - _VAL - {"train", "training"}
+    if words & _R2 or words == {"r", "squared"}:
+        return split, "r2"
     for kind, names in _ERRORS.items():
         if words & names[0] and not words & _ERROR_VARIANTS or words == names[1]:
             return split, kind

@@ -129,8 +129,8 @@ SIGNALS: dict[str, str] = {
        for what, meaning in (("name", "name"), ("final", "last value"),
                              ("baseline", "a constant prediction's value (from the targets)"))},
     "error_share": "the regression error metric over a constant prediction's, squared for "
-                   "MAE and RMSE (an MSE ratio: 1 - R^2 for MSE); the validation's when there "
-                   "is one",
+                   "MAE and RMSE (an MSE ratio: 1 - R^2 for MSE), or 1 - a reported R^2; the "
+                   "validation's when there is one",
     **{f"{split}_{kind}_{what}": f"{meaning} of the {split} {word}"
        for split in ("val", "train")
        for kind, word in (("acc", "accuracy"), ("f1", "F1 score"))
@@ -602,12 +602,20 @@ def compute(run: Run) -> dict:
 def _error_baseline(s: dict, run: Run) -> None:
     """A regression error metric against what a constant prediction scores on the targets.
 
-    Only when the capture kept target values (a loss it does not know, so no
-    ``constant_predictor_loss``): the metric is a known function (MAE: the median's mean
-    absolute deviation; MSE: the variance; RMSE: its root), the loss is not.
+    A reported R² is read directly (``1 - R²`` is the share of the targets' variance left
+    unexplained: a constant prediction's is 1). Else only when the capture kept target values
+    (a loss it does not know, so no ``constant_predictor_loss``): the metric is a known
+    function (MAE: the median's mean absolute deviation; MSE: the variance; RMSE: its root),
+    the loss is not.
     ``{split}_error_name``, ``{split}_error_final``, ``{split}_error_baseline``, and
     ``error_share`` (the validation's when there is one).
     """
+    for split in ("val", "train"):  # R² is its own baseline: 1 - R² = MSE / the variance
+        m = run.metric_by_role(split, "r2")
+        if m is not None and len(_finite(m[1])):
+            s[f"{split}_error_name"] = m[0]
+            s[f"{split}_error_final"] = float(_finite(m[1])[-1])
+            s.setdefault("error_share", 1.0 - s[f"{split}_error_final"])
     kept = run.of("target_values")
     if not kept:
         return

@@ -1592,3 +1592,18 @@ def test_recall_speaks_for_the_rare_class_before_precision_and_auc():
                         syn.metric("val_f1", [0.7] * 5))
     sig, _ = quiet(C.wrong_solution, both)  # F1 weighs both errors: it is read first
     assert sig["val_f1_name"] == "val_f1"
+
+
+@pytest.mark.parametrize("name", ["val_r2", "R2", "val_r_squared", "r2_score"])
+def test_an_r2_that_stays_near_zero_while_the_loss_falls_is_a_wrong_solution(name):
+    """A hand-written loss the capture does not know (no constant predictor): a reported R² is
+    its own baseline, 1 - R² the share of the targets' variance left unexplained."""
+    from model_debugger.records import metric_role
+
+    assert metric_role(name)[1] == "r2"
+    run = syn.make_run(syn.healthy_steps(100), syn.metric(name, [0.01, 0.02, 0.03]))
+    sig, _ = fires(C.wrong_solution, run, "convergence_to_wrong_solution",
+                   {"loss_relative_drop", "error_share"})
+    assert sig["error_share"] == pytest.approx(0.97)
+    learned = syn.make_run(syn.healthy_steps(100), syn.metric(name, [0.3, 0.8, 0.95]))
+    quiet(C.wrong_solution, learned)
