@@ -699,3 +699,38 @@ def test_a_model_built_in_part_before_fit_keeps_every_initial_weight():
     kept = rec.keeper.initial_state
     assert len(kept) == len(model.get_weights()) == 7  # mean, variance, count + 2 x (kernel, bias)
     assert not np.array_equal(kept[3], model.get_weights()[3])  # the kernel before its updates
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_a_tf_function_step_given_a_python_number_each_step_is_retraced(as_tensor):
+    """``train_step(xb, yb, step)`` with a Python int builds a new graph every call: the capture
+    counts the traces and where the step was called; given a tensor it is traced once."""
+    from types import SimpleNamespace
+
+    from model_debugger.probes import PROBES
+
+    X, y = data(512)
+    model = mlp()
+    optimizer, loss_fn = keras.optimizers.Adam(1e-2), ce()
+
+    @tf.function
+    def train_step(xb, yb, step):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True)) * (1.0 + 0.0 * tf.cast(step, tf.float32))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    with capture() as rec:
+        for step, i in enumerate(range(0, 512, 32)):
+            train_step(X[i:i + 32], y[i:i + 32], tf.constant(step) if as_tensor else step)  # <call>
+    run = Run(rec.events)
+    traces = run.of("traces")[-1]
+    assert len(run.steps) == 16
+    ctx = SimpleNamespace(run=run, ref=run.refs().get)
+    found = PROBES["retracing"]().run(ctx)
+    if as_tensor:
+        assert traces["count"] <= 2 and found == []
+    else:
+        assert traces["count"] >= 16 and traces["line"] == line_of("call")
+        assert found and found[0].confirmed and found[0].location["line"] == line_of("call")

@@ -98,6 +98,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._epoch_base = 0
         self._steps = 0
         self._gradients = 0  # tape.gradient calls on a scalar loss outside fit
+        self._traces = 0  # traces of a custom loop's tf.function step (its applies in a graph)
+        self._traced_at: dict | None = None  # the user's line that called it, last trace
         self._unapplied: list = []  # their losses while no optimizer has applied anything
         self._grad_fns: set[int] = set()  # tf.functions whose trace took gradients
         self._eval_seen = False  # the first evaluation forward is referenced (eval_forward)
@@ -197,6 +199,9 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         passes = self._passes.event()
         if passes is not None:
             self.rec.emit("passes", **passes)
+        if self._traces:
+            self.rec.emit("traces", count=self._traces, steps=self._steps,
+                          **(self._traced_at or {}))
         if self._steps:  # imported but not trained with (PyTorch did the training): say nothing
             self.rec.emit("calls", optimizer_steps=self._steps, backward=self._steps)
         elif self._gradients:

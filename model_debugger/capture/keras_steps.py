@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from ._util import num, rss_bytes
+from .codeloc import is_user_file, user_frame
 from .held import HELD_EVERY, HeldWatch
 from .keras_util import in_xla, layer_of, user_location
 from .norms import MGN_MAX
@@ -38,6 +39,28 @@ from .norms import window as norms_window
 from .sampler import OverheadWatch
 
 UNAPPLIED_MAX = 100_000  # losses kept of gradients no optimizer applied
+
+
+def _trace_caller(frame) -> dict | None:
+    """The user's line that called the ``tf.function`` being traced at ``frame``.
+
+    The innermost user frame is the traced body (the ``apply_gradients`` line, or a helper it
+    calls); past it, TensorFlow's tracing frames; the next user frame is the call.
+    """
+    inner = user_frame(frame)
+    crossed = False
+    f = inner.f_back if inner is not None else None
+    while f is not None:
+        name = f.f_code.co_filename
+        if "__autograph_generated" in name:
+            pass  # autograph's copy of a traced function's body: still inside the trace
+        elif is_user_file(name):
+            if crossed:
+                return {"file": name, "line": f.f_lineno}
+        else:
+            crossed = True
+        f = f.f_back
+    return None
 
 
 class StepHooks(OverheadWatch, HeldWatch):
@@ -171,6 +194,8 @@ class StepHooks(OverheadWatch, HeldWatch):
             stash.assign(vec)
             self._current = self._stash_of[id(self._fitting)] = key
             return None
+        self._traces += 1  # a custom loop's step traced (again): where it was called from
+        self._traced_at = _trace_caller(sys._getframe()) or self._traced_at
         if not in_xla():
             link = self._link  # the py_function outlives the capture in TensorFlow's registry
 

@@ -1,0 +1,48 @@
+"""Probe ``retracing``: a custom loop's ``tf.function`` step traced again and again.
+
+A ``tf.function`` builds a new graph for every new Python value it is given (a step counter,
+a float learning rate, a new list): called with one each step, every step pays the trace (tens
+to hundreds of milliseconds) and keeps one more graph in memory. The Keras capture counts the
+traces of the step that applies gradients and where it was called from (the ``traces``
+event); confirmed when it was traced at least ``MIN_TRACES`` times and on at least a quarter
+of the steps, a direct measurement.
+"""
+
+from __future__ import annotations
+
+from .base import Probe, ProbeContext, register
+
+MIN_TRACES = 10
+SHARE = 0.25  # of the optimizer steps, each paying a new trace
+
+
+@register
+class Retracing(Probe):
+    """The training step's ``tf.function`` traced on a large share of the steps."""
+
+    id = "retracing"
+    categories = ("performance_issue", "memory_issue")
+    frameworks = ("keras",)
+    fix = ("Pass tensors, not Python numbers or new Python objects, to the tf.function "
+           "(tf.constant(step), a tf.Variable for the rate), or declare its input_signature / "
+           "use reduce_retracing=True, so it is traced once.")
+
+    def applies(self, ctx: ProbeContext) -> bool:
+        """When the capture counted traces of a custom loop's step."""
+        return super().applies(ctx) and bool(ctx.run.of("traces"))
+
+    def run(self, ctx: ProbeContext):
+        """One confirmed finding when the step was traced on a large share of the steps."""
+        e = ctx.run.of("traces")[-1]
+        count, steps = int(e.get("count") or 0), int(e.get("steps") or len(ctx.run.steps) or 0)
+        if count < MIN_TRACES or not steps or count < SHARE * steps:
+            return []
+        where = {"file": e["file"], "line": e["line"]} if e.get("file") and \
+            isinstance(e.get("line"), int) else ctx.ref("step")
+        return [self.finding(
+            "training_loop", True,
+            f"The training step's tf.function was traced {count} times in {steps} optimizer "
+            "steps: each call with a new Python value (a step counter, a float, a new object) "
+            "builds a new graph, so every step pays the trace and keeps one more graph in "
+            "memory. Pass tensors (tf.constant(step)) or fix its input_signature.",
+            where, traces=count, steps=steps, strength=0.85, decisive=True)]
