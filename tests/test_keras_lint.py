@@ -551,3 +551,43 @@ model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accur
 model.fit(x, y)
 """, "loss_output_mismatch", "architecture")
     assert 'activation="softmax"' in hit.message and "NaN" in hit.message
+
+
+# --- early_stop_on_training -------------------------------------------------------------------
+
+_FIT_WITH_STOP = """
+model = keras.Sequential([keras.Input((4,)), layers.Dense(8, activation="relu"), layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse")
+stop = keras.callbacks.EarlyStopping(monitor={monitor}, patience=3)  {mark}
+model.fit(x, y, epochs=50, {validation}, callbacks=[stop])
+"""
+
+
+@pytest.mark.parametrize("validation", ["validation_split=0.2", "validation_data=(xv, yv)"])
+def test_a_stopper_watching_the_training_loss_with_validation_data_fires(validation):
+    hit = assert_fires(_FIT_WITH_STOP.format(monitor='"loss"', mark="# <-",
+                                             validation=validation),
+                       "early_stop_on_training", "training_loop")
+    assert "val_loss" in hit.message
+
+
+@pytest.mark.parametrize("monitor, validation", [('"val_loss"', "validation_split=0.2"),
+                                                 ('"loss"', "verbose=0")])
+def test_a_stopper_on_validation_or_without_validation_data_is_silent(monitor, validation):
+    assert_silent(_FIT_WITH_STOP.format(monitor=monitor, mark="", validation=validation),
+                  "early_stop_on_training")
+
+
+@pytest.mark.parametrize("primary, best, fires", [("overfitting", 4, True),
+                                                  ("overfitting", 8, False),
+                                                  ("healthy", 4, False)])
+def test_a_stopper_on_training_is_confirmed_when_the_run_went_on_past_its_best(primary, best,
+                                                                              fires):
+    from types import SimpleNamespace
+
+    from model_debugger.probes.lint import _measured
+
+    ctx = SimpleNamespace(signals={"val_points": 10, "val_loss_min_index": best},
+                          classification=SimpleNamespace(primary=primary))
+    assert _measured(ctx, "early_stop_on_training") is fires
+    assert _measured(ctx, "eval_without_no_grad") is False

@@ -272,6 +272,35 @@ def _fit_rules(idx: Index, compiles: list) -> list[tuple]:
             before = [m for m in mine if pos(m[0]) < at] or mine
             comp, loss = before[-1]
             out += _label_rule(idx, c, comp, loss, x, y)
+        if tail(c) == "fit" and (kwarg(c, "validation_data") is not None or
+                                 kwarg(c, "validation_split") is not None):
+            out += _stop_rules(idx)
+    return out
+
+
+_STOPPERS = ("EarlyStopping", "ModelCheckpoint", "ReduceLROnPlateau")
+
+
+def _stop_rules(idx: Index) -> list[tuple]:
+    """Callbacks that watch a training quantity while ``fit`` has validation data.
+
+    ``EarlyStopping(monitor="loss")`` stops when the training loss stops falling, which it
+    does not while the model memorises: the run goes on while validation gets worse (and a
+    ``ModelCheckpoint(save_best_only=True, monitor="loss")`` keeps the most overfitted model).
+    """
+    out = []
+    for call in idx.calls:
+        if tail(call) not in _STOPPERS:
+            continue
+        monitor = kwarg(call, "monitor", 0 if tail(call) != "ModelCheckpoint" else 1)
+        if not (isinstance(monitor, ast.Constant) and isinstance(monitor.value, str)) or \
+                monitor.value.startswith("val"):
+            continue
+        out.append(("early_stop_on_training", "training_loop", call.lineno, (
+            f"{tail(call)} watches `{monitor.value}`, a training quantity, although fit() has "
+            "validation data: the training loss keeps improving while the model memorises, so "
+            "it never stops (or keeps) the model where validation was best. Watch "
+            f"`val_{monitor.value}` (monitor=\"val_loss\").")))
     return out
 
 

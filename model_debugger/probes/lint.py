@@ -41,6 +41,9 @@ RULES: dict[str, LintRule] = {r.id: r for r in (
     LintRule("missing_input_normalization",
              "Scale the inputs before the model sees them: divide 0-255 pixel values by 255 "
              "(x.astype(\"float32\") / 255) or add layers.Rescaling(1/255) as the first layer."),
+    LintRule("early_stop_on_training",
+             "Watch a validation quantity: EarlyStopping(monitor=\"val_loss\", patience=..., "
+             "restore_best_weights=True) (likewise ModelCheckpoint and ReduceLROnPlateau)."),
     # measured by its own probe on PyTorch; a hypothesis from the Keras lint
     LintRule("loss_output_mismatch",
              "Make the model's output what the loss expects: remove the final softmax/sigmoid "
@@ -71,6 +74,21 @@ class Lint(Probe):
             if rule in PROBES and ctx.framework == "torch":
                 continue  # measured by its own probe
             for hit in lint_hits(ctx, rule):
-                out.append(self.finding(hit.root_cause, False, hit.message, loc(hit),
-                                        rule=rule, strength=0.3))
+                seen = _measured(ctx, rule)
+                out.append(self.finding(hit.root_cause, seen, hit.message, loc(hit), rule=rule,
+                                        strength=0.8 if seen else 0.3, decisive=seen))
         return out
+
+
+def _measured(ctx: ProbeContext, rule: str) -> bool:
+    """Whether the run shows the hit's consequence (then it is confirmed, not a hypothesis).
+
+    ``early_stop_on_training``: the run was classified ``overfitting`` and went on past its
+    best validation loss for at least two more readings: nothing stopped it there.
+    """
+    if rule != "early_stop_on_training":
+        return False
+    sig = ctx.signals or {}
+    primary = getattr(ctx.classification, "primary", None)
+    return primary == "overfitting" and "val_points" in sig and \
+        sig.get("val_loss_min_index", sig["val_points"]) <= sig["val_points"] - 3
