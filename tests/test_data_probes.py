@@ -436,3 +436,23 @@ def test_rows_holding_nan_are_left_out_of_the_sample_probes_train_on():
     assert len(ys) == 62 and np.isfinite(xs[0]).all() and np.isfinite(ys).all()
     every = (np.full((3, 2), -np.inf),)  # inf in every row: a mask by design, all kept
     assert keras_rows(every, np.zeros(3))[0] is every
+
+
+def test_nonfinite_inputs_are_located_where_numpy_warned_it_made_them():
+    from types import SimpleNamespace
+
+    from model_debugger.probes.nonfinite_inputs import _made_nonfinite
+
+    def warning(message, line, step=0, category="RuntimeWarning", file="/w/train.py"):
+        return {"t": "warning", "category": category, "message": message, "file": file,
+                "line": line, "step": step}
+
+    run = Run([{"t": "start"}, warning("`shuffle=True` was passed", 61, category="UserWarning"),
+               warning("divide by zero encountered in log", 28),
+               warning("invalid value encountered in subtract", 33), {"t": "end"}])
+    ctx = SimpleNamespace(run=run, source_files={"/w/train.py": ""})
+    assert _made_nonfinite(ctx) == {"file": "/w/train.py", "line": 28}  # the first one
+    late = Run([{"t": "start"}, warning("divide by zero encountered in log", 80, step=40)])
+    assert _made_nonfinite(SimpleNamespace(run=late, source_files=ctx.source_files)) is None
+    elsewhere = Run([{"t": "start"}, warning("overflow encountered in exp", 9, file="/lib/x.py")])
+    assert _made_nonfinite(SimpleNamespace(run=elsewhere, source_files=ctx.source_files)) is None

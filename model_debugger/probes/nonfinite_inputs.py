@@ -68,8 +68,25 @@ class NonfiniteInputs(Probe):
         text = ("The training data holds non-finite values: " + "; ".join(seen) + ". One NaN "
                 "in a batch makes its loss and every gradient NaN, and the update spreads it "
                 "into the weights: the data, not the model or the learning rate, starts it.")
-        location = data_origin(st.data_location(ctx), role)
+        location = _made_nonfinite(ctx) or data_origin(st.data_location(ctx), role)
         return [Finding(self.id, "data", True, text, location, {
             "role": role, "batch": batch or None, "share_of_rows": share[role],
             "rows_checked": rows, "step": bad.get("step"), "strength": 0.95, "decisive": True,
             **({"rank": bad["rank"]} if bad.get("rank") is not None else {})})]
+
+
+_NUMPY_MADE = ("divide by zero", "invalid value", "overflow encountered")
+
+
+def _made_nonfinite(ctx: ProbeContext) -> dict | None:
+    """Where NumPy warned it made a NaN or inf before training began (a log of 0, 0/0), or None.
+
+    The warning is raised at the very operation that made the non-finite values, which a
+    trace from where the data was used stops short of (``ds.map(standardise)`` computes too).
+    """
+    for e in ctx.run.of("warning"):
+        if e.get("category") == "RuntimeWarning" and (e.get("step") or 0) == 0 and \
+                any(m in str(e.get("message", "")) for m in _NUMPY_MADE) and \
+                e.get("file") in ctx.source_files and isinstance(e.get("line"), int):
+            return {"file": e["file"], "line": e["line"]}
+    return None
