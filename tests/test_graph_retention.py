@@ -4,6 +4,7 @@ evaluation outside ``no_grad`` is linted, which would show in every probe test o
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,32 @@ def test_graphs_kept_in_a_trainer_objects_history_are_found_from_the_record(tmp_
     assert f.location["line"] == line_of(tag)
     assert f.evidence["variable"] == f"self.history['{keep}_loss']"
     assert f.evidence["tensors"] >= 3
+
+
+class _Averaging:
+    """A callback-like object of the user's that keeps a copy of the weights every step."""
+
+    def __init__(self):
+        self.snapshots = []
+
+    def on_batch_end(self, weights):
+        self.snapshots.append([w.copy() for w in weights])
+
+
+def test_a_users_object_in_a_list_keeping_weight_copies_is_a_held_container(tmp_path):
+    import numpy as np
+
+    from model_debugger.capture.held import _candidates, held
+    from model_debugger.probes.graph_retention import _growing_line
+
+    avg = _Averaging()
+    for _ in range(8):
+        avg.on_batch_end([np.zeros((256, 256)), np.zeros(256)])
+    found = dict(_candidates("callbacks", [avg, "x"]))
+    assert "callbacks[0].snapshots" in found
+    size, _ = held(found["callbacks[0].snapshots"])
+    assert size == 8 * (256 * 256 + 256) * 8  # the lists inside count
+    source = open(__file__, encoding="utf-8").read()
+    ctx = types.SimpleNamespace(source_files={__file__: source})
+    line = _growing_line(ctx, "callbacks[0].snapshots")["line"]
+    assert source.splitlines()[line - 1].strip().startswith("self.snapshots.append(")

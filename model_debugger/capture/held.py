@@ -5,8 +5,9 @@ appended without ``.item()``) is the most common way a loop leaks memory. Every
 ``HELD_EVERY`` steps, on the training thread, :class:`HeldWatch` (mixed into both instruments)
 looks at the variables of the user's frames on the stack (locals, and the module's globals) and
 measures the bytes of tensors and arrays each list, tuple, dict, set or deque holds (one level
-deep, plus tuples inside it; a long container is sampled; a ``self``'s container attributes and
-a dict's lists too). A ``held`` event lists those holding at least ``HELD_MIN_BYTES``, or at least
+deep, plus tuples and short lists inside it; a long container is sampled; the container attributes of ``self``
+and of the user's own objects, alone or in a short list such as Keras ``callbacks``, and a
+dict's lists too). A ``held`` event lists those holding at least ``HELD_MIN_BYTES``, or at least
 ``HELD_MIN_GRAPHS`` tensors with autograd history: name, length, bytes, graphs, and the frame's
 file and line.
 
@@ -64,8 +65,9 @@ def _nbytes(obj, seen: set[int]) -> int:
 def held(container, seen: set[int] | None = None) -> tuple[int, int]:
     """``(bytes, graphs)`` a container holds.
 
-    Bytes: tensors and arrays among its elements and the tuples in it (storages counted once
-    across ``seen``; a container longer than ``SAMPLE`` is evenly sampled and scaled up).
+    Bytes: tensors and arrays among its elements and the tuples and short lists in it
+    (storages counted once across ``seen``; a container longer than ``SAMPLE`` is evenly
+    sampled and scaled up).
 
     Graphs: the PyTorch tensors among them that carry autograd history (each keeps its whole
     graph alive, which its own bytes do not show).
@@ -79,8 +81,11 @@ def held(container, seen: set[int] | None = None) -> tuple[int, int]:
     except RuntimeError:  # changed size while read (another thread): not this time
         return 0, 0
     total = graphs = 0
-    for item in picked:
-        for x in item if isinstance(item, tuple) else (item,):
+    nested = not isinstance(container, dict)  # a dict's lists are containers of their own
+    for item in picked:  # a tuple or a short list inside (a step's weight copies) counts too
+        inner = item if isinstance(item, tuple) or nested and isinstance(item, list) and \
+            len(item) <= SAMPLE else (item,)
+        for x in inner:
             total += _nbytes(x, seen)
             graphs += _has_graph(x)
     return total * stride, graphs * stride
@@ -106,10 +111,30 @@ def _candidates(name: str, value):
                 if isinstance(key, (str, int)) and isinstance(inner, (list, collections.deque)) \
                         and inner:
                     yield f"{name}[{key!r}]", inner
-    elif name == "self" and isinstance(getattr(value, "__dict__", None), dict):
-        for attr, inner in list(vars(value).items())[:64]:
-            if isinstance(inner, _CONTAINERS) and not attr.startswith("__"):
-                yield from _candidates(f"self.{attr}", inner)
+        elif isinstance(value, (list, tuple)) and len(value) <= 16:
+            for i, item in enumerate(value):  # a list of the user's objects (callbacks)
+                if _users_object(item):
+                    yield from _attributes(f"{name}[{i}]", item)
+    elif name == "self" or _users_object(value):
+        yield from _attributes(name, value)
+
+
+def _users_object(value) -> bool:
+    """An instance of a class defined in the user's code (a callback, a trainer, a cache)."""
+    if isinstance(value, type) or not isinstance(getattr(value, "__dict__", None), dict):
+        return False
+    module = sys.modules.get(type(value).__module__)
+    path = getattr(module, "__file__", None) if module is not None else None
+    return type(value).__module__ == "__main__" or bool(path and is_user_file(path))
+
+
+def _attributes(name: str, value):
+    """An object's container attributes (``self.cache``, ``callbacks[0].snapshots``)."""
+    if not isinstance(getattr(value, "__dict__", None), dict):
+        return
+    for attr, inner in list(vars(value).items())[:64]:
+        if isinstance(inner, _CONTAINERS) and not attr.startswith("__"):
+            yield from _candidates(f"{name}.{attr}", inner)
 
 
 class HeldWatch:

@@ -46,8 +46,13 @@ def retained(namespace: dict, history_only: bool = True) -> dict[str, tuple[int,
     return found
 
 
-def _growing_line(ctx: ProbeContext, name: str) -> dict | None:
-    """The line in a loop that adds to container ``name`` (``name.append(...)``, ``name[k] =``)."""
+def _growing_line(ctx: ProbeContext, name: str, anywhere: bool = False) -> dict | None:
+    """The line in a loop that adds to container ``name`` (``name.append(...)``, ``name[k] =``).
+
+    An attribute of one of the user's objects (``callbacks[0].snapshots``) is added to by a
+    method of its class (a callback's ``on_train_batch_end``): ``self.snapshots.append``
+    anywhere in the file.
+    """
     import ast
 
     for path, text in (ctx.source_files or {}).items():
@@ -56,7 +61,8 @@ def _growing_line(ctx: ProbeContext, name: str) -> dict | None:
         except SyntaxError:
             continue
         for loop in ast.walk(tree):
-            if not isinstance(loop, (ast.For, ast.While)):
+            if not (anywhere and isinstance(loop, ast.FunctionDef) or
+                    isinstance(loop, (ast.For, ast.While))):
                 continue
             for node in ast.walk(loop):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -69,6 +75,8 @@ def _growing_line(ctx: ProbeContext, name: str) -> dict | None:
                         isinstance(t.value, (ast.Name, ast.Attribute)) and
                         ast.unparse(t.value) == name for t in node.targets):
                     return {"file": path, "line": node.lineno}
+    if "." in name and not name.startswith("self."):  # an object's attribute: its own
+        return _growing_line(ctx, "self." + name.rsplit(".", 1)[1], anywhere=True)  # method
     return None
 
 
