@@ -298,8 +298,9 @@ def overfitting(sig: dict):
     training loss that is not falling is a noisy or unstable run, not a generalisation gap.
     Not when a class-balanced validation score (F1, recall, ...) never left ~0: the model never
     predicted the rare class, so it had nothing to stop generalising. The rise, or the gap
-    between validation and training loss, must also reach
-    ``VAL_RISE_SHARE`` of what the validation loss had gained over the constant predictor's:
+    between validation and training loss (only when no validation accuracy held within 1.5
+    points of its best), must also reach ``VAL_RISE_SHARE`` of what the validation loss had
+    gained over the constant predictor's:
     from a minimum near zero a rise of 150% can be a few hundredths, a classifier growing
     confident on a handful of rows while its accuracy holds.
     """
@@ -313,11 +314,14 @@ def overfitting(sig: dict):
         if sig.get("gap_final", 1.0) <= 0:
             return None  # validation still below training: no gap to speak of
         base, low = sig.get("constant_predictor_loss"), sig["val_loss_min"]
+        held = "val_acc_max" in sig and \
+            sig["val_acc_final"] >= sig["val_acc_max"] - TRIVIAL_METRIC_MARGIN
         if base is not None and base > low and \
                 sig["val_loss_final"] - low < VAL_RISE_SHARE * (base - low) and \
-                sig.get("gap_final", 0.0) < VAL_RISE_SHARE * (base - low):
-            return None  # a rise and a gap both small against what was learned: a well-
-            # fitted model's confidence drifting on a few rows, not one that stopped generalising
+                (held or sig.get("gap_final", 0.0) < VAL_RISE_SHARE * (base - low)):
+            return None  # a rise small against what was learned, and a gap as small or an
+            # accuracy that held its best: a well-fitted model's confidence drifting on a few
+            # rows, not one that stopped generalising
         ev = [_ev(sig, "val_loss_min", f"'{sig['val_loss_name']}' best value, at point "
                   f"{sig['val_loss_min_index']}"),
               _ev(sig, "val_loss_final", "last value"),

@@ -446,6 +446,12 @@ def test_overfitting_quiet_when_the_rise_is_small_against_what_was_learned():
     sig, _ = fires(C.overfitting, _with_targets(_overfit_run(1.5 * C.VAL_RISE), [10] * 10),
                    "overfitting", {"val_loss_rise", "gap_final"})
     assert sig["gap_final"] >= C.VAL_RISE_SHARE * gained
+    # ... unless the validation accuracy held its best: a gap with no generalisation lost
+    gap = _with_targets(_overfit_run(1.5 * C.VAL_RISE), [10] * 10)
+    for accs, overfits in (([0.5, 0.95, 0.97, 0.965], False), ([0.5, 0.95, 0.97, 0.94], True)):
+        with_acc = syn.make_run(*[e for e in gap.events if e["t"] not in ("start", "end")],
+                                syn.metric("val_acc", accs))
+        assert (C.overfitting(compute(with_acc)) is not None) is overfits, accs
     # the same rise against a prior whose loss is close to the minimum gives back most of it
     sig, _ = fires(C.overfitting, _with_targets(_overfit_run(1.5 * C.VAL_RISE), [60, 40]),
                    "overfitting", {"val_loss_rise"})
