@@ -8,7 +8,8 @@ pairs of fresh copies trained from the initial weights on the same rows, one on 
 it is and one on a class-balanced resample of it (each class drawn equally often), then
 compared on held-out rows by balanced accuracy (the mean recall over classes). Confirmed when,
 on every seed, the plain copy misses the rare class as the user's model did and the balanced
-copy's balanced accuracy is clearly higher: the imbalance, left unweighted, is the cause. On a
+copy's balanced accuracy is clearly higher: the imbalance, left unweighted (or weighted in a
+way that does not balance it: the model still skips the class), is the cause. On a
 ``healthy`` run it re-classifies the run ``convergence_to_wrong_solution``
 (:attr:`~model_debugger.probes.base.Probe.reveals`).
 """
@@ -20,7 +21,7 @@ import numpy as np
 from ..provenance import callee_made
 from . import _numpy_stats as st
 from ._heldout import ROWS, SPLIT
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, register, setting_location
 from .class_imbalance import MAJORITY, RARE
 
 MISSED = 0.5  # the rarest class's recall below this: the model mostly skips it
@@ -93,8 +94,7 @@ class MinorityIgnored(Probe):
     def run(self, ctx: ProbeContext):
         """One finding when the user's model misses the rarest class of an imbalanced sample."""
         tr, loss = ctx.trainer, st.loss_name(ctx)
-        if ctx.signals.get("loss_weighted"):
-            return []  # the user weighted the classes already: no unweighted imbalance
+        weighted = bool(ctx.signals.get("loss_weighted"))  # weights given that do not balance
         labels = _labels(tr.targets, loss)
         if labels is None:
             return []
@@ -143,13 +143,17 @@ class MinorityIgnored(Probe):
             text += (f" Fresh copies trained on the same rows reach a held-out balanced "
                      f"accuracy of {plain:.2f} as the data is and {balanced:.2f} on a "
                      f"class-balanced resample ({len(trials)} seeds)")
-            text += (": the unweighted imbalance is the cause; weight the loss or resample."
+            text += ((": the class weights given do not make up for the imbalance; weight "
+                      "each class by its inverse frequency." if weighted else
+                      ": the unweighted imbalance is the cause; weight the loss or resample.")
                      if confirmed else
                      f": the experiment was cut short ({len(trials)} of {len(SEEDS)} seeds)."
                      if len(trials) < len(SEEDS) else
                      ": balancing does not clearly help, so the imbalance alone does not "
                      "explain it.")
-        location = ctx.ref("fit") or callee_made(ctx.ref("loss_fn")) or st.data_location(ctx)
+        fit = ctx.ref("fit")
+        location = (setting_location(fit, "class_weight") if weighted and fit else fit) or \
+            callee_made(ctx.ref("loss_fn")) or st.data_location(ctx)
         return [self.finding(
             "data", confirmed, text, location, strength=0.8 if confirmed else 0.2,
             decisive=confirmed, rare_class=rare, rare_share=share, split=split,
