@@ -113,17 +113,23 @@ def _hottest_line(fn, call) -> dict | None:
     if code is None or _func_loc(fn) is None:
         return None
     spent: dict[tuple, float] = {}
-    at: list = [None, 0.0]  # the (file, line) running in the innermost user frame, since when
+    outer: dict[int, float] = {}  # the same time charged to fn's own line that reached it
+    at: list = [None, 0.0, None]  # the (file, line) running in the innermost user frame, since
+    # when, and fn's own line then
     inside = [0]  # user frames of fn's call on the stack
 
     def charge(key) -> None:
         now = time.perf_counter()
         if at[0] is not None:
             spent[at[0]] = spent.get(at[0], 0.0) + now - at[1]
+            if at[2] is not None:
+                outer[at[2]] = outer.get(at[2], 0.0) + now - at[1]
         at[0], at[1] = key, now
 
     def local(frame, event, arg):
         if event == "line":
+            if frame.f_code is code:
+                at[2] = frame.f_lineno
             charge((frame.f_code.co_filename, frame.f_lineno))
         elif event == "return":
             inside[0] -= 1
@@ -150,7 +156,39 @@ def _hottest_line(fn, call) -> dict | None:
     if not total:
         return None
     (file, line), took = max(spent.items(), key=lambda kv: kv[1])
-    return {"file": file, "line": line} if took >= HOT_SHARE * total else None
+    if took < HOT_SHARE * total:
+        return None
+    end = max((ln for _, ln, *_ in code.co_lines() if ln), default=code.co_firstlineno) \
+        if hasattr(code, "co_lines") else code.co_firstlineno
+    if outer and not (file == code.co_filename and code.co_firstlineno <= line <= end):
+        caller = max(outer.items(), key=lambda kv: kv[1])[0]  # fn's line that reached a helper
+        if _sample_free(code, caller):
+            return {"file": code.co_filename, "line": caller}
+    return {"file": file, "line": line}
+
+
+def _sample_free(code, line: int) -> bool:
+    """Whether ``fn``'s statement at ``line`` never reads the sample it was given.
+
+    ``mu, sd = stats(self.ref_X)`` inside ``__getitem__(self, i)`` does the same work for every
+    sample: the fix is to hoist that call (compute it once), so it is the line to name, not the
+    helper's lines where the time goes. Reads the sample parameter: the one after ``self`` in
+    a method, else the first.
+    """
+    import ast
+
+    names = code.co_varnames[:code.co_argcount]
+    param = names[1] if len(names) > 1 and names[0] == "self" else names[0] if names else None
+    try:
+        with open(code.co_filename, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line]
+    if param is None or not stmts:
+        return False
+    return all(param not in {x.id for x in ast.walk(st) if isinstance(x, ast.Name)}
+               for st in stmts)
 
 
 def _own(path: str) -> bool:
