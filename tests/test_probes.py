@@ -351,17 +351,18 @@ class _TransformedRows(torch.utils.data.Dataset):
         return self.transform(self.x[i]), self.y[i]
 
 
-def _ranked_table(table):
-    """The same for every item: a helper __getitem__ calls without the item."""
-    return torch.sort(table.repeat(8, 1), dim=0).values
-
-
 class _HoistableRows(_RankedRows):
     def __getitem__(self, i):
         ranked = _ranked_table(self.x)  # <hoistable>
         row = self.x[i]
         q = torch.searchsorted(ranked[:, 0].contiguous(), row[:1])
         return torch.cat([row, q.float() / len(ranked)]), self.y[i]
+
+
+def _ranked_table(table):
+    """The same for every item: a helper __getitem__ calls without the item (defined below
+    it: the helper's lines come after __getitem__'s)."""
+    return torch.sort(table.repeat(8, 1), dim=0).values
 
 
 def train_slow_getitem(transform: bool | str = False):

@@ -403,6 +403,10 @@ def test_overfitting_quiet_when_the_rare_class_was_never_predicted_on_validation
         assert (C.overfitting(sig) is not None) is fires_too, sig.get("val_f1_max")
     cls = classify_and_check(compute(syn.make_run(events, syn.metric("val_recall", [0.0] * 10))))
     assert cls.primary == "convergence_to_wrong_solution"
+    # the rare class learned on the training rows, never on validation: that is overfitting
+    memorised = syn.make_run(events, syn.metric("val_recall", [0.0] * 10),
+                             syn.metric("recall", [0.5] + [0.98] * 9))
+    assert C.overfitting(compute(memorised)) is not None
 
 
 def test_overfitting_quiet_below_val_rise():

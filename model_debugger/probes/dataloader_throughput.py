@@ -158,8 +158,8 @@ def _hottest_line(fn, call) -> dict | None:
     (file, line), took = max(spent.items(), key=lambda kv: kv[1])
     if took < HOT_SHARE * total:
         return None
-    end = max((ln for _, ln, *_ in code.co_lines() if ln), default=code.co_firstlineno) \
-        if hasattr(code, "co_lines") else code.co_firstlineno
+    end = max((ln for *_, ln in code.co_lines() if ln is not None),
+              default=code.co_firstlineno)
     if outer and not (file == code.co_filename and code.co_firstlineno <= line <= end):
         caller = max(outer.items(), key=lambda kv: kv[1])[0]  # fn's line that reached a helper
         if _sample_free(code, caller):
@@ -168,27 +168,26 @@ def _hottest_line(fn, call) -> dict | None:
 
 
 def _sample_free(code, line: int) -> bool:
-    """Whether ``fn``'s statement at ``line`` never reads the sample it was given.
+    """Whether ``fn``'s statement at ``line`` reads none of its locals but ``self``.
 
     ``mu, sd = stats(self.ref_X)`` inside ``__getitem__(self, i)`` does the same work for every
     sample: the fix is to hoist that call (compute it once), so it is the line to name, not the
-    helper's lines where the time goes. Reads the sample parameter: the one after ``self`` in
-    a method, else the first.
+    helper's lines where the time goes. A statement reading the item or anything made from it
+    in ``fn`` (a local: ``rank(row, self.x)`` after ``row = self.x[i]``) is per-item work.
     """
     import ast
 
-    names = code.co_varnames[:code.co_argcount]
-    param = names[1] if len(names) > 1 and names[0] == "self" else names[0] if names else None
+    local = set(code.co_varnames) - {"self"}  # the item and whatever was made from it
     try:
         with open(code.co_filename, encoding="utf-8") as fh:
             tree = ast.parse(fh.read())
     except (OSError, SyntaxError, ValueError):
         return False
     stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line]
-    if param is None or not stmts:
+    if not stmts:
         return False
-    return all(param not in {x.id for x in ast.walk(st) if isinstance(x, ast.Name)}
-               for st in stmts)
+    return all(not local & {x.id for x in ast.walk(st) if isinstance(x, ast.Name) and
+                            isinstance(x.ctx, ast.Load)} for st in stmts)
 
 
 def _own(path: str) -> bool:
