@@ -617,8 +617,8 @@ def _error_baseline(s: dict, run: Run) -> None:
             s[f"{split}_error_final"] = float(_finite(m[1])[-1])
             s.setdefault("error_share", 1.0 - s[f"{split}_error_final"])
     kept = run.of("target_values")
-    if not kept:
-        return
+    if not kept or "error_share" in s:
+        return  # (an R² read: the share and the split it cites stay one reading's)
     from .records import as_float
 
     kept = kept[-1]

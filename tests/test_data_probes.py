@@ -452,7 +452,10 @@ def test_nonfinite_inputs_are_located_where_numpy_warned_it_made_them():
                warning("invalid value encountered in subtract", 33), {"t": "end"}])
     ctx = SimpleNamespace(run=run, source_files={"/w/train.py": ""})
     assert _made_nonfinite(ctx) == {"file": "/w/train.py", "line": 28}  # the first one
-    late = Run([{"t": "start"}, warning("divide by zero encountered in log", 80, step=40)])
+    late = Run([{"t": "start"}, {"t": "step", "i": 0},  # after training began: not the data's
+                warning("divide by zero encountered in log", 80, step=1)])
     assert _made_nonfinite(SimpleNamespace(run=late, source_files=ctx.source_files)) is None
+    cast = Run([{"t": "start"}, warning("invalid value encountered in cast", 12)])
+    assert _made_nonfinite(SimpleNamespace(run=cast, source_files=ctx.source_files)) is None
     elsewhere = Run([{"t": "start"}, warning("overflow encountered in exp", 9, file="/lib/x.py")])
     assert _made_nonfinite(SimpleNamespace(run=elsewhere, source_files=ctx.source_files)) is None

@@ -104,3 +104,12 @@ def test_a_users_object_in_a_list_keeping_weight_copies_is_a_held_container(tmp_
     ctx = types.SimpleNamespace(source_files={__file__: source})
     line = _growing_line(ctx, "callbacks[0].snapshots")["line"]
     assert source.splitlines()[line - 1].strip().startswith("self.snapshots.append(")
+
+
+def test_objects_that_list_each_other_are_looked_at_one_level_deep():
+    from model_debugger.capture.held import _candidates
+
+    a, b = _Averaging(), _Averaging()
+    a.peers, b.peers = [b], [a]  # a cycle: never followed past the objects' own containers
+    assert sorted(n for n, _ in _candidates("nodes", [a, b])) == [
+        "nodes", "nodes[0].peers", "nodes[1].peers"]

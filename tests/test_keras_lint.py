@@ -572,7 +572,8 @@ def test_a_stopper_watching_the_training_loss_with_validation_data_fires(validat
 
 
 @pytest.mark.parametrize("monitor, validation", [('"val_loss"', "validation_split=0.2"),
-                                                 ('"loss"', "verbose=0")])
+                                                 ('"loss"', "verbose=0"),
+                                                 ('"loss"', "validation_data=None")])
 def test_a_stopper_on_validation_or_without_validation_data_is_silent(monitor, validation):
     assert_silent(_FIT_WITH_STOP.format(monitor=monitor, mark="", validation=validation),
                   "early_stop_on_training")

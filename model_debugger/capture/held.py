@@ -97,7 +97,7 @@ def _has_graph(obj) -> bool:
         getattr(obj, "grad_fn", None) is not None
 
 
-def _candidates(name: str, value):
+def _candidates(name: str, value, depth: int = 0):
     """The containers a variable holds, one level each.
 
     Itself, an object's (``self``) container attributes, and the lists of a dict of lists
@@ -111,12 +111,12 @@ def _candidates(name: str, value):
                 if isinstance(key, (str, int)) and isinstance(inner, (list, collections.deque)) \
                         and inner:
                     yield f"{name}[{key!r}]", inner
-        elif isinstance(value, (list, tuple)) and len(value) <= 16:
+        elif isinstance(value, (list, tuple)) and len(value) <= 16 and not depth:
             for i, item in enumerate(value):  # a list of the user's objects (callbacks)
                 if _users_object(item):
                     yield from _attributes(f"{name}[{i}]", item)
-    elif name == "self" or _users_object(value):
-        yield from _attributes(name, value)
+    elif not depth and (name == "self" or _users_object(value)):
+        yield from _attributes(name, value)  # one level: an object's own containers
 
 
 def _users_object(value) -> bool:
@@ -125,7 +125,10 @@ def _users_object(value) -> bool:
         return False
     module = sys.modules.get(type(value).__module__)
     path = getattr(module, "__file__", None) if module is not None else None
-    return type(value).__module__ == "__main__" or bool(path and is_user_file(path))
+    parts = str(path).replace("\\", "/").split("/")
+    return type(value).__module__ == "__main__" or bool(
+        path and is_user_file(path) and "site-packages" not in parts and
+        "dist-packages" not in parts)
 
 
 def _attributes(name: str, value):
@@ -134,7 +137,7 @@ def _attributes(name: str, value):
         return
     for attr, inner in list(vars(value).items())[:64]:
         if isinstance(inner, _CONTAINERS) and not attr.startswith("__"):
-            yield from _candidates(f"{name}.{attr}", inner)
+            yield from _candidates(f"{name}.{attr}", inner, 1)
 
 
 class HeldWatch:

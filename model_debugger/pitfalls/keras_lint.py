@@ -272,13 +272,18 @@ def _fit_rules(idx: Index, compiles: list) -> list[tuple]:
             before = [m for m in mine if pos(m[0]) < at] or mine
             comp, loss = before[-1]
             out += _label_rule(idx, c, comp, loss, x, y)
-        if tail(c) == "fit" and (kwarg(c, "validation_data") is not None or
-                                 kwarg(c, "validation_split") is not None):
+        if tail(c) == "fit" and (_given(kwarg(c, "validation_data")) or
+                                 _given(kwarg(c, "validation_split"))):
             out += _stop_rules(idx)
     return out
 
 
 _STOPPERS = ("EarlyStopping", "ModelCheckpoint", "ReduceLROnPlateau")
+
+
+def _given(arg: ast.AST | None) -> bool:
+    """A ``fit`` argument that is there and not a literal ``None`` / ``0``."""
+    return arg is not None and not (isinstance(arg, ast.Constant) and not arg.value)
 
 
 def _stop_rules(idx: Index) -> list[tuple]:

@@ -74,9 +74,9 @@ class Lint(Probe):
             if rule in PROBES and ctx.framework == "torch":
                 continue  # measured by its own probe
             for hit in lint_hits(ctx, rule):
-                seen = _measured(ctx, rule)
+                seen = _measured(ctx, rule) and hit.message.startswith("EarlyStopping")
                 out.append(self.finding(hit.root_cause, seen, hit.message, loc(hit), rule=rule,
-                                        strength=0.8 if seen else 0.3, decisive=seen))
+                                        strength=0.8 if seen else 0.3))
         return out
 
 
@@ -84,7 +84,8 @@ def _measured(ctx: ProbeContext, rule: str) -> bool:
     """Whether the run shows the hit's consequence (then it is confirmed, not a hypothesis).
 
     ``early_stop_on_training``: the run was classified ``overfitting`` and went on past its
-    best validation loss for at least two more readings: nothing stopped it there.
+    best validation loss for at least two more readings: nothing stopped it there (for an
+    ``EarlyStopping`` hit only: a checkpoint or a rate schedule stops nothing).
     """
     if rule != "early_stop_on_training":
         return False

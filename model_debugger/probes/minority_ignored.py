@@ -143,8 +143,9 @@ class MinorityIgnored(Probe):
             text += (f" Fresh copies trained on the same rows reach a held-out balanced "
                      f"accuracy of {plain:.2f} as the data is and {balanced:.2f} on a "
                      f"class-balanced resample ({len(trials)} seeds)")
-            text += ((": the class weights given do not make up for the imbalance; weight "
-                      "each class by its inverse frequency." if weighted else
+            text += ((": the class weights given do not make the model find it, a balanced "
+                      "sample does; check them (each class weighted by its inverse "
+                      "frequency)." if weighted else
                       ": the unweighted imbalance is the cause; weight the loss or resample.")
                      if confirmed else
                      f": the experiment was cut short ({len(trials)} of {len(SEEDS)} seeds)."
@@ -154,9 +155,9 @@ class MinorityIgnored(Probe):
         fit = ctx.ref("fit")
         location = (setting_location(fit, "class_weight") if weighted and fit else fit) or \
             callee_made(ctx.ref("loss_fn")) or st.data_location(ctx)
-        return [self.finding(
+        return [self.finding(  # under weights: the experiment did not test the user's own
             "data", confirmed, text, location, strength=0.8 if confirmed else 0.2,
-            decisive=confirmed, rare_class=rare, rare_share=share, split=split,
+            decisive=confirmed and not weighted, weighted=weighted, rare_class=rare, rare_share=share, split=split,
             recall=mine, balanced_accuracy=user,
             trials=[{"plain": p, "balanced": b} for p, b in trials])]
 

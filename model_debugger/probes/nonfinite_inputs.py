@@ -84,9 +84,13 @@ def _made_nonfinite(ctx: ProbeContext) -> dict | None:
     The warning is raised at the very operation that made the non-finite values, which a
     trace from where the data was used stops short of (``ds.map(standardise)`` computes too).
     """
-    for e in ctx.run.of("warning"):
-        if e.get("category") == "RuntimeWarning" and (e.get("step") or 0) == 0 and \
+    for e in ctx.run.events:
+        if e.get("t") == "step":
+            return None  # training began: a warning now is about a value the model made
+        if e.get("t") == "warning" and e.get("category") == "RuntimeWarning" and \
                 any(m in str(e.get("message", "")) for m in _NUMPY_MADE) and \
+                " cast" not in str(e.get("message", "")) and \
                 e.get("file") in ctx.source_files and isinstance(e.get("line"), int):
-            return {"file": e["file"], "line": e["line"]}
+            return {"file": e["file"], "line": e["line"]}  # (a cast consumes a NaN, never
+            # makes one)
     return None
