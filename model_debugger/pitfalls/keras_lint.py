@@ -13,6 +13,9 @@ kind (DESIGN.md) and the exact line to look at. Rules:
   ``compile`` loss argument).
 - ``missing_input_normalization`` (``data``): image-like 0-255 data reaches ``fit()`` with no
   division, no ``Rescaling``/``Normalization`` layer and no ``preprocess_input`` (line: ``fit``).
+- ``early_stop_on_training`` (``training_loop``): an ``EarlyStopping``, ``ModelCheckpoint`` or
+  ``ReduceLROnPlateau`` watching a training quantity (``monitor="loss"``) while ``fit`` has
+  validation data (line: the callback).
 
 Models are followed through ``Sequential([...])`` / ``.add()``, the functional ``Model(inputs,
 outputs)``, ``keras.Model`` subclasses (their ``call``) and functions that build and return them;
@@ -32,7 +35,8 @@ from .torch_lint import LintHit
 __all__ = ["RULES", "LintHit", "lint_file", "lint_source"]
 
 # every rule this pack reports (``LintHit.rule``), as in :data:`.torch_lint.RULES`
-RULES = ("loss_output_mismatch", "label_format_mismatch", "missing_input_normalization")
+RULES = ("loss_output_mismatch", "label_format_mismatch", "missing_input_normalization",
+         "early_stop_on_training")
 
 _ONEHOT = {"to_categorical", "one_hot", "label_binarize", "get_dummies"}
 _INT_MAKERS = {"randint", "integers", "argmax"}
