@@ -36,6 +36,8 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     OVERHEAD_SHARE,
     PEAK_RATIO,
     PLATEAU_DROP,
+    RETRACED_MIN,
+    RETRACED_SHARE,
     RSS_GROWTH_MB,
     RSS_R2,
     RSS_STILL_GROWING,
@@ -670,6 +672,23 @@ def loop_overhead(sig: dict):
         _ev(sig, "step_ms", "mean step time, ms")]
 
 
+def retraced(sig: dict):
+    """``performance_issue`` when a custom loop's compiled step was traced on many steps.
+
+    A ``tf.function`` traces its Python body and builds a new graph for every new Python value
+    it is given: each such step pays the trace (tens to hundreds of milliseconds, far more than
+    the compiled step) instead of running the graph, the slowdown TensorFlow's own "triggered
+    tf.function retracing" warning is about.
+    """
+    if sig.get("step_traces", 0) < RETRACED_MIN or \
+            sig.get("step_traced_share", 0) < RETRACED_SHARE:
+        return None
+    return "performance_issue", [
+        _ev(sig, "step_traces", f"times the compiled training step was traced (>= "
+            f"{RETRACED_MIN}): each trace builds a new graph instead of running the last"),
+        _ev(sig, "step_traced_share", f"traces per optimizer step (>= {RETRACED_SHARE:g})")]
+
+
 def gpu_idle(sig: dict):
     """``performance_issue`` when the GPU sits mostly idle during long steps."""
     if sig.get("gpu_util_median", 100) >= GPU_IDLE_UTIL or sig.get("step_ms", 0) < GPU_IDLE_STEP_MS:
@@ -684,12 +703,21 @@ def gpu_idle(sig: dict):
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, rank_hang, loss_without_metric, broadcast_loss, exploding, memory_growth,
     rank_desync, bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
-    not_decreasing, vanishing, rank_straggler, slow_data, loop_overhead, gpu_idle, plateau,
+    not_decreasing, vanishing, rank_straggler, slow_data, loop_overhead, retraced, gpu_idle,
+    plateau,
 )
 
 
-def classify(sig: dict) -> Classification:
+def classify(sig: dict, prefer: str | None = None) -> Classification:
     """Apply the rule table to a signal dict.
+
+    Parameters
+    ----------
+    sig : dict
+        The run's signals (:mod:`model_debugger.signals`).
+    prefer : str, optional
+        A category to make primary when one of its rules fired, whatever the table's order
+        (Isolate's confirmed cause names it); the other categories that fired stay secondary.
 
     Returns
     -------
@@ -711,6 +739,7 @@ def classify(sig: dict) -> Classification:
             ev.append(Evidence("steps", sig.get("steps", 0),
                                f"fewer than {MIN_STEPS} steps: too short to judge"))
         return Classification(HEALTHY, (), tuple(ev))
+    fired.sort(key=lambda out: out[0] != prefer)  # stable: the table's order otherwise
     primary = fired[0][0]
     evidence = list(fired[0][1])
     secondary: list[str] = []

@@ -97,6 +97,8 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
     DefiningSignal("data_wait_fraction", -1, 0.05),
     DefiningSignal("step_overhead_share", -1, 0.05),
     DefiningSignal("gpu_util_median", +1, 10.0),
+    DefiningSignal("step_traced_share", -1, 0.2,
+                   shown_when=lambda sig: sig.get("step_traced_share", 0.0) >= 0.25),
     DefiningSignal("rank_hang", -1, 0.5, cited_as=("rank_hang_missing", "rank_hang_waiting"),
                    shown_when=lambda sig: bool(sig.get("rank_hang"))),
     DefiningSignal("rank_straggler_share", -1, 0.1, cited_as=(
@@ -142,10 +144,10 @@ CATEGORIES: dict[str, Target] = {
         "(now {})"),
     "performance_issue": Target(
         _of("data_wait_fraction", "step_overhead_share", "gpu_util_median", "rank_hang",
-            "rank_straggler_share"),
+            "rank_straggler_share", "step_traced_share"),
         f"data wait should no longer dominate (data_wait_fraction below {DATA_WAIT_FRACTION:g}), "
-        "nor the loop's own work each step, the GPU, if any, should be kept busy, and no rank "
-        "should hang or straggle (now {})"),
+        "nor the loop's own work each step, the GPU, if any, should be kept busy, no rank "
+        "should hang or straggle, and a compiled step should not be traced again (now {})"),
     "convergence_to_wrong_solution": Target(
         _of("rank_updates_apart", "rank_desync", "loss_broadcast_factor",
             "output_range_unreachable", "error_share", "val_f1_final", "train_f1_final",

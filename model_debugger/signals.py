@@ -111,6 +111,8 @@ SIGNALS: dict[str, str] = {
     "rank_hang_seconds": "longest wait recorded, seconds",
     "data_wait_ms": "mean data wait per step, ms",
     "step_ms": "mean step time, ms",
+    "step_traces": "times a custom loop's tf.function training step was traced",
+    "step_traced_share": "traces of that step per optimizer step (1: every step traced anew)",
     "val_loss_name": "name of the validation-loss metric",
     "val_points": "finite validation-loss readings",
     "val_loss_min": "lowest validation loss",
@@ -474,6 +476,10 @@ def compute(run: Run) -> dict:
         # per step: a loop that keeps one of two forwards' outputs keeps one graph a step
         s["graphs_kept_share"] = min(1.0, max(kept.get("alive", 0),
                                               kept.get("outputs_alive", 0)) / steps_checked)
+    traced = run.of("traces")
+    if traced and isinstance(traced[-1].get("count"), int) and traced[-1].get("steps"):
+        s["step_traces"] = traced[-1]["count"]  # a custom loop's compiled step traced again
+        s["step_traced_share"] = min(1.0, traced[-1]["count"] / traced[-1]["steps"])
     s.update(output_range(run.first("loss_input"), targets[-1] if targets else None))
     broadcast = run.first("loss_broadcast")
     if broadcast and isinstance(broadcast.get("factor"), (int, float)):

@@ -242,6 +242,32 @@ def test_data_volume_finds_a_training_set_of_a_few_rows_repeated():
     assert DataVolume().run(ctx_for((varied, y), None)) == []  # no record: nothing else to say
 
 
+@pytest.mark.parametrize("case", ["memorised", "no_gap", "other_targets", "acc_gap"])
+def test_data_volume_on_a_healthy_looking_run_needs_repeated_examples_and_a_gap(case):
+    """A regression that memorised 32 rows repeated can end with its validation loss still
+    falling slowly, far above the training loss: no rule fires, the repeated rows reveal
+    overfitting. Not without a gap, nor when the inputs repeat with other targets (a few
+    categorical features): those are different examples."""
+    from model_debugger.probes.data_volume import GAP_RATIO, DataVolume
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((32, 6))[np.arange(1024) % 32]
+    y = x @ rng.standard_normal(6)
+    if case == "other_targets":
+        y = y + rng.standard_normal(1024)
+    train, val = 0.002, (0.3 if case != "no_gap" else GAP_RATIO * 0.002 * 0.9)
+    sig = {"val_loss_final": val, "train_loss_final": train, "gap_final": val - train}
+    if case == "acc_gap":
+        sig = {"acc_gap": 0.4}
+    found = DataVolume().run(ctx_for((x, y), None, signals=sig, category="healthy"))
+    if case in ("memorised", "acc_gap"):
+        (f,) = found
+        assert f.confirmed and f.evidence["decisive"] and f.evidence["distinct_rows"] == 32
+        assert DataVolume.reveals == "overfitting" and "data_volume" in probes_for("healthy")
+    else:
+        assert found == []
+
+
 def test_leakage_counts_duplicate_rows_across_splits():
     x, y, v, yv = _split(30)
     v[:15] = x[100:115]

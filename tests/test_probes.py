@@ -722,11 +722,12 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     report = probing.probe(healthy)
     healthy_probes = {pid for pid, cls in PROBES.items() if "healthy" in cls.categories}
     assert healthy_probes == {"target_copy", "small_batches", "lint", "framework_warnings",
-                              "gradients_unapplied", "minority_ignored"}
+                              "gradients_unapplied", "minority_ignored", "data_volume"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
-    assert set(report.probe_seconds) <= {"target_copy", "lint", "minority_ignored"}
+    assert set(report.probe_seconds) <= {"target_copy", "lint", "minority_ignored",
+                                         "data_volume"}
     assert {"target_copy", "lint"} <= set(report.probe_seconds)
 
 

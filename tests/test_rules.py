@@ -73,7 +73,8 @@ def test_rule_table_is_the_one_these_tests_cover():
                      "rank_desync", "bounded_output", "below_zero",
                      "one_value_targets",
                      "overfitting", "wrong_solution", "generalisation_gap", "not_decreasing", "vanishing",
-                     "rank_straggler", "slow_data", "loop_overhead", "gpu_idle", "plateau"]
+                     "rank_straggler", "slow_data", "loop_overhead", "retraced", "gpu_idle",
+                     "plateau"]
 
 
 # -- nonfinite -------------------------------------------------------------------------------
@@ -939,6 +940,44 @@ def test_memory_growth_fires_on_gpu_memory_while_process_memory_is_flat():
 def test_memory_growth_quiet_on_flat_gpu_memory():
     sig, cls = quiet(C.memory_growth, _cuda_run(0.5 * C.RSS_GROWTH_MB))
     assert sig["cuda_growth_mb"] < C.RSS_GROWTH_MB and cls.primary == HEALTHY
+
+
+# -- retraced --------------------------------------------------------------------------------
+
+
+def _traced_run(traces: int, steps: int = 80, rss_mb_per_step: float = 0.0):
+    rss = syn.MB * (300 + rss_mb_per_step * np.arange(steps))
+    return syn.make_run(syn.healthy_steps(steps, rss=rss),
+                        {"t": "traces", "count": traces, "steps": steps, "file": "train.py",
+                         "line": 30})
+
+
+def test_retraced_fires_when_the_compiled_step_is_traced_on_many_steps():
+    sig, _ = fires(C.retraced, _traced_run(80), "performance_issue",
+                   {"step_traces", "step_traced_share"})
+    assert sig["step_traced_share"] == 1.0
+
+
+@pytest.mark.parametrize("traces,steps", [(C.RETRACED_MIN - 1, 20), (2, 80),
+                                          (int(C.RETRACED_SHARE * 400) - 1, 400)])
+def test_retraced_quiet_below_its_count_or_its_share(traces, steps):
+    sig, cls = quiet(C.retraced, _traced_run(traces, steps))
+    assert cls.primary == HEALTHY
+
+
+def test_classify_prefers_a_named_category_that_fired_and_keeps_the_others():
+    """Two categories fired (a step traced every step keeps a graph each: memory grows too):
+    the table's order makes memory primary; ``prefer`` (Isolate's confirmed cause) makes the
+    time primary, citing its own evidence, with memory secondary; a category that did not fire
+    cannot be preferred."""
+    sig = compute(_traced_run(200, 200, rss_mb_per_step=2.0))
+    plain = classify_and_check(sig)
+    assert (plain.primary, plain.secondary) == ("memory_issue", ("performance_issue",))
+    chosen = C.classify(sig, prefer="performance_issue")
+    _check_evidence(sig, chosen.evidence)
+    assert (chosen.primary, chosen.secondary) == ("performance_issue", ("memory_issue",))
+    assert {e.signal for e in chosen.evidence} == {"step_traces", "step_traced_share"}
+    assert C.classify(sig, prefer="overfitting") == plain
 
 
 # -- gpu_idle --------------------------------------------------------------------------------

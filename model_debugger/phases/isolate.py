@@ -112,6 +112,7 @@ def isolate(session: DebugSession, artifact, ids: list[str] | None = None,
         if ids is None:
             _settle_plateau(session, findings, set(report.probe_seconds), report.learnable)
             _reveal(session, findings)
+            findings = _follow_cause(session, findings)
         session.record_findings(findings, added=ids is not None,
                                 probe_seconds=dict(report.probe_seconds), live=live,
                                 noise=report.seed_noise, lr_range=report.lr_range)
@@ -140,6 +141,38 @@ def _reveal(session: DebugSession, findings: list[Finding]) -> None:
             signals = {**session.state.signals, signal: 1}
             session.record_classification(Classification(category, (), evidence), signals)
             return
+
+
+def _follow_cause(session: DebugSession, findings: list[Finding]) -> list[Finding]:
+    """Make the confirmed cause's main symptom the primary category when both were measured.
+
+    When two rules fired, the rule table's order chose the primary category. A confirmed,
+    decisive finding whose probe names the category its cause shows first
+    (:attr:`~model_debugger.probes.Probe.symptom`), among the run's secondary categories,
+    decides instead: that category becomes primary, the former primary stays a secondary, and
+    the probe's findings explain the new primary. Returns the findings (re-labelled when the
+    classification changed).
+    """
+    from ..classify import classify
+    from ..probes import PROBES, rank
+
+    cls = session.state.classification
+    if cls is None or not cls.secondary:
+        return findings
+    for f in findings:
+        symptom = getattr(PROBES.get(f.check), "symptom", None)
+        if f.confirmed and f.evidence.get("decisive") and symptom in cls.secondary:
+            signals = dict(session.state.signals)
+            now = classify(signals, prefer=symptom)
+            if now.primary != symptom:  # the signals were re-read since: leave it
+                return findings
+            session.record_classification(now, signals)
+            order = [now.primary, *now.secondary]
+            moved = [Finding(g.check, g.root_cause, g.confirmed, g.explanation, g.location,
+                             {**g.evidence, "category": symptom}) if g.check == f.check else g
+                     for g in findings]
+            return rank(moved, order)
+    return findings
 
 
 EXPERIMENTS = ("frozen_parameters", "dropout_rate", "lr_range")  # what could hold a loss up

@@ -154,6 +154,12 @@ class Probe:
         categories): the category one of its confirmed findings shows, although the recorded
         signals looked healthy (a leak inflates the very score that looked good). Isolate then
         re-classifies the run (:func:`~model_debugger.phases.isolate.isolate`).
+    symptom : str or None
+        The category its cause shows first, for a cause with one main symptom and side effects
+        (a ``tf.function`` traced every step costs time first, and keeps a graph per trace).
+        When the run measured that category too, but another rule came first, a confirmed,
+        decisive finding makes it the primary category (the category follows the confirmed
+        cause, not the rule table's order; :func:`~model_debugger.phases.isolate.isolate`).
     """
 
     id: str = ""
@@ -166,6 +172,7 @@ class Probe:
     traces_origin: bool = True
     about_scale: bool = False
     reveals: str | None = None
+    symptom: str | None = None
     lever: bool = False
     cost: int = 0
 

@@ -25,6 +25,7 @@ PARAMS_PER_SAMPLE = 10.0
 DISTINCT_SHARE = 0.1  # distinct rows at most this share of the kept rows ...
 MIN_ROWS = 256        # ... of at least this many rows
 REPEAT_STEPS = 3      # the data came round within this many steps: the same rows every step
+GAP_RATIO = 3.0       # a validation loss this many times the training loss at the end
 
 
 @register
@@ -34,7 +35,10 @@ class DataVolume(Probe):
     id = "data_volume"
     data_role = "inputs"
     traces_origin = False  # located by :func:`_rows_location` (the rows, not their values)
-    categories = ("overfitting",)
+    categories = ("overfitting", "healthy")  # healthy: only a handful of rows repeated, with
+    # a gap (a regression has no accuracy gap to classify by, and its validation loss can
+    # still be falling slowly, far above a training set it memorised)
+    reveals = "overfitting"
     fix = ("Regularise the optimisation (weight decay, early stopping on the validation loss) or "
            "train on more data; a smaller model is an architecture change and needs an explicit "
            "override for a data cause.")
@@ -48,7 +52,10 @@ class DataVolume(Probe):
         Samples per epoch come from the record's ``targets`` event and the epochs observed; the
         parameter count from its ``model`` event.
         """
-        repeated = _repeated_rows(ctx)
+        healthy = ctx.classification is not None and ctx.classification.primary == "healthy"
+        repeated = _repeated_rows(ctx, paired=healthy)
+        if healthy:
+            return [repeated] if repeated is not None and _memorised(ctx.signals) else []
         if repeated is not None:
             return [repeated]
         model = ctx.run.first("model")
@@ -121,14 +128,39 @@ def _rows_location(ctx: ProbeContext) -> tuple[dict | None, bool]:
     return ctx.ref("model"), False
 
 
-def _repeated_rows(ctx: ProbeContext):
-    """A confirmed finding when the kept training rows are a few distinct rows repeated."""
+def _memorised(sig: dict) -> bool:
+    """Whether the run ended fitting its training set far better than its validation set.
+
+    The validation loss at least ``GAP_RATIO`` times the training loss at the end, with a
+    positive gap; or a training accuracy ``ACC_GAP`` above the validation accuracy.
+    """
+    val, train = sig.get("val_loss_final"), sig.get("train_loss_final")
+    if isinstance(val, float) and isinstance(train, float) and train >= 0 and \
+            sig.get("gap_final", 0.0) > 0 and val >= GAP_RATIO * train:
+        return True
+    return sig.get("acc_gap", 0.0) >= ACC_GAP
+
+
+def _repeated_rows(ctx: ProbeContext, paired: bool = False):
+    """A confirmed finding when the kept training rows are a few distinct rows repeated.
+
+    With ``paired``, a row is its inputs with its target: inputs that repeat with other targets
+    (a few categorical features, noisy labels) are not the same example.
+    """
     from .constant_inputs import _inputs
 
     x = _inputs(ctx)
     if x is None or len(x) < MIN_ROWS:
         return None
     rows = np.ascontiguousarray(np.asarray(x).reshape(len(x), -1), dtype=np.float64) + 0.0
+    y = getattr(ctx.trainer, "targets", None) if getattr(ctx.trainer, "inputs", None) else \
+        (ctx.train_xy[1] if ctx.train_xy is not None else None)  # the inputs' own targets
+    if paired:
+        if y is None or len(y) != len(rows):
+            return None
+        y = y.detach().cpu().float().numpy() if hasattr(y, "detach") else np.asarray(y)
+        rows = np.concatenate([rows, np.asarray(y, dtype=np.float64).reshape(len(rows), -1)],
+                              axis=1)
     distinct = len({r.tobytes() for r in rows})
     if distinct > DISTINCT_SHARE * len(rows) or distinct < 2:  # one row: constant_inputs
         return None

@@ -10,10 +10,9 @@ of the steps, a direct measurement.
 
 from __future__ import annotations
 
+from ..thresholds import RETRACED_MIN as MIN_TRACES
+from ..thresholds import RETRACED_SHARE as SHARE
 from .base import Probe, ProbeContext, register
-
-MIN_TRACES = 10
-SHARE = 0.25  # of the optimizer steps, each paying a new trace
 
 
 @register
@@ -22,6 +21,7 @@ class Retracing(Probe):
 
     id = "retracing"
     categories = ("performance_issue", "memory_issue")
+    symptom = "performance_issue"  # the graphs it keeps are a side effect of the time it costs
     frameworks = ("keras",)
     fix = ("Pass tensors, not Python numbers or new Python objects, to the tf.function "
            "(tf.constant(step), a tf.Variable for the rate), or declare its input_signature / "
