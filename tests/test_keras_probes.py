@@ -70,6 +70,44 @@ def captured(keras, lr: float, epochs: int = 3, val: bool = True, misaligned: bo
     return model, build_context(Run(rec.events), rec.keeper, source, budget=60.0)
 
 
+def test_a_subclassed_model_with_an_adapted_normalization_is_copied_and_trained(tk):
+    """A clone builds its layers in a scratch graph: the adapted Normalization's mean and
+    variance were that graph's tensors, "out of scope" at the copy's first call, and every
+    probe that trains a copy failed. The copy now predicts as the user's model did at the start
+    and trains."""
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    keras = tk
+
+    class Scaled(keras.Model):
+        def __init__(self, width=16, **kwargs):
+            super().__init__(**kwargs)
+            self.norm = keras.layers.Normalization()
+            self.hidden = keras.layers.Dense(width, activation="relu")
+            self.head = keras.layers.Dense(1, activation="sigmoid")
+
+        def call(self, x, training=False):
+            return self.head(self.hidden(self.norm(x)))
+
+    X, y = problem()
+    X = X * 40.0 + 300.0  # raw scales the adapted layer removes
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        model = Scaled()
+        model.norm.adapt(X)
+        start = model(X[:8]).numpy()
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+        model.fit(X, y.astype("float32"), batch_size=64, epochs=2, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {}, budget=60.0)
+    fresh = ctx.trainer.fresh_model()
+    np.testing.assert_allclose(fresh(X[:8]).numpy(), start, rtol=1e-5, atol=1e-6)
+    inputs, target = ctx.trainer.subset(ctx.trainer.randperm(ctx.trainer.n, 0)[:256])
+    losses = ctx.trainer.fit(fresh, inputs, target, 20, lr=0.01)
+    assert len(losses) == 20 and np.isfinite(losses).all()
+
+
 def test_context_and_trainer_from_a_keras_capture(tk):
     from model_debugger.trainers.keras import KerasTrainer
 

@@ -95,11 +95,13 @@ class KerasTrainer(SampleTrainer):
                 raise
             args, kwargs = self.init_args
             model = type(self.model)(*args, **kwargs)
+        _finalize_adapted(model)
         if (not model.built or len(model.weights) != len(self.model.weights)) and \
                 self.inputs is not None:  # (a clone after a Lambda is built only up to it)
             model(self._x(tuple(x[:1] for x in self.inputs)))
         if self.initial_state is not None:
             model.set_weights(self.initial_state)
+            _finalize_adapted(model)  # the statistics just set, as the tensors the layer reads
         _same_trainable(self.model, model)
         return model
 
@@ -460,6 +462,23 @@ def _same_trainable(original, copy) -> None:
         if type(a) is type(b) and b.trainable != a.trainable:
             b.trainable = a.trainable
 
+
+
+def _finalize_adapted(model) -> None:
+    """Recompute an adaptable layer's statistics eagerly (``Normalization.finalize_state``).
+
+    A clone builds its layers symbolically: a ``Normalization`` adapted in the user's model
+    then holds its mean and variance as tensors of that scratch graph, "out of scope" at the
+    first real call. ``finalize_state`` derives them again from the layer's variables (which
+    ``set_weights`` restores), as Keras does after ``adapt``.
+    """
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if layer.built and callable(getattr(type(layer), "adapt", None)) and \
+                callable(getattr(layer, "finalize_state", None)):
+            try:
+                layer.finalize_state()
+            except Exception:  # noqa: BLE001 - never adapted (no statistics): as built
+                pass
 
 
 def _clone(keras, model):
