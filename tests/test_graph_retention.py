@@ -52,17 +52,17 @@ class _Trainer:
                     self.history["train_loss"].append(loss)  # <kept-train-loss>
             if self.keep == "epoch":
                 self.history["epoch_loss"].append(loss)  # <kept-epoch-loss>
-            self.history["val_loss"].append(
+            self.history["val_loss"].append(  # <kept-val-loss>
                 self.evaluate() if self.keep == "val" else self.evaluate().item())
 
 
-@pytest.mark.parametrize("keep,tag", [("val", "eval-graph"), ("train", "kept-train-loss"),
+@pytest.mark.parametrize("keep,tag", [("val", "kept-val-loss"), ("train", "kept-train-loss"),
                                       ("epoch", "kept-epoch-loss")])
 def test_graphs_kept_in_a_trainer_objects_history_are_found_from_the_record(tmp_path, keep, tag):
     """``self.history['val_loss']`` gains an evaluation loss with its graph every epoch (made
-    outside no_grad: located at the evaluation), or the training loss every step or every
-    epoch (located where it is appended, though an evaluation outside no_grad is in the file).
-    Neither is in the namespace Isolate sees."""
+    outside no_grad: located where it is kept, the evaluation named too), or the training loss
+    every step or every epoch (located where it is appended; the evaluation outside no_grad in
+    the file made none of it). Neither is in the namespace Isolate sees."""
     path = str(tmp_path / "record.jsonl")
     with model_debugger.capture(path) as rec:
         _Trainer(keep).fit(8)
@@ -75,6 +75,8 @@ def test_graphs_kept_in_a_trainer_objects_history_are_found_from_the_record(tmp_
     assert f.location["line"] == line_of(tag)
     assert f.evidence["variable"] == f"self.history['{keep}_loss']"
     assert f.evidence["tensors"] >= 3
+    assert (f.evidence.get("made_at") or {}).get("line") == (
+        line_of("eval-graph") if keep == "val" else None)
 
 
 class _Averaging:

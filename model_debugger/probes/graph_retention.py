@@ -160,9 +160,11 @@ class GraphRetention(Probe):
 
         A container in the loop's frames (or a ``self`` attribute, or a dict's list) whose count
         of tensors with a ``grad_fn`` rose to >= ``MIN_WHEN_GROWING`` across the ``held``
-        looks. Located where the graphs were made when that is an evaluation run outside
-        ``no_grad`` (the lint's ``eval_without_no_grad``) and the container grew slower than
-        once a step (a per-epoch validation history), else where the container is added to.
+        looks. Located where the container is added to: what keeps the graphs, so what
+        makes memory grow. When they were made by an evaluation run outside ``no_grad`` (the
+        lint's ``eval_without_no_grad``) and the container grew slower than once a step (a
+        per-epoch validation history), that evaluation is named too (``made_at``): either
+        change ends the growth.
         """
         by: dict[tuple, list] = {}
         for event in ctx.run.of("held"):
@@ -183,7 +185,7 @@ class GraphRetention(Probe):
         grows = _growing_line(ctx, name)
         made = _evaluation_feeding(ctx, grows) if per_step < 0.5 else None
         at_eval = made is not None
-        where = made or grows or {"file": last["file"], "line": last["line"]}
+        where = grows or made or {"file": last["file"], "line": last["line"]}
         return self.finding(
             "training_loop", True,
             f"'{name}' held {last['graphs']} tensors that still carry autograd history at "
@@ -191,11 +193,13 @@ class GraphRetention(Probe):
             f"gaining them ({per_step:.3g} a step): each keeps its whole graph, activations "
             "included, alive, so memory grows"
             + (f" ({growth:.3g} MB/step measured)" if growth is not None else "")
-            + (". They are made by an evaluation that runs outside torch.no_grad(): wrap it "
-               "in `with torch.no_grad():` (or store `.item()` values)." if at_eval else
+            + (f". They are made by an evaluation that runs outside torch.no_grad() (line "
+               f"{made['line']}): store `.item()` values here, or wrap that evaluation in "
+               "`with torch.no_grad():`." if at_eval else
                ". Store `.item()` or `.detach()` values instead."),
             where, variable=name, tensors=last["graphs"], graphs_per_step=per_step,
-            rss_mb_per_step=growth, strength=0.9)
+            rss_mb_per_step=growth, strength=0.9,
+            **({"made_at": made} if at_eval else {}))
 
     def _held(self, ctx: ProbeContext):
         """The same, from the record: a container in the loop's frames that grew during the run.
