@@ -309,6 +309,27 @@ def callee_made(location: dict | None) -> dict | None:
     return location
 
 
+def receiver_made(location: dict | None) -> dict | None:
+    """Where the object a method is called on at ``location`` was last bound, else ``location``.
+
+    ``loss.backward()`` after ``loss = ((pred - y) ** 2).mean()``: that assignment (the latest
+    in the innermost scope that binds it, a branch's included).
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return location
+    for stmt in _statements_at(tree, location["line"]):
+        call = next((n for n in ast.walk(stmt) if isinstance(n, ast.Call)), None)
+        if call is None or not isinstance(call.func, ast.Attribute) or \
+                not isinstance(call.func.value, ast.Name):
+            continue
+        for scope in _scope_of(tree, stmt):
+            found = _bindings(scope, call.func.value.id, stmt.lineno)
+            if found:
+                return {**location, "line": max(line for line, _, _ in found)}
+    return location
+
+
 def _call_name(call: ast.Call) -> str:
     f = call.func
     return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")

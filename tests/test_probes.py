@@ -1684,6 +1684,50 @@ def test_matching_shapes_leave_no_broadcast(tmp_path):
     assert ctx.classification.primary != "convergence_to_wrong_solution"
 
 
+def _hand_written(target_shape: str, binary: bool = False):
+    """A loss written out by hand (the capture sees no loss function): (B, 1) predictions
+    against a (B,) target broadcast in ``pred - y``; or against (B, 1) targets; or BCE."""
+    torch.manual_seed(0)
+    X = torch.randn(512, 6)
+    y = X[:, 0] - 2 * X[:, 1] + 0.1 * torch.randn(512)
+    if binary:
+        y = (y > 0).float()
+    y = y if target_shape == "(B,)" else y.unsqueeze(1)
+    net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _epoch in range(3):
+        for i in range(0, 512, 32):
+            pred, yb = net(X[i:i + 32]), y[i:i + 32]
+            if binary:
+                loss = -(yb * F.logsigmoid(pred) + (1 - yb) * F.logsigmoid(-pred)).mean()
+            else:
+                loss = ((pred - yb) ** 2).mean()  # <hand-written-loss>
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+@pytest.mark.parametrize("target_shape,binary", [("(B,)", False), ("(B, 1)", False),
+                                                 ("(B, 1)", True)])
+def test_a_hand_written_loss_that_never_pairs_rows_is_measured_by_its_gradients(
+        tmp_path, target_shape, binary):
+    """No loss function to watch: the gradient each prediction receives is read at a few
+    steps. Broadcast, it is a function of the prediction alone (rank correlation 1) at every
+    reading: confirmed, located at the loss. Paired (regression or binary), it follows each
+    row's target: nothing."""
+    ctx = captured(tmp_path, lambda: _hand_written(target_shape, binary))
+    reads = ctx.run.of("output_grads")
+    assert ctx.run.first("loss_broadcast") is None and len(reads) >= 3
+    found = report_of(ctx, "loss_broadcast").findings
+    if target_shape == "(B,)":
+        assert min(e["rank_corr"] for e in reads) > 0.999
+        (f,) = found
+        assert f.confirmed and f.evidence["decisive"] and f.root_cause == "training_loop"
+        assert_at(f, "hand-written-loss")
+    else:
+        assert max(e["rank_corr"] for e in reads) < 0.99 and found == ()
+
+
 # -- an output floored at 0 (loss_output_mismatch) ----------------------------------------------
 def _floored(shift: float, sigmoid: bool = False):
     """Regression through a ReLU (or a sigmoid) at the loss: targets ``shift`` + a signal."""

@@ -29,6 +29,8 @@ _TARGET_QUEUE = 32  # targets kept (copied) and reduced together: ~2 tensor ops 
 _TARGET_QUEUE_NUMEL = 1 << 16  # larger targets (images, ...) are reduced right away
 _ALL_BATCHES = 32  # targets of the first training batches are all counted, then every 8th
 _SAMPLE_EVERY = 8
+PAIRING_STEPS = (2, 5, 11, 23, 47)  # steps at which one training output's gradient is read
+PAIRING_ROWS = 16  # ... when it is one column of at least this many rows
 
 
 class LossStats:
@@ -214,6 +216,7 @@ class LossHooks:
         self._last_loss_call = None
         self._steady_loss = None  # the training loss's name once there is nothing left to keep
         self._broadcast_seen: set[str] = set()
+        self._pairing_steps: set[int] = set()
 
     def _let_go_loss(self) -> None:
         self._last_loss_call = None
@@ -270,6 +273,43 @@ class LossHooks:
                       target=list(target.shape), shape=list(shape),
                       factor=terms / max(input.numel(), target.numel(), 1),
                       location=user_location(sys._getframe()))
+
+    def _watch_pairing(self, out: torch.Tensor) -> None:
+        """Read the gradient a one-column training output receives, at a few steps.
+
+        Whatever computes the loss (a hand-written ``((pred - y) ** 2).mean()`` included), a
+        loss that compares each prediction with its own target gives each row a gradient that
+        depends on that row's target; one that broadcasts ``(B, 1)`` against ``(B,)`` gives
+        ``2 (pred_i - mean(y)) / B``, a function of the prediction alone. An ``output_grads``
+        event per step read: the rank correlation of the gradient with the prediction (1:
+        monotone in the prediction alone), None when either is constant.
+        """
+        step = self.rec.step
+        if step not in PAIRING_STEPS or step in self._pairing_steps or not out.requires_grad \
+                or out.ndim not in (1, 2) or (out.ndim == 2 and out.shape[1] != 1) \
+                or out.shape[0] < PAIRING_ROWS:
+            return
+        self._pairing_steps.add(step)
+        values = out.detach().reshape(-1).float()
+        link = self._link
+
+        def hook(grad):
+            inst = link()
+            if inst is not None:
+                inst.guard(inst._read_pairing)(step, values, grad)
+
+        out.register_hook(hook)
+
+    def _read_pairing(self, step: int, values: torch.Tensor, grad: torch.Tensor) -> None:
+        g = grad.detach().reshape(-1).float()
+        if g.numel() != values.numel() or not bool(torch.isfinite(g).all()):
+            return
+        rho = None
+        if float(g.std()) > 1e-9 * float(g.abs().max()) and float(values.std()) > 0:
+            ranks = torch.stack([values.argsort().argsort(), g.argsort().argsort()]).float()
+            rho = float(torch.corrcoef(ranks)[0, 1])
+        self.rec.emit("output_grads", step=step, rows=int(g.numel()),
+                      rank_corr=None if rho is None or not math.isfinite(rho) else rho)
 
     def _keep_loss(self, name, input, target, args, kwargs) -> None:
         if not isinstance(target, torch.Tensor) or not isinstance(input, torch.Tensor):

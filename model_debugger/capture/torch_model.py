@@ -127,6 +127,7 @@ class ModelHooks:
                  if isinstance(v, torch.Tensor)), None)
             if first is not None and first.grad_fn is not None:
                 self._watch_graph(first, outputs=True)  # predictions kept step after step
+                self._watch_pairing(first)  # the gradient the loss gives each prediction
 
     def _localize(self) -> str | None:
         """Name the first module holding non-finite weights or producing non-finite output.

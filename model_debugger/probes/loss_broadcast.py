@@ -12,6 +12,9 @@ from __future__ import annotations
 from ..records import Intervention
 from .base import Probe, ProbeContext, register
 
+UNPAIRED_READS = 3     # steps whose output gradient was read ...
+UNPAIRED_RANK = 0.999  # ... each a monotone function of the prediction alone
+
 
 @register
 class LossBroadcast(Probe):
@@ -41,7 +44,7 @@ class LossBroadcast(Probe):
             return self._keras(ctx)
         event = ctx.run.first("loss_broadcast")
         if not event or not isinstance(event.get("factor"), (int, float)) or event["factor"] < 2:
-            return []
+            return self._unpaired(ctx)
         where = event.get("location") or ctx.ref("loss_fn") or ctx.ref("backward")
         return [self.finding(
             "training_loop", True,
@@ -53,6 +56,32 @@ class LossBroadcast(Probe):
             "model converges to a constant. Make both the same shape.",
             where, input_shape=event.get("input"), target_shape=event.get("target"),
             broadcast_shape=event.get("shape"), factor=event["factor"], strength=0.95)]
+
+    def _unpaired(self, ctx: ProbeContext):
+        """A loss the capture does not know that never paired a prediction with its target.
+
+        The gradient each row's one-column prediction received (``output_grads``, read at a
+        few steps) was a monotone function of the prediction alone at every reading: the loss
+        gave no row its own target's pull, as a hand-written ``((pred - y) ** 2).mean()`` of a
+        ``(B, 1)`` prediction against a ``(B,)`` target does (``2 (pred_i - mean(y)) / B``).
+        A direct measurement, located where the loss that was backpropagated was computed.
+        """
+        reads = [e for e in ctx.run.of("output_grads") if isinstance(e.get("rank_corr"), float)]
+        if len(reads) < UNPAIRED_READS or min(e["rank_corr"] for e in reads) < UNPAIRED_RANK:
+            return []
+        from ..provenance import receiver_made
+
+        return [self.finding(
+            "training_loop", True,
+            f"At each of {len(reads)} steps read, the gradient every prediction received was a "
+            "function of that prediction alone (rank correlation "
+            f"{min(e['rank_corr'] for e in reads):.4f} over {reads[0]['rows']} rows): the loss "
+            "never compared a prediction with its own target. A (B, 1) prediction minus a "
+            "(B,) target broadcasts to (B, B), and its mean is minimised by predicting the "
+            "targets' mean for every row. Make both the same shape (pred.squeeze(-1), or "
+            "target.view(-1, 1)).",
+            receiver_made(ctx.ref("backward")), readings=len(reads),
+            rank_corr=min(e["rank_corr"] for e in reads), strength=0.9, decisive=True)]
 
     def _keras(self, ctx: ProbeContext):
         if ctx.loss is not None or getattr(ctx.model, "loss", None) is not None or \
