@@ -830,6 +830,23 @@ def _per_step_stall(p: Program) -> list[Edit]:
                                                      change=True)]
 
 
+@operator("tf_function_retrace", "resources", "performance_issue", "training_loop",
+          "a Python float (a timestamp) passed to the tf.function step on every call: each "
+          "call traces a new graph")
+def _tf_function_retrace(p: Program) -> list[Edit]:
+    step = next((f for f in ast.walk(p.tree) if isinstance(f, ast.FunctionDef) and any(
+        p.text(d).endswith("tf.function") for d in f.decorator_list) and f.args.args), None)
+    step = need(step, "no tf.function step")
+    call = next((c for c in ast.walk(p.tree) if isinstance(c, ast.Call) and
+                 isinstance(c.func, ast.Name) and c.func.id == step.name and
+                 p.loop_of(c) is not None), None)
+    call = need(call, "the tf.function step is not called in a loop")
+    last = step.args.args[-1]
+    return ensure_import(p, "time") + [
+        replace(p, last, f"{p.text(last)}, now=0.0"),
+        set_kwarg(p, call, "now", "time.perf_counter()", change=True)]
+
+
 @operator("slow_collate", "resources", "performance_issue", "data",
           "a slow Python collate function in the training DataLoader")
 def _slow_collate(p: Program) -> list[Edit]:

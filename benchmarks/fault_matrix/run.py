@@ -258,6 +258,7 @@ METRICS = {
     "config_regression": ("val_rmse", "lower"), "dataset_transform": ("val accuracy", "higher"),
     "digits_cnn": ("test acc", "higher"), "hf_trainer": ("eval_loss", "lower"),
     "keras_fit": ("final val_accuracy", "higher"), "keras_tape": ("val_acc", "higher"),
+    "keras_subclass_step": ("val_mse", "lower"),
     "lightning_module": ("val_acc", "higher"), "lstm_sequence": ("test_loss", "lower"),
     "torch_loop": ("val_acc", "higher"), "transformer_warmup": ("val_acc", "higher"),
 }
