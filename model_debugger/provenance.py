@@ -309,6 +309,25 @@ def callee_made(location: dict | None) -> dict | None:
     return location
 
 
+def rebound_between(made: dict | None, used: dict | None, name: str | None) -> dict | None:
+    """Where ``name`` was bound again after ``made`` and before ``used``, or None.
+
+    ``optimizer = Adam(model.parameters())`` then ``model = Net().apply(init)``: the optimizer
+    holds the first model's parameters, the loop trains the second. Both locations in one
+    file; the latest such binding in the scopes enclosing ``used``.
+    """
+    tree = _tree_of(used)
+    if tree is None or not name or made is None or made.get("file") != used.get("file"):
+        return None
+    for stmt in _statements_at(tree, used["line"])[:1]:
+        for scope in _scope_of(tree, stmt):
+            lines = [line for line, _, _ in _bindings(scope, name, stmt.lineno)
+                     if line > made["line"]]
+            if lines:
+                return {"file": used["file"], "line": max(lines)}
+    return None
+
+
 def receiver_made(location: dict | None) -> dict | None:
     """Where the object a method is called on at ``location`` was last bound, else ``location``.
 

@@ -636,6 +636,20 @@ def train_optimizer_over_a_copy():
         opt.step()
 
 
+def train_model_made_again_after_its_optimizer():
+    torch.manual_seed(9)
+    X = torch.randn(512, 8)
+    y = X @ torch.randn(8, 1)
+    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))  # <made-again>
+    for i in range(0, len(X), 32):
+        loss = F.mse_loss(net(X[i:i + 32]), y[i:i + 32])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def train_softmax_into_ce():
     torch.manual_seed(10)
     X = torch.randn(1024, 20)
@@ -1143,6 +1157,15 @@ def test_an_optimizer_over_another_model_is_not_a_cut_graph(tmp_path):
     f = confirmed_one(ctx, "optimizer_elsewhere", "training_loop")
     assert_at(f, "stale-opt")
     assert not [f for f in probe(ctx, "detached_output") if f.confirmed]
+
+
+def test_a_model_made_again_after_its_optimizer_is_located_where_it_is_made_again(tmp_path):
+    """``net`` bound again after ``Adam(net.parameters())``: the loop trains the new instance,
+    the optimizer steps the old one. The line to change is the second binding."""
+    ctx = captured(tmp_path, train_model_made_again_after_its_optimizer)
+    f = confirmed_one(ctx, "optimizer_elsewhere", "training_loop")
+    assert_at(f, "made-again")
+    assert "made again" in f.explanation
 
 
 @pytest.mark.parametrize("above, confirmed", [(0.5, True), (0.0, False)])

@@ -29,15 +29,24 @@ class OptimizerElsewhere(Probe):
 
     def run(self, ctx: ProbeContext):
         """One confirmed finding from the event."""
+        from ..provenance import rebound_between
+
         e = ctx.run.first("optimizer_elsewhere")
         shared = e.get("shared", 0)
+        name = (ctx.run.first("model") or {}).get("name")
+        again = rebound_between(ctx.ref("optimizer"), ctx.ref("backward") or ctx.ref("step"),
+                                name)
         return [self.finding(
             "training_loop", True,
             f"At step {e.get('step')} the optimizer's {e.get('optimizer_params')} parameter "
             f"tensors had no gradient while {e.get('model_params_with_grad')} of the trained "
             "model's own did: backward() reaches the model, but the optimizer updates other "
             "parameters (" + ("none" if not shared else f"only {shared}") + " of the model's "
-            "are in it). The optimizer was built over another model instance.",
-            ctx.ref("optimizer"), strength=0.95, decisive=True,
+            "are in it). " + (
+                f"'{name}' is made again here, after the optimizer was built over the earlier "
+                f"instance (line {ctx.ref('optimizer')['line']}): build the optimizer after it, "
+                "or change the model in place." if again else
+                "The optimizer was built over another model instance."),
+            again or ctx.ref("optimizer"), strength=0.95, decisive=True,
             optimizer_params=e.get("optimizer_params"),
             model_params_with_grad=e.get("model_params_with_grad"), shared=shared)]
