@@ -670,12 +670,19 @@ def _prediction_call(scope: list[ast.AST], name: str, before: int) -> ast.Call |
     """The model call whose output ``name`` holds (the prediction is not the data), or None.
 
     That is a name bound to a call of an object that a call made (``out = model(xb)`` after
-    ``model = Net()``).
+    ``model = Net()``), or of an attribute of ``self`` that is no method of the file's classes
+    (``pred = self.model(xb).squeeze(-1)``: the model a trainer object holds), a method of the
+    output (``.squeeze(-1)``) kept.
     """
     value = _latest_value(scope, name, before)
-    if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
+    base = _called(value) if isinstance(value, ast.Call) else None
+    if base is None:
         return None
-    return value if isinstance(_latest_value(scope, value.func.id, before), ast.Call) else None
+    if isinstance(base.func, ast.Attribute):  # self.model(x)
+        methods = {f.name for c in ast.walk(scope[-1]) if isinstance(c, ast.ClassDef)
+                   for f in c.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        return base if base.func.attr not in methods else None
+    return base if isinstance(_latest_value(scope, base.func.id, before), ast.Call) else None
 
 
 def _latest_value(scope: list[ast.AST], name: str, before: int) -> ast.AST | None:
@@ -1123,18 +1130,35 @@ def _through_callers(tree: ast.Module, func: ast.AST, name: str, role: str | Non
                      hops: int) -> tuple[int | None, bool]:
     """A parameter: follow the argument the function's callers in this file pass for it.
 
-    Only a function called by its plain name, from a single call site (a helper called from
-    several places has no one origin), is followed.
+    A function called by its plain name, or a method (defined in a class of this file) called
+    as ``obj.name(...)`` / ``self.name(...)``, from a single call site (a helper called from
+    several places has no one origin), is followed; the argument is seen through a pure
+    wrapper (``torch.from_numpy(y)``: ``y``).
     """
     params = [p.arg for p in (*func.args.posonlyargs, *func.args.args)]
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and
-             isinstance(n.func, ast.Name) and n.func.id == func.name]
-    if len(calls) != 1:
+    owner = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and func in c.body),
+                 None)
+    if owner is not None:
+        params = params[1:]  # self: the receiver, not an argument
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and
+                 isinstance(n.func, ast.Attribute) and n.func.attr == func.name and
+                 _receiver_class(tree, n) in (owner.name, None)]
+        known = [n for n in calls if _receiver_class(tree, n) == owner.name]
+        calls = known or calls  # a receiver of another class of this file is not this method
+    else:
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and
+                 isinstance(n.func, ast.Name) and n.func.id == func.name]
+    if len(calls) != 1 or any(isinstance(a, ast.Starred) for a in calls[0].args):
         return None, False
     call = calls[0]
     arg = next((k.value for k in call.keywords if k.arg == name), None)
     if arg is None and name in params and params.index(name) < len(call.args):
         arg = call.args[params.index(name)]
+    if isinstance(arg, ast.Call):
+        inner = _unwrapped(arg, role)
+        if isinstance(inner, ast.Tuple) and len(inner.elts) == 1:
+            inner = inner.elts[0]
+        arg = inner if isinstance(inner, (ast.Name, ast.Attribute)) else arg
     root = _root(arg) if arg is not None else None
     if root is None:
         return None, False
@@ -1143,6 +1167,36 @@ def _through_callers(tree: ast.Module, func: ast.AST, name: str, role: str | Non
     if stmt is None:
         return None, False
     return _trace(tree, _scope_of(tree, stmt), root, stmt.lineno, role, hops + 1)
+
+
+def _receiver_class(tree: ast.Module, call: ast.Call) -> str | None:
+    """The class of this file a method call's receiver is an instance of, when it shows.
+
+    ``self.m()`` inside a class; ``Cls().m()``; ``obj.m()`` where ``obj = Cls(...)`` in the
+    enclosing scopes. None when it does not show (a parameter, an import's class).
+    """
+    classes = {c.name: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)}
+    recv = call.func.value
+    if isinstance(recv, ast.Call) and isinstance(recv.func, ast.Name):
+        return recv.func.id if recv.func.id in classes else None
+    if not isinstance(recv, ast.Name):
+        return None
+    if recv.id == "self":
+        return next((name for name, c in classes.items() if c.lineno <= call.lineno <=
+                     (c.end_lineno or c.lineno)), None)
+    stmt = next((st for st in _statements_at(tree, call.lineno)
+                 if any(n is call for n in ast.walk(st))), None)
+    if stmt is None:
+        return None
+    for scope in _scope_of(tree, stmt):
+        found = _bindings(scope, recv.id, stmt.lineno)
+        if found:
+            value = max(found, key=lambda b: b[0])[2]
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and \
+                    value.func.id in classes:
+                return value.func.id
+            return None
+    return None
 
 
 def _header_of(tree: ast.Module, call: ast.Call) -> ast.stmt | None:

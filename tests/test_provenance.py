@@ -1092,3 +1092,52 @@ def test_the_loop_around_a_step_is_its_innermost_loop_in_its_own_function(tmp_pa
     assert enclosing_loop({**at, "line": 8})["line"] == 7
     assert enclosing_loop({**at, "line": 9}) is None
     assert enclosing_loop({**at, "line": 2}) is None
+
+
+TRAINER_OBJECT = """
+    import numpy as np
+    import torch
+    from torch import nn
+
+
+    class Scaler:
+        def fit(self, a):
+            self.mean = a.mean(axis=0)
+            return self
+
+        def transform(self, a):
+            return a - self.mean
+
+
+    class Trainer:
+        def __init__(self, model):
+            self.model = model
+            self.loss_fn = nn.MSELoss()
+
+        def train_epoch(self, X, y):
+            for i in range(0, len(X), 32):
+                pred = self.model(X[i:i + 32]).squeeze(-1)
+                loss = self.loss_fn(pred, y[i:i + 32])  # <use>
+                loss.backward()
+
+        def fit(self, X_tr, y_tr, epochs=3):
+            for _ in range(epochs):
+                self.train_epoch(X_tr, y_tr)
+
+
+    def main():
+        X = np.random.rand(200, 4).astype("float32")
+        y = (X.sum(axis=1) * 1e5).astype("float32")  # <made>
+        X = Scaler().fit(X).transform(X)
+        trainer = Trainer(nn.Linear(4, 1))
+        trainer.fit(torch.from_numpy(X), torch.from_numpy(y))
+"""
+
+
+def test_targets_traced_through_a_trainer_objects_methods_to_where_they_were_made(tmp_path):
+    """``self.model(x).squeeze(-1)`` is the prediction, so ``y`` holds the targets: a
+    parameter of ``train_epoch``, called once as ``self.train_epoch(X_tr, y_tr)``, itself a
+    parameter of ``fit``, called as ``trainer.fit(...)`` on a ``Trainer`` (the ``Scaler``'s
+    ``fit`` is another class's method), through ``torch.from_numpy``."""
+    got, made, use = _origin(tmp_path, TRAINER_OBJECT, "targets")
+    assert got == made != use
