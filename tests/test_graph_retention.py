@@ -115,3 +115,48 @@ def test_objects_that_list_each_other_are_looked_at_one_level_deep():
     a.peers, b.peers = [b], [a]  # a cycle: never followed past the objects' own containers
     assert sorted(n for n, _ in _candidates("nodes", [a, b])) == [
         "nodes", "nodes[0].peers", "nodes[1].peers"]
+
+
+def _attach_monitor(model, names):
+    log = {name: [] for name in names}
+
+    def make_hook(name):
+        def hook(module, inputs, out):
+            if module.training:
+                log[name].append(out)  # <hooked-append>
+        return hook
+
+    for name in names:
+        getattr(model, name).register_forward_hook(make_hook(name))
+    return log
+
+
+def _train_monitored():
+    torch.manual_seed(1)
+    X, y = torch.randn(640, 8), torch.randint(0, 2, (640,))
+    net = nn.Sequential()
+    net.add_module("hidden", nn.Linear(8, 64))
+    net.add_module("act", nn.ReLU())
+    net.add_module("out", nn.Linear(64, 2))
+    activity = _attach_monitor(net, ["act"])
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for _epoch in range(6):
+        for i in range(0, 640, 32):
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+    return activity
+
+
+def test_a_container_a_helper_made_and_a_hook_fills_is_located_at_the_hooks_append(tmp_path):
+    """``activity = _attach_monitor(net, ...)`` returns ``log``, which a forward hook (a closure)
+    appends each training output to, graph included: seen as ``activity['act']`` in the
+    loop's frame, located at the hook's append."""
+    path = str(tmp_path / "record.jsonl")
+    with model_debugger.capture(path) as rec:
+        _train_monitored()
+    run = Run.load(path)
+    ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 600.0)
+    found = [f for f in run_probes(ctx, ["graph_retention"]).findings if f.confirmed]
+    assert found and found[0].evidence["variable"] == "activity['act']"
+    assert found[0].location["line"] == line_of("hooked-append")

@@ -77,6 +77,44 @@ def _growing_line(ctx: ProbeContext, name: str, anywhere: bool = False) -> dict 
                     return {"file": path, "line": node.lineno}
     if "." in name and not name.startswith("self."):  # an object's attribute: its own
         return _growing_line(ctx, "self." + name.rsplit(".", 1)[1], anywhere=True)  # method
+    return _returned_growing(ctx, name)
+
+
+def _returned_growing(ctx: ProbeContext, name: str) -> dict | None:
+    """Where a container a function of the file made and returned is added to.
+
+    ``activity = attach_monitor(model)`` returning ``log``, whose hook (a nested function)
+    runs ``log[name].append(out)``: the container seen as ``activity['act1']`` grows there.
+    """
+    import ast
+    import re
+
+    root = re.match(r"[A-Za-z_]\w*", name)
+    if root is None or root.group(0) == "self":
+        return None
+    for path, text in (ctx.source_files or {}).items():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        funcs = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and
+                    isinstance(node.value.func, ast.Name) and node.value.func.id in funcs and
+                    any(isinstance(t, ast.Name) and t.id == root.group(0)
+                        for t in node.targets)):
+                continue
+            func = funcs[node.value.func.id]
+            made = {r.value.id for r in ast.walk(func) if isinstance(r, ast.Return) and
+                    isinstance(r.value, ast.Name)}
+            for call in ast.walk(func):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and \
+                        call.func.attr in ("append", "extend", "add", "insert"):
+                    base = call.func.value
+                    while isinstance(base, ast.Subscript):
+                        base = base.value
+                    if isinstance(base, ast.Name) and base.id in made:
+                        return {"file": path, "line": call.lineno}
     return None
 
 
