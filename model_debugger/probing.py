@@ -77,7 +77,9 @@ def build_context(run: Run, keeper=None, sources: dict | None = None,
         ctx.optimizer = keeper.optimizer
         ctx.loss = keeper.loss
         ctx.train_xy, ctx.val_xy = keeper.arrays()
-        ctx.train_batches, ctx.val_batches = keeper.train_batches, keeper.val_batches
+        ctx.train_batches = keeper.train_batches
+        ctx.val_batches = keeper.validation_batches() if hasattr(
+            keeper, "validation_batches") else keeper.val_batches
         ctx.namespace, ctx.train_loader = keeper.namespace, keeper.train_loader
         ctx.trainer = trainer_for(keeper)
     return ctx

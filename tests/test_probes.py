@@ -2013,3 +2013,38 @@ def test_the_hot_line_stays_on_the_users_line_calling_an_installed_package(tmp_p
         sys.modules.pop("fakeslowlib", None)
     assert got is not None and got["file"] == __file__
     assert got["line"] == line_of("calls-package")
+
+
+# -- an evaluation pass over the training rows is no validation ---------------------------------
+def _train_with_training_accuracy(val_is_train: bool):
+    torch.manual_seed(3)
+    X, y = torch.randn(1400, 6), torch.randint(0, 3, (1400,))
+    X_tr, y_tr = X[:1000], y[:1000]
+    X_va, y_va = (X_tr, y_tr) if val_is_train else (X[1000:], y[1000:])
+    net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _epoch in range(4):
+        net.train()
+        for i in range(0, 1000, 50):
+            opt.zero_grad()
+            F.cross_entropy(net(X_tr[i:i + 50]), y_tr[i:i + 50]).backward()
+            opt.step()
+        net.eval()
+        with torch.no_grad():
+            F.cross_entropy(net(X_tr), y_tr)  # the training accuracy's pass
+            F.cross_entropy(net(X_va), y_va)
+
+
+@pytest.mark.parametrize("val_is_train", [False, True])
+def test_an_evaluation_over_the_training_rows_is_not_validation(tmp_path, val_is_train):
+    """A training accuracy computed under no_grad beside the validation pass: its batch holds
+    every kept training row, so it is left out of the validation data, and no leak is
+    reported. When the validation pass is the training set too, nothing is left out: that is
+    the leak."""
+    ctx = captured(tmp_path, lambda: _train_with_training_accuracy(val_is_train))
+    leaks = [f for f in probe(ctx, "leakage") if f.confirmed and "copies" in f.explanation]
+    sizes = {len(b[1]) for b in ctx.val_batches}
+    if val_is_train:
+        assert sizes == {1000} and leaks
+    else:
+        assert sizes == {400} and len(ctx.val_xy[0]) == 400 and not leaks

@@ -142,8 +142,26 @@ class Keeper(SpilledState):
         """``(train_xy, val_xy)``: flattened NumPy samples for the data probes.
 
         Rows are deduplicated; each is None when its batches do not flatten to one matrix.
+        Validation is :meth:`validation_batches`.
         """
-        return _arrays(self.train_batches), _arrays(self.val_batches)
+        return _arrays(self.train_batches), _arrays(self.validation_batches())
+
+    def validation_batches(self) -> list:
+        """The kept evaluation batches that are validation data.
+
+        An evaluation pass over the training rows (a training accuracy computed under
+        ``no_grad``: a batch holding >= ``TRAIN_PASS`` of the kept training rows) is no
+        validation and is left out, unless every kept evaluation batch is one (a validation
+        set that is the training set: a leak to report).
+        """
+        train = _row_keys(self.train_batches)
+        if not train or len(self.val_batches) < 2:
+            return self.val_batches
+        passes = [len(train & _row_keys([b])) >= TRAIN_PASS * len(train)
+                  for b in self.val_batches]
+        if all(passes) or not any(passes):
+            return self.val_batches
+        return [b for b, over_train in zip(self.val_batches, passes) if not over_train]
 
     def on_optimizer(self, opt) -> None:
         """Keep the first optimizer's class, name and hyperparameters; every one's parameters.
@@ -247,6 +265,18 @@ def _batch_tensors(model_input, target) -> tuple[tuple, tuple] | None:
     if not positional and not named:
         return None
     return tuple(positional) + tuple(named), tuple(names)
+
+
+TRAIN_PASS = 0.9  # an evaluation batch holding this share of the kept training rows
+
+
+def _row_keys(batches) -> set[bytes]:
+    """The distinct first-input rows of kept batches, as bytes (empty when they do not flatten)."""
+    try:
+        return {r.tobytes() for b in batches for r in np.ascontiguousarray(
+            b[0][0].double().reshape(len(b[1]), -1).cpu().numpy() + 0.0)}
+    except (ValueError, RuntimeError, AttributeError, TypeError, IndexError):
+        return set()
 
 
 def _arrays(batches) -> tuple | None:
