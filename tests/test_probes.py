@@ -951,6 +951,53 @@ def test_a_schedule_that_stops_training_is_confirmed_by_a_copy_at_its_peak_rate(
     assert f.evidence["heldout_peak_lr"] < 0.8 * f.evidence["heldout_median_lr"]
 
 
+def _warm_up(step):
+    return max(1.0, (step + 1) / 10)  # <rising-factor>
+
+
+def _warm_to_base(step):
+    return min(1.0, (step + 1) / 10)
+
+
+def train_rising_schedule(rising=True, lr=0.02):
+    torch.manual_seed(5)
+    X = torch.randn(1024, 8)
+    y = X @ torch.randn(8, 1) + 0.1 * torch.randn(1024, 1)
+    net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    if rising:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda=_warm_up)
+    else:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _warm_to_base)
+    for _epoch in range(6):
+        for i in range(0, 1024, 32):
+            opt.zero_grad()
+            F.mse_loss(net(X[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+            sched.step()
+
+
+def test_a_schedule_that_raises_the_rate_into_divergence_is_confirmed_at_its_function(
+        tmp_path):
+    """A warm-up written with max instead of min keeps raising the rate past the optimizer's
+    own: the copy at the optimizer's rate trains where the one at the rate reached diverges.
+    Located at the schedule function's return (LambdaLR was given it by name)."""
+    ctx = captured(tmp_path, train_rising_schedule)
+    assert ctx.classification.primary == "gradient_instability"
+    f = confirmed_one(ctx, "lr_schedule", "hyperparameter")
+    assert_at(f, "rising-factor")
+    assert f.evidence["lr_reached"] >= 3 * f.evidence["lr_base"] == pytest.approx(0.06)
+    assert f.evidence["undone"] is True
+
+
+def test_a_warm_up_to_the_optimizers_rate_is_no_rise(tmp_path):
+    """The run is unstable at its own rate (0.5 with momentum), reached by a warm-up that stops
+    there: the rate, not the schedule, is what to change."""
+    ctx = captured(tmp_path, lambda: train_rising_schedule(False, lr=0.5))
+    assert "gradient_instability" in (ctx.classification.primary, *ctx.classification.secondary)
+    assert not PROBES["lr_schedule"]().applies(ctx)
+
+
 def test_a_steady_rate_is_no_schedule_finding(healthy):
     assert "lr_collapsed_share" in healthy.signals and healthy.signals["lr_collapsed_share"] == 0
     assert not PROBES["lr_schedule"]().applies(healthy)

@@ -1,12 +1,16 @@
-"""``lr_schedule``: a learning-rate schedule that all but stops training early in the run.
+"""``lr_schedule``: a schedule that stops training early, or raises the rate into divergence.
 
-Measured from the record (the ``lr`` events: the first parameter group's rate over the run):
-the rate fell below 1% of its peak for at least half of the steps. Then tested by experiment:
-two fresh copies trained on the same rows, one at the rate the schedule held for most of the run
-(its median over the steps) and one at the schedule's peak; the finding is confirmed when the
-copy at the peak reaches a clearly lower held-out loss (the decay, not the model or the data,
-holds the loss up). PyTorch schedules, and a Keras optimizer's ``learning_rate`` (a schedule
-or a callback that writes it).
+Measured from the record (the ``lr`` events: the first parameter group's rate over the run).
+A decay: the rate fell below 1% of its peak for at least half of the steps. Then tested by
+experiment: two fresh copies trained on the same rows, one at the rate the schedule held for
+most of the run (its median over the steps) and one at the schedule's peak; the finding is
+confirmed when the copy at the peak reaches a clearly lower held-out loss (the decay, not the
+model or the data, holds the loss up). A rise: on an unstable run, the schedule had lifted the
+rate to at least ``RAISED`` times the optimizer's own rate when the first non-finite value
+appeared (or at its peak); confirmed when a copy at the optimizer's rate trains where one at
+the raised rate diverges or ends clearly worse (a warm-up that climbs to the optimizer's rate
+is no rise). PyTorch schedules, and a Keras optimizer's ``learning_rate`` (a schedule or a
+callback that writes it).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from ._heldout import BETTER, heldout_loss
 from .base import Probe, ProbeContext, register
 
 COLLAPSED = LR_STALLED  # share of the run's steps spent below 1% of the peak rate
+RAISED = 3.0  # the rate the schedule reached, over the optimizer's own, on an unstable run
 
 
 def rate_per_step(events: list[dict], steps: int) -> np.ndarray:
@@ -35,20 +40,33 @@ class LrSchedule(Probe):
 
     id = "lr_schedule"
     cost = 2
-    categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution",
+                  "gradient_instability")
     needs_live = True
     frameworks = ("torch", "keras")
     suggested_by = ("lr_collapsed_share",)
     fix = ("Slow the schedule down (a larger step_size, a gamma closer to 1, a decay over the "
-           "whole run), or step it per epoch rather than per batch.")
+           "whole run), or step it per epoch rather than per batch; a warm-up should end at "
+           "the optimizer's rate, not keep raising it.")
 
     def applies(self, ctx: ProbeContext) -> bool:
-        """With a trainer and a rate that collapsed for most of the run."""
-        return super().applies(ctx) and ctx.trainer is not None and ctx.trainer.n >= 16 and \
-            ctx.signals.get("lr_collapsed_share", 0.0) >= COLLAPSED
+        """With a trainer and a rate collapsed for most of the run, or raised far up.
+
+        Raised: far above the optimizer's own on an unstable run (:func:`_raised`).
+        """
+        return super().applies(ctx) and ctx.trainer is not None and ctx.trainer.n >= 16 and (
+            ctx.signals.get("lr_collapsed_share", 0.0) >= COLLAPSED or
+            _raised(ctx) is not None)
 
     def run(self, ctx: ProbeContext):
-        """One finding; confirmed when the copy at the peak rate is clearly better."""
+        """One finding; confirmed when a copy at the rate the schedule missed is clearly better.
+
+        A decay: the copy at the peak rate against the median's; a rise: the copy at the
+        optimizer's rate against the raised one's.
+        """
+        raised = _raised(ctx)
+        if raised is not None and ctx.signals.get("lr_collapsed_share", 0.0) < COLLAPSED:
+            return self._rise(ctx, *raised)
         steps = len(ctx.run.steps)
         rates = rate_per_step(ctx.run.of("lr"), steps)
         rates = rates[np.isfinite(rates)]
@@ -74,6 +92,45 @@ class LrSchedule(Probe):
             lr_collapsed_share=share, heldout_median_lr=held, heldout_peak_lr=at_peak)]
 
 
+    def _rise(self, ctx: ProbeContext, base: float, reached: float, step: int):
+        own = heldout_loss(ctx.trainer, ctx, lr=base, best=True)
+        high = heldout_loss(ctx.trainer, ctx, lr=reached, best=True)
+        confirmed = own < float("inf") and (high == float("inf") or own < BETTER * high)
+        return [self.finding(
+            "hyperparameter", confirmed,
+            f"The schedule raised the learning rate to {reached:.3g} by step {step}, "
+            f"{reached / base:.3g}x the optimizer's own rate {base:.3g}, where the run became "
+            f"unstable. Two fresh copies trained on the same rows reach a held-out loss of "
+            f"{own:.4g} at the optimizer's rate and {high:.4g} at the raised one"
+            + (": the schedule's rise, not the base rate, drove it unstable." if confirmed else
+               ": not clearly worse, so the rise is not what made it unstable."),
+            _decay_origin(ctx.ref("scheduler")) or rate_written(ctx.source_files) or
+            ctx.ref("optimizer"), undone=confirmed, strength=0.85 if confirmed else 0.15,
+            lr_base=base, lr_reached=reached, at_step=step, heldout_base_lr=own,
+            heldout_reached_lr=high)]
+
+
+def _raised(ctx: ProbeContext) -> tuple[float, float, int] | None:
+    """``(the optimizer's rate, the rate reached, its step)`` of a schedule that raised it.
+
+    When an unstable run's schedule lifted the rate ``RAISED`` times above the optimizer's
+    own (at the first non-finite step, else at its peak); None otherwise.
+    """
+    if ctx.classification is None or "gradient_instability" not in (
+            ctx.classification.primary, *ctx.classification.secondary):
+        return None
+    base = getattr(ctx.trainer, "lr", None)
+    steps = len(ctx.run.steps)
+    rates = rate_per_step(ctx.run.of("lr"), steps)
+    if not base or not steps or not np.isfinite(rates).any():
+        return None
+    bad = ctx.signals.get("first_nonfinite_step")
+    step = int(bad) if isinstance(bad, int) and 0 <= bad < steps and np.isfinite(rates[bad]) \
+        else int(np.nanargmax(rates))
+    reached = float(rates[step])
+    return (float(base), reached, step) if reached >= RAISED * base else None
+
+
 DECAY_KEYWORDS = ("gamma", "decay_rate", "step_size", "milestones", "lr_lambda", "T_max")
 
 
@@ -89,7 +146,33 @@ def _decay_origin(location: dict | None) -> dict | None:
         found = setting_location(location, keyword)
         if found is not location:
             return found
-    return location
+    return _schedule_function(location) or location
+
+
+def _schedule_function(location: dict | None) -> dict | None:
+    """The ``return`` of the file's function a scheduler at ``location`` was given.
+
+    ``LambdaLR(opt, lr_lambda=warmup)`` (or positionally) with ``def warmup(step): return
+    ...``: the schedule is computed there.
+    """
+    import ast
+
+    from ..provenance import _statements_at, _tree_of
+
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    funcs = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+    for stmt in _statements_at(tree, location["line"]):
+        for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+            given = [k.value for k in call.keywords if k.arg in ("lr_lambda", "schedule")] + \
+                list(call.args[1:2])
+            for arg in given:
+                if isinstance(arg, ast.Name) and arg.id in funcs:
+                    ret = [r for r in ast.walk(funcs[arg.id]) if isinstance(r, ast.Return)]
+                    line = ret[-1].lineno if ret else funcs[arg.id].lineno
+                    return {"file": location["file"], "line": line}
+    return None
 
 
 def rate_written(sources: dict) -> dict | None:
