@@ -172,6 +172,28 @@ def dropout_off(params: dict, keras) -> Callable[[], None]:
     return _removes([install(cls, "call", factory) for cls in classes])
 
 
+def train_mode(params: dict, keras) -> Callable[[], None]:
+    """A model called while a gradient tape records runs with ``training=True``.
+
+    A custom ``train_step`` calling ``self(x)`` (or a tape loop calling ``model(x)``) then runs
+    its dropout and batch normalisation as in training; evaluation calls, with no tape
+    recording, keep what they were given.
+    """
+    from tensorflow.python.eager import record
+
+    from .capture.patches import install
+
+    def factory(call):
+        def training_call(model, *args, **kwargs):
+            if record.could_possibly_record() and kwargs.get("training") is not True and \
+                    len(args) < 2:
+                kwargs["training"] = True
+            return call(model, *args, **kwargs)
+        return training_call
+
+    return _removes([install(keras.Model, "__call__", factory)])
+
+
 def unfreeze(params: dict, keras) -> Callable[[], None]:
     """Every layer of a model trains, set before its first ``fit``."""
     def thaw(model) -> None:

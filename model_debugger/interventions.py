@@ -111,8 +111,8 @@ INTERVENTIONS: dict[str, Kind] = {k.id: k for k in (
           "fit) shuffles every epoch", "shuffle"),
     _kind("zero_grad", "clear the gradients after every optimizer step", "zero_grad",
           ("torch",)),
-    _kind("train_mode", "a model called with gradients on is put back in train mode",
-          "train_mode", ("torch",)),
+    _kind("train_mode", "a model called with gradients on is put back in train mode "
+          "(Keras: called with training=True while a gradient tape records)", "train_mode"),
     _kind("match_target_shape", "a 1-D target given to Keras fit becomes (N, 1) when the "
           "model's one output is (N, 1) (a loss written in train_step then pairs each "
           "prediction with its own target)", "match_target_shape", ("keras",)),

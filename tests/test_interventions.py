@@ -332,3 +332,57 @@ def test_a_keras_re_run_under_a_step_budget_keeps_its_epochs(tmp_path, change):
     assert len(run.steps) == 50
     assert run.of("epoch") and run.of("targets")
     assert "val_loss" in run.metrics()
+
+
+KERAS_FLAG = textwrap.dedent("""\
+    import json
+    import numpy as np
+    import keras
+    import tensorflow as tf
+    keras.utils.set_random_seed(0)
+    flags = []
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.body, self.drop = keras.layers.Dense(16), keras.layers.Dropout(0.5)
+            self.head = keras.layers.Dense(1)
+
+        def call(self, x, training=None):
+            flags.append(training)
+            return self.head(self.drop(self.body(x), training=training))
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x))  # <no-flag>
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables),
+                                               self.trainable_variables))
+            return {"loss": loss}
+
+    X = np.random.default_rng(0).normal(size=(256, 6)).astype("float32")
+    model = Net()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(X, X[:, :1], batch_size=32, epochs=1, verbose=0)
+    print("SEEN " + json.dumps({"training": [f for f in flags if f is not None]}))
+""")
+
+
+@pytest.mark.slow
+def test_a_keras_training_forward_without_training_true_is_measured_and_undone(tmp_path):
+    """A custom train_step calling ``self(x)`` under the tape: the capture's ``train_flag``
+    names the Dropout and the line, ``eval_mode_not_reset`` confirms it there; the Keras
+    ``train_mode`` intervention makes that call ``training=True`` in the re-run."""
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    seen = _script_seen(tmp_path, KERAS_FLAG)
+    assert True not in seen(None, 0)["training"]
+    assert True in seen(Intervention("train_mode"), 1)["training"]
+    run = Run.load(str(tmp_path / "k0.jsonl"))
+    flag = run.first("train_flag")
+    line = next(i for i, text in enumerate(KERAS_FLAG.splitlines(), 1) if "<no-flag>" in text)
+    assert flag["layers"] == ["Dropout"] and flag["location"]["line"] == line
+    (f,) = run_probes(build_context(run, None, {}), ["eval_mode_not_reset"]).findings
+    assert f.confirmed and f.location["line"] == line and f.root_cause == "training_loop"
