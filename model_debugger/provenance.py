@@ -321,9 +321,9 @@ def rebound_between(made: dict | None, used: dict | None, name: str | None) -> d
         return None
     for stmt in _statements_at(tree, used["line"])[:1]:
         for scope in _scope_of(tree, stmt):
-            lines = [line for line, _, _ in _bindings(scope, name, stmt.lineno)
-                     if line > made["line"]]
-            if lines:
+            lines = [line for line, _, value in _bindings(scope, name, stmt.lineno)
+                     if line > made["line"] and name not in _refs(value)]
+            if lines:  # (``model = model.to(dev)``, ``torch.compile(model)``: the same one)
                 return {"file": used["file"], "line": max(lines)}
     return None
 
@@ -1138,8 +1138,13 @@ def _through_callers(tree: ast.Module, func: ast.AST, name: str, role: str | Non
     params = [p.arg for p in (*func.args.posonlyargs, *func.args.args)]
     owner = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and func in c.body),
                  None)
+    decorators = {getattr(d, "id", getattr(d, "attr", None)) for d in
+                  getattr(func, "decorator_list", ())}
+    if owner is not None and "classmethod" in decorators:
+        return None, False  # called on the class: no instance's calls to tell apart
     if owner is not None:
-        params = params[1:]  # self: the receiver, not an argument
+        if "staticmethod" not in decorators:
+            params = params[1:]  # self: the receiver, not an argument
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and
                  isinstance(n.func, ast.Attribute) and n.func.attr == func.name and
                  _receiver_class(tree, n) in (owner.name, None)]

@@ -734,3 +734,40 @@ def test_a_tf_function_step_given_a_python_number_each_step_is_retraced(as_tenso
     else:
         assert traces["count"] >= 16 and traces["line"] == line_of("call")
         assert found and found[0].confirmed and found[0].location["line"] == line_of("call")
+
+
+@pytest.mark.parametrize("case", ["student_without_flag", "teacher_told_false", "all_flagged"])
+def test_a_training_forward_without_training_is_reported_once_with_its_line(case):
+    """A tape loop calling a model that has Dropout without ``training=``: its dropout runs as
+    in inference (``train_flag``, at the call). A frozen teacher with BatchNormalization called
+    with an explicit ``training=False`` is the user's choice, and a model called with
+    ``training=True`` is fine: no event."""
+    import tensorflow as tf
+
+    X, y = data(256)
+    keras.utils.set_random_seed(0)
+    student = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                keras.layers.Dropout(0.3), keras.layers.Dense(2)])
+    teacher = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                                keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+    teacher.trainable = False
+    opt, loss_fn = keras.optimizers.Adam(1e-2), ce()
+    with capture() as rec:
+        for i in range(0, 256, 32):
+            xb, yb = X[i:i + 32], y[i:i + 32]
+            with tf.GradientTape() as tape:
+                soft = teacher(xb, training=False)
+                if case == "student_without_flag":
+                    out = student(xb)  # <no-training-flag>
+                else:
+                    out = student(xb, training=True)
+                loss = loss_fn(yb, out) + 0.0 * tf.reduce_sum(soft)
+            grads = tape.gradient(loss, student.trainable_variables)
+            opt.apply_gradients(zip(grads, student.trainable_variables))
+    flags = Run(rec.events).of("train_flag")
+    if case == "student_without_flag":
+        (flag,) = flags
+        assert flag["layers"] == ["Dropout"] and flag["training"] is None
+        assert flag["location"]["line"] == line_of("no-training-flag")
+    else:
+        assert flags == []

@@ -2095,3 +2095,44 @@ def test_an_evaluation_over_the_training_rows_is_not_validation(tmp_path, val_is
         assert sizes == {1000} and leaks
     else:
         assert sizes == {400} and len(ctx.val_xy[0]) == 400 and not leaks
+
+
+def _sorted_imbalanced_bce():
+    torch.manual_seed(2)
+    X = torch.randn(2048, 6)
+    y = (X[:, 0] > 1.5).float()
+    order = y.argsort()  # sorted by label: most batches hold one class only
+    X, y = X[order], y[order].unsqueeze(1)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    loss_fn = nn.BCEWithLogitsLoss()
+    for i in range(0, 2048, 32):
+        opt.zero_grad()
+        loss_fn(net(X[i:i + 32]), y[i:i + 32]).backward()
+        opt.step()
+
+
+def test_a_known_loss_on_one_class_batches_is_not_read_as_unpaired(tmp_path):
+    """BCE over batches that hold one class: each gradient rises with its prediction, as an
+    unpaired loss's would; but the capture knows this loss (it watches its shapes itself), so
+    no output gradient is read and nothing is reported."""
+    ctx = captured(tmp_path, _sorted_imbalanced_bce)
+    assert ctx.run.of("output_grads") == []
+    assert probe(ctx, "loss_broadcast") == []
+
+
+def test_validation_batches_of_few_possible_rows_are_all_kept():
+    """Four binary features: 16 possible rows, so every large validation batch holds nearly all
+    the distinct training rows. That is no training pass: every batch stays validation."""
+    from model_debugger.capture.keeper import Keeper
+
+    rng = np.random.default_rng(0)
+    keeper = Keeper()
+
+    def batch(n):
+        x = torch.from_numpy(rng.integers(0, 2, (n, 4)).astype("float32"))
+        return (x,), torch.from_numpy(rng.integers(0, 2, n))
+
+    keeper.train_batches = [batch(64) for _ in range(10)]
+    keeper.val_batches = [batch(128), batch(128), batch(10)]
+    assert keeper.validation_batches() == keeper.val_batches

@@ -1141,3 +1141,28 @@ def test_targets_traced_through_a_trainer_objects_methods_to_where_they_were_mad
     ``fit`` is another class's method), through ``torch.from_numpy``."""
     got, made, use = _origin(tmp_path, TRAINER_OBJECT, "targets")
     assert got == made != use
+
+
+@pytest.mark.parametrize("again,expected", [
+    ("model = Net()", True), ("model = model.to('cpu')", False),
+    ("model = torch.compile(model)", False)])
+def test_a_model_bound_again_after_its_optimizer(tmp_path, again, expected):
+    """A new instance bound to the name after the optimizer was built is a different model;
+    moving or wrapping the same one (``.to``, ``torch.compile``) is not."""
+    from model_debugger.provenance import rebound_between
+
+    source = textwrap.dedent(f"""
+        import torch
+        def main():
+            model = Net()
+            opt = torch.optim.Adam(model.parameters())
+            {again}
+            for step in range(3):
+                loss = model(torch.ones(1, 2)).sum()
+                loss.backward()
+    """)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    got = rebound_between({"file": str(path), "line": 5}, {"file": str(path), "line": 9},
+                          "model")
+    assert (got == {"file": str(path), "line": 6}) if expected else got is None

@@ -842,6 +842,7 @@ def _tf_function_retrace(p: Program) -> list[Edit]:
                  p.loop_of(c) is not None), None)
     call = need(call, "the tf.function step is not called in a loop")
     last = step.args.args[-1]
+    need(not step.args.defaults and not step.args.kwonlyargs, "the step has defaults")
     return ensure_import(p, "time") + [
         replace(p, last, f"{p.text(last)}, now=0.0"),
         set_kwarg(p, call, "now", "time.perf_counter()", change=True)]

@@ -150,12 +150,20 @@ class Keeper(SpilledState):
         """The kept evaluation batches that are validation data.
 
         An evaluation pass over the training rows (a training accuracy computed under
-        ``no_grad``: a batch holding >= ``TRAIN_PASS`` of the kept training rows) is no
-        validation and is left out, unless every kept evaluation batch is one (a validation
-        set that is the training set: a leak to report).
+        ``no_grad``: a batch holding >= ``TRAIN_PASS`` of the distinct kept training rows) is
+        no validation and is left out, unless every kept evaluation batch is one (a validation
+        set that is the training set: a leak to report). Only when the kept training rows are
+        mostly distinct: inputs of a few possible values (binary features) appear in any large
+        batch.
         """
         train = _row_keys(self.train_batches)
-        if not train or len(self.val_batches) < 2:
+        head, rows = [], 0  # the first kept training rows: mostly distinct?
+        for b in self.train_batches:
+            head.append(b)
+            rows += len(b[1])
+            if rows >= 256:
+                break
+        if not train or len(self.val_batches) < 2 or len(_row_keys(head)) < TRAIN_PASS * rows:
             return self.val_batches
         passes = [len(train & _row_keys([b])) >= TRAIN_PASS * len(train)
                   for b in self.val_batches]

@@ -291,10 +291,9 @@ class LoopHooks(BatchKeeping):
                 inst._call = args[0]  # the outermost model's input, not a nested model's
                 if not inst._eval_seen and inst._models:
                     inst.guard(inst._note_eval_forward)()
-            if not inst._call_depth and not inst._flag_seen:
-                training = kwargs.get("training", args[1] if len(args) > 1 else None)
-                if training is not True:
-                    inst.guard(inst._note_train_flag)(model, training)
+            if not inst._call_depth and not inst._flag_seen and id(model) not in inst._flag_checked \
+                    and kwargs.get("training", args[1] if len(args) > 1 else None) is None:
+                inst.guard(inst._note_train_flag)(model)
             work = not inst._fit_depth and inst._tf.executing_eagerly()  # a training forward,
             if work:                                                      # or an evaluation's
                 inst._work_enter()
@@ -309,25 +308,30 @@ class LoopHooks(BatchKeeping):
         __call__.__wrapped__ = original
         return __call__
 
-    def _note_train_flag(self, model, training) -> None:
-        """A training forward (a tape records) called without ``training=True``: once.
+    def _note_train_flag(self, model) -> None:
+        """A training forward (a tape records) called without ``training``: once.
 
         Dropout, batch normalisation and noise layers then run as in inference (a custom
         ``train_step`` calling ``self(x)``, a tape loop calling ``model(x)``): a ``train_flag``
-        event with the value given, the layers concerned and the user's line.
+        event with the layers concerned and the user's line. Only for a model with weights to
+        train (a frozen teacher is called so on purpose); an explicit ``training=False`` is
+        the user's choice (a frozen backbone). Each model is looked at once.
         """
         from tensorflow.python.eager import record
 
         if not record.could_possibly_record():
             return
+        self._flag_checked.add(id(model))
+        if not model.trainable_weights:
+            return
         kinds = ("Dropout", "BatchNormalization", "GaussianNoise", "GaussianDropout")
         layers = sorted({type(layer).__name__ for layer in
                          model._flatten_layers(include_self=False, recursive=True)
                          if any(k in type(layer).__name__ for k in kinds)})
-        self._flag_seen = True
         if layers:
-            self.rec.emit("train_flag", training=None if training is None else str(training),
-                          layers=layers, location=user_location(sys._getframe()))
+            self._flag_seen = True
+            self.rec.emit("train_flag", training=None, layers=layers,
+                          location=user_location(sys._getframe()))
 
     def _note_eval_forward(self) -> None:
         """Reference the first evaluation forward: where validation inputs enter the model.

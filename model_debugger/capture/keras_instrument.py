@@ -72,7 +72,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._target = None
         self._call = None
         self._call_depth = 0
-        self._flag_seen = False  # a training forward without training=True was looked at
+        self._flag_seen = False  # a training forward without training= was reported
+        self._flag_checked: set[int] = set()  # the models such a forward was looked at for
         self._work_depth = 0  # model calls, tf.function calls, gradients, applies in progress
         self._work_t0 = 0.0  # when the outermost of them began
         self._work = 0.0  # seconds of the model's work since the last step (custom loops)

@@ -61,13 +61,17 @@ class LossBroadcast(Probe):
         """A loss the capture does not know that never paired a prediction with its target.
 
         The gradient each row's one-column prediction received (``output_grads``, read at a
-        few steps) was a monotone function of the prediction alone at every reading: the loss
+        few steps) was an affine function of the prediction alone at every reading: the loss
         gave no row its own target's pull, as a hand-written ``((pred - y) ** 2).mean()`` of a
         ``(B, 1)`` prediction against a ``(B,)`` target does (``2 (pred_i - mean(y)) / B``).
         A direct measurement, located where the loss that was backpropagated was computed.
         """
-        reads = [e for e in ctx.run.of("output_grads") if isinstance(e.get("rank_corr"), float)]
-        if len(reads) < UNPAIRED_READS or min(e["rank_corr"] for e in reads) < UNPAIRED_RANK:
+        if ctx.run.first("loss_input") is not None or ctx.run.first("targets") is not None:
+            return []  # a loss the capture knows: its shapes were watched (the event above)
+        reads = [e for e in ctx.run.of("output_grads") if isinstance(e.get("rank_corr"), float)
+                 and isinstance(e.get("corr"), float)]
+        if len(reads) < UNPAIRED_READS or \
+                min(min(e["rank_corr"], e["corr"]) for e in reads) < UNPAIRED_RANK:
             return []
         from ..provenance import receiver_made
 

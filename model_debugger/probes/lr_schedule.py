@@ -23,6 +23,7 @@ from .base import Probe, ProbeContext, register
 
 COLLAPSED = LR_STALLED  # share of the run's steps spent below 1% of the peak rate
 RAISED = 3.0  # the rate the schedule reached, over the optimizer's own, on an unstable run
+OWN_PEAK = ("OneCycleLR", "CyclicLR")  # schedules that set their own peak, not the optimizer's
 
 
 def rate_per_step(events: list[dict], steps: int) -> np.ndarray:
@@ -117,9 +118,14 @@ def _raised(ctx: ProbeContext) -> tuple[float, float, int] | None:
     own (at the first non-finite step, else at its peak); None otherwise.
     """
     if ctx.classification is None or "gradient_instability" not in (
-            ctx.classification.primary, *ctx.classification.secondary):
+            ctx.classification.primary, *ctx.classification.secondary) or \
+            ctx.framework != "torch" or \
+            (ctx.ref("scheduler") or {}).get("cls") in OWN_PEAK:
+        return None  # (a Keras optimizer reads its rate from the schedule: no rate of its own)
+    try:
+        base = float(ctx.trainer.hyper["lr"])
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
-    base = getattr(ctx.trainer, "lr", None)
     steps = len(ctx.run.steps)
     rates = rate_per_step(ctx.run.of("lr"), steps)
     if not base or not steps or not np.isfinite(rates).any():
@@ -165,12 +171,14 @@ def _schedule_function(location: dict | None) -> dict | None:
     funcs = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
     for stmt in _statements_at(tree, location["line"]):
         for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else \
+                getattr(call.func, "id", "")
             given = [k.value for k in call.keywords if k.arg in ("lr_lambda", "schedule")] + \
-                list(call.args[1:2])
+                list(call.args[:1] if name == "LearningRateScheduler" else call.args[1:2])
             for arg in given:
                 if isinstance(arg, ast.Name) and arg.id in funcs:
                     ret = [r for r in ast.walk(funcs[arg.id]) if isinstance(r, ast.Return)]
-                    line = ret[-1].lineno if ret else funcs[arg.id].lineno
+                    line = max(r.lineno for r in ret) if ret else funcs[arg.id].lineno
                     return {"file": location["file"], "line": line}
     return None
 

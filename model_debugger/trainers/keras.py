@@ -465,15 +465,18 @@ def _same_trainable(original, copy) -> None:
 
 
 def _finalize_adapted(model) -> None:
-    """Recompute an adaptable layer's statistics eagerly (``Normalization.finalize_state``).
+    """Recompute a ``Normalization``'s statistics eagerly (its ``finalize_state``).
 
     A clone builds its layers symbolically: a ``Normalization`` adapted in the user's model
     then holds its mean and variance as tensors of that scratch graph, "out of scope" at the
     first real call. ``finalize_state`` derives them again from the layer's variables (which
     ``set_weights`` restores), as Keras does after ``adapt``.
     """
+    import keras
+
     for layer in model._flatten_layers(include_self=False, recursive=True):
-        if layer.built and callable(getattr(type(layer), "adapt", None)) and \
+        # (a Discretization's boundaries come from an adapt summary a clone lacks: not these)
+        if layer.built and isinstance(layer, keras.layers.Normalization) and \
                 callable(getattr(layer, "finalize_state", None)):
             try:
                 layer.finalize_state()

@@ -24,7 +24,7 @@ def from_keeper(keeper) -> TorchTrainer | None:
     """
     try:
         return TorchTrainer(keeper.model, keeper.initial_state, keeper.optimizer, keeper.loss,
-                            keeper.train_batches, keeper.val_batches,
+                            keeper.train_batches, keeper.validation_batches(),
                             getattr(keeper, "input_names", None) or ())
     except (AttributeError, TypeError, RuntimeError, ValueError):
         return None
