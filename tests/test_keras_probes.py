@@ -813,3 +813,20 @@ def test_a_keras_callback_that_decays_the_rate_every_few_batches_is_the_schedule
     assert ctx.signals["lr_collapsed_share"] > 0.5
     found = [f for f in probe(ctx, ["lr_schedule"]).findings if f.confirmed]
     assert found and found[0].location["line"] == line_of("keras-rate-written"), found
+
+
+def test_keras_recurrent_layers_without_tanh_are_found_and_squashed(tk):
+    """An LSTM built with activation="linear" (its state unbounded) and one with the default:
+    only the first is named, and the copy's cell gets tanh back."""
+    from model_debugger.probes.recurrent_activation import squash, unbounded
+
+    keras = tk
+    model = keras.Sequential([keras.Input((20, 3)),
+                              keras.layers.LSTM(8, return_sequences=True),
+                              keras.layers.LSTM(8, activation="linear", name="open_state"),
+                              keras.layers.Dense(1)])
+    assert unbounded(model) == {"open_state": ("LSTM", "linear")}
+    x = np.random.default_rng(0).normal(size=(4, 20, 3)).astype("float32")
+    before = model(x).numpy()
+    assert unbounded(squash(model)) == {}
+    assert not np.allclose(model(x).numpy(), before)  # the cell computes with tanh now

@@ -2136,3 +2136,41 @@ def test_validation_batches_of_few_possible_rows_are_all_kept():
     keeper.train_batches = [batch(64) for _ in range(10)]
     keeper.val_batches = [batch(128), batch(128), batch(10)]
     assert keeper.validation_batches() == keeper.val_batches
+
+
+def train_relu_rnn(nonlinearity="relu"):
+    torch.manual_seed(0)
+    X = torch.randn(512, 60, 4)
+    y = X[:, -10:, 0].sum(1, keepdim=True) * 0.3
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.RNN(4, 32, batch_first=True, nonlinearity=nonlinearity)  # <rnn-relu>
+            self.head = nn.Linear(32, 1)
+
+        def forward(self, x):
+            out, _ = self.rnn(x)
+            return self.head(out[:, -1])
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9)
+    for _epoch in range(2):
+        for i in range(0, 512, 32):
+            opt.zero_grad()
+            F.mse_loss(net(X[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+
+
+@pytest.mark.parametrize("nonlinearity", ["relu", "tanh"])
+def test_a_recurrent_layer_without_tanh_is_confirmed_by_a_tanh_copy(tmp_path, nonlinearity):
+    """``nn.RNN(nonlinearity="relu")``: the state is not squashed over 60 steps; a copy with
+    tanh restored learns clearly better. Located where the layer was built; a tanh RNN is not
+    looked at."""
+    ctx = captured(tmp_path, lambda: train_relu_rnn(nonlinearity))
+    if nonlinearity == "tanh":
+        assert not PROBES["recurrent_activation"]().applies(ctx)
+        return
+    f = confirmed_one(ctx, "recurrent_activation", "architecture")
+    assert_at(f, "rnn-relu")
+    assert f.evidence["heldout_tanh"] < 0.8 * f.evidence["heldout_as_built"]

@@ -43,6 +43,12 @@ class DataVolume(Probe):
            "train on more data; a smaller model is an architecture change and needs an explicit "
            "override for a data cause.")
 
+    def applies(self, ctx: ProbeContext) -> bool:
+        """On a healthy-looking run only with kept training rows to count (its one check)."""
+        healthy = ctx.classification is not None and ctx.classification.primary == "healthy"
+        return super().applies(ctx) and (not healthy or ctx.train_xy is not None or
+                                         bool(getattr(ctx.trainer, "inputs", None)))
+
     def run(self, ctx: ProbeContext):
         """One confirmed finding on a generalisation gap when parameters per sample are >= 10.
 
