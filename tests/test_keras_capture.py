@@ -771,3 +771,36 @@ def test_a_training_forward_without_training_is_reported_once_with_its_line(case
         assert flag["location"]["line"] == line_of("no-training-flag")
     else:
         assert flags == []
+
+
+@pytest.mark.parametrize("order", ["repeat_then_cache", "cache_then_repeat"])
+def test_a_cache_after_repeat_is_an_unbounded_cache_at_its_line(order):
+    """``.repeat().cache()`` caches a dataset that never ends (memory fills for the whole run):
+    a ``cache_unbounded`` event at the cache call, and ``pipeline_cache`` confirms it when the
+    process grew. ``.cache().repeat()`` caches one pass: nothing."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+
+    from model_debugger.probes import PROBES
+
+    X, y = data(256)
+    with capture() as rec:
+        base = tf.data.Dataset.from_tensor_slices((X, y)).batch(32)
+        if order == "repeat_then_cache":
+            ds = base.repeat().cache()  # <unbounded-cache>
+        else:
+            ds = base.cache().repeat()
+        for _ in ds.take(3):
+            pass
+    run = Run(rec.events)
+    found = run.of("cache_unbounded")
+    if order == "cache_then_repeat":
+        assert found == []
+        return
+    (e,) = found
+    assert e["in_memory"] and e["location"]["line"] == line_of("unbounded-cache")
+    ctx = SimpleNamespace(run=run, signals={"rss_growth_mb": 250.0}, ref=run.refs().get)
+    (f,) = PROBES["pipeline_cache"]().run(ctx)
+    assert f.confirmed and f.root_cause == "data" and f.location["line"] == line_of(
+        "unbounded-cache")

@@ -386,6 +386,33 @@ class LoopHooks(BatchKeeping):
                 out.dtype.is_floating and out.shape.num_elements() == 1:
             self._unapplied.append(float(out.numpy().reshape(-1)[0]))
 
+    def _wrap_cache(self, original):
+        """``Dataset.cache()``: a ``cache_unbounded`` event when what it caches never ends."""
+        link = self._link
+
+        def cache(dataset, *args, **kwargs):
+            out = original(dataset, *args, **kwargs)
+            inst = link()
+            if inst is not None:
+                inst.guard(inst._on_cache)(dataset, args, kwargs)
+            return out
+
+        cache.__wrapped__ = original
+        return cache
+
+    def _on_cache(self, dataset, args, kwargs) -> None:
+        """An in-memory cache over an infinite dataset (``.repeat().cache()``): it fills forever.
+
+        Every element the pipeline yields (each augmented batch, epoch after epoch) is kept in
+        memory and the cache never completes. Cached to a file it grows on disk instead.
+        """
+        tf = self._tf
+        filename = kwargs.get("filename", args[0] if args else "")
+        if int(dataset.cardinality()) != int(tf.data.INFINITE_CARDINALITY):
+            return
+        self.rec.emit("cache_unbounded", in_memory=not filename,
+                      location=user_location(sys._getframe()))
+
     def _wrap_data(self, original):
         """``tf.data`` iteration in a custom loop (making the iterator, taking a batch): data wait.
 

@@ -132,6 +132,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self.patch(Function, "__call__", self._wrap_function_call)
         self.patch(dataset_ops.DatasetV2, "__iter__", self._wrap_data)
         self.patch(iterator_ops.OwnedIterator, "__next__", self._wrap_data)
+        self.patch(dataset_ops.DatasetV2, "cache", self._wrap_cache)
 
     def _attach_keras(self) -> None:
         import keras
