@@ -378,6 +378,11 @@ def broadcast_loss(sig: dict):
     to a constant. Ranked before the loss-growth rule: the spikes of such a loss are another
     objective's (skewed targets paired with every prediction).
     """
+    if sig.get("loss_unpaired", 0.0) >= 1.0:  # a loss written by hand, read by its gradients
+        return "convergence_to_wrong_solution", [
+            _ev(sig, "loss_unpaired", "the gradient each prediction received was a function of "
+                "that prediction alone at every step read (1: the loss never paired a "
+                "prediction with its own target; its minimum is the targets' mean)")]
     factor = sig.get("loss_broadcast_factor")
     if factor is None or factor < 2:
         return None

@@ -111,6 +111,8 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
                    shown_when=lambda sig: sig.get("rank_updates_apart", 0.0) >= 0.1),
     DefiningSignal("loss_broadcast_factor", -1, 0.5, log_scale=True,
                    shown_when=lambda sig: sig.get("loss_broadcast_factor", 1.0) >= 2),
+    DefiningSignal("loss_unpaired", -1, 0.5,
+                   shown_when=lambda sig: sig.get("loss_unpaired", 0.0) >= 1.0),
     DefiningSignal("output_range_unreachable", -1, 0.05,
                    shown_when=lambda sig: sig.get("output_range_unreachable", 0.0) >= 0.05),
     DefiningSignal("error_share", -1, 0.05, cited_as=("val_error_final", "train_error_final"),
@@ -149,7 +151,7 @@ CATEGORIES: dict[str, Target] = {
         "nor the loop's own work each step, the GPU, if any, should be kept busy, no rank "
         "should hang or straggle, and a compiled step should not be traced again (now {})"),
     "convergence_to_wrong_solution": Target(
-        _of("rank_updates_apart", "rank_desync", "loss_broadcast_factor",
+        _of("rank_updates_apart", "rank_desync", "loss_broadcast_factor", "loss_unpaired",
             "output_range_unreachable", "error_share", "val_f1_final", "train_f1_final",
             "val_acc_final", "train_acc_final"),
         "the tracked metric should rise above the trivial level, or a regression error fall "

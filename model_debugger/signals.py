@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .records import Run, ranks_at_half
-from .thresholds import MIN_STEPS, WINDOW_ROWS
+from .thresholds import MIN_STEPS, UNPAIRED_CORR, UNPAIRED_READS, WINDOW_ROWS
 
 # every signal compute() produces, with its meaning (names are public: rules, findings and
 # Verify cite them)
@@ -111,6 +111,9 @@ SIGNALS: dict[str, str] = {
     "rank_hang_seconds": "longest wait recorded, seconds",
     "data_wait_ms": "mean data wait per step, ms",
     "step_ms": "mean step time, ms",
+    "loss_unpaired": "1 when, at every step its gradient was read (a loss written by hand), "
+                     "each one-column prediction's gradient was an affine function of the "
+                     "prediction alone (no row paired with its own target); else 0",
     "step_traces": "times a custom loop's tf.function training step was traced",
     "step_traced_share": "traces of that step per optimizer step (1: every step traced anew)",
     "val_loss_name": "name of the validation-loss metric",
@@ -481,6 +484,11 @@ def compute(run: Run) -> dict:
         s["step_traces"] = traced[-1]["count"]  # a custom loop's compiled step traced again
         s["step_traced_share"] = min(1.0, traced[-1]["count"] / traced[-1]["steps"])
     s.update(output_range(run.first("loss_input"), targets[-1] if targets else None))
+    reads = [e for e in run.of("output_grads") if isinstance(e.get("rank_corr"), float) and
+             isinstance(e.get("corr"), float)]
+    if len(reads) >= UNPAIRED_READS:  # a loss written by hand (the capture reads no other)
+        s["loss_unpaired"] = float(min(min(e["rank_corr"], e["corr"]) for e in reads)
+                                   >= UNPAIRED_CORR)
     broadcast = run.first("loss_broadcast")
     if broadcast and isinstance(broadcast.get("factor"), (int, float)):
         s["loss_broadcast_factor"] = float(broadcast["factor"])

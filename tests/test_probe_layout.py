@@ -382,7 +382,8 @@ def test_the_defining_declaration_keeps_what_verify_used():
         "rank_updates_apart": 0.05,  # ... and a rank that steps less often than another
         "grad_not_reset_share": 0.2,  # ... and gradients never reset between steps
         "error_share": 0.05,  # ... and a regression error against a constant prediction's
-        "step_traced_share": 0.2}  # ... and a compiled step traced again
+        "step_traced_share": 0.2,  # ... and a compiled step traced again
+        "loss_unpaired": 0.5}  # ... and a hand-written loss that pairs no row
     assert defining.LOG_SIGNALS == ("loss_peak_ratio", "grad_norm_growth",
                                     "first_to_last_grad_ratio", "loss_broadcast_factor")
     assert defining.DEFINING["gradient_instability"] == (

@@ -942,6 +942,25 @@ def test_memory_growth_quiet_on_flat_gpu_memory():
     assert sig["cuda_growth_mb"] < C.RSS_GROWTH_MB and cls.primary == HEALTHY
 
 
+# -- broadcast_loss, read by gradients ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("corr,fires_", [(1.0, True), (0.9, False)])
+def test_a_loss_that_pairs_no_row_is_a_wrong_solution(corr, fires_):
+    """A hand-written loss: the one-column output's gradient read at 5 steps, each time affine
+    in the prediction alone (every prediction pulled to the targets' mean): a wrong solution,
+    whatever the curve. Paired (the gradient follows each row's target): no."""
+    reads = [{"t": "output_grads", "step": s, "rows": 32, "rank_corr": corr, "corr": corr}
+             for s in (2, 5, 11, 23, 47)]
+    run = syn.make_run(syn.healthy_steps(80), reads)
+    if fires_:
+        sig, _ = fires(C.broadcast_loss, run, "convergence_to_wrong_solution", {"loss_unpaired"})
+        assert sig["loss_unpaired"] == 1.0
+    else:
+        sig, _ = quiet(C.broadcast_loss, run)
+        assert sig["loss_unpaired"] == 0.0
+
+
 # -- retraced --------------------------------------------------------------------------------
 
 

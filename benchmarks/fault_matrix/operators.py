@@ -538,6 +538,37 @@ def _broadcast_target(p: Program) -> list[Edit]:
     return [wrap(p, loss.args[1], "{x}.view(-1)")]
 
 
+@operator("broadcast_by_hand", "training", "convergence_to_wrong_solution", "training_loop",
+          "the regression loss written by hand as a squared error, (B, 1) predictions minus "
+          "a (B,) target: it broadcasts to (B, B)")
+def _broadcast_by_hand(p: Program) -> list[Edit]:
+    loss = torch_train_loss(p)
+    need(p.loss_kind(loss) in REGRESSION_LOSSES, "not a regression loss")
+    need(len(loss.args) == 2 and not loss.keywords, "not a plain loss(pred, target) call")
+    pred, target = p.text(loss.args[0]), p.text(loss.args[1])
+    return [replace(p, loss, f"(({pred}) - ({target}).view(-1)).pow(2).mean()", change=True)]
+
+
+@operator("schedule_rises", "training", "gradient_instability", "hyperparameter",
+          "the learning-rate schedule raises the rate instead of lowering it or stopping at it "
+          "(a StepLR gamma of 10; a warm-up that never stops)")
+def _schedule_rises(p: Program) -> list[Edit]:
+    need(p.is_torch, "PyTorch only")
+    sched = need(next((c for c in p.calls() if call_name(c) in ("StepLR", "ExponentialLR",
+                                                                "LambdaLR")), None),
+                 "no StepLR / ExponentialLR / LambdaLR")
+    if call_name(sched) == "LambdaLR":
+        fn = keyword(sched, "lr_lambda")
+        node = fn.value if fn is not None else (sched.args[1] if len(sched.args) > 1 else None)
+        need(isinstance(node, ast.Lambda) and len(node.args.args) == 1, "no inline lambda")
+        step = node.args.args[0].arg
+        return [replace(p, node.body, f"({step} + 1) / 4", change=True)]
+    gamma = keyword(sched, "gamma")
+    node = gamma.value if gamma is not None else (sched.args[2] if len(sched.args) > 2 else None)
+    need(node is not None, "no gamma")
+    return [replace(p, node, "10.0", change=True)]
+
+
 @operator("clip_tiny", "training", "loss_not_decreasing", "hyperparameter",
           "gradient norm clipped to 1e-4")
 def _clip_tiny(p: Program) -> list[Edit]:

@@ -12,9 +12,6 @@ from __future__ import annotations
 from ..records import Intervention
 from .base import Probe, ProbeContext, register
 
-UNPAIRED_READS = 3     # steps whose output gradient was read ...
-UNPAIRED_RANK = 0.999  # ... each a monotone function of the prediction alone
-
 
 @register
 class LossBroadcast(Probe):
@@ -66,13 +63,10 @@ class LossBroadcast(Probe):
         ``(B, 1)`` prediction against a ``(B,)`` target does (``2 (pred_i - mean(y)) / B``).
         A direct measurement, located where the loss that was backpropagated was computed.
         """
-        if ctx.run.first("loss_input") is not None or ctx.run.first("targets") is not None:
-            return []  # a loss the capture knows: its shapes were watched (the event above)
-        reads = [e for e in ctx.run.of("output_grads") if isinstance(e.get("rank_corr"), float)
-                 and isinstance(e.get("corr"), float)]
-        if len(reads) < UNPAIRED_READS or \
-                min(min(e["rank_corr"], e["corr"]) for e in reads) < UNPAIRED_RANK:
-            return []
+        if ctx.run.first("loss_input") is not None or ctx.run.first("targets") is not None or \
+                ctx.signals.get("loss_unpaired", 0.0) < 1.0:
+            return []  # (a loss the capture knows: its shapes were watched, the event above)
+        reads = [e for e in ctx.run.of("output_grads") if isinstance(e.get("rank_corr"), float)]
         from ..provenance import receiver_made
 
         return [self.finding(
