@@ -291,19 +291,22 @@ class LoopHooks(BatchKeeping):
                 inst._call = args[0]  # the outermost model's input, not a nested model's
                 if not inst._eval_seen and inst._models:
                     inst.guard(inst._note_eval_forward)()
-            if not inst._call_depth and not inst._flag_seen and id(model) not in inst._flag_checked \
-                    and kwargs.get("training", args[1] if len(args) > 1 else None) is None:
-                inst.guard(inst._note_train_flag)(model)
+            unflagged = not inst._call_depth and not inst._flag_seen and \
+                id(model) not in inst._flag_checked and \
+                kwargs.get("training", args[1] if len(args) > 1 else None) is None
             work = not inst._fit_depth and inst._tf.executing_eagerly()  # a training forward,
             if work:                                                      # or an evaluation's
                 inst._work_enter()
             inst._call_depth += 1
             try:
-                return original(model, *args, **kwargs)
+                out = original(model, *args, **kwargs)
             finally:
                 inst._call_depth -= 1
                 if work:
                     inst._work_exit()
+            if unflagged:  # after the call: a subclassed model is built by its first one
+                inst.guard(inst._note_train_flag)(model)
+            return out
 
         __call__.__wrapped__ = original
         return __call__
