@@ -411,6 +411,22 @@ def growing_container(run) -> dict | None:
     return best
 
 
+def _pairs_no_row(read: dict) -> bool:
+    """Whether one ``output_grads`` reading is a squared error over every (prediction, target).
+
+    ``mean((p - y) ** 2)`` of ``(B, 1)`` against ``(B,)`` gives each prediction the gradient
+    ``2 (p_i - mean(y)) / B``: affine in the prediction alone, slope ``2 / B`` (``1 / B`` for
+    half the squared error; ``B`` times that when summed over one axis). A sigmoid-shaped
+    gradient over a narrow range of outputs (a loss against one label) is affine too, but not
+    with that slope.
+    """
+    if min(read["rank_corr"], read["corr"]) < UNPAIRED_CORR:
+        return False
+    rows = max(int(read.get("rows") or 1), 1)
+    return any(abs(read["slope"] / scale - k) <= 0.05 * k
+               for scale in (1.0 / rows, float(rows), 1.0) for k in (1.0, 2.0))
+
+
 def compute(run: Run) -> dict:
     """Compute every signal of a run.
 
@@ -484,11 +500,10 @@ def compute(run: Run) -> dict:
         s["step_traces"] = traced[-1]["count"]  # a custom loop's compiled step traced again
         s["step_traced_share"] = min(1.0, traced[-1]["count"] / traced[-1]["steps"])
     s.update(output_range(run.first("loss_input"), targets[-1] if targets else None))
-    reads = [e for e in run.of("output_grads") if isinstance(e.get("rank_corr"), float) and
-             isinstance(e.get("corr"), float)]
+    reads = [e for e in run.of("output_grads") if all(
+        isinstance(e.get(k), float) for k in ("rank_corr", "corr", "slope"))]
     if len(reads) >= UNPAIRED_READS:  # a loss written by hand (the capture reads no other)
-        s["loss_unpaired"] = float(min(min(e["rank_corr"], e["corr"]) for e in reads)
-                                   >= UNPAIRED_CORR)
+        s["loss_unpaired"] = float(all(_pairs_no_row(e) for e in reads))
     broadcast = run.first("loss_broadcast")
     if broadcast and isinstance(broadcast.get("factor"), (int, float)):
         s["loss_broadcast_factor"] = float(broadcast["factor"])

@@ -945,13 +945,16 @@ def test_memory_growth_quiet_on_flat_gpu_memory():
 # -- broadcast_loss, read by gradients ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("corr,fires_", [(1.0, True), (0.9, False)])
-def test_a_loss_that_pairs_no_row_is_a_wrong_solution(corr, fires_):
+@pytest.mark.parametrize("corr,slope,fires_", [(1.0, 2.0, True), (1.0, 1.0, True),
+                                               (0.9, 2.0, False), (1.0, 0.25, False)])
+def test_a_loss_that_pairs_no_row_is_a_wrong_solution(corr, slope, fires_):
     """A hand-written loss: the one-column output's gradient read at 5 steps, each time affine
-    in the prediction alone (every prediction pulled to the targets' mean): a wrong solution,
-    whatever the curve. Paired (the gradient follows each row's target): no."""
-    reads = [{"t": "output_grads", "step": s, "rows": 32, "rank_corr": corr, "corr": corr}
-             for s in (2, 5, 11, 23, 47)]
+    in the prediction alone with a squared error's slope (2 / B: every prediction pulled to
+    the targets' mean): a wrong solution, whatever the curve. Paired (the gradient follows
+    each row's target), or affine with another slope (a sigmoid loss against one label over a
+    narrow range of outputs): no."""
+    reads = [{"t": "output_grads", "step": s, "rows": 32, "rank_corr": corr, "corr": corr,
+              "slope": slope / 32} for s in (2, 5, 11, 23, 47)]
     run = syn.make_run(syn.healthy_steps(80), reads)
     if fires_:
         sig, _ = fires(C.broadcast_loss, run, "convergence_to_wrong_solution", {"loss_unpaired"})

@@ -282,8 +282,9 @@ class LossHooks:
         depends on that row's target; one that broadcasts ``(B, 1)`` against ``(B,)`` gives
         ``2 (pred_i - mean(y)) / B``, a function of the prediction alone. An ``output_grads``
         event per step read: the rank correlation of the gradient with the prediction (1:
-        monotone in the prediction alone) and their correlation (1: affine in it), None when
-        either is constant. Only while no loss function the capture knows was called in
+        monotone in the prediction alone), their correlation (1: affine in it) and the slope
+        (``2 / B`` for a squared error averaged over all ``B x B`` pairs), None when either is
+        constant. Only while no loss function the capture knows was called in
         training: those it watches itself (``loss_broadcast``).
         """
         step = self.rec.step
@@ -307,14 +308,17 @@ class LossHooks:
         g = grad.detach().reshape(-1).float()
         if g.numel() != values.numel() or not bool(torch.isfinite(g).all()):
             return
-        rho = r = None
+        rho = r = slope = None
         if float(g.std()) > 1e-9 * float(g.abs().max()) and float(values.std()) > 0:
             ranks = torch.stack([values.argsort().argsort(), g.argsort().argsort()]).float()
             rho = float(torch.corrcoef(ranks)[0, 1])
             r = float(torch.corrcoef(torch.stack([values, g]))[0, 1])
+            centred = values - values.mean()
+            slope = float((centred * (g - g.mean())).sum() / (centred * centred).sum())
         self.rec.emit("output_grads", step=step, rows=int(g.numel()),
                       rank_corr=rho if rho is not None and math.isfinite(rho) else None,
-                      corr=r if r is not None and math.isfinite(r) else None)
+                      corr=r if r is not None and math.isfinite(r) else None,
+                      slope=slope if slope is not None and math.isfinite(slope) else None)
 
     def _keep_loss(self, name, input, target, args, kwargs) -> None:
         if not isinstance(target, torch.Tensor) or not isinstance(input, torch.Tensor):
