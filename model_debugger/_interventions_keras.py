@@ -173,7 +173,7 @@ def dropout_off(params: dict, keras) -> Callable[[], None]:
 
 
 def train_mode(params: dict, keras) -> Callable[[], None]:
-    """A model called without ``training`` while a gradient tape records gets ``training=True``.
+    """A model that trains, called under a recording gradient tape, gets ``training=True``.
 
     A custom ``train_step`` calling ``self(x)`` (or a tape loop calling ``model(x)``) then runs
     its dropout and batch normalisation as in training; evaluation calls, with no tape
@@ -185,8 +185,11 @@ def train_mode(params: dict, keras) -> Callable[[], None]:
 
     def factory(call):
         def training_call(model, *args, **kwargs):
-            if record.could_possibly_record() and kwargs.get("training") is None and \
-                    len(args) < 2:  # (an explicit training=False is the user's choice)
+            given = kwargs.get("training", args[1] if len(args) > 1 else None)
+            if record.could_possibly_record() and given is not True and (
+                    given is None or model.trainable_weights):  # (a frozen model's
+                kwargs.pop("training", None)               # training=False stays)
+                args = args[:1] + args[2:]
                 kwargs["training"] = True
             return call(model, *args, **kwargs)
         return training_call

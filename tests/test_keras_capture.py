@@ -736,12 +736,13 @@ def test_a_tf_function_step_given_a_python_number_each_step_is_retraced(as_tenso
         assert found and found[0].confirmed and found[0].location["line"] == line_of("call")
 
 
-@pytest.mark.parametrize("case", ["student_without_flag", "teacher_told_false", "all_flagged"])
+@pytest.mark.parametrize("case", ["student_without_flag", "student_told_false", "all_flagged"])
 def test_a_training_forward_without_training_is_reported_once_with_its_line(case):
-    """A tape loop calling a model that has Dropout without ``training=``: its dropout runs as
-    in inference (``train_flag``, at the call). A frozen teacher with BatchNormalization called
-    with an explicit ``training=False`` is the user's choice, and a model called with
-    ``training=True`` is fine: no event."""
+    """A tape loop calling the model it trains, which has Dropout, without ``training=`` (or
+    with ``training=False``): its dropout runs as in inference (``train_flag``, at the call).
+    A frozen teacher with BatchNormalization called with ``training=False`` is the user's
+    choice (the optimizer trains none of it), and a model called with ``training=True`` is
+    fine: no event."""
     import tensorflow as tf
 
     X, y = data(256)
@@ -759,18 +760,23 @@ def test_a_training_forward_without_training_is_reported_once_with_its_line(case
                 soft = teacher(xb, training=False)
                 if case == "student_without_flag":
                     out = student(xb)  # <no-training-flag>
+                elif case == "student_told_false":
+                    out = student(xb, training=False)  # <training-false>
                 else:
                     out = student(xb, training=True)
                 loss = loss_fn(yb, out) + 0.0 * tf.reduce_sum(soft)
             grads = tape.gradient(loss, student.trainable_variables)
             opt.apply_gradients(zip(grads, student.trainable_variables))
     flags = Run(rec.events).of("train_flag")
-    if case == "student_without_flag":
-        (flag,) = flags
-        assert flag["layers"] == ["Dropout"] and flag["training"] is None
-        assert flag["location"]["line"] == line_of("no-training-flag")
-    else:
+    if case == "all_flagged":
         assert flags == []
+        return
+    (flag,) = flags
+    assert flag["layers"] == ["Dropout"]
+    if case == "student_without_flag":
+        assert flag["training"] is None and flag["location"]["line"] == line_of("no-training-flag")
+    else:
+        assert flag["training"] == "False" and flag["location"]["line"] == line_of("training-false")
 
 
 @pytest.mark.parametrize("order", ["repeat_then_cache", "cache_then_repeat"])

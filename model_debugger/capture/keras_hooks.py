@@ -291,9 +291,9 @@ class LoopHooks(BatchKeeping):
                 inst._call = args[0]  # the outermost model's input, not a nested model's
                 if not inst._eval_seen and inst._models:
                     inst.guard(inst._note_eval_forward)()
-            unflagged = not inst._call_depth and not inst._flag_seen and \
-                id(model) not in inst._flag_checked and \
-                kwargs.get("training", args[1] if len(args) > 1 else None) is None
+            training = kwargs.get("training", args[1] if len(args) > 1 else None)
+            unflagged = not inst._call_depth and id(model) not in inst._flag_checked and \
+                training is not True
             work = not inst._fit_depth and inst._tf.executing_eagerly()  # a training forward,
             if work:                                                      # or an evaluation's
                 inst._work_enter()
@@ -305,36 +305,46 @@ class LoopHooks(BatchKeeping):
                 if work:
                     inst._work_exit()
             if unflagged:  # after the call: a subclassed model is built by its first one
-                inst.guard(inst._note_train_flag)(model)
+                inst.guard(inst._note_train_flag)(model, training)
             return out
 
         __call__.__wrapped__ = original
         return __call__
 
-    def _note_train_flag(self, model) -> None:
-        """A training forward (a tape records) called without ``training``: once.
+    def _note_train_flag(self, model, training) -> None:
+        """A forward under a recording tape without ``training=True``: a candidate, once a model.
 
         Dropout, batch normalisation and noise layers then run as in inference (a custom
-        ``train_step`` calling ``self(x)``, a tape loop calling ``model(x)``): a ``train_flag``
-        event with the layers concerned and the user's line. Only for a model with weights to
-        train (a frozen teacher is called so on purpose); an explicit ``training=False`` is
-        the user's choice (a frozen backbone). Each model is looked at once.
+        ``train_step`` calling ``self(x)`` or ``self(x, training=False)``, a tape loop calling
+        ``model(x)``). Kept with the layers concerned and the user's line; reported at the end
+        (:meth:`_emit_train_flag`) only for a model the optimizer trained: a frozen teacher or
+        backbone called so on purpose is not.
         """
         from tensorflow.python.eager import record
 
         if not record.could_possibly_record():
             return
         self._flag_checked.add(id(model))
-        if not model.trainable_weights:
+        if not model.trainable_weights or self._flag_pending:
             return
         kinds = ("Dropout", "BatchNormalization", "GaussianNoise", "GaussianDropout")
         layers = sorted({type(layer).__name__ for layer in
                          model._flatten_layers(include_self=False, recursive=True)
                          if any(k in type(layer).__name__ for k in kinds)})
         if layers:
-            self._flag_seen = True
-            self.rec.emit("train_flag", training=None, layers=layers,
-                          location=user_location(sys._getframe()))
+            self._flag_pending.append(({id(v) for v in model.trainable_weights}, {
+                "training": None if training is None else str(training), "layers": layers,
+                "location": user_location(sys._getframe())}))
+
+    def _emit_train_flag(self) -> None:
+        """The ``train_flag`` event of the first candidate whose weights an optimizer updated.
+
+        When which variables were updated is unknown, only a call that gave no ``training``.
+        """
+        for weights, event in self._flag_pending:
+            if (weights & self._updated) if self._updated else event["training"] is None:
+                self.rec.emit("train_flag", **event)
+                return
 
     def _note_eval_forward(self) -> None:
         """Reference the first evaluation forward: where validation inputs enter the model.

@@ -72,7 +72,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._target = None
         self._call = None
         self._call_depth = 0
-        self._flag_seen = False  # a training forward without training= was reported
+        self._flag_pending: list = []  # forwards under a tape without training=True
         self._flag_checked: set[int] = set()  # the models such a forward was looked at for
         self._work_depth = 0  # model calls, tf.function calls, gradients, applies in progress
         self._work_t0 = 0.0  # when the outermost of them began
@@ -198,6 +198,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._emit_model(last=True)
         self._flush_eval()
         self._emit_targets()
+        self._emit_train_flag()
         self._emit_overhead()
         passes = self._passes.event()
         if passes is not None:

@@ -31,7 +31,8 @@ class EvalModeNotReset(Probe):
         """Confirmed when some optimizer steps ran in eval mode; a lint hit alone: a hypothesis."""
         flag = ctx.run.first("train_flag")
         if flag is not None and flag.get("layers"):
-            given = "without training="
+            given = "without training=" if flag.get("training") is None else \
+                f"with training={flag['training']}"
             return [self.finding(
                 "training_loop", True,
                 f"The model's training forward (under the gradient tape) is called {given}: its "
