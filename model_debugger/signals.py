@@ -552,7 +552,9 @@ def compute(run: Run) -> dict:
     if lrs and s.get("steps"):
         peak = max(lr for _, lr in lrs)
         s["lr_peak"] = peak
-        low = next((i for i, lr in lrs if peak > 0 and lr < LR_COLLAPSE * peak), None)
+        at = next(i for i, lr in lrs if lr == peak)  # a decay comes after the peak (a warm-up
+        low = next((i for i, lr in lrs if i > at and peak > 0 and  # rising from ~0 is none)
+                    lr < LR_COLLAPSE * peak), None)
         s["lr_collapsed_share"] = 0.0 if low is None else max(0.0, 1 - low / s["steps"])
     held = growing_container(run)
     if held is not None:

@@ -898,6 +898,19 @@ def _stalled(share: float, collapsed: float, tail_fall: float = 0.0) -> Run:
     return Run([*run.events[:-1], *lrs, run.events[-1]])
 
 
+def test_a_warm_up_from_near_zero_is_no_collapsed_rate():
+    """A rate rising from 1e-5 to 0.1 (a warm-up, or a schedule that keeps rising) starts below
+    1% of its peak: that is before the peak, not a decay. Falling after it is one."""
+    run = _settled(0.5 * C.FLOOR_SHARE)
+    n = len(run.steps)
+    rising = [{"t": "lr", "step": i, "lr": 1e-5 * 10 ** (4 * i / n)} for i in range(0, n, 10)]
+    sig = compute(Run([*run.events[:-1], *rising, run.events[-1]]))
+    assert sig["lr_collapsed_share"] == 0.0
+    falling = [e for e in rising if e["step"] < n // 4] + [{"t": "lr", "step": n // 2, "lr": 1e-9}]
+    sig = compute(Run([*run.events[:-1], *falling, run.events[-1]]))
+    assert sig["lr_collapsed_share"] == pytest.approx(0.5, abs=0.02)
+
+
 def test_a_loss_settled_while_the_rate_had_collapsed_is_a_tentative_plateau():
     """A schedule that all but stopped training (ExponentialLR(gamma=0.2)): a loss well below the
     usual floor is suspect, for lr_schedule's experiment to decide; a settled loss is needed."""
