@@ -459,14 +459,16 @@ def wrong_solution(sig: dict):
     loss at the constant predictor's).
     """
     falls = sig.get("loss_relative_drop", 0) >= LOSS_FALLS
+    balanced = [s for s in ("val", "train") if sig.get(f"{s}_f1_final", 0.0) >= TRIVIAL_F1]
     for split in ("val", "train"):
         if f"{split}_f1_final" in sig and falls and sig[f"{split}_f1_max"] < 2 * TRIVIAL_F1 \
                 and sig[f"{split}_f1_final"] < TRIVIAL_F1:
             return "convergence_to_wrong_solution", [
                 _ev(sig, "loss_relative_drop", "the loss falls"),
                 _ev(sig, f"{split}_f1_final", f"'{sig[f'{split}_f1_name']}' stays ~0")]
-        if f"{split}_f1_final" in sig and sig[f"{split}_f1_final"] >= TRIVIAL_F1:
-            continue  # a class-balanced score that is not trivial outranks accuracy
+        if balanced:
+            continue  # a class-balanced score that is not trivial outranks accuracy (of either
+            # split: an F1 printed beside a validation accuracy is often read as a training one)
         if f"{split}_acc_final" in sig and sig.get("majority_rate") is not None:
             trivial = sig[f"{split}_acc_final"] <= sig["majority_rate"] + TRIVIAL_METRIC_MARGIN
             acc = sig[f"{split}_acc_final"]

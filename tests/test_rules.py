@@ -654,6 +654,17 @@ def test_wrong_solution_accuracy_at_majority_rate_fires():
     assert sig["majority_rate"] == pytest.approx(0.6)
 
 
+def test_an_accuracy_at_the_majority_rate_beside_a_real_f1_is_no_constant_prediction():
+    """A weighted fraud model at 0.935 accuracy (the majority rate 0.928) whose printed F1 is
+    0.66: the F1, read as a training metric when printed beside a validation accuracy, says it
+    finds the rare class; the accuracy sitting near the majority rate is a coincidence."""
+    run = syn.make_run(syn.steps_events(syn.decay(100)), syn.targets_counts(MAJORITY_COUNTS),
+                       syn.metric("val_acc", [0.45, 0.5, 0.6 + 0.5 * C.TRIVIAL_METRIC_MARGIN]),
+                       syn.metric("f1", [0.3, 0.5, 0.66]))
+    sig, _ = quiet(C.wrong_solution, run)
+    assert sig["train_f1_final"] == pytest.approx(0.66)
+
+
 def test_wrong_solution_accuracy_below_majority_rate_fires():
     sig, _ = fires(C.wrong_solution, _acc_run(0.6 - 3 * C.TRIVIAL_METRIC_MARGIN),
                    "convergence_to_wrong_solution", {"val_acc_final", "majority_rate"})
