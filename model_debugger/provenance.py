@@ -265,6 +265,30 @@ def enclosing_loop(location: dict | None) -> dict | None:
     return {"file": location["file"], "line": max(n.lineno for n in loops)}
 
 
+def sibling_step(location: dict | None) -> dict | None:
+    """Another ``x.step()`` call in the innermost loop holding the optimizer step at ``location``.
+
+    ``optimizer.step()`` then ``scheduler.step()`` in the same batch loop: the schedule is
+    stepped once per batch. None when there is none (it is stepped per epoch, or elsewhere).
+    """
+    tree = _tree_of(location)
+    head = enclosing_loop(location)
+    if tree is None or head is None:
+        return None
+    loop = next((n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))
+                 and n.lineno == head["line"]), None)
+    if loop is None:
+        return None
+    inner = [n for n in ast.walk(loop) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))
+             and n is not loop]
+    for node in ast.walk(loop):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr == "step" and not node.args and node.lineno != location["line"] \
+                and not any(i.lineno <= node.lineno <= (i.end_lineno or i.lineno) for i in inner):
+            return {"file": location["file"], "line": node.lineno}
+    return None
+
+
 def _nodes_at(location: dict | None):
     """Every AST node of the statements at ``location`` (none when its file cannot be read)."""
     tree = _tree_of(location)

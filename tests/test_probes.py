@@ -399,6 +399,23 @@ def train_schedule_collapsing():
             sched.step()
 
 
+def train_epoch_schedule_stepped_per_batch():
+    """StepLR(step_size=3, gamma=0.1) meant per epoch, stepped after every batch."""
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.1)
+    loader = DataLoader(TensorDataset(X, y), batch_size=64, shuffle=True)
+    for _epoch in range(6):
+        for xb, yb in loader:
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+            sched.step()  # <per-batch>
+
+
 def train_decay_by_hand():
     """A decay written by hand, halving the rate every step: ~0 in a few steps."""
     torch.manual_seed(8)
@@ -996,6 +1013,16 @@ def test_a_warm_up_to_the_optimizers_rate_is_no_rise(tmp_path):
     ctx = captured(tmp_path, lambda: train_rising_schedule(False, lr=0.5))
     assert "gradient_instability" in (ctx.classification.primary, *ctx.classification.secondary)
     assert not PROBES["lr_schedule"]().applies(ctx)
+
+
+def test_an_epoch_sized_schedule_stepped_every_batch_is_located_at_its_step(tmp_path):
+    """Stepped once per epoch, StepLR(step_size=3) would decay once in 6 epochs; stepped per
+    batch, the rate is ~0 after 9 batches. The line to change is the step in the batch loop
+    (the gamma 0.02 schedule above collapses either way: located at its construction)."""
+    ctx = captured(tmp_path, train_epoch_schedule_stepped_per_batch)
+    f = confirmed_one(ctx, "lr_schedule", "hyperparameter")
+    assert_at(f, "per-batch")
+    assert "stepped here after every batch" in f.explanation
 
 
 def test_a_steady_rate_is_no_schedule_finding(healthy):

@@ -79,6 +79,7 @@ class LrSchedule(Probe):
         held = heldout_loss(ctx.trainer, ctx, lr=typical, best=True)
         at_peak = heldout_loss(ctx.trainer, ctx, lr=peak, best=True)
         confirmed = at_peak < BETTER * held
+        per_batch = _per_batch(ctx)
         return [self.finding(
             "hyperparameter", confirmed,
             f"The learning rate fell below 1% of its peak ({peak:.3g}) for {share:.0%} of the "
@@ -86,9 +87,11 @@ class LrSchedule(Probe):
             f"rows reach a held-out loss of {at_peak:.4g} at the peak rate and {held:.4g} at the "
             "median one"
             + (": the schedule's decay holds the loss up." if confirmed else
-               ": no clearly better, so the decay is not what holds the loss up."),
-            _decay_origin(ctx.ref("scheduler")) or rate_written(ctx.source_files) or
-            ctx.ref("optimizer"), undone=confirmed,
+               ": no clearly better, so the decay is not what holds the loss up.")
+            + (f" Its {_scheduler_cls(ctx)}, sized in epochs, is stepped here "
+               "after every batch: step it once per epoch." if per_batch else ""),
+            per_batch or _decay_origin(ctx.ref("scheduler")) or
+            rate_written(ctx.source_files) or ctx.ref("optimizer"), undone=confirmed,
             strength=0.8 if confirmed else 0.15, lr_peak=peak, lr_median=typical,
             lr_collapsed_share=share, heldout_median_lr=held, heldout_peak_lr=at_peak)]
 
@@ -111,6 +114,40 @@ class LrSchedule(Probe):
             heldout_reached_lr=high)]
 
 
+def _scheduler_cls(ctx: ProbeContext) -> str | None:
+    """The class of the first learning-rate scheduler the capture saw built."""
+    return next((e.get("cls") for e in ctx.run.of("ref") if e.get("kind") == "scheduler"),
+                None)
+
+
+EPOCH_SIZED = ("StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR")
+
+
+def _per_batch(ctx: ProbeContext) -> dict | None:
+    """Where an epoch-sized scheduler is stepped in the batch loop, beside the optimizer step.
+
+    ``StepLR(step_size=8)`` meant 8 epochs; stepped after every batch it decays 8 batches in.
+    Only when the same schedule stepped once per epoch would not have collapsed (a gamma of
+    0.02 each step collapses either way: its setting is the cause). None for schedules written
+    per step (``LambdaLR``, ``OneCycleLR``) or stepped per epoch.
+    """
+    from ..provenance import sibling_step
+    from ..signals import LR_COLLAPSE
+
+    if _scheduler_cls(ctx) not in EPOCH_SIZED:
+        return None
+    where = sibling_step(ctx.ref("step"))
+    steps, epochs = len(ctx.run.steps), ctx.run.epochs
+    rates = rate_per_step(ctx.run.of("lr"), steps)
+    if where is None or not 2 <= epochs < steps or not np.isfinite(rates[:epochs]).all():
+        return None
+    # stepped once per epoch, it would have held the rates it held at steps 0..epochs-1: when
+    # those do not collapse, stepping per batch is what did
+    per_epoch = rates[:epochs]
+    collapsed = float(np.mean(per_epoch < LR_COLLAPSE * np.nanmax(rates)))
+    return where if collapsed < COLLAPSED else None
+
+
 def _raised(ctx: ProbeContext) -> tuple[float, float, int] | None:
     """``(the optimizer's rate, the rate reached, its step)`` of a schedule that raised it.
 
@@ -120,7 +157,7 @@ def _raised(ctx: ProbeContext) -> tuple[float, float, int] | None:
     if ctx.classification is None or "gradient_instability" not in (
             ctx.classification.primary, *ctx.classification.secondary) or \
             ctx.framework != "torch" or \
-            (ctx.ref("scheduler") or {}).get("cls") in OWN_PEAK:
+            _scheduler_cls(ctx) in OWN_PEAK:
         return None  # (a Keras optimizer reads its rate from the schedule: no rate of its own)
     try:
         base = float(ctx.trainer.hyper["lr"])
