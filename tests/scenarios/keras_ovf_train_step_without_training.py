@@ -4,6 +4,7 @@ expect-category: overfitting
 expect-root-cause: training_loop
 expect-check: eval_mode_not_reset
 expect-line: logits = self(features)
+expect-backward: net.fit(
 fault: training_loop (train_step runs the model as in inference: dropout off during training)
 """
 import numpy as np
