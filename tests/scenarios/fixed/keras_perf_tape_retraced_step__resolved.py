@@ -4,6 +4,7 @@ expect-category: performance_issue
 expect-root-cause: training_loop
 expect-check: retracing
 expect-line: fit_batch(
+expect-backward: fit_batch(
 fault: training_loop (a new Python float every step retraces the compiled step)
 """
 import numpy as np
