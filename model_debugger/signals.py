@@ -57,6 +57,8 @@ SIGNALS: dict[str, str] = {
                                 "ReLU's [0, inf), a sigmoid's [0, 1], a tanh's [-1, 1]) cannot "
                                 "reach",
     "output_range": "the bounded range the loss inputs stayed in (with output_range_unreachable)",
+    "output_range_head": "the output of a multi-output model whose range leaves targets out of "
+                         "reach (with output_range_unreachable)",
     "loss_broadcast_factor": "terms the training loss compared / elements it was given: the "
                              "prediction and target shapes differ and broadcast (every "
                              "prediction against every target)",
@@ -291,6 +293,23 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
             **({"output_range": bound} if bound and share > 0 else {})}
 
 
+def _head_range(heads: list[dict]) -> dict:
+    """:func:`output_range` of the multi-output head that leaves the most targets out of reach.
+
+    Each ``head_targets`` event is one output's targets and outputs; ``output_range_head``
+    names the head when one leaves targets unreachable.
+    """
+    best: dict = {}
+    for head in heads:
+        got = output_range(None, head)
+        if "output_range_unreachable" not in got:
+            continue
+        if got["output_range_unreachable"] > best.get("output_range_unreachable", 0.0):
+            best = {**got, "output_range_head": head.get("head")}
+        best.setdefault("output_range_unreachable", 0.0)  # (0.0: every head reaches its targets)
+    return best
+
+
 def _ranged(lo: float, hi: float, bounds: tuple[float, float]) -> bool:
     """Whether outputs in ``[lo, hi]`` show a range: they spread, or sit at one of its bounds.
 
@@ -499,7 +518,8 @@ def compute(run: Run) -> dict:
     if traced and isinstance(traced[-1].get("count"), int) and traced[-1].get("steps"):
         s["step_traces"] = traced[-1]["count"]  # a custom loop's compiled step traced again
         s["step_traced_share"] = min(1.0, traced[-1]["count"] / traced[-1]["steps"])
-    s.update(output_range(run.first("loss_input"), targets[-1] if targets else None))
+    s.update(output_range(run.first("loss_input"), targets[-1] if targets else None)
+             or _head_range(run.of("head_targets")))
     reads = [e for e in run.of("output_grads") if all(
         isinstance(e.get(k), float) for k in ("rank_corr", "corr", "slope"))]
     if len(reads) >= UNPAIRED_READS:  # a loss written by hand (the capture reads no other)

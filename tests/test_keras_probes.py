@@ -830,3 +830,85 @@ def test_keras_recurrent_layers_without_tanh_are_found_and_squashed(tk):
     before = model(x).numpy()
     assert unbounded(squash(model)) == {}
     assert not np.allclose(model(x).numpy(), before)  # the cell computes with tanh now
+
+
+def _two_heads(keras, stay_activation: str | None, as_list: bool = False):
+    """A classification head beside a regression head on standardised (signed) targets."""
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((1024, 8)).astype("float32")
+    risk = (X[:, 0] + X[:, 1] > 0).astype("int64")
+    stay = (X[:, 2] - X[:, 3]).astype("float32")
+    stay = (stay - stay.mean()) / stay.std()
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8,))
+        h = keras.layers.Dense(32, activation="relu")(inputs)
+        risk_out = keras.layers.Dense(2, name="risk")(h)
+        stay_h = keras.layers.Dense(16, activation="relu")(h)
+        stay_out = keras.layers.Dense(1, activation=stay_activation)(stay_h)  # <stay-head>
+        losses = [keras.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"]
+        if as_list:
+            model = keras.Model(inputs, [risk_out, stay_out])
+            model.compile(optimizer=keras.optimizers.Adam(2e-3), loss=losses)
+            targets = [risk, stay]
+        else:
+            model = keras.Model(inputs, {"risk": risk_out, "stay": stay_out})
+            model.compile(optimizer=keras.optimizers.Adam(2e-3),
+                          loss=dict(zip(("risk", "stay"), losses)))
+            targets = {"risk": risk, "stay": stay}
+        model.fit(X, targets, batch_size=64, epochs=3, verbose=0)
+    source = {HERE: open(HERE, encoding="utf-8").read()}
+    return build_context(Run(rec.events), rec.keeper, source, budget=60.0)
+
+
+@pytest.mark.parametrize("as_list", [False, True], ids=["dict", "list"])
+def test_a_head_of_a_multi_output_model_that_cannot_reach_its_targets(tk, as_list):
+    """``fit(x, {"risk": ..., "stay": ...})``: each output's targets and range are read like a
+    single output's, so a ReLU on the standardised regression head (half its targets below 0)
+    is a wrong solution, measured on that head and located at the layer that made it."""
+    from model_debugger.probes import run_probes
+
+    ctx = _two_heads(tk, "relu", as_list)
+    heads = {e["head"]: e for e in ctx.run.of("head_targets")}
+    assert heads["risk"]["loss"] == "cross_entropy" and sum(heads["risk"]["counts"]) > 0
+    stay = [name for name in heads if name != "risk"]
+    assert len(stay) == 1 and heads[stay[0]]["input_min"] == 0.0
+    assert 0.3 < ctx.signals["output_range_unreachable"] < 0.7
+    assert ctx.signals["output_range_head"] == stay[0]
+    assert ctx.classification.primary == "convergence_to_wrong_solution"
+    [f] = [f for f in run_probes(ctx, ["loss_output_mismatch"]).findings if f.confirmed]
+    assert f.root_cause == "architecture" and f.evidence["head"] == stay[0]
+    assert f.location["line"] == line_of("stay-head")
+
+
+def test_multi_output_heads_that_reach_their_targets_raise_nothing(tk):
+    """The same model with a linear regression head: every head reaches its targets."""
+    from model_debugger.probes import run_probes
+
+    ctx = _two_heads(tk, None)
+    assert ctx.signals["output_range_unreachable"] == 0.0
+    assert "output_range_head" not in ctx.signals
+    assert ctx.classification.primary != "convergence_to_wrong_solution"
+    assert not [f for f in run_probes(ctx, ["loss_output_mismatch"]).findings if f.confirmed]
+
+
+def test_the_head_a_finding_names_is_found_where_it_was_made():
+    """``head_layer_line``: the layer named after the output, else the value under its key in
+    the outputs dict (its assignment); None when the name is made twice."""
+    from model_debugger.pitfalls.keras_lint import head_layer_line
+
+    src = ("a = f(x)\nb = Dense(1, name='stay')(a)\nc = Dense(1)(a)\nc = act(c)\n"
+           "m = Model(x, {'stay': b, 'cost': c, 'risk': Dense(2)(a)})\n")
+    assert head_layer_line(src, "stay") == 2
+    assert head_layer_line(src, "cost") == 4  # the last assignment before the dict
+    assert head_layer_line(src, "risk") == 5
+    assert head_layer_line(src + "d = Dense(1, name='stay')(a)\n", "stay") is None
+    assert head_layer_line("def (", "stay") is None
+    listed = ("m2 = Model([x, z], [b, c])\nm3 = Model(inputs=[x], outputs=(Dense(3)(a), c))\n")
+    assert head_layer_line(src + listed, "dense_1", index=0) is None  # b at 2, a call at 7
+    assert head_layer_line(src + listed, "dense_1", index=1) == 4  # c in both models
+    assert head_layer_line(src + listed, "dense_1") is None

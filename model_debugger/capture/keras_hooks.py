@@ -145,6 +145,7 @@ class FitHooks(BatchKeeping):
             if loss is not None:
                 self.keeper.loss = loss
                 self.labels.loss, self.labels.keras = loss["name"], loss["keras"]
+        self._on_heads(model)
         if arguments.get("class_weight") is not None or \
                 arguments.get("sample_weight") is not None:
             self.labels.weighted = True  # the loss is on another scale than the prior's
@@ -267,6 +268,8 @@ class FitHooks(BatchKeeping):
             y = y.numpy() if hasattr(y, "numpy") else y
             self.labels.observe(y)
             self.labels.observe_values(y, self.rec.epoch)
+        elif y is not None and self.heads is not None:
+            self.heads.observe(y)
 
 
 

@@ -31,7 +31,7 @@ from ._util import RateTrack
 from .codeloc import assignment, definition_location, frame_span, user_frame
 from .instrument import Instrument
 from .keras_hooks import FitHooks, LoopHooks
-from .keras_keeper import KerasKeeper, LabelStats, describe_loss
+from .keras_keeper import HeadStats, KerasKeeper, LabelStats, describe_heads, describe_loss
 from .keras_steps import StepHooks
 from .keras_util import initializing, user_location
 from .passes import Passes
@@ -58,6 +58,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         super().__init__(rec)
         self.keeper = KerasKeeper()
         self.labels = LabelStats()
+        self.heads: HeadStats | None = None  # a model with several outputs: one per output
         self._tf = None
         self._keras = None
         self._opt_locs: dict[int, dict] = {}
@@ -216,6 +217,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         data = self.labels.event()
         if data is not None:
             self.rec.emit("targets", **data)
+        for head in self.heads.events() if self.heads is not None else ():
+            self.rec.emit("head_targets", **head)
         values = self.labels.values_event()
         if values is not None:
             self.rec.emit("target_values", **values)
@@ -224,21 +227,25 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         """The trained model's outputs on the kept training rows, for the output-range signal.
 
         Only under a regression loss or a loss on raw scores, where a bounded output (a sigmoid,
-        a ReLU) can leave targets out of reach; one model output only. Never raises.
+        a ReLU) can leave targets out of reach; each head of a multi-output
+        model is read the same way. Never raises.
         """
-        keeper = self.keeper
-        if self.labels.loss not in _BOUNDED_READ or keeper.model is None or \
-                not keeper.train_batches:
+        keeper, heads = self.keeper, self.heads
+        bounded = self.labels.loss in _BOUNDED_READ or heads is not None and any(
+            st.loss in _BOUNDED_READ for st in heads.stats.values())
+        xs = keeper.train_batches[0][0] if keeper.train_batches else keeper.heads_x
+        if not bounded or keeper.model is None or xs is None:
             return
         link, target = self._link, self._link.target
         link.target = None  # our own call: every wrapper calls straight through
         try:
-            xs = keeper.train_batches[0][0]
             rows = min(len(xs[0]), 512)
             x = xs[0][:rows] if len(xs) == 1 else [a[:rows] for a in xs]
             out = keeper.model(x, training=False)
             if not isinstance(out, (list, tuple, dict)):
                 self.labels.observe_outputs(out.numpy() if hasattr(out, "numpy") else out)
+            elif heads is not None:
+                heads.observe_outputs(out)
         except Exception:  # noqa: BLE001 - a statistic must never break the capture's end
             return
         finally:
@@ -265,9 +272,19 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         if loss is not None:
             self.keeper.loss = loss
             self.labels.loss, self.labels.keras = loss["name"], loss["keras"]
+        self._on_heads(model)
         opt = getattr(model, "optimizer", None)
         if opt is not None:
             self._on_optimizer(opt, loc)
+
+    def _on_heads(self, model) -> None:
+        """Per-output target statistics for a compiled model with several outputs (once)."""
+        if self.heads is not None:
+            return
+        names = list(getattr(model, "output_names", None) or ())
+        heads = describe_heads(getattr(model, "loss", None), names)
+        if heads:
+            self.heads = HeadStats(heads, names)
 
     def _wrap_opt_init(self, original):
         link = self._link

@@ -187,6 +187,75 @@ class LabelStats:
         return data
 
 
+def describe_heads(loss, names) -> dict | None:
+    """``{output name: describe_loss(...)}`` for a model with several outputs, or None.
+
+    ``loss`` is what ``compile`` got: a dict keyed by output name, a list in the order of
+    ``names`` (the model's ``output_names``), or one loss that Keras applies to every output.
+    Heads whose loss is not one the record knows are left out; None for one output.
+    """
+    names = [str(n) for n in names or ()]
+    if isinstance(loss, dict):
+        items = {str(k): v for k, v in loss.items()}
+    elif isinstance(loss, (list, tuple)) and len(loss) == len(names) > 1:
+        items = dict(zip(names, loss))
+    elif len(names) > 1 and loss is not None and not isinstance(loss, (list, tuple)):
+        items = dict.fromkeys(names, loss)
+    else:
+        return None
+    if len(items) < 2:
+        return None
+    heads = {k: describe_loss(v) for k, v in items.items() if v is not None}
+    return {k: d for k, d in heads.items() if d and d["name"]} or None
+
+
+class HeadStats:
+    """:class:`LabelStats` for each output of a multi-output model (targets as a dict or list).
+
+    Each head's targets and outputs are read exactly as one output's are, so a head whose
+    activation cannot reach its targets (a ReLU on a standardised regression head beside a
+    classification head) is measured like a single-output model's.
+    """
+
+    def __init__(self, heads: dict, names) -> None:
+        self.names = [str(n) for n in names or ()]
+        self.stats: dict[str, LabelStats] = {}
+        for name, desc in heads.items():
+            stats = LabelStats()
+            stats.loss, stats.keras = desc["name"], desc["keras"]
+            self.stats[name] = stats
+
+    def parts(self, value) -> dict:
+        """A dict or list of per-output values keyed by output name ({} when neither)."""
+        if isinstance(value, dict):
+            return {str(k): v for k, v in value.items()}
+        if isinstance(value, (list, tuple)) and len(value) == len(self.names):
+            return dict(zip(self.names, value))
+        return {}
+
+    def observe(self, y) -> None:
+        """Add one batch of targets (a dict or list, one entry per output)."""
+        for name, part in self.parts(y).items():
+            if name in self.stats and part is not None:
+                self.stats[name].observe(to_numpy(part))
+
+    def observe_outputs(self, out) -> None:
+        """Keep the range of each output the loss reads."""
+        for name, part in self.parts(out).items():
+            if name in self.stats and part is not None:
+                self.stats[name].observe_outputs(to_numpy(part))
+
+    def events(self) -> list[dict]:
+        """One ``head_targets`` payload per head that saw targets."""
+        out = []
+        for name, stats in self.stats.items():
+            data = stats.event()
+            if data is not None:
+                index = self.names.index(name) if name in self.names else None
+                out.append({"head": name, "index": index, **data})
+        return out
+
+
 def to_numpy(value):
     """A tensor / array / nested tuple as NumPy (None stays None)."""
     if value is None:
@@ -233,6 +302,7 @@ class KerasKeeper(SpilledState):
         self.val_batches: list = []
         self.init_args: tuple | None = None  # (args, kwargs) a subclassed model was built with
         self.train_loader = None
+        self.heads_x: tuple | None = None  # a multi-output model's first training inputs
         self.validation = None  # what fit received as validation data (materialised lazily)
         self.zero_grad_calls = 0
         self.loss_input: dict | None = None
@@ -311,7 +381,7 @@ class KerasKeeper(SpilledState):
         self._drop_spill()
         self._initial_state = None
         self.model = self.namespace = self.train_loader = self.validation = None
-        self.train_batches, self.val_batches = [], []
+        self.train_batches, self.val_batches, self.heads_x = [], [], None
 
     def on_optimizer(self, opt, hyper: dict, config: dict) -> None:
         """Keep the first optimizer's class, name, hyperparameters and config (read eagerly)."""
@@ -329,6 +399,10 @@ class KerasKeeper(SpilledState):
         xs = self.positional(to_numpy(x))
         y = to_numpy(y)
         if xs is None:
+            return
+        if isinstance(y, (dict, list, tuple)):  # one target per output: the probes' copies
+            if self.heads_x is None:          # train on one; the outputs' ranges are read
+                self.heads_x = xs             # on these inputs
             return
         if not all(hasattr(a, "shape") and a.shape[:1] == y.shape[:1] for a in xs):
             return

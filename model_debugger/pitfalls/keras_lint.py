@@ -110,6 +110,52 @@ def output_layer_line(source: str) -> int | None:
     return lines.pop() if len(lines) == 1 else None
 
 
+def head_layer_line(source: str, head: str, index: int | None = None) -> int | None:
+    """The line that made the output ``head`` of a multi-output model, or None.
+
+    The layer built with ``name="<head>"``; else the value under the key ``"<head>"`` of an
+    outputs dict (``keras.Model(x, {"stay": stay_out})``): that call, or the last assignment of
+    that name before the dict (a dict given to ``Model`` first: the targets dict holds the same
+    keys); else, for outputs given as a list, its element ``index``. None when the source does
+    not parse or makes it in several places.
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    named = {node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and any(k.arg == "name" and isinstance(k.value, ast.Constant)
+                     and k.value.value == head for k in node.keywords)}
+    if named:
+        return named.pop() if len(named) == 1 else None
+    dicts = [node for node in ast.walk(tree) if isinstance(node, ast.Dict)]
+    given = [a for call in ast.walk(tree) if isinstance(call, ast.Call)  # models' outputs
+             and tail(call) in ("Model", "Functional")
+             for a in (*call.args[1:2], *(k.value for k in call.keywords if k.arg == "outputs"))]
+    outputs = [a for a in given if isinstance(a, ast.Dict)]  # before any other dict
+    made: set[int] = set()
+    for node in outputs or dicts:
+        for key, value in zip(node.keys, node.values):
+            if isinstance(key, ast.Constant) and key.value == head:
+                made.add(_made_line(tree, value, node.lineno))
+    if not made and index is not None:
+        made = {_made_line(tree, a.elts[index], a.lineno) for a in given
+                if isinstance(a, (ast.List, ast.Tuple)) and len(a.elts) > index > -1}
+    made.discard(None)
+    return made.pop() if len(made) == 1 else None
+
+
+def _made_line(tree: ast.AST, value: ast.AST, before: int) -> int | None:
+    """The line of ``value`` when it is a call; of a name's last assignment before ``before``."""
+    if isinstance(value, ast.Call):
+        return value.lineno
+    if not isinstance(value, ast.Name):
+        return None
+    lines = [a.lineno for a in ast.walk(tree) if isinstance(a, ast.Assign) and a.lineno < before
+             and any(isinstance(t, ast.Name) and t.id == value.id for t in a.targets)]
+    return max(lines) if lines else None
+
+
 def lint_file(path: str, model_names: Sequence[str] = ()) -> list[LintHit]:
     """Read ``path`` and lint it (see :func:`lint_source`); a file that does not parse gives []."""
     with open(path, encoding="utf-8", errors="replace") as fh:

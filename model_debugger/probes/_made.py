@@ -71,6 +71,20 @@ def output_module_location(ctx) -> dict | None:
     return {**model, "line": line} if line else None
 
 
+def head_location(ctx, head: str, index: int | None = None) -> dict | None:
+    """Where the output ``head`` of a multi-output Keras model was made, or None."""
+    model = ctx.ref("model")
+    if not model or not model.get("file"):
+        return None
+    text = ctx.source_files.get(model["file"])
+    if not isinstance(text, str):
+        return None
+    from ..pitfalls.keras_lint import head_layer_line
+
+    line = head_layer_line(text, head, index)
+    return {**model, "line": line} if line else None
+
+
 def output_location(ctx) -> dict | None:
     """Where the layer making the run's model output was built, in either framework, or None."""
     model = ctx.ref("model")

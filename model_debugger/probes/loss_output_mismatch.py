@@ -10,7 +10,7 @@ import re
 
 from ..thresholds import MIN_STEPS
 from ._lint import lint_hits, loc
-from ._made import output_location
+from ._made import head_location, output_location
 from .base import Probe, ProbeContext, register
 
 # loss -> the kinds of input it must not receive (the capture's ``loss_input`` kinds)
@@ -178,6 +178,9 @@ class LossOutputMismatch(Probe):
         from ..thresholds import UNREACHABLE_SHARE
 
         targets = (ctx.run.of("targets") or [{}])[-1]
+        head = ctx.signals.get("output_range_head")
+        if head is not None:  # one output of several: its own targets and range
+            targets = next((e for e in ctx.run.of("head_targets") if e.get("head") == head), {})
         if isinstance(targets.get("input_min"), float):  # the loss inputs over the whole run
             seen = {"name": targets.get("loss"), "min": targets["input_min"],
                     "max": targets.get("input_max"),
@@ -201,18 +204,21 @@ class LossOutputMismatch(Probe):
                    "targets): it can never predict a probability below 0.5")
         else:
             why = f"{share:.0%} of the training targets lie outside it and can never be reached"
-        where = _squashed_at_loss(ctx, _SQUASH) or output_location(ctx) or ctx.ref("model") \
+        where = (head_location(ctx, head, targets.get("index")) if head is not None else None) \
+            or _squashed_at_loss(ctx, _SQUASH) or output_location(ctx) or ctx.ref("model") \
             or ctx.ref("loss_fn")
+        said = f"The {head!r} output's {name}" if head is not None else name
         lo, hi = seen.get("min"), seen.get("max")
         shown = f"min {lo:.3g}" + (f", max {hi:.3g}" if isinstance(hi, (int, float)) else "")
         return self.finding(
             "architecture", True,
-            f"{name} receives outputs confined to {bound} ({shown}, "
+            f"{said} receives outputs confined to {bound} ({shown}, "
             f"{seen.get('zero_share') or 0:.0%} exactly 0), but {why}. The model converges to "
             "the best answer its output range allows, not the right one. Remove the activation "
             "from the output (a linear output for regression and logits), or scale the targets "
             "into the range.",
             where, loss=name, input_kind="bounded", output_range=bound, unreachable_share=share,
+            **({"head": head} if head is not None else {}),
             zero_share=seen.get("zero_share"), strength=0.95, decisive=True)
 
 
