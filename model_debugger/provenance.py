@@ -12,6 +12,7 @@ at the first line that computes something: that line made the data the model tra
 from __future__ import annotations
 
 import ast
+import contextvars
 import copy
 import functools
 import os
@@ -34,6 +35,10 @@ _DATA_METHODS = {"batch", "shuffle", "prefetch", "repeat", "cache", "to", "cuda"
 _MAX_HOPS = 12
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _FIT_CALLS = {"fit", "train_on_batch", "fit_generator"}
+# names of this file's own functions (and lambdas) that only wrap their first argument
+# (``to_t = lambda a, dt: torch.tensor(a, dtype=dt)``): set while a trace runs
+_WRAPPERS: contextvars.ContextVar[frozenset] = contextvars.ContextVar("wrappers",
+                                                                      default=frozenset())
 
 
 @functools.lru_cache(maxsize=32)
@@ -79,10 +84,13 @@ def data_origin(location: dict | None, role: str | None = None) -> dict | None:
     tree = _tree_of(location)
     if tree is None:
         return location
+    token = _WRAPPERS.set(_local_wrappers(tree))
     try:
         line = _origin_line(tree, location["line"], role)
     except Exception:  # noqa: BLE001 - a trace that fails keeps the use line, never the finding
         return location
+    finally:
+        _WRAPPERS.reset(token)
     if line is None or line == location["line"]:
         return location
     return {**location, "line": line, "used_at": location["line"]}
@@ -958,12 +966,22 @@ def _trace(tree: ast.Module, scope: list[ast.AST], name: str, before: int,
     else:
         return None, False  # an import, a builtin: not followed
     line, node, value = max(found, key=lambda b: b[0])
+    if role == ROWS and isinstance(value, ast.Subscript) and _is_split(value.slice) and \
+            _in_loop(body, line):
+        return None, False  # idx = perm[i:i + bs] in a loop: a batch, not the data's rows
     loop = isinstance(node, (ast.For, *_COMPREHENSIONS))
     if not (loop or isinstance(node, (ast.Assign, ast.AnnAssign))) or \
             (isinstance(node, ast.Assign) and _value_for(node.targets[0], node.value, name) is None
              and not any(_value_for(t, node.value, name) is not None for t in node.targets)):
         return line, False  # changed in place on this line
     return _follow(tree, node, value, line, name, loop, role, hops)
+
+
+def _in_loop(body: ast.AST, line: int) -> bool:
+    """Whether ``line`` lies in the body of a ``for`` or ``while`` loop of ``body``."""
+    return any(isinstance(n, (ast.For, ast.While)) and
+               n.body[0].lineno <= line <= (n.end_lineno or n.lineno)
+               for n in ast.walk(body))
 
 
 def _follow(tree: ast.Module, node: ast.AST, value: ast.AST, line: int, name: str, loop: bool,
@@ -1249,6 +1267,14 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
         return value
     if role not in (None, ROWS) and isinstance(value, ast.Subscript) and _is_split(value.slice):
         return _unwrapped(value.value, role)
+    if role == ROWS and isinstance(value, ast.BinOp):  # (X - mu) / sd: X's rows, every one
+        return _unwrapped(value.left, role)
+    if role == ROWS and isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Name):
+        # X[train_idx]: the rows the index holds (followed to the split that made it)
+        inner = _unwrapped(value.value, role)
+        return None if inner is None else ast.Tuple(elts=[
+            *(inner.elts if isinstance(inner, ast.Tuple) else [inner]), value.slice],
+            ctx=ast.Load())
     if isinstance(value, (ast.Tuple, ast.List, ast.Dict)):  # (x, y) handed on together
         # (a dict of named inputs, ``fit({"numeric": X, "region": r}, y)``: its values)
         inner = [_unwrapped(e, role) for e in
@@ -1280,6 +1306,8 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
             parts = value.args[:1]  # DataLoader(ds, BATCH): the dataset, not the settings
         elif role == ROWS and fname in _SCALING and isinstance(func, ast.Attribute):
             parts = value.args[:1]  # scaler.transform(X): every row kept, only values change
+        elif isinstance(func, ast.Name) and fname in _WRAPPERS.get():
+            parts = value.args[:1]  # to_t(X[tr], torch.float32): this file's own wrapper
         else:
             return None
         inner = [_unwrapped(p, role) for p in parts]
@@ -1300,6 +1328,36 @@ def _unwrapped(value: ast.AST, role: str | None = None) -> ast.AST | None:
 
 _REPACK = (ast.Name, ast.Dict, ast.Tuple, ast.List, ast.Constant, ast.Load, ast.Starred,
            ast.Attribute, ast.keyword)
+
+
+def _local_wrappers(tree: ast.Module) -> frozenset:
+    """Names of this file's functions and lambdas that return a wrapper of their first argument.
+
+    ``to_t = lambda a, dt: torch.tensor(a, dtype=dt)``, ``def as_t(a): return
+    torch.from_numpy(a).float()``: calls of them are seen through like the wrappers they call.
+    Named once in the file.
+    """
+    found: dict[str, list] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            rets = _returns(node)
+            found.setdefault(node.name, []).append(
+                (node.args, rets[0].value if len(rets) == 1 else None))
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda) and \
+                len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            found.setdefault(node.targets[0].id, []).append((node.value.args, node.value.body))
+    out = set()
+    for name, defs in found.items():
+        if len(defs) != 1 or defs[0][1] is None or not defs[0][0].args:
+            continue
+        args, body = defs[0]
+        first = args.args[0].arg
+        inner = _unwrapped(body) if not isinstance(body, ast.Name) else None
+        if isinstance(inner, ast.Tuple) and len(inner.elts) == 1:
+            inner = inner.elts[0]
+        if isinstance(inner, ast.Name) and inner.id == first:
+            out.add(name)
+    return frozenset(out)
 
 
 def _repacks(elt: ast.AST) -> bool:

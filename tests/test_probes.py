@@ -2203,3 +2203,38 @@ def test_a_recurrent_layer_without_tanh_is_confirmed_by_a_tanh_copy(tmp_path, no
     f = confirmed_one(ctx, "recurrent_activation", "architecture")
     assert_at(f, "rnn-relu")
     assert f.evidence["heldout_tanh"] < 0.8 * f.evidence["heldout_as_built"]
+
+
+def _few_rows_by_hand():
+    """200 training rows chosen by an index split, fed by a hand-written loop (no DataLoader,
+    no epoch the capture can see), a validation loss logged without an epoch."""
+    torch.manual_seed(0)
+    X = torch.randn(2400, 20)
+    y = (X @ torch.randn(20, 3) + 1.5 * torch.randn(2400, 3)).argmax(1)
+    perm = torch.randperm(2400)
+    tr, va = perm[:200], perm[200:]  # <few-rows>
+    Xtr, ytr, Xva, yva = X[tr], y[tr], X[va], y[va]
+    net = nn.Sequential(nn.Linear(20, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                        nn.Linear(256, 3))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _epoch in range(40):
+        idx = torch.randperm(200)
+        for i in range(0, 200, 32):
+            b = idx[i:i + 32]
+            loss = F.cross_entropy(net(Xtr[b]), ytr[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            model_debugger.log(val_loss=F.cross_entropy(net(Xva), yva).item())
+
+
+def test_data_volume_counts_the_rows_a_hand_written_loop_came_round_to(tmp_path):
+    """Without an epoch the record can see, the rows per epoch are the distinct rows of the
+    kept sample (the data came round), not every row the loss ever saw; located at the split
+    of the index that chose them."""
+    ctx = captured(tmp_path, _few_rows_by_hand)
+    assert ctx.run.epochs == 1 and ctx.classification.primary == "overfitting"
+    f = confirmed_one(ctx, "data_volume", "data")
+    assert f.evidence["samples_per_epoch"] == 200
+    assert_at(f, "few-rows")

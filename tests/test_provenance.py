@@ -1166,3 +1166,78 @@ def test_a_model_bound_again_after_its_optimizer(tmp_path, again, expected):
     got = rebound_between({"file": str(path), "line": 5}, {"file": str(path), "line": 9},
                           "model")
     assert (got == {"file": str(path), "line": 6}) if expected else got is None
+
+
+ROWS_BY_INDEX = """
+    import numpy as np
+    import torch
+
+    to_t = lambda a, dt: torch.tensor(a, dtype=dt)
+
+
+    def make_data(n_train):
+        X, y = np.random.rand(4000, 8), np.random.randint(0, 2, 4000)
+        perm = np.random.permutation(len(X))
+        tr, va = perm[:n_train], perm[n_train:]  # <made>
+        mu, sd = X[tr].mean(0), X[tr].std(0)
+        X = (X - mu) / sd
+        return to_t(X[tr], torch.float32), to_t(y[tr], torch.long), X[va], y[va]
+
+
+    def run_epoch(model, X, y, opt):
+        idx = torch.randperm(len(X))
+        for i in range(0, len(X), 64):
+            b = idx[i:i + 64]
+            loss = torch.nn.functional.cross_entropy(model(X[b]), y[b])  # <use>
+            loss.backward()
+
+
+    Xtr, ytr, Xva, yva = make_data(800)
+    run_epoch(model, Xtr, ytr, opt)
+    """
+
+
+def test_rows_chosen_by_an_index_array_are_traced_to_the_split_of_the_index(tmp_path):
+    """``tr = perm[:n]`` then ``X[tr]``: the rows are the index's, through a standardisation
+    of every row (arithmetic keeps them), this file's own tensor-making lambda and a function's
+    returned tuple; the batch index sliced inside the loop (``idx[i:i + 64]``) is a batch,
+    not the data's rows."""
+    from model_debugger.provenance import ROWS, selects_rows
+
+    got, made, use = _origin(tmp_path, ROWS_BY_INDEX, ROWS)
+    assert got == made
+    assert selects_rows({"file": str(tmp_path / "train.py"), "line": got})
+
+
+def test_a_batch_sliced_from_a_split_inside_the_loop_keeps_the_split_as_the_rows(tmp_path):
+    """``X_train = X[:800]``, then per batch ``idx = perm[i:i + 32]; xb = X_train[idx]``: the
+    rows come from the split, not from the batch slice."""
+    from model_debugger.provenance import ROWS
+
+    source = """
+        import torch
+        X, y = torch.randn(1000, 5), torch.randn(1000, 1)
+        X_train, y_train = X[:800], y[:800]  # <made>
+        for epoch in range(3):
+            perm = torch.randperm(800)
+            for i in range(0, 800, 32):
+                idx = perm[i:i + 32]
+                xb, yb = X_train[idx], y_train[idx]
+                loss = torch.nn.functional.mse_loss(model(xb), yb)  # <use>
+        """
+    got, made, _ = _origin(tmp_path, source, ROWS)
+    assert got == made
+
+
+def test_local_wrappers_are_functions_that_return_their_first_argument_wrapped():
+    import ast
+
+    from model_debugger.provenance import _local_wrappers
+
+    tree = ast.parse(
+        "to_t = lambda a, dt: torch.tensor(a, dtype=dt)\n"
+        "def as_t(a):\n    return torch.from_numpy(a).float()\n"
+        "def scaled(a):\n    return (a - a.mean()) / a.std()\n"
+        "other = lambda a, b: torch.tensor(b)\n"
+        "def twice(a):\n    return a\ndef twice(a):\n    return a\n")
+    assert _local_wrappers(tree) == {"to_t", "as_t"}

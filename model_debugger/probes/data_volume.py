@@ -85,6 +85,11 @@ class DataVolume(Probe):
             len(ctx.run.steps) >= 10 * max(repeat["step"], 1)
         if fed_again:
             per_sample = min(per_sample, repeat["distinct"])
+        counted = _distinct_rows(ctx, paired=True)
+        if counted is not None and counted[1] < counted[0] and not fed_again:
+            # the kept sample came round (rows seen again): the data holds that many rows,
+            # whatever the record could count as an epoch (a hand-written loop has none)
+            per_sample = min(per_sample, counted[1])
         ratio = model["params"] / per_sample
         if ratio < PARAMS_PER_SAMPLE:
             return []
@@ -147,8 +152,8 @@ def _memorised(sig: dict) -> bool:
     return sig.get("acc_gap", 0.0) >= ACC_GAP
 
 
-def _repeated_rows(ctx: ProbeContext, paired: bool = False):
-    """A confirmed finding when the kept training rows are a few distinct rows repeated.
+def _distinct_rows(ctx: ProbeContext, paired: bool = False) -> tuple[int, int] | None:
+    """``(kept rows, distinct rows)`` of the kept training sample, or None without one.
 
     With ``paired``, a row is its inputs with its target: inputs that repeat with other targets
     (a few categorical features, noisy labels) are not the same example.
@@ -156,7 +161,7 @@ def _repeated_rows(ctx: ProbeContext, paired: bool = False):
     from .constant_inputs import _inputs
 
     x = _inputs(ctx)
-    if x is None or len(x) < MIN_ROWS:
+    if x is None or not len(x):
         return None
     rows = np.ascontiguousarray(np.asarray(x).reshape(len(x), -1), dtype=np.float64) + 0.0
     y = getattr(ctx.trainer, "targets", None) if getattr(ctx.trainer, "inputs", None) else \
@@ -167,12 +172,20 @@ def _repeated_rows(ctx: ProbeContext, paired: bool = False):
         y = y.detach().cpu().float().numpy() if hasattr(y, "detach") else np.asarray(y)
         rows = np.concatenate([rows, np.asarray(y, dtype=np.float64).reshape(len(rows), -1)],
                               axis=1)
-    distinct = len({r.tobytes() for r in rows})
-    if distinct > DISTINCT_SHARE * len(rows) or distinct < 2:  # one row: constant_inputs
+    return len(rows), len({r.tobytes() for r in rows})
+
+
+def _repeated_rows(ctx: ProbeContext, paired: bool = False):
+    """A confirmed finding when the kept training rows are a few distinct rows repeated."""
+    counted = _distinct_rows(ctx, paired)
+    if counted is None or counted[0] < MIN_ROWS:
+        return None
+    kept, distinct = counted
+    if distinct > DISTINCT_SHARE * kept or distinct < 2:  # one row: constant_inputs
         return None
     probe = DataVolume()
-    said = (f"The {len(rows)} kept training rows hold only {distinct} distinct examples, each "
-            f"seen about {len(rows) / distinct:.0f} times: the model learns from {distinct} "
+    said = (f"The {kept} kept training rows hold only {distinct} distinct examples, each "
+            f"seen about {kept / distinct:.0f} times: the model learns from {distinct} "
             "examples, whatever the length of an epoch, and memorises them")
     cut = cut_passes(ctx)
     if cut is not None:  # the loop takes the loader's first batches and leaves
@@ -181,11 +194,11 @@ def _repeated_rows(ctx: ProbeContext, paired: bool = False):
             f"{said}. Each pass over the training loader drew {cut['drawn']} of its "
             f"{cut['batches']} batches: the batch loop is left early, so every epoch trains on "
             "the same first rows. Let every pass run to the loader's end.",
-            cut["exit"] or cut["loop"], strength=0.85, decisive=True, rows=len(rows),
+            cut["exit"] or cut["loop"], strength=0.85, decisive=True, rows=kept,
             distinct_rows=distinct, batches_per_pass=cut["batches"],
             drawn_per_pass=cut["drawn"])
     return probe.finding(
         "data", True, f"{said} (a sampling or indexing step repeats a handful of rows).",
         data_origin(st.data_location(ctx), probe.data_role),
         strength=0.85, decisive=True,
-        rows=len(rows), distinct_rows=distinct)
+        rows=kept, distinct_rows=distinct)
