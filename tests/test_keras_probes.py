@@ -912,3 +912,59 @@ def test_the_head_a_finding_names_is_found_where_it_was_made():
     assert head_layer_line(src + listed, "dense_1", index=0) is None  # b at 2, a call at 7
     assert head_layer_line(src + listed, "dense_1", index=1) == 4  # c in both models
     assert head_layer_line(src + listed, "dense_1") is None
+
+
+RELU_RATE = """\
+import numpy as np
+import tensorflow as tf
+import keras
+
+rng = np.random.default_rng(0)
+X = rng.standard_normal((512, 6)).astype("float32")
+y = rng.poisson(np.exp(0.3 * X[:, 0])).astype("float32")
+keras.utils.set_random_seed(0)
+inp = keras.Input((6,))
+hidden = keras.layers.Dense(16, activation="tanh")(inp)
+rate = keras.layers.Dense(1, activation="relu")(hidden)
+model = keras.Model(inp, rate)
+opt = keras.optimizers.Adam(1e-2)
+
+
+@tf.function
+def step(xb, yb):
+    with tf.GradientTape() as tape:
+        r = tf.squeeze(model(xb, training=True), -1)
+        loss = tf.reduce_mean(r - yb * tf.math.log(r))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+
+for xb, yb in tf.data.Dataset.from_tensor_slices((X, y)).batch(64):
+    step(xb, yb)
+"""
+
+
+def test_a_traced_loop_whose_loss_takes_the_log_of_a_relu_output(tk, tmp_path):
+    """A ``tf.function`` step over ``tf.data``, a Poisson NLL by hand on a ReLU rate head:
+    NaN at step 0. Keras applies the (NaN) update before the capture reads the loss, so the
+    forward is replayed on a copy at the initial weights, on the batch the loop drew: finite,
+    half of it exactly 0. Confirmed, located at the output layer (not the first layer, whose
+    weights the update had made NaN)."""
+    import runpy
+
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    path = tmp_path / "rate.py"
+    path.write_text(RELU_RATE)
+    with model_debugger.capture() as rec:
+        runpy.run_path(str(path))
+    ctx = build_context(Run(rec.events), rec.keeper, {str(path): RELU_RATE}, budget=60.0)
+    bad = ctx.run.first("nonfinite")
+    assert bad["step"] == 0 and bad["forward"] == "finite" and bad["output_zeros"] > 0.05
+    assert bad["module"] is None  # every layer finite before the update
+    [f] = [f for f in run_probes(ctx, ["gradient_flow"]).findings if f.confirmed]
+    assert f.root_cause == "architecture" and f.location == {"file": str(path), "line": 11}

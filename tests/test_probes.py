@@ -2238,3 +2238,31 @@ def test_data_volume_counts_the_rows_a_hand_written_loop_came_round_to(tmp_path)
     f = confirmed_one(ctx, "data_volume", "data")
     assert f.evidence["samples_per_epoch"] == 200
     assert_at(f, "few-rows")
+
+
+def _relu_rate():
+    """A Poisson rate head through a ReLU, its NLL written by hand: log(0) on the first batch."""
+    torch.manual_seed(0)
+    X = torch.randn(512, 6)
+    y = torch.poisson(torch.exp(0.3 * X[:, :1]))
+    net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1), nn.ReLU())  # <rate-head>
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for i in range(0, 512, 64):
+        rate = net(X[i:i + 64])
+        loss = (rate - y[i:i + 64] * torch.log(rate)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_a_loss_that_turns_finite_outputs_non_finite_at_the_first_step(tmp_path):
+    """NaN at step 0, before any update: the forward replayed on that batch was finite, with
+    outputs exactly 0 (the ReLU), so the loss made it (a log of 0): confirmed by that
+    measurement and located at the layer that makes the output, not at the first layer."""
+    ctx = captured(tmp_path, _relu_rate)
+    bad = ctx.run.first("nonfinite")
+    assert bad["step"] == 0 and bad["forward"] == "finite" and bad["output_zeros"] > 0.05
+    assert ctx.classification.primary == "gradient_instability"
+    f = confirmed_one(ctx, "gradient_flow", "architecture")
+    assert f.evidence["output_zero_share"] > 0.05
+    assert_at(f, "rate-head")

@@ -44,6 +44,21 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def forward_fields(out) -> dict:
+    """``{"forward": "finite", "output_zeros": share}`` for a finite model output, else ``{}``.
+
+    Written with a ``nonfinite`` loss when the model's forward, replayed on that batch at the
+    weights the step started from, gave finite outputs: the loss computation made the value
+    (``output_zeros``: the share of outputs exactly 0, a ReLU's floor under a log).
+    """
+    import numpy as np
+
+    x = np.asarray(out, dtype=np.float64)
+    if not x.size or not np.isfinite(x).all():
+        return {}
+    return {"forward": "finite", "output_zeros": float((x == 0).mean())}
+
+
 def is_oom(exc: BaseException) -> bool:
     """True for out-of-memory errors of any framework."""
     name = type(exc).__name__

@@ -486,6 +486,7 @@ class LoopHooks(BatchKeeping):
         elif out is not None:
             self._passes.drew(entry[0])
             self._last_source = entry[0]
+            self._last_drawn = out  # (a replay's inputs when the step is traced)
 
     def _work_enter(self) -> None:
         if not self._work_depth:

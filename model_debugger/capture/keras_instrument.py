@@ -92,6 +92,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._passes = Passes()  # batches drawn per pass over each dataset (custom loops)
         self._iterating: dict[int, tuple] = {}  # id(iterator) -> (its dataset's key, weakref)
         self._last_source = None  # the dataset of the last batch drawn in a custom loop
+        self._last_drawn = None  # that batch
         self._eval_losses: list = []  # (mean loss, rows) of a custom loop's evaluation batches
         self._unsized: list = []  # (weakref, name) of the models found, until each is built
         self._rates = RateTrack(rec)  # the optimizer's learning rate over the run (``lr``)
@@ -185,6 +186,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         if self._keep_gate is not None:  # the user's traced step keeps the gate: shut it
             self._keep_gate.assign(False)
         self._last_x = self._fitting = self._call = self._target = self._root = None
+        self._last_drawn = None
         self._keep_gate = None
         self._pending = None
         self._models.clear()

@@ -30,9 +30,10 @@ import time
 
 import numpy as np
 
-from ._util import num, rss_bytes
+from ._util import forward_fields, num, rss_bytes
 from .codeloc import is_user_file, user_frame
 from .held import HELD_EVERY, HeldWatch
+from .keras_keeper import split_batch
 from .keras_util import in_xla, layer_of, user_location
 from .norms import MGN_MAX
 from .norms import window as norms_window
@@ -264,8 +265,10 @@ class StepHooks(OverheadWatch, HeldWatch):
         if not self._nonfinite_seen:
             if loss is not None and not math.isfinite(loss):
                 self._nonfinite_seen = True
+                self._forward = {}
+                module = self._localize()
                 self.rec.emit("nonfinite", step=self.rec.step, what="loss", value=str(loss),
-                              module=self._localize(), replay=None)
+                              module=module, replay=None, **self._forward)
             elif not math.isfinite(total):
                 self._nonfinite_seen = True
                 bad = [n for n, v in zip(names, per_layer) if not math.isfinite(v)]
@@ -321,25 +324,44 @@ class StepHooks(OverheadWatch, HeldWatch):
     def _localize(self) -> str | None:
         """The first layer holding non-finite weights or giving non-finite output on the last batch.
 
-        Functional and Sequential models only.
+        Functional and Sequential models only. Keras applies a step's update before the capture
+        reads its loss: on the first step the weights read are the update's (non-finite
+        everywhere once a non-finite loss was back-propagated), so the forward is replayed on a
+        copy at the weights from before it (the keeper's initial weights), on the last inputs
+        (else the first kept ones).
         """
         model = self._root() if self._root else None
         if model is None:
             return None
         layers = [layer for layer in getattr(model, "layers", [])]
-        for layer in layers:
-            for w in layer.weights:
-                if not np.isfinite(np.asarray(w.numpy(), dtype=np.float64)).all():
-                    return layer.name
-        if self._last_x is None:
+        initial = self.keeper.initial_state if not self._steps else None
+        x = self._last_x
+        if x is None or self._tf.is_tensor(x) and self._tf.is_symbolic_tensor(x):
+            kept = self.keeper.train_batches[0][0] if self.keeper.train_batches else \
+                self.keeper.heads_x
+            x = None if kept is None else kept[0] if len(kept) == 1 else list(kept)
+        if x is None and self._last_drawn is not None:  # a traced step: the batch drawn
+            x = split_batch(self._last_drawn)[0]
+        if initial is None:
+            for layer in layers:
+                for w in layer.weights:
+                    if not np.isfinite(np.asarray(w.numpy(), dtype=np.float64)).all():
+                        return layer.name
+        if x is None:
             return None
         try:
             probe = self._keras.Model(model.inputs, [layer.output for layer in layers])
-            outs = probe(self._last_x, training=False)
+            if initial is not None:  # the same graph at the weights the first step started from
+                probe = self._keras.models.clone_model(probe)
+                probe.set_weights(initial)
+            outs = probe(x, training=False)
         except Exception:  # noqa: BLE001 - a subclassed model has no symbolic outputs
             return None
-        for layer, out in zip(layers, outs if isinstance(outs, (list, tuple)) else [outs]):
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        for layer, out in zip(layers, outs):
             arr = np.asarray(out)
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 return layer.name
+        if initial is not None and outs:  # every layer finite before any update
+            self._forward = forward_fields(outs[-1])
         return None

@@ -336,7 +336,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             self._nonfinite_seen = True
             in_batch = self._nonfinite_batch()
             self.rec.emit("nonfinite", step=self.rec.step, what="loss", value=str(value),
-                          module=self._localize(), replay=self._replay,
+                          module=self._localize(), replay=self._replay, **self._forward,
                           **({"in_weights": True} if self._in_weights else {}),
                           **({"in_batch": in_batch} if in_batch else {}))
         if self._opt_steps and not self._pending_losses and self._mode == "optimizer":

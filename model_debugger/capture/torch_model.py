@@ -27,6 +27,7 @@ import weakref
 import torch
 
 from . import patches
+from ._util import forward_fields
 from .codeloc import (
     assignment,
     definition_location,
@@ -50,6 +51,7 @@ class ModelHooks:
         self._eval_seen = False  # the first evaluation forward's line is referenced
         self._nonfinite_seen = False
         self._replay = None
+        self._forward: dict = {}
         self._in_weights = False
 
     def _let_go_model(self) -> None:
@@ -134,9 +136,11 @@ class ModelHooks:
 
         Sets ``self._replay``: "nonfinite" when replaying the batch repeats the problem,
         "finite" when the same inputs, weights and loss give a finite value (not reproducible:
-        a hardware suspicion), None when no replay was possible.
+        a hardware suspicion), None when no replay was possible; and ``self._forward``
+        (:func:`~._util.forward_fields`) when the replayed model output was finite.
         """
         self._replay = None
+        self._forward = {}
         self._in_weights = False
         model = self._root() if self._root else None
         if model is None:
@@ -148,6 +152,8 @@ class ModelHooks:
         if self._last_input is None:
             return None
         found, out = replay_first_nonfinite(model, *self._last_input)
+        if found is None and isinstance(out, torch.Tensor):
+            self._forward = forward_fields(out.detach().cpu().numpy())
         if found is None and isinstance(out, torch.Tensor) and self._last_loss_call is not None:
             # the same batch through the same weights and loss: does the non-finite value repeat?
             name, target, kwargs, shape = self._last_loss_call

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._lint import summed_loss_line
+from ._made import output_location
 from .base import Probe, ProbeContext, blown_up, register, setting_location
 
 VANISH = 1e-3      # layer median norm / largest layer median norm
@@ -97,6 +98,9 @@ class GradientFlow(Probe):
                 + (" (the loss sums over the batch: reduction='sum' makes every step the "
                    "batch size times the mean's)." if summed else "."),
                 summed or setting_location(ctx.ref("optimizer"), "lr"), strength=0.7, **common)
+        if what == "loss" and step == 0 and bad.get("forward") == "finite" and \
+                bad.get("replay") != "finite":
+            return _loss_made_it(self, ctx, bad, common)
         custom = _module_location(ctx, module) if module else None
         # weights already non-finite: an earlier update (a gradient the capture did not
         # measure, see norm_every) put them there, not the forward pass
@@ -116,6 +120,34 @@ class GradientFlow(Probe):
                 ", whose weights were already non-finite: an earlier update put them there"
                 if in_weights else "") + ".", ctx.ref("backward"),
             strength=0.4, in_weights=in_weights, **common)
+
+
+def _loss_made_it(probe: Probe, ctx: ProbeContext, bad: dict, common: dict):
+    """The loss turned finite outputs into a non-finite value on the first step.
+
+    Measured by the capture: the batch that gave the first loss, replayed through the model at
+    the weights from before any update, gave finite outputs; the value came from the loss
+    computation (a log of 0, a division by 0). With outputs exactly 0 (a ReLU's floor) it is
+    located at the layer that makes the output, else at the loss.
+    """
+    from ..signals import FLOOR_ZEROS
+
+    zeros = float(bad.get("output_zeros") or 0.0)
+    floored = zeros >= FLOOR_ZEROS
+    where = (output_location(ctx) or ctx.ref("model") if floored else None) \
+        or ctx.ref("loss_fn") or ctx.ref("backward")
+    return probe.finding(
+        "architecture", True,
+        "The loss was non-finite at the first step, before any update, while the model's "
+        "outputs on that batch were finite (replayed at the initial weights): the loss "
+        "computation itself makes the value (a log of 0, a division by 0, a square root of a "
+        "negative)." + (
+            f" {zeros:.0%} of the outputs are exactly 0 (a ReLU or clamp on the output): a "
+            "loss that takes their log or divides by them cannot take 0. Use an output that "
+            "stays positive (softplus, exp) or add a small epsilon in the loss." if floored
+            else " Guard the operation (an epsilon, a clamp) or use the library's stable form "
+                 "of the loss."),
+        where, strength=0.9, decisive=True, output_zero_share=zeros, **common)
 
 
 # evidence of a classification that the loss or the gradients grew (classify.exploding, nonfinite)
