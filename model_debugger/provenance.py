@@ -1335,14 +1335,16 @@ def _local_wrappers(tree: ast.Module) -> frozenset:
 
     ``to_t = lambda a, dt: torch.tensor(a, dtype=dt)``, ``def as_t(a): return
     torch.from_numpy(a).float()``: calls of them are seen through like the wrappers they call.
-    Named once in the file.
+    Named once in the file; a function whose body does anything before its return (``a =
+    a[:100]``) is not one.
     """
     found: dict[str, list] = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            rets = _returns(node)
-            found.setdefault(node.name, []).append(
-                (node.args, rets[0].value if len(rets) == 1 else None))
+            body = [st for st in node.body if not (isinstance(st, ast.Expr) and
+                                                   isinstance(st.value, ast.Constant))]
+            only = len(body) == 1 and isinstance(body[0], ast.Return)  # nothing done before
+            found.setdefault(node.name, []).append((node.args, body[0].value if only else None))
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda) and \
                 len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             found.setdefault(node.targets[0].id, []).append((node.value.args, node.value.body))

@@ -299,8 +299,9 @@ def _head_range(heads: list[dict]) -> dict:
     Each ``head_targets`` event is one output's targets and outputs; ``output_range_head``
     names the head when one leaves targets unreachable.
     """
+    last = {h.get("head"): h for h in heads}  # each head's latest: the trained model's range
     best: dict = {}
-    for head in heads:
+    for head in last.values():
         got = output_range(None, head)
         if "output_range_unreachable" not in got:
             continue

@@ -1220,3 +1220,23 @@ def test_the_learning_rate_trajectory_and_the_scheduler_line_are_recorded():
         (0, 0.1), (4, 0.01), (8, 0.001)]
     ref = next(e for e in run.of("ref") if e["kind"] == "scheduler")
     assert (ref["line"], ref["cls"]) == (line_of("sched"), "StepLR")
+
+
+def test_a_bfloat16_model_s_first_nonfinite_loss_is_still_recorded():
+    """The replay's output is bf16 (NumPy has no such type): the event is written all the
+    same, with the finite forward measured."""
+    torch.manual_seed(0)
+    X = torch.randn(64, 6).bfloat16()
+    y = torch.poisson(torch.ones(64, 1)).bfloat16()
+    with capture(update_every=0) as rec:  # (a model built inside: its first forward is seen)
+        net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1), nn.ReLU()).bfloat16()
+        opt = torch.optim.SGD(net.parameters(), lr=1e-2)
+        for i in range(0, 64, 16):
+            rate = net(X[i:i + 16])
+            loss = (rate - y[i:i + 16] * torch.log(rate)).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    (event,) = [e for e in rec.events if e["t"] == "nonfinite"]
+    assert event["step"] == 0 and event["forward"] == "finite"
+    assert not [e for e in rec.events if e["t"] == "internal_error"]

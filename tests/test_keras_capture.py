@@ -810,3 +810,19 @@ def test_a_cache_after_repeat_is_an_unbounded_cache_at_its_line(order):
     (f,) = PROBES["pipeline_cache"]().run(ctx)
     assert f.confirmed and f.root_cause == "data" and f.location["line"] == line_of(
         "unbounded-cache")
+
+
+def test_nan_targets_at_the_first_step_are_not_read_as_the_loss_s_own_making():
+    """NaN regression targets: the forward replayed at the initial weights is finite, but the
+    batch's targets are not, so the record does not say the loss computation made the value."""
+    X, _ = data(256)
+    y = X[:, :1].sum(1).astype("float32")
+    y[::8] = np.nan
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with capture() as rec:
+        model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+    bad = Run(rec.events).first("nonfinite")
+    assert bad is not None and bad["step"] == 0
+    assert "forward" not in bad

@@ -912,6 +912,9 @@ def test_the_head_a_finding_names_is_found_where_it_was_made():
     assert head_layer_line(src + listed, "dense_1", index=0) is None  # b at 2, a call at 7
     assert head_layer_line(src + listed, "dense_1", index=1) == 4  # c in both models
     assert head_layer_line(src + listed, "dense_1") is None
+    filled = ("outs = {}\nouts['stay'] = Dense(1, activation='relu')(h)\nm = Model(x, outs)\n"
+              "y_stay = (stay - m) / s\nm.fit(X, {'risk': y_risk, 'stay': y_stay})\n")
+    assert head_layer_line(filled, "stay") == 2  # not the targets given to fit
 
 
 RELU_RATE = """\

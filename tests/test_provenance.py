@@ -1239,5 +1239,7 @@ def test_local_wrappers_are_functions_that_return_their_first_argument_wrapped()
         "def as_t(a):\n    return torch.from_numpy(a).float()\n"
         "def scaled(a):\n    return (a - a.mean()) / a.std()\n"
         "other = lambda a, b: torch.tensor(b)\n"
-        "def twice(a):\n    return a\ndef twice(a):\n    return a\n")
-    assert _local_wrappers(tree) == {"to_t", "as_t"}
+        "def twice(a):\n    return a\ndef twice(a):\n    return a\n"
+        "def prep(a):\n    a = a[:100]\n    return torch.tensor(a)\n"
+        "def doc(a):\n    'Tensor of a.'\n    return torch.tensor(a)\n")
+    assert _local_wrappers(tree) == {"to_t", "as_t", "doc"}  # prep slices first

@@ -262,7 +262,7 @@ class FitHooks(BatchKeeping):
 
     def _on_data(self, data) -> None:
         x, y = split_batch(data)
-        self._last_x = x
+        self._last_x, self._last_y = x, y
         self._keep_batch(x, y)
         if y is not None and not isinstance(y, (dict, tuple, list)):
             y = y.numpy() if hasattr(y, "numpy") else y
@@ -486,7 +486,8 @@ class LoopHooks(BatchKeeping):
         elif out is not None:
             self._passes.drew(entry[0])
             self._last_source = entry[0]
-            self._last_drawn = out  # (a replay's inputs when the step is traced)
+            if not self._steps:  # a replay's batch when the first step is traced
+                self._last_drawn = out
 
     def _work_enter(self) -> None:
         if not self._work_depth:

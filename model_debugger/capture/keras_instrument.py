@@ -93,6 +93,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._iterating: dict[int, tuple] = {}  # id(iterator) -> (its dataset's key, weakref)
         self._last_source = None  # the dataset of the last batch drawn in a custom loop
         self._last_drawn = None  # that batch
+        self._last_y = None  # the targets of fit's last batch
         self._eval_losses: list = []  # (mean loss, rows) of a custom loop's evaluation batches
         self._unsized: list = []  # (weakref, name) of the models found, until each is built
         self._rates = RateTrack(rec)  # the optimizer's learning rate over the run (``lr``)
@@ -186,7 +187,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         if self._keep_gate is not None:  # the user's traced step keeps the gate: shut it
             self._keep_gate.assign(False)
         self._last_x = self._fitting = self._call = self._target = self._root = None
-        self._last_drawn = None
+        self._last_drawn = self._last_y = None
         self._keep_gate = None
         self._pending = None
         self._models.clear()
@@ -283,7 +284,10 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         """Per-output target statistics for a compiled model with several outputs (once)."""
         if self.heads is not None:
             return
-        names = list(getattr(model, "output_names", None) or ())
+        out = getattr(model, "output", None) if getattr(model, "built", False) else None
+        # a dict of outputs: Keras matches targets and losses by its keys, in sorted order
+        names = sorted(map(str, out)) if isinstance(out, dict) else \
+            list(getattr(model, "output_names", None) or ())
         heads = describe_heads(getattr(model, "loss", None), names)
         if heads:
             self.heads = HeadStats(heads, names)

@@ -396,6 +396,8 @@ class KerasKeeper(SpilledState):
         if self.full(self._epoch) or y is None or \
                 epoch > self._epoch + 1 and self.full(epoch):  # (repeats: one epoch on)
             return
+        if self.heads_x is not None and isinstance(y, (dict, list, tuple)):
+            return  # a multi-output model's inputs are kept once
         xs = self.positional(to_numpy(x))
         y = to_numpy(y)
         if xs is None:

@@ -64,6 +64,21 @@ def _trace_caller(frame) -> dict | None:
     return None
 
 
+def _finite(y) -> bool:
+    """Whether targets ``y`` (an array, a tensor, a dict or list of them, or None) are finite.
+
+    None (unknown) counts as finite; non-numeric targets too.
+    """
+    if y is None:
+        return True
+    if isinstance(y, dict):
+        return all(_finite(v) for v in y.values())
+    if isinstance(y, (list, tuple)):
+        return all(_finite(v) for v in y)
+    arr = np.asarray(y.numpy() if hasattr(y, "numpy") else y)
+    return arr.dtype.kind not in "fc" or bool(np.isfinite(arr).all())
+
+
 class StepHooks(OverheadWatch, HeldWatch):
     """``GradientTape.gradient`` and ``BaseOptimizer.apply``: the loss and norms of each step."""
 
@@ -303,6 +318,7 @@ class StepHooks(OverheadWatch, HeldWatch):
         self.rec.emit("step", **step)
         self.rec.step += 1
         self._steps += 1
+        self._last_drawn = None  # (kept for a replay of the first step only)
         if not self.rec.step % HELD_EVERY:  # the containers the loop keeps (held.py)
             self.guard(self._look_held)(self.rec.step)
         if self.cfg.hist_every and self._steps % self.cfg.hist_every == 0:
@@ -328,40 +344,55 @@ class StepHooks(OverheadWatch, HeldWatch):
         reads its loss: on the first step the weights read are the update's (non-finite
         everywhere once a non-finite loss was back-propagated), so the forward is replayed on a
         copy at the weights from before it (the keeper's initial weights), on the last inputs
-        (else the first kept ones).
+        (else the first kept ones, else the batch a traced loop drew). Every layer finite there,
+        with finite targets: ``self._forward`` (:func:`~._util.forward_fields` of the model's
+        output).
         """
         model = self._root() if self._root else None
         if model is None:
             return None
         layers = [layer for layer in getattr(model, "layers", [])]
         initial = self.keeper.initial_state if not self._steps else None
-        x = self._last_x
-        if x is None or self._tf.is_tensor(x) and self._tf.is_symbolic_tensor(x):
-            kept = self.keeper.train_batches[0][0] if self.keeper.train_batches else \
-                self.keeper.heads_x
-            x = None if kept is None else kept[0] if len(kept) == 1 else list(kept)
-        if x is None and self._last_drawn is not None:  # a traced step: the batch drawn
-            x = split_batch(self._last_drawn)[0]
-        if initial is None:
+        x, y = self._replay_batch()
+        probe = None
+        if x is not None:
+            try:
+                probe = self._keras.Model(model.inputs, [layer.output for layer in layers])
+                if initial is not None:  # the same graph at the weights the step started from
+                    probe = self._keras.models.clone_model(probe)
+                    probe.set_weights(initial)
+            except Exception:  # noqa: BLE001 - a subclassed model has no symbolic outputs
+                probe = None
+        if probe is None or initial is None:  # the weights as the update left them
             for layer in layers:
                 for w in layer.weights:
                     if not np.isfinite(np.asarray(w.numpy(), dtype=np.float64)).all():
                         return layer.name
-        if x is None:
+        if probe is None:
             return None
         try:
-            probe = self._keras.Model(model.inputs, [layer.output for layer in layers])
-            if initial is not None:  # the same graph at the weights the first step started from
-                probe = self._keras.models.clone_model(probe)
-                probe.set_weights(initial)
             outs = probe(x, training=False)
-        except Exception:  # noqa: BLE001 - a subclassed model has no symbolic outputs
+        except Exception:  # noqa: BLE001 - inputs the copy cannot take
             return None
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         for layer, out in zip(layers, outs):
             arr = np.asarray(out)
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 return layer.name
-        if initial is not None and outs:  # every layer finite before any update
-            self._forward = forward_fields(outs[-1])
+        made = [i for i, layer in enumerate(layers)
+                if any(layer.output is o for o in getattr(model, "outputs", None) or ())]
+        if initial is not None and len(made) == 1 and _finite(y):  # one output, finite
+            self._forward = forward_fields(outs[made[0]])
         return None
+
+    def _replay_batch(self) -> tuple:
+        """``(inputs, targets)`` of the batch to replay: the last, else one kept, else drawn."""
+        x, y = self._last_x, getattr(self, "_last_y", None)
+        if x is None or self._tf.is_tensor(x) and self._tf.is_symbolic_tensor(x):
+            x, y = None, None
+            if self.keeper.train_batches:
+                (kept, y), = self.keeper.train_batches[:1]
+                x = kept[0] if len(kept) == 1 else list(kept)
+        if x is None and self._last_drawn is not None:  # a traced step: the batch drawn
+            x, y = split_batch(self._last_drawn)
+        return x, y

@@ -152,8 +152,8 @@ class ModelHooks:
         if self._last_input is None:
             return None
         found, out = replay_first_nonfinite(model, *self._last_input)
-        if found is None and isinstance(out, torch.Tensor):
-            self._forward = forward_fields(out.detach().cpu().numpy())
+        if found is None and isinstance(out, torch.Tensor) and out.is_floating_point():
+            self._forward = forward_fields(out.detach().float().cpu().numpy())  # (bf16 too)
         if found is None and isinstance(out, torch.Tensor) and self._last_loss_call is not None:
             # the same batch through the same weights and loss: does the non-finite value repeat?
             name, target, kwargs, shape = self._last_loss_call

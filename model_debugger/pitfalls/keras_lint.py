@@ -110,6 +110,9 @@ def output_layer_line(source: str) -> int | None:
     return lines.pop() if len(lines) == 1 else None
 
 
+_FEEDS = ("fit", "evaluate", "compile", "train_on_batch", "test_on_batch", "predict")
+
+
 def head_layer_line(source: str, head: str, index: int | None = None) -> int | None:
     """The line that made the output ``head`` of a multi-output model, or None.
 
@@ -128,7 +131,10 @@ def head_layer_line(source: str, head: str, index: int | None = None) -> int | N
                      and k.value.value == head for k in node.keywords)}
     if named:
         return named.pop() if len(named) == 1 else None
-    dicts = [node for node in ast.walk(tree) if isinstance(node, ast.Dict)]
+    fed = {id(a) for call in ast.walk(tree) if isinstance(call, ast.Call)
+           and tail(call) in _FEEDS for a in (*call.args, *(k.value for k in call.keywords))}
+    dicts = [node for node in ast.walk(tree) if isinstance(node, ast.Dict)
+             and id(node) not in fed]  # (not the targets, losses or metrics given by name)
     given = [a for call in ast.walk(tree) if isinstance(call, ast.Call)  # models' outputs
              and tail(call) in ("Model", "Functional")
              for a in (*call.args[1:2], *(k.value for k in call.keywords if k.arg == "outputs"))]
@@ -138,6 +144,11 @@ def head_layer_line(source: str, head: str, index: int | None = None) -> int | N
         for key, value in zip(node.keys, node.values):
             if isinstance(key, ast.Constant) and key.value == head:
                 made.add(_made_line(tree, value, node.lineno))
+    if not outputs:  # outs["stay"] = Dense(1)(h): a dict of outputs filled by key
+        made |= {node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Call) and any(
+                     isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
+                     and t.slice.value == head for t in node.targets)}
     if not made and index is not None:
         made = {_made_line(tree, a.elts[index], a.lineno) for a in given
                 if isinstance(a, (ast.List, ast.Tuple)) and len(a.elts) > index > -1}

@@ -85,10 +85,10 @@ class DataVolume(Probe):
             len(ctx.run.steps) >= 10 * max(repeat["step"], 1)
         if fed_again:
             per_sample = min(per_sample, repeat["distinct"])
-        counted = _distinct_rows(ctx, paired=True)
-        if counted is not None and counted[1] < counted[0] and not fed_again:
-            # the kept sample came round (rows seen again): the data holds that many rows,
-            # whatever the record could count as an epoch (a hand-written loop has none)
+        counted = _distinct_rows(ctx, paired=True) if ctx.run.epochs <= 1 else None
+        if counted is not None and counted[1] <= counted[0] / 2 and not fed_again:
+            # no epoch is visible (a hand-written loop) and the kept sample came round (each
+            # row at least twice on average): the data holds that many rows
             per_sample = min(per_sample, counted[1])
         ratio = model["params"] / per_sample
         if ratio < PARAMS_PER_SAMPLE:
@@ -163,16 +163,20 @@ def _distinct_rows(ctx: ProbeContext, paired: bool = False) -> tuple[int, int] |
     x = _inputs(ctx)
     if x is None or not len(x):
         return None
-    rows = np.ascontiguousarray(np.asarray(x).reshape(len(x), -1), dtype=np.float64) + 0.0
+    rows = np.asarray(x).reshape(len(x), -1)
     y = getattr(ctx.trainer, "targets", None) if getattr(ctx.trainer, "inputs", None) else \
         (ctx.train_xy[1] if ctx.train_xy is not None else None)  # the inputs' own targets
+    ys = None
     if paired:
         if y is None or len(y) != len(rows):
             return None
         y = y.detach().cpu().float().numpy() if hasattr(y, "detach") else np.asarray(y)
-        rows = np.concatenate([rows, np.asarray(y, dtype=np.float64).reshape(len(rows), -1)],
-                              axis=1)
-    return len(rows), len({r.tobytes() for r in rows})
+        ys = np.asarray(y, dtype=np.float64).reshape(len(rows), -1) + 0.0
+    # one row at a time (a batch of images as float64 at once would be gigabytes); + 0.0
+    # makes -0.0 and 0.0 the same bytes
+    seen = {(rows[i].astype(np.float64) + 0.0).tobytes()
+            + (b"" if ys is None else ys[i].tobytes()) for i in range(len(rows))}
+    return len(rows), len(seen)
 
 
 def _repeated_rows(ctx: ProbeContext, paired: bool = False):

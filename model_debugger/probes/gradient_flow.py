@@ -99,7 +99,7 @@ class GradientFlow(Probe):
                    "batch size times the mean's)." if summed else "."),
                 summed or setting_location(ctx.ref("optimizer"), "lr"), strength=0.7, **common)
         if what == "loss" and step == 0 and bad.get("forward") == "finite" and \
-                bad.get("replay") != "finite":
+                bad.get("replay") != "finite" and _targets_finite(ctx):
             return _loss_made_it(self, ctx, bad, common)
         custom = _module_location(ctx, module) if module else None
         # weights already non-finite: an earlier update (a gradient the capture did not
@@ -120,6 +120,15 @@ class GradientFlow(Probe):
                 ", whose weights were already non-finite: an earlier update put them there"
                 if in_weights else "") + ".", ctx.ref("backward"),
             strength=0.4, in_weights=in_weights, **common)
+
+
+def _targets_finite(ctx: ProbeContext) -> bool:
+    """Whether the kept training targets are finite (none kept: nothing says otherwise)."""
+    y = ctx.train_xy[1] if ctx.train_xy is not None else None
+    if y is None:
+        return True
+    y = np.asarray(y.detach().cpu().float() if hasattr(y, "detach") else y)
+    return y.dtype.kind not in "fc" or bool(np.isfinite(y).all())
 
 
 def _loss_made_it(probe: Probe, ctx: ProbeContext, bad: dict, common: dict):

@@ -180,7 +180,8 @@ class LossOutputMismatch(Probe):
         targets = (ctx.run.of("targets") or [{}])[-1]
         head = ctx.signals.get("output_range_head")
         if head is not None:  # one output of several: its own targets and range
-            targets = next((e for e in ctx.run.of("head_targets") if e.get("head") == head), {})
+            targets = next((e for e in reversed(ctx.run.of("head_targets"))
+                            if e.get("head") == head), {})  # its latest, as the signal's
         if isinstance(targets.get("input_min"), float):  # the loss inputs over the whole run
             seen = {"name": targets.get("loss"), "min": targets["input_min"],
                     "max": targets.get("input_max"),
