@@ -19,6 +19,8 @@ SIGNALS: dict[str, str] = {
     "steps": "optimizer steps recorded",
     "epochs": "epochs recorded",
     "loss_points": "finite training-loss readings",
+    "loss_source": "'epochs' when no step's loss was read and the loss signals come from the "
+                   "training loss reported each epoch",
     "loss_window": "readings averaged into one when a step holds < 32 targets (the loss-level "
                    "signals below are read on those means)",
     "loss_initial": "median loss over the first ~10% of readings",
@@ -459,9 +461,14 @@ def compute(run: Run) -> dict:
     s: dict = {"steps": len(run.steps), "epochs": run.epochs}
     loss = run.series("loss")
     fl = _finite(loss)
-    s["loss_points"] = int(len(fl))
     targets = run.of("targets")
     k = _noise_window(targets[-1] if targets else None, len(run.steps), len(fl))
+    if len(fl) < 2:  # no step's loss was read (a train_step reporting only its metrics):
+        epochs = run.metric_by_role("train", "loss")  # the training loss of each epoch
+        if epochs is not None and len(_finite(epochs[1])) >= 3:
+            fl, k = _finite(epochs[1]), 1  # (an epoch's mean: no noise window)
+            s["loss_source"] = "epochs"
+    s["loss_points"] = int(len(fl))
     first = float(np.median(fl[:max(3, k)])) if len(fl) else None  # the untrained model
     if k > 1:  # each reading is the loss of a few rows: judge the curve on means of k
         s["loss_window"] = k

@@ -1702,3 +1702,22 @@ def test_an_r2_that_stays_near_zero_while_the_loss_falls_is_a_wrong_solution(nam
     assert sig["error_share"] == pytest.approx(0.97)
     learned = syn.make_run(syn.healthy_steps(100), syn.metric(name, [0.3, 0.8, 0.95]))
     quiet(C.wrong_solution, learned)
+
+
+@pytest.mark.parametrize("losses, primary", [
+    ([1.85, 21.9, 218.7, 250.0, 270.0, 291.0], "gradient_instability"),
+    ([1.85, 0.9, 0.5, 0.3, 0.2, 0.15], HEALTHY),
+])
+def test_the_loss_of_each_epoch_stands_in_when_no_step_s_loss_was_read(losses, primary):
+    """A Keras ``train_step`` that returns only its metrics: every step's loss is unknown, the
+    training loss of each epoch is all there is, and the curve is judged on it (a loss that
+    rose 150x was ``healthy`` when the rules saw no loss at all)."""
+    n = 60
+    run = syn.make_run(syn.steps_events(n=n, gn=np.ones(n), ep=[i // 10 for i in range(n)]),
+                       syn.metric("loss", losses, source="keras"),
+                       syn.targets_counts([100] * 10))
+    sig = compute(run)
+    assert sig["loss_source"] == "epochs" and sig["loss_points"] == len(losses)
+    assert C.classify(sig).primary == primary
+    plain = syn.make_run(syn.steps_events(n=n, gn=np.ones(n)), syn.targets_counts([100] * 10))
+    assert "loss_source" not in compute(plain)
