@@ -4,10 +4,11 @@ The best constant predictor outputs the label prior (classification) or the targ
 (regression); its loss is the label entropy (cross-entropy, in nats), the mean binary entropy
 (binary cross-entropy), the target variance (MSE) or the mean absolute deviation from the median
 (L1). The capture's ``constant_predictor_loss`` signal is used when present; otherwise the
-baseline is computed from the training targets. Confirmed when the final loss is still >= 95% of
-the baseline: the model has learned nothing beyond the prior, which points at the optimisation
-(learning rate, schedule, initialisation) rather than the data, so the root cause is
-``hyperparameter``. Between 80% and 95% the finding is reported unconfirmed; below, silent.
+baseline is computed from the training targets. A final loss still >= 95% of the baseline
+measures the symptom (the model learned nothing beyond the prior), not its cause: the learning
+rate is the usual lever, but unscaled inputs, a missing input path or labels apart from their
+rows give the same curve. So the finding is a hypothesis (``hyperparameter``); the probes that
+undo a cause in a re-run (``lr_range`` among them) confirm one. Below 80%, silent.
 """
 
 from __future__ import annotations
@@ -133,7 +134,9 @@ class ConstantBaseline(Probe):
                     "learned little beyond the label prior / mean.")
         strength = 0.5 if confirmed else 0.2  # a symptom-level cause: specific probes rank first
         location = setting_location(ctx.ref("optimizer"), "lr") or st.data_location(ctx)
-        return [self.finding("hyperparameter", confirmed, text, location, strength=strength,
+        # the comparison measures the symptom; no re-run undid a cause: a hypothesis, ranked
+        # after what an experiment confirms (the rate is tested by lr_range)
+        return [self.finding("hyperparameter", False, text, location, strength=strength,
                              baseline_loss=base, baseline_source=source, baseline_kind=kind,
                              loss_final=final, loss_min=low, ratio=ratio,
                              majority_rate=s.get("majority_rate"))]
