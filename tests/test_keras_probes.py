@@ -971,3 +971,62 @@ def test_a_traced_loop_whose_loss_takes_the_log_of_a_relu_output(tk, tmp_path):
     assert bad["module"] is None  # every layer finite before the update
     [f] = [f for f in run_probes(ctx, ["gradient_flow"]).findings if f.confirmed]
     assert f.root_cause == "architecture" and f.location == {"file": str(path), "line": 11}
+
+
+def test_copies_of_a_model_with_adapted_lookup_layers_keep_their_vocabulary(tk):
+    """``IntegerLookup`` / ``StringLookup`` adapted before ``fit`` hold their vocabulary in a
+    lookup table, not in the config or the weights: a clone's table was empty ("Table not
+    initialized") and every probe that trains a copy failed. The copy now predicts as the
+    user's model did at the start and trains."""
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    rng = np.random.default_rng(0)
+    num = rng.standard_normal((512, 3)).astype("float32")
+    plan = rng.choice(np.array([101, 205, 333]), 512).astype("int64")
+    city = rng.choice(np.array(["oslo", "rome", "lima"]), 512).astype(object)
+    y = ((plan == 205) ^ (num[:, 0] > 0)).astype("float32")
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        plan_lookup = tk.layers.IntegerLookup(output_mode="one_hot")
+        plan_lookup.adapt(plan)
+        city_lookup = tk.layers.StringLookup(output_mode="one_hot")
+        city_lookup.adapt(city)
+        n_in = tk.Input((3,), name="num")
+        p_in = tk.Input((), dtype="int64", name="plan")
+        c_in = tk.Input((), dtype="string", name="city")
+        h = tk.layers.Concatenate()([n_in, plan_lookup(p_in), city_lookup(c_in)])
+        model = tk.Model({"num": n_in, "plan": p_in, "city": c_in},
+                         tk.layers.Dense(1, activation="sigmoid")(
+                             tk.layers.Dense(16, activation="relu")(h)))
+        x = {"num": num, "plan": plan, "city": city}
+        start = model(x).numpy()
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=2, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {}, budget=60.0)
+    assert ctx.trainer is not None
+    fresh = ctx.trainer.fresh_model()
+    np.testing.assert_allclose(fresh(x).numpy()[:8], start[:8], rtol=1e-5,
+                               atol=1e-6)
+    inputs, target = ctx.trainer.subset(ctx.trainer.randperm(ctx.trainer.n, 0)[:256])
+    losses = ctx.trainer.fit(fresh, inputs, target, 20, lr=0.01)
+    assert len(losses) == 20 and np.isfinite(losses).all()
+
+
+def test_the_label_witness_reads_every_input_of_a_multi_input_model():
+    """A k-NN told labels from the inputs only for one input: with a model fed a dict of
+    inputs, real labels no better than shuffled for the copies was confirmed as misalignment
+    even when the labels were aligned (the copies failed for another reason)."""
+    from types import SimpleNamespace
+
+    from model_debugger.probes.label_alignment import WITNESS_MARGIN, _witness
+
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((600, 2)) * 1e8  # a column in the hundreds of millions
+    cat = rng.integers(0, 3, 600).astype(np.float64)
+    y = (cat == 1).astype(np.int64)  # told by the second input alone
+    ctx = SimpleNamespace(trainer=SimpleNamespace(loss_fn=SimpleNamespace(
+        __name__="cross_entropy")))
+    real, shuffled = _witness(ctx, (big, cat), y, np.random.default_rng(1))
+    assert real >= shuffled + WITNESS_MARGIN

@@ -312,14 +312,15 @@ def _witness(ctx: ProbeContext, inputs, target, rng: np.random.Generator):
     A second, independent learner: when the copies of the user's model learn nothing from the
     real labels but nearest neighbours predict them from the inputs, the labels are aligned and
     the model is what fails (a stack it cannot train, an output it cannot move). Scores are
-    accuracy for class labels, R^2 for a regression target; one flat numeric input only.
+    accuracy for class labels, R^2 for a regression target. Several numeric inputs (a model
+    taking a dict of named inputs) are read as one row of all their columns; each column is
+    standardised, so a feature in the millions does not drown the others.
     """
-    if len(inputs) != 1:
-        return None
     try:
-        x = np.asarray(inputs[0].detach().cpu().numpy() if hasattr(inputs[0], "detach")
-                       else inputs[0], dtype=np.float64)
+        parts = [np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a,
+                            dtype=np.float64) for a in inputs]
         y = np.asarray(target.detach().cpu().numpy() if hasattr(target, "detach") else target)
+        x = np.concatenate([p.reshape(len(p), -1) for p in parts], axis=1)
     except (TypeError, ValueError):
         return None
     if not np.isfinite(x).all():

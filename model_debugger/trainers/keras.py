@@ -178,9 +178,21 @@ class KerasTrainer(SampleTrainer):
         """A seeded permutation of ``range(n)`` (row indices for :meth:`subset`)."""
         return np.random.default_rng(seed).permutation(n)
 
-    @staticmethod
-    def _x(inputs):
-        return inputs[0] if len(inputs) == 1 else list(inputs)
+    def _x(self, inputs):
+        """The model's call argument: one array, a list, or a dict for named dict inputs.
+
+        A functional model built on a dict of inputs (``keras.Model({"num": a, "plan": b},
+        out)``) takes them by name: the kept tuple is in ``model.inputs`` order (the keeper's
+        :meth:`~model_debugger.capture.keras_keeper.KerasKeeper.positional`), which need not
+        be the order the dict was written in.
+        """
+        if len(inputs) == 1:
+            return inputs[0]
+        if isinstance(getattr(self.model, "_inputs_struct", None), dict):
+            names = [getattr(t, "name", None) for t in self.model.inputs]
+            if len(names) == len(inputs) and None not in names:
+                return dict(zip(names, inputs))
+        return list(inputs)
 
     def _loss(self, model, inputs, target, training: bool):
         import tensorflow as tf
@@ -512,4 +524,24 @@ def _clone_layer(layer):
                                    mask=layer.mask, arguments=dict(layer.arguments),
                                    name=config.get("name"), dtype=config.get("dtype"),
                                    trainable=config.get("trainable", True))
-    return layer.__class__.from_config(layer.get_config())
+    new = layer.__class__.from_config(layer.get_config())
+    _same_vocabulary(layer, new)
+    return new
+
+
+def _same_vocabulary(layer, new) -> None:
+    """Give ``new`` (a clone of ``layer``) the vocabulary ``layer`` was adapted to.
+
+    ``StringLookup``, ``IntegerLookup``, ``TextVectorization``: an adapted vocabulary lives in a
+    lookup table, not in the config or the weights, so a clone's table is empty ("Table not
+    initialized" at its first call) and every copy of the model fails.
+    """
+    get = getattr(layer, "get_vocabulary", None)
+    if not callable(get) or not callable(getattr(new, "set_vocabulary", None)):
+        return
+    try:
+        vocabulary = get(include_special_tokens=False)
+    except Exception:  # noqa: BLE001 - never adapted, or no table yet: as configured
+        return
+    if len(vocabulary):
+        new.set_vocabulary(vocabulary)
