@@ -568,6 +568,24 @@ def not_decreasing(sig: dict):
     return None
 
 
+def stalled_head(sig: dict):
+    """``loss_not_decreasing`` when one head of a multi-output model learned nothing.
+
+    Its best validation loss (else its last training loss) at least ``BASELINE_MARGIN`` of its
+    own constant predictor's: the summed loss falls with the other heads, this one stays at its
+    prior (labels apart from their rows, a head cut from its inputs).
+    """
+    share = sig.get("head_floor_share")
+    if share is None or share < BASELINE_MARGIN:
+        return None
+    return "loss_not_decreasing", [
+        _ev(sig, "head_floor_share", f"the {sig.get('head_floor_name')!r} head's loss over its "
+            f"constant predictor's (>= {BASELINE_MARGIN}: it learned nothing the other heads' "
+            "progress hides)"),
+        _ev(sig, "head_floor_loss", "that head's loss"),
+        _ev(sig, "head_constant_loss", "predicting that head's label prior / mean")]
+
+
 PLATEAU_SIGNAL = "loss_floor_share"  # cited only by :func:`plateau`: its mark
 
 
@@ -710,7 +728,7 @@ def gpu_idle(sig: dict):
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, rank_hang, loss_without_metric, broadcast_loss, exploding, memory_growth,
     rank_desync, bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
-    not_decreasing, vanishing, rank_straggler, slow_data, loop_overhead, retraced, gpu_idle,
+    not_decreasing, stalled_head, vanishing, rank_straggler, slow_data, loop_overhead, retraced, gpu_idle,
     plateau,
 )
 

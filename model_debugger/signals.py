@@ -59,6 +59,12 @@ SIGNALS: dict[str, str] = {
                                 "ReLU's [0, inf), a sigmoid's [0, 1], a tanh's [-1, 1]) cannot "
                                 "reach",
     "output_range": "the bounded range the loss inputs stayed in (with output_range_unreachable)",
+    "head_floor_share": "a multi-output model's least-trained head: its best validation loss "
+                        "(else its last training loss) over the loss of predicting its label "
+                        "prior / mean",
+    "head_floor_name": "the head of head_floor_share",
+    "head_floor_loss": "that head's loss (with head_floor_share)",
+    "head_constant_loss": "the loss of predicting that head's label prior / mean",
     "output_range_head": "the output of a multi-output model whose range leaves targets out of "
                          "reach (with output_range_unreachable)",
     "loss_broadcast_factor": "terms the training loss compared / elements it was given: the "
@@ -295,6 +301,33 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
             **({"output_range": bound} if bound and share > 0 else {})}
 
 
+def _head_floor(run: Run) -> dict:
+    """``head_floor_share``: the multi-output head that learned least, against its prior.
+
+    Each head's loss as Keras reports it (its best ``val_<head>_loss``, else its last
+    ``<head>_loss``) over the loss of predicting that head's label prior or mean
+    (:func:`constant_predictor` of its ``head_targets``). At about 1 the head learned nothing
+    it can use on new rows, however well the other heads (and the summed loss) do.
+    """
+    metrics = run.metrics()
+    best: dict = {}
+    for head in {h.get("head"): h for h in run.of("head_targets")}.values():
+        base = constant_predictor(head)[0]
+        name = head.get("head")
+        if not base or base <= 0 or not isinstance(name, str):
+            continue
+        for key, pick in ((f"val_{name}_loss", min), (f"{name}_loss", lambda v: v[-1])):
+            values = [v for _, _, v in metrics.get(key, ()) if math.isfinite(v)]
+            if len(values) >= 3:
+                share = pick(values) / base
+                if share > best.get("head_floor_share", -math.inf):
+                    best = {"head_floor_share": float(share), "head_floor_name": name,
+                            "head_floor_loss": float(pick(values)),
+                            "head_constant_loss": float(base)}
+                break
+    return best
+
+
 def _head_range(heads: list[dict]) -> dict:
     """:func:`output_range` of the multi-output head that leaves the most targets out of reach.
 
@@ -528,6 +561,7 @@ def compute(run: Run) -> dict:
         s["step_traced_share"] = min(1.0, traced[-1]["count"] / traced[-1]["steps"])
     s.update(output_range(run.first("loss_input"), targets[-1] if targets else None)
              or _head_range(run.of("head_targets")))
+    s.update(_head_floor(run))
     reads = [e for e in run.of("output_grads") if all(
         isinstance(e.get(k), float) for k in ("rank_corr", "corr", "slope"))]
     if len(reads) >= UNPAIRED_READS:  # a loss written by hand (the capture reads no other)

@@ -826,3 +826,20 @@ def test_nan_targets_at_the_first_step_are_not_read_as_the_loss_s_own_making():
     bad = Run(rec.events).first("nonfinite")
     assert bad is not None and bad["step"] == 0
     assert "forward" not in bad
+
+
+def test_validation_split_with_targets_given_per_output_keeps_the_record():
+    """``fit(X, {"a": ya, "b": yb}, validation_split=0.25)``: slicing the dict of targets for
+    the validation rows raised inside the capture's fit hook, and the whole fit went
+    unrecorded (no step, no metric)."""
+    X, y = data(256)
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8, activation="relu")(inp)
+    model = keras.Model(inp, {"a": keras.layers.Dense(2)(h), "b": keras.layers.Dense(1)(h)})
+    model.compile(optimizer="adam", loss={"a": ce(), "b": "mse"})
+    with capture() as rec:
+        model.fit(X, {"a": y, "b": X[:, :1]}, batch_size=32, epochs=2, verbose=0,
+                  validation_split=0.25)
+    run = Run(rec.events)
+    assert not run.of("internal_error")
+    assert len(run.steps) == 12 and "val_a_loss" in run.metrics()

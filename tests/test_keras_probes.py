@@ -832,8 +832,12 @@ def test_keras_recurrent_layers_without_tanh_are_found_and_squashed(tk):
     assert not np.allclose(model(x).numpy(), before)  # the cell computes with tanh now
 
 
-def _two_heads(keras, stay_activation: str | None, as_list: bool = False):
-    """A classification head beside a regression head on standardised (signed) targets."""
+def _two_heads(keras, stay_activation: str | None, as_list: bool = False,
+               misaligned: bool = False):
+    """A classification head beside a regression head on standardised (signed) targets.
+
+    ``misaligned``: the classification labels permuted apart from their rows, a quarter of
+    the rows held out for validation."""
     import model_debugger
     from model_debugger.probing import build_context
     from model_debugger.records import Run
@@ -843,6 +847,8 @@ def _two_heads(keras, stay_activation: str | None, as_list: bool = False):
     risk = (X[:, 0] + X[:, 1] > 0).astype("int64")
     stay = (X[:, 2] - X[:, 3]).astype("float32")
     stay = (stay - stay.mean()) / stay.std()
+    if misaligned:
+        risk = rng.permutation(risk)
     with model_debugger.capture() as rec:
         keras.utils.set_random_seed(0)
         inputs = keras.Input((8,))
@@ -860,7 +866,8 @@ def _two_heads(keras, stay_activation: str | None, as_list: bool = False):
             model.compile(optimizer=keras.optimizers.Adam(2e-3),
                           loss=dict(zip(("risk", "stay"), losses)))
             targets = {"risk": risk, "stay": stay}
-        model.fit(X, targets, batch_size=64, epochs=3, verbose=0)
+        model.fit(X, targets, batch_size=64, epochs=3, verbose=0,
+                  validation_split=0.25 if misaligned else 0.0)
     source = {HERE: open(HERE, encoding="utf-8").read()}
     return build_context(Run(rec.events), rec.keeper, source, budget=60.0)
 
@@ -885,11 +892,24 @@ def test_a_head_of_a_multi_output_model_that_cannot_reach_its_targets(tk, as_lis
     assert f.location["line"] == line_of("stay-head")
 
 
+def test_a_head_that_learned_nothing_beside_one_that_did_is_a_stalled_loss(tk):
+    """Labels permuted apart from their rows on the classification head: the summed loss falls
+    with the regression head, the classification head's validation loss stays at its label
+    prior's (ln 2): ``loss_not_decreasing``, naming that head."""
+    ctx = _two_heads(tk, None, misaligned=True)
+    assert ctx.signals["head_floor_name"] == "risk"
+    assert ctx.signals["head_floor_share"] >= 0.95
+    assert ctx.signals["head_constant_loss"] == pytest.approx(np.log(2), rel=0.05)
+    assert ctx.classification.primary == "loss_not_decreasing"
+
+
 def test_multi_output_heads_that_reach_their_targets_raise_nothing(tk):
-    """The same model with a linear regression head: every head reaches its targets."""
+    """The same model with a linear regression head: every head reaches its targets and
+    learns."""
     from model_debugger.probes import run_probes
 
     ctx = _two_heads(tk, None)
+    assert ctx.signals["head_floor_share"] < 0.9
     assert ctx.signals["output_range_unreachable"] == 0.0
     assert "output_range_head" not in ctx.signals
     assert ctx.classification.primary != "convergence_to_wrong_solution"

@@ -72,7 +72,8 @@ def test_rule_table_is_the_one_these_tests_cover():
                      "exploding", "memory_growth",
                      "rank_desync", "bounded_output", "below_zero",
                      "one_value_targets",
-                     "overfitting", "wrong_solution", "generalisation_gap", "not_decreasing", "vanishing",
+                     "overfitting", "wrong_solution", "generalisation_gap", "not_decreasing", "stalled_head",
+                     "vanishing",
                      "rank_straggler", "slow_data", "loop_overhead", "retraced", "gpu_idle",
                      "plateau"]
 
@@ -1721,3 +1722,26 @@ def test_the_loss_of_each_epoch_stands_in_when_no_step_s_loss_was_read(losses, p
     assert C.classify(sig).primary == primary
     plain = syn.make_run(syn.steps_events(n=n, gn=np.ones(n)), syn.targets_counts([100] * 10))
     assert "loss_source" not in compute(plain)
+
+
+def test_a_stalled_head_is_judged_against_its_own_prior():
+    """Two heads: the summed loss falls, one head's best validation loss stays at its label
+    prior's loss (ln 3) -> ``loss_not_decreasing`` naming it; learning heads do not fire."""
+    n = 60
+    heads = [{"t": "head_targets", "head": "segment", "index": 1, "loss": "cross_entropy",
+              "n": 300, "counts": [100, 100, 100]},
+             {"t": "head_targets", "head": "price", "index": 0, "loss": "mse_loss", "n": 300,
+              "mean": 0.0, "var": 1.0}]
+
+    def run(segment_val):
+        return syn.make_run(syn.steps_events(syn.decay(n), gn=np.ones(n),
+                                             ep=[i // 10 for i in range(n)]), *heads,
+                            syn.metric("val_segment_loss", segment_val, source="keras"),
+                            syn.metric("val_price_loss", [0.9, 0.5, 0.3, 0.2, 0.15, 0.1],
+                                       source="keras"))
+    sig = compute(run([1.11, 1.105, 1.10, 1.102, 1.108, 1.112]))
+    assert sig["head_floor_name"] == "segment"
+    assert sig["head_constant_loss"] == pytest.approx(math.log(3))
+    assert C.classify(sig).primary == "loss_not_decreasing"
+    sig = compute(run([1.0, 0.7, 0.5, 0.4, 0.35, 0.3]))
+    assert sig["head_floor_share"] < 0.5 and C.classify(sig).primary == HEALTHY

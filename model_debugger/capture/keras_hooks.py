@@ -68,6 +68,15 @@ def _as_keywords(bound: inspect.BoundArguments) -> tuple[tuple, dict]:
     return tuple(args), kwargs
 
 
+def _rows_from(y, start: int):
+    """``y[start:]`` of targets given as an array, or a dict or list of arrays (one per output)."""
+    if isinstance(y, dict):
+        return {k: v[start:] for k, v in y.items()}
+    if isinstance(y, (list, tuple)):
+        return type(y)(v[start:] for v in y)
+    return y[start:]
+
+
 class BatchKeeping:
     """Training batches handed to the keeper, and when the data first came round."""
 
@@ -156,7 +165,7 @@ class FitHooks(BatchKeeping):
         split = arguments.get("validation_split") or 0.0
         if val is None and split and hasattr(x, "shape") and y is not None:
             cut = int(len(x) * (1.0 - split))
-            val = (x[cut:], y[cut:])
+            val = (x[cut:], _rows_from(y, cut))
         if val is not None and self.keeper.validation is None and not self.keeper.val_batches:
             self.keeper.validation = val
         callbacks = arguments.get("callbacks")
