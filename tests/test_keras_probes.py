@@ -1050,3 +1050,60 @@ def test_the_label_witness_reads_every_input_of_a_multi_input_model():
         __name__="cross_entropy")))
     real, shuffled = _witness(ctx, (big, cat), y, np.random.default_rng(1))
     assert real >= shuffled + WITNESS_MARGIN
+
+
+POOLED_NORM = """\
+import numpy as np
+import keras
+
+rng = np.random.default_rng(0)
+n = 3000
+small = rng.uniform(0, 1, (n, 2))
+big = rng.normal(2e5, 5e4, (n, 2))
+X = np.concatenate([small, big], axis=1).astype("float32")
+y = ((small[:, 0] - 0.5) * (small[:, 1] - 0.5) > 0).astype("float32")
+keras.utils.set_random_seed(0)
+norm = keras.layers.Normalization(AXIS)
+norm.adapt(X)
+inp = keras.Input((4,))
+h = keras.layers.Dense(32, activation="relu")(norm(inp))
+out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Dense(16, activation="relu")(h))
+model = keras.Model(inp, out)
+model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy")
+model.fit(X[:2400], y[:2400], validation_data=(X[2400:], y[2400:]), epochs=4, batch_size=64,
+          verbose=0)
+"""
+
+
+@pytest.mark.parametrize("axis, confirmed", [("axis=None", True), ("", False)],
+                         ids=["pooled", "per-feature"])
+def test_a_normalization_inside_the_model_is_judged_by_what_it_gives(tk, tmp_path, axis,
+                                                                     confirmed):
+    """``Normalization(axis=None)`` adapted on features in [0, 1] and in the hundreds of
+    thousands: one mean and spread for all, so after it the small features are a constant.
+    The raw scales say nothing (the model normalises them itself); the layer's output does,
+    and a copy fed inputs the layer turns into standardised features trains clearly better:
+    confirmed where the layer was made. Adapted per feature, the same raw scales raise
+    nothing."""
+    import runpy
+
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    source = POOLED_NORM.replace("AXIS", axis)
+    path = tmp_path / "pooled.py"
+    path.write_text(source)
+    with model_debugger.capture() as rec:
+        runpy.run_path(str(path))
+    ctx = build_context(Run(rec.events), rec.keeper, {str(path): source}, budget=60.0,
+                        classification={"primary": "loss_not_decreasing", "secondary": [],
+                                        "evidence": []})
+    found = run_probes(ctx, ["feature_scaling"]).findings
+    if confirmed:
+        [f] = [f for f in found if f.confirmed]
+        assert f.root_cause == "data" and f.location == {"file": str(path), "line": 11}
+        assert f.evidence["std_ratio_after_layer"] > 100
+    else:
+        assert not [f for f in found if f.confirmed]

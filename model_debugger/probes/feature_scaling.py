@@ -57,7 +57,14 @@ class FeatureScaling(Probe):
         return super().applies(ctx) and ctx.train_xy is not None and not _token_ids(ctx)
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
-        """One confirmed finding, naming the worst features, when a criterion above holds."""
+        """One confirmed finding, naming the worst features, when a criterion above holds.
+
+        A Keras model that normalises its first input itself (a ``Normalization`` layer on it)
+        is judged on what that layer gives the next one (:func:`_normalised_inside`).
+        """
+        inside = _normalised_inside(ctx)
+        if inside is not None:
+            return self._inside(ctx, *inside)
         x = st.as_matrix(ctx.train_xy[0])
         x = np.where(np.isfinite(x), x, np.nan)
         if len(x) < 2 or np.isnan(x).all():
@@ -116,6 +123,45 @@ class FeatureScaling(Probe):
                              offending=offending, features=int(x.shape[1]),
                              constant_features=int(x.shape[1] - len(live)))]
 
+    def _inside(self, ctx: ProbeContext, layer, out: np.ndarray) -> list:
+        """The model's own ``Normalization`` leaves its features on different scales.
+
+        Never adapted (mean 0, variance 1: the raw values pass), adapted over every feature at
+        once (``axis=None``: one mean and spread for all), or adapted on other data. Confirmed
+        when a fresh copy fed inputs the layer turns into standardised features trains clearly
+        better than one on the inputs as they are; located where the layer was made.
+        """
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            std, mean = np.nanstd(out, axis=0), np.nanmean(out, axis=0)
+        live = std > 0
+        if live.sum() < 2:
+            return []
+        ratio = float(std[live].max() / std[live].min())
+        far = float(np.abs(mean[live]).max())
+        if ratio < RATIO and far < OFFSET_ABS:
+            return []  # the layer standardises its input: nothing to say about the raw scales
+        got = standardised_inputs_better(ctx, through=layer)
+        if got is None:
+            return []
+        as_is, standardised, confirmed = got
+        where = _layer_line(ctx, layer) or st.data_location(ctx)
+        return [self.finding(
+            "data", confirmed,
+            f"The model's {type(layer).__name__} layer {layer.name!r} does not standardise its "
+            f"input per feature: after it the features' standard deviations still differ "
+            f"{ratio:.3g}-fold (largest |mean| {far:.3g})"
+            + (" (it computes one mean and spread over every feature: axis=None)"
+               if getattr(layer, "axis", ()) in ((), None) else "")
+            + f". Two fresh copies trained on the same rows reach a held-out loss of "
+            f"{standardised:.4g} when the layer's output is standardised and {as_is:.4g} as "
+            "built" + (": the layer's statistics hold the training back. Adapt it per feature "
+                       "(axis=-1, on the training inputs)." if confirmed else
+                       ": no clearly better, so the scales are not what holds it back."),
+            where, undone=confirmed, strength=0.85 if confirmed else 0.15,
+            std_ratio_after_layer=ratio, heldout_as_is=as_is,
+            heldout_standardised=standardised, layer=layer.name)]
+
     def _uniformly_large(self, ctx: ProbeContext, std: np.ndarray, d: int) -> list:
         """Every feature on one large scale (raw pixels 0-255, values in the hundreds).
 
@@ -143,12 +189,15 @@ class FeatureScaling(Probe):
             features=int(d))]
 
 
-def standardised_inputs_better(ctx: ProbeContext) -> tuple[float, float, bool] | None:
+def standardised_inputs_better(ctx: ProbeContext, through=None
+                                ) -> tuple[float, float, bool] | None:
     """``(held-out loss as is, on standardised inputs, whether clearly better)``, or None.
 
     Two fresh copies on the same rows of the kept sample; the first input is standardised per
-    feature with the training rows' statistics (held-out rows with the same). None without a
-    trainer or a floating-point first input.
+    feature with the training rows' statistics (held-out rows with the same). ``through``: a
+    Keras ``Normalization`` layer the model applies to that input itself; the copy is fed
+    ``mean + sqrt(variance) * z`` (its own statistics), so that the layer gives it the
+    standardised ``z``. None without a trainer or a floating-point first input.
     """
     import math
 
@@ -168,10 +217,63 @@ def standardised_inputs_better(ctx: ProbeContext) -> tuple[float, float, bool] |
         x = inputs[0]
         mean, std = x[:cut].mean(0, **keep), x[:cut].std(0, **keep)
         std = std + (std == 0) * 1.0  # constant features are left as they are
-        return ((x - mean) / std, *inputs[1:]), target
+        z = (x - mean) / std
+        if through is not None:  # what the layer maps to z
+            m, v = _layer_stats(through)
+            z = (m + np.sqrt(v) * z).astype(x.dtype)
+        return (z, *inputs[1:]), target
 
     (raw, _), (changed, _) = heldout_variants(ctx, [as_is, standardised], seed=3)[0]
     return raw, changed, math.isfinite(changed) and changed < BETTER * raw
+
+
+def _layer_stats(layer) -> tuple[np.ndarray, np.ndarray]:
+    """A Keras ``Normalization``'s mean and variance as NumPy arrays (broadcastable)."""
+    return (np.asarray(layer.mean, dtype=np.float64).reshape(-1) if np.ndim(layer.mean) else
+            np.float64(layer.mean),
+            np.asarray(layer.variance, dtype=np.float64).reshape(-1) if np.ndim(layer.variance)
+            else np.float64(layer.variance))
+
+
+def _normalised_inside(ctx: ProbeContext) -> tuple | None:
+    """``(layer, its output on the kept rows)`` when a Keras model normalises its first input.
+
+    The ``Normalization`` layer (not inverted) applied directly to the model's first input,
+    in a functional or Sequential model; None otherwise (the raw inputs are then judged).
+    """
+    model = ctx.model
+    if ctx.framework != "keras" or model is None or ctx.trainer is None or \
+            getattr(ctx.trainer, "inputs", None) is None:
+        return None
+    try:
+        import keras
+
+        first = model.inputs[0]
+        layers = [layer for layer in _keras_layers(model)
+                  if isinstance(layer, keras.layers.Normalization) and not layer.invert
+                  and any(node.input_tensors and node.input_tensors[0] is first
+                          for node in getattr(layer, "_inbound_nodes", []))]
+        if isinstance(model, keras.Sequential) and not layers:
+            head = model.layers[0] if model.layers else None
+            layers = [head] if isinstance(head, keras.layers.Normalization) and \
+                not head.invert else []
+        if len(layers) != 1 or getattr(layers[0], "mean", None) is None:
+            return None
+        x = np.asarray(ctx.trainer.inputs[0][:2048], dtype=np.float64)
+        m, v = _layer_stats(layers[0])
+        out = (x.reshape(len(x), -1) - m) / np.sqrt(np.maximum(v, 1e-12))
+    except Exception:  # noqa: BLE001 - a layer without statistics: the raw inputs are judged
+        return None
+    return layers[0], out
+
+
+def _layer_line(ctx: ProbeContext, layer) -> dict | None:
+    """Where the user's code made ``layer`` (its class called once in the model's file)."""
+    import re
+
+    from ._heldout import source_line
+
+    return source_line(ctx, re.compile(rf"\b{type(layer).__name__}\s*\("), near=ctx.ref("model"))
 
 
 def _token_ids(ctx: ProbeContext) -> bool:
