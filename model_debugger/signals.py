@@ -301,13 +301,31 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
             **({"output_range": bound} if bound and share > 0 else {})}
 
 
+_TOTAL_LOSS = ("loss", "train_loss", "training_loss")
+
+
+def _total_loss_metric(run: Run) -> np.ndarray | None:
+    """The training loss as a whole, per epoch: a metric named ``loss`` (or ``train_loss``).
+
+    Not any metric with "loss" in its name: a VAE's ``kl_loss`` rises while the total falls,
+    a GAN's ``d_loss`` sits still while its ``g_loss`` moves.
+    """
+    metrics = run.metrics()
+    for name in _TOTAL_LOSS:
+        if name in metrics:
+            return np.array([v for _, _, v in metrics[name]], dtype=float)
+    return None
+
+
 def _head_floor(run: Run) -> dict:
     """``head_floor_share``: the multi-output head that learned least, against its prior.
 
-    Each head's loss as Keras reports it (its best ``val_<head>_loss``, else its last
-    ``<head>_loss``) over the loss of predicting that head's label prior or mean
-    (:func:`constant_predictor` of its ``head_targets``). At about 1 the head learned nothing
-    it can use on new rows, however well the other heads (and the summed loss) do.
+    Each head's loss as Keras reports it over the loss of predicting that head's label prior
+    or mean (:func:`constant_predictor` of its ``head_targets``, the training targets): the
+    lower of its last training loss (``<head>_loss``) and its best validation loss
+    (``val_<head>_loss``), so a validation set shifted from the training one (whose constant
+    is then no baseline) does not count alone. At about 1 the head learned nothing, however
+    well the other heads (and the summed loss) do.
     """
     metrics = run.metrics()
     best: dict = {}
@@ -316,15 +334,14 @@ def _head_floor(run: Run) -> dict:
         name = head.get("head")
         if not base or base <= 0 or not isinstance(name, str):
             continue
-        for key, pick in ((f"val_{name}_loss", min), (f"{name}_loss", lambda v: v[-1])):
-            values = [v for _, _, v in metrics.get(key, ()) if math.isfinite(v)]
-            if len(values) >= 3:
-                share = pick(values) / base
-                if share > best.get("head_floor_share", -math.inf):
-                    best = {"head_floor_share": float(share), "head_floor_name": name,
-                            "head_floor_loss": float(pick(values)),
-                            "head_constant_loss": float(base)}
-                break
+        train = [v for _, _, v in metrics.get(f"{name}_loss", ()) if math.isfinite(v)]
+        val = [v for _, _, v in metrics.get(f"val_{name}_loss", ()) if math.isfinite(v)]
+        if len(train) < 3:
+            continue
+        loss = min(train[-1], min(val)) if len(val) >= 3 else train[-1]
+        if loss / base > best.get("head_floor_share", -math.inf):
+            best = {"head_floor_share": float(loss / base), "head_floor_name": name,
+                    "head_floor_loss": float(loss), "head_constant_loss": float(base)}
     return best
 
 
@@ -497,9 +514,9 @@ def compute(run: Run) -> dict:
     targets = run.of("targets")
     k = _noise_window(targets[-1] if targets else None, len(run.steps), len(fl))
     if len(fl) < 2:  # no step's loss was read (a train_step reporting only its metrics):
-        epochs = run.metric_by_role("train", "loss")  # the training loss of each epoch
-        if epochs is not None and len(_finite(epochs[1])) >= 3:
-            fl, k = _finite(epochs[1]), 1  # (an epoch's mean: no noise window)
+        epochs = _total_loss_metric(run)  # the training loss of each epoch
+        if epochs is not None and len(_finite(epochs)) >= 3:
+            fl, k = _finite(epochs), 1  # (an epoch's mean: no noise window)
             s["loss_source"] = "epochs"
     s["loss_points"] = int(len(fl))
     first = float(np.median(fl[:max(3, k)])) if len(fl) else None  # the untrained model

@@ -1026,6 +1026,7 @@ def test_copies_of_a_model_with_adapted_lookup_layers_keep_their_vocabulary(tk):
         model.fit(x, y, batch_size=64, epochs=2, verbose=0)
     ctx = build_context(Run(rec.events), rec.keeper, {}, budget=60.0)
     assert ctx.trainer is not None
+    assert list(ctx.trainer._x(tuple(ctx.trainer.inputs))) == ["num", "plan", "city"]
     fresh = ctx.trainer.fresh_model()
     np.testing.assert_allclose(fresh(x).numpy()[:8], start[:8], rtol=1e-5,
                                atol=1e-6)
@@ -1107,3 +1108,27 @@ def test_a_normalization_inside_the_model_is_judged_by_what_it_gives(tk, tmp_pat
         assert f.evidence["std_ratio_after_layer"] > 100
     else:
         assert not [f for f in found if f.confirmed]
+
+
+def test_copies_take_dict_inputs_by_the_keys_the_model_was_built_with(tk):
+    """``keras.Model({"a": Input(name="z_num"), "b": Input(name="a_cat")}, out)``: Keras
+    matches a dict by its keys, not by the inputs' names; the kept tuple (``model.inputs``
+    order) is packed back into that structure."""
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    rng = np.random.default_rng(0)
+    xa, xb = rng.standard_normal((256, 3)), rng.standard_normal((256, 5))
+    y = (xa[:, 0] + xb[:, 1] > 0).astype("float32")
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        a, b = tk.Input((3,), name="z_num"), tk.Input((5,), name="a_cat")
+        h = tk.layers.Dense(8, activation="relu")(tk.layers.Concatenate()([a, b]))
+        model = tk.Model({"a": a, "b": b}, tk.layers.Dense(1, activation="sigmoid")(h))
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+        model.fit({"a": xa, "b": xb}, y, batch_size=64, epochs=2, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {}, budget=60.0)
+    fresh = ctx.trainer.fresh_model()
+    losses = ctx.trainer.fit(fresh, tuple(ctx.trainer.inputs), ctx.trainer.targets, 5)
+    assert len(losses) == 5 and np.isfinite(losses).all()

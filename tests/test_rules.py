@@ -1724,6 +1724,20 @@ def test_the_loss_of_each_epoch_stands_in_when_no_step_s_loss_was_read(losses, p
     assert "loss_source" not in compute(plain)
 
 
+def test_the_epoch_loss_curve_is_the_total_never_a_part_of_it():
+    """A VAE's train_step reports ``loss`` (falling), ``reconstruction_loss`` and ``kl_loss``
+    (rising, as it should): the curve is ``loss``. Only parts of a loss: no curve at all."""
+    n = 60
+    steps = syn.steps_events(n=n, gn=np.ones(n), ep=[i // 10 for i in range(n)])
+    parts = [syn.metric("kl_loss", [0.1, 2.0, 5.0, 8.0, 11.0, 14.0], source="keras"),
+             syn.metric("reconstruction_loss", [550, 300, 220, 190, 170, 150], source="keras")]
+    sig = compute(syn.make_run(steps, *parts,
+                               syn.metric("loss", [550, 302, 225, 198, 181, 164], source="keras")))
+    assert sig["loss_source"] == "epochs" and sig["loss_final"] < sig["loss_initial"]
+    assert C.classify(sig).primary != "gradient_instability"
+    assert "loss_source" not in compute(syn.make_run(steps, *parts))
+
+
 def test_a_stalled_head_is_judged_against_its_own_prior():
     """Two heads: the summed loss falls, one head's best validation loss stays at its label
     prior's loss (ln 3) -> ``loss_not_decreasing`` naming it; learning heads do not fire."""
@@ -1733,15 +1747,22 @@ def test_a_stalled_head_is_judged_against_its_own_prior():
              {"t": "head_targets", "head": "price", "index": 0, "loss": "mse_loss", "n": 300,
               "mean": 0.0, "var": 1.0}]
 
-    def run(segment_val):
+    falling = [0.9, 0.5, 0.3, 0.2, 0.15, 0.1]
+
+    def run(segment_train, segment_val):
         return syn.make_run(syn.steps_events(syn.decay(n), gn=np.ones(n),
                                              ep=[i // 10 for i in range(n)]), *heads,
+                            syn.metric("segment_loss", segment_train, source="keras"),
                             syn.metric("val_segment_loss", segment_val, source="keras"),
-                            syn.metric("val_price_loss", [0.9, 0.5, 0.3, 0.2, 0.15, 0.1],
-                                       source="keras"))
-    sig = compute(run([1.11, 1.105, 1.10, 1.102, 1.108, 1.112]))
+                            syn.metric("price_loss", falling, source="keras"),
+                            syn.metric("val_price_loss", falling, source="keras"))
+    flat = [1.11, 1.105, 1.10, 1.102, 1.108, 1.112]
+    sig = compute(run([1.1, 1.1, 1.09, 1.08, 1.07, 1.065], flat))
     assert sig["head_floor_name"] == "segment"
     assert sig["head_constant_loss"] == pytest.approx(math.log(3))
     assert C.classify(sig).primary == "loss_not_decreasing"
-    sig = compute(run([1.0, 0.7, 0.5, 0.4, 0.35, 0.3]))
+    sig = compute(run(falling, [1.0, 0.7, 0.5, 0.4, 0.35, 0.3]))
     assert sig["head_floor_share"] < 0.5 and C.classify(sig).primary == HEALTHY
+    # a validation set shifted from the training one: its loss alone is no verdict
+    sig = compute(run(falling, flat))
+    assert sig["head_floor_share"] < 0.5

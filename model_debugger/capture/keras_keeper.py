@@ -420,12 +420,18 @@ class KerasKeeper(SpilledState):
     def positional(self, x) -> tuple | None:
         """A batch's inputs as a tuple in the model's input order; None when it cannot say.
 
-        A dict (``fit({"numeric": ..., "store": ...}, y)``) is ordered by the names of the
-        model's inputs (``keras.Input(name=...)``), which is how Keras matches them; copies of
-        the model are then called with the inputs as a list, in that order.
+        A dict (``fit({"numeric": ..., "store": ...}, y)``) is ordered as ``model.inputs``:
+        by the keys of the dict the model was built on (flattened as Keras does), else by the
+        names of the model's inputs (``keras.Input(name=...)``); copies of the model are given
+        them back in that structure.
         """
         if not isinstance(x, dict):
             return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+        struct = getattr(self.model, "_inputs_struct", None)
+        if isinstance(struct, dict) and set(map(str, struct)) == set(map(str, x)):
+            import keras  # (a dict keyed as the model was built: its flattened order)
+
+            return tuple(keras.tree.flatten({k: x[k] for k in struct}))
         names = [getattr(t, "name", None) for t in getattr(self.model, "inputs", None) or []]
         if not names or set(names) != set(x):
             return None

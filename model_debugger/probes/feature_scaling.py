@@ -134,12 +134,14 @@ class FeatureScaling(Probe):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             std, mean = np.nanstd(out, axis=0), np.nanmean(out, axis=0)
+            span = np.nanmax(out, axis=0) - np.nanmin(out, axis=0)
         live = std > 0
         if live.sum() < 2:
             return []
         ratio = float(std[live].max() / std[live].min())
+        spread = ratio >= RATIO and float(span[live].max() / span[live].min()) >= RATIO
         far = float(np.abs(mean[live]).max())
-        if ratio < RATIO and far < OFFSET_ABS:
+        if not spread and far < OFFSET_ABS:
             return []  # the layer standardises its input: nothing to say about the raw scales
         got = standardised_inputs_better(ctx, through=layer)
         if got is None:
@@ -260,6 +262,8 @@ def _normalised_inside(ctx: ProbeContext) -> tuple | None:
         if len(layers) != 1 or getattr(layers[0], "mean", None) is None:
             return None
         x = np.asarray(ctx.trainer.inputs[0][:2048], dtype=np.float64)
+        if x.ndim != 2:
+            return None  # pixels, time steps: not one feature per column
         m, v = _layer_stats(layers[0])
         out = (x.reshape(len(x), -1) - m) / np.sqrt(np.maximum(v, 1e-12))
     except Exception:  # noqa: BLE001 - a layer without statistics: the raw inputs are judged

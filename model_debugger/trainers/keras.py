@@ -188,10 +188,11 @@ class KerasTrainer(SampleTrainer):
         """
         if len(inputs) == 1:
             return inputs[0]
-        if isinstance(getattr(self.model, "_inputs_struct", None), dict):
-            names = [getattr(t, "name", None) for t in self.model.inputs]
-            if len(names) == len(inputs) and None not in names:
-                return dict(zip(names, inputs))
+        struct = getattr(self.model, "_inputs_struct", None)
+        if isinstance(struct, dict):  # model.inputs is that struct flattened: packed back
+            import keras
+
+            return keras.tree.pack_sequence_as(struct, list(inputs))
         return list(inputs)
 
     def _loss(self, model, inputs, target, training: bool):
@@ -543,5 +544,12 @@ def _same_vocabulary(layer, new) -> None:
         vocabulary = get(include_special_tokens=False)
     except Exception:  # noqa: BLE001 - never adapted, or no table yet: as configured
         return
-    if len(vocabulary):
+    if not len(vocabulary):
+        return
+    try:
         new.set_vocabulary(vocabulary)
+    except ValueError:  # output_mode="tf_idf": its weights too
+        idf = getattr(layer, "idf_weights", None)
+        if idf is None:
+            return  # (the copy fails at its first call, as it did without the vocabulary)
+        new.set_vocabulary(vocabulary, idf_weights=np.asarray(idf)[-len(vocabulary):])
