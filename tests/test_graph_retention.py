@@ -160,3 +160,55 @@ def test_a_container_a_helper_made_and_a_hook_fills_is_located_at_the_hooks_appe
     found = [f for f in run_probes(ctx, ["graph_retention"]).findings if f.confirmed]
     assert found and found[0].evidence["variable"] == "activity['act']"
     assert found[0].location["line"] == line_of("hooked-append")
+
+
+class _Block(nn.Module):
+    """A block of the user's that keeps each call's activation "for inspection"."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 64)
+        self.maps = []
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        self.maps.append(h)  # <block-keeps>
+        return h
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _Block()
+        self.out = nn.Linear(64, 2)
+
+    def forward(self, x):
+        return self.out(self.block(x))
+
+
+def _train_inspected():
+    torch.manual_seed(2)
+    X, y = torch.randn(640, 8), torch.randint(0, 2, (640,))
+    net = _Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for _epoch in range(6):
+        for i in range(0, 640, 32):
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+
+
+def test_a_container_a_nested_layer_of_the_model_fills_is_looked_at(tmp_path):
+    """``net.block.maps`` gains each call's activation, graph included: two levels below any
+    frame's variable, it is found among the model's own parts and located at the append in
+    the block's ``forward``."""
+    path = str(tmp_path / "record.jsonl")
+    with model_debugger.capture(path) as rec:
+        _train_inspected()
+    run = Run.load(path)
+    held = [c for e in run.of("held") for c in e["containers"] if c["scope"] == "model"]
+    assert held and held[-1]["name"] == "model.block.maps" and held[-1]["func"] == "_Block"
+    ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 600.0)
+    found = [f for f in run_probes(ctx, ["graph_retention"]).findings if f.confirmed]
+    assert found and found[0].evidence["variable"] == "model.block.maps"
+    assert found[0].location["line"] == line_of("block-keeps")

@@ -7,7 +7,8 @@ looks at the variables of the user's frames on the stack (locals, and the module
 measures the bytes of tensors and arrays each list, tuple, dict, set or deque holds (one level
 deep, plus tuples and short lists inside it; a long container is sampled; the container attributes of ``self``
 and of the user's own objects, alone or in a short list such as Keras ``callbacks``, and a
-dict's lists too). A ``held`` event lists those holding at least ``HELD_MIN_BYTES``, or at least
+dict's lists too), and the public container attributes of the model's parts whose class the
+user wrote (a layer appending each call's attention map to ``self.scores``). A ``held`` event lists those holding at least ``HELD_MIN_BYTES``, or at least
 ``HELD_MIN_GRAPHS`` tensors with autograd history: name, length, bytes, graphs, and the frame's
 file and line.
 
@@ -187,5 +188,42 @@ class HeldWatch:
                     if scope == "local" and not module and _SNAPSHOT:
                         names.clear()
             f, depth = f.f_back, depth + 1
+        found += self._held_in_model(seen, done)
         if found:
             self.rec.emit("held", step=step, containers=found[:20])
+
+    def _held_in_model(self, seen: set[int], done: set[int]) -> list[dict]:
+        """Containers the model's own parts keep, as ``held`` entries.
+
+        A layer of the user's class appending what each call computes to ``self.<list>``
+        (attention maps "for inspection", a cache). Public attributes only (a framework's ``_parameters`` or ``_layers`` are not kept
+        data); the part's class names where it was written.
+        """
+        root = getattr(self, "_root", None)
+        model = root() if callable(root) else None
+        if model is None:
+            return []
+        if hasattr(model, "named_modules"):
+            parts = list(model.named_modules())
+        else:
+            flatten = getattr(model, "_flatten_layers", None)
+            parts = [(layer.name, layer) for layer in flatten(include_self=True)] \
+                if callable(flatten) else []
+        found = []
+        for path, part in parts[:512]:
+            if not _users_object(part):
+                continue
+            code = getattr(getattr(type(part), "__init__", None), "__code__", None)
+            for attr, inner in list(vars(part).items())[:64]:
+                if attr.startswith("_") or not isinstance(inner, _CONTAINERS) or not inner \
+                        or id(inner) in done:
+                    continue
+                done.add(id(inner))
+                size, graphs = held(inner, seen)
+                if size >= HELD_MIN_BYTES or graphs >= HELD_MIN_GRAPHS:
+                    found.append({"name": f"model.{path}.{attr}" if path else f"model.{attr}",
+                                  "len": len(inner), "bytes": size, "graphs": graphs,
+                                  "scope": "model", "file": getattr(code, "co_filename", None),
+                                  "func": type(part).__name__,
+                                  "line": getattr(code, "co_firstlineno", None)})
+        return found
