@@ -44,6 +44,7 @@ class ModelHooks:
     def _init_model_state(self) -> None:
         self._models: dict[int, tuple] = {}  # id(model) -> (weakref, name)
         self._param_names: dict[int, str] = {}
+        self._next_search = 0  # the optimizer step of the next search for the model (gc)
         self._param_modules: dict[int, str] = {}  # id(param) -> owning module's name
         self._root = None
         self._last_input = None

@@ -230,7 +230,11 @@ class OptimizerHooks:
     def _measure(self, opt, norms: bool, hist: bool, update: bool) -> None:
         """Read this step's gradients (norms, histograms) and copy the weights it will update."""
         params = self._params(opt)
-        if not self._param_names and params:
+        if not self._param_names and params and self._opt_steps >= self._next_search:
+            # no nn.Module found yet: a search walks every object (gc); a model of plain
+            # tensors (a dict of parameters) has none, so the searches thin out: steps 0, 1,
+            # 2, 4, 8, ... (each one cost ~0.1 s a step on such a loop)
+            self._next_search = max(1, 2 * self._opt_steps)
             self._discover(sys._getframe(), params)
         if not params and not self._elsewhere_seen:
             self._optimizer_elsewhere(opt)
