@@ -402,9 +402,9 @@ class KerasKeeper(SpilledState):
         y = to_numpy(y)
         if xs is None:
             return
-        if isinstance(y, (dict, list, tuple)):  # one target per output: the probes' copies
-            if self.heads_x is None:          # train on one; the outputs' ranges are read
-                self.heads_x = xs             # on these inputs
+        if isinstance(y, (dict, list, tuple)):  # one target per output: no copy trains on
+            if self.heads_x is None:          # these (no trainer takes them); each output's
+                self.heads_x = xs             # range is read on these inputs
             return
         if not all(hasattr(a, "shape") and a.shape[:1] == y.shape[:1] for a in xs):
             return
