@@ -131,20 +131,25 @@ def _attach_monitor(model, names):
     return log
 
 
-def _train_monitored():
-    torch.manual_seed(1)
+def _six_epochs(net):
+    """The user's loop: six epochs of SGD over 640 random rows of 8 features, two classes."""
     X, y = torch.randn(640, 8), torch.randint(0, 2, (640,))
-    net = nn.Sequential()
-    net.add_module("hidden", nn.Linear(8, 64))
-    net.add_module("act", nn.ReLU())
-    net.add_module("out", nn.Linear(64, 2))
-    activity = _attach_monitor(net, ["act"])
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     for _epoch in range(6):
         for i in range(0, 640, 32):
             opt.zero_grad()
             F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()
             opt.step()
+
+
+def _train_monitored():
+    torch.manual_seed(1)
+    net = nn.Sequential()
+    net.add_module("hidden", nn.Linear(8, 64))
+    net.add_module("act", nn.ReLU())
+    net.add_module("out", nn.Linear(64, 2))
+    activity = _attach_monitor(net, ["act"])
+    _six_epochs(net)
     return activity
 
 
@@ -188,14 +193,7 @@ class _Net(nn.Module):
 
 def _train_inspected():
     torch.manual_seed(2)
-    X, y = torch.randn(640, 8), torch.randint(0, 2, (640,))
-    net = _Net()
-    opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    for _epoch in range(6):
-        for i in range(0, 640, 32):
-            opt.zero_grad()
-            F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()
-            opt.step()
+    _six_epochs(_Net())
 
 
 def test_a_container_a_nested_layer_of_the_model_fills_is_looked_at(tmp_path):
