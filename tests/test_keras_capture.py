@@ -537,6 +537,7 @@ def test_gradients_taken_and_never_applied_are_recorded_as_steps_that_update_not
     run = Run(rec.events)
     gradients = run.first("unapplied")["gradients"]
     assert (1 <= gradients <= 3) if traced else gradients == 24  # (traced: once or twice)
+    assert (run.first("unapplied")["watched"], run.first("unapplied")["updated"]) == (4, 0)
     losses = [st["loss"] for st in run.steps]
     assert len(losses) == 24 and losses[:8] == losses[8:16] == losses[16:]  # never moves
     assert (run.first("calls") or {}).get("optimizer_steps") == 0
@@ -550,6 +551,45 @@ def test_gradients_taken_and_never_applied_are_recorded_as_steps_that_update_not
     assert "detached_output" not in {f.check for f in found}  # the graph was never cut
     if not traced:  # (a traced step's gradient is seen from the line that calls it)
         assert found[0].location["line"] == line_of("unapplied")
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_gradients_applied_by_hand_are_not_called_unapplied(traced):
+    """A tape loop that updates the weights itself (SGD with momentum written out,
+    ``v.assign_sub(lr * m)``) uses no optimizer, and trains: the capture measures the
+    variables changing (``updated``), and ``gradients_unapplied`` stays silent (was: confirmed
+    and decisive, "the weights never changed", on a healthy run)."""
+    from model_debugger.probes import run_probes
+    from model_debugger.probes.gradients_unapplied import GradientsUnapplied
+    from model_debugger.probing import build_context
+
+    X, y = data(256)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])
+    with capture(hist_every=0) as rec:
+        loss_fn = ce()
+        velocity = [tf.Variable(tf.zeros_like(v), trainable=False)
+                    for v in model.trainable_variables]
+
+        def step(xb, yb, lr):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            for v, m, g in zip(model.trainable_variables, velocity, grads):
+                m.assign(0.9 * m + g)
+                v.assign_sub(lr * m)
+            return loss
+
+        step = tf.function(step) if traced else step
+        for _ in range(3):
+            for i in range(0, 256, 32):
+                step(tf.constant(X[i:i + 32]), tf.constant(y[i:i + 32]), tf.constant(0.05))
+    run = Run(rec.events)
+    event = run.first("unapplied")
+    assert event["watched"] == 4 and event["updated"] == 4, event
+    ctx = build_context(run, sources={__file__: open(__file__, encoding="utf-8").read()})
+    assert not GradientsUnapplied().applies(ctx)
+    assert "gradients_unapplied" not in {f.check for f in run_probes(ctx).findings}
 
 
 def test_a_list_an_eager_loop_keeps_is_looked_at():

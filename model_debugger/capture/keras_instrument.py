@@ -106,6 +106,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._traces = 0  # traces of a custom loop's tf.function step (its applies in a graph)
         self._traced_at: dict | None = None  # the user's line that called it, last trace
         self._unapplied: list = []  # their losses while no optimizer has applied anything
+        self._watched: list | None = None  # the first gradient's variables, values (keras_steps)
         self._grad_fns: set[int] = set()  # tf.functions whose trace took gradients
         self._eval_seen = False  # the first evaluation forward is referenced (eval_forward)
         self._init_args: dict[int, tuple] = {}  # id(model) -> (weakref, args, kwargs)
@@ -190,6 +191,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._last_drawn = self._last_y = None
         self._keep_gate = None
         self._pending = None
+        self._watched = None
         self._models.clear()
         self._stashes.clear()
 

@@ -40,6 +40,9 @@ from .norms import window as norms_window
 from .sampler import OverheadWatch
 
 UNAPPLIED_MAX = 100_000  # losses kept of gradients no optimizer applied
+# variables of the first gradient watched for updates made by hand, and values compared of each
+WATCHED_MAX = 32
+WATCHED_VALUES = 4096
 
 
 def _trace_caller(frame) -> dict | None:
@@ -96,7 +99,7 @@ class StepHooks(OverheadWatch, HeldWatch):
             inst = link()
             if inst is None:
                 return original(tape, target, sources, *args, **kwargs)
-            inst.guard(inst._on_gradient)(target)
+            inst.guard(inst._on_gradient)(target, sources)
             work = not inst._fit_depth
             if work:
                 inst._work_enter()
@@ -109,7 +112,7 @@ class StepHooks(OverheadWatch, HeldWatch):
         gradient.__wrapped__ = original
         return gradient
 
-    def _on_gradient(self, target) -> None:
+    def _on_gradient(self, target, sources) -> None:
         tf = self._tf
         if isinstance(target, (tf.Tensor, tf.Variable)) and target.dtype.is_floating and \
                 target.shape.rank is not None and target.shape.num_elements() == 1:
@@ -117,21 +120,59 @@ class StepHooks(OverheadWatch, HeldWatch):
             if not self._fit_depth:
                 self.ref("backward", user_location(sys._getframe()))
                 self._gradients += 1
+                if self._watched is None:
+                    self._watch_sources(sources)
                 if not self._steps and len(self._unapplied) < UNAPPLIED_MAX and \
                         not tf.is_symbolic_tensor(target):  # eager: its value is at hand
                     self._unapplied.append(float(target.numpy().reshape(-1)[0]))
 
-    def _emit_unapplied(self) -> None:
-        """A custom loop took gradients but no optimizer ever applied them: say so, truthfully.
+    def _watch_sources(self, sources) -> None:
+        """Keep the first gradient's variables and a copy of their values (``_watched``).
 
-        Each eager ``tape.gradient`` call's loss becomes a step with nothing updated (the
-        loss a loop without ``apply_gradients`` shows: flat), and an ``unapplied`` event
-        counts the gradients taken; the ``calls`` event has no optimizer step.
+        When no optimizer applies anything, whether the loop updates these variables itself
+        (``v.assign_sub(lr * g)``) is measured, not assumed: :meth:`_emit_unapplied` compares.
+        Read outside any ``tf.function`` being traced (``init_scope``).
+        """
+        tf = self._tf
+        flat = [v for v in tf.nest.flatten(sources)  # tf.Variable or keras.Variable
+                if callable(getattr(v, "assign", None)) and callable(getattr(v, "numpy", None))]
+        watched = []
+        with tf.init_scope():
+            for v in flat[:WATCHED_MAX]:
+                watched.append((v, np.array(v.numpy(), copy=True).reshape(-1)[:WATCHED_VALUES]))
+        self._watched = watched
+
+    def _updated_by_hand(self) -> int | None:
+        """How many watched variables changed since the first gradient (None: none watched)."""
+        if not self._watched:
+            return None
+        tf = self._tf
+        changed = 0
+        with tf.init_scope():
+            for v, before in self._watched:
+                try:
+                    now = np.asarray(v.numpy()).reshape(-1)[:WATCHED_VALUES]
+                except (RuntimeError, ValueError, TypeError):
+                    continue
+                changed += not np.array_equal(now, before, equal_nan=True)
+        return changed
+
+    def _emit_unapplied(self) -> None:
+        """A custom loop took gradients but no optimizer applied them: say so, truthfully.
+
+        Each eager ``tape.gradient`` call's loss becomes a step (the loss a loop without
+        ``apply_gradients`` shows), and an ``unapplied`` event counts the gradients taken and
+        how many of the first gradient's variables changed since (``updated``: a loop that
+        applies its gradients by hand, ``v.assign_sub(lr * g)``, trains without an optimizer);
+        the ``calls`` event has no optimizer step.
         """
         for i, loss in enumerate(self._unapplied):
             self.rec.emit("step", i=i, ep=0, loss=num(loss), gn=None, dt=None, dw=None, tm=True)
         self.rec.step = len(self._unapplied)
-        self.rec.emit("unapplied", gradients=self._gradients, steps=len(self._unapplied))
+        updated = self._updated_by_hand()
+        self.rec.emit("unapplied", gradients=self._gradients, steps=len(self._unapplied),
+                      **({} if updated is None else
+                         {"updated": updated, "watched": len(self._watched)}))
         self.rec.emit("calls", optimizer_steps=0, backward=self._gradients)
 
     def _wrap_apply(self, original):

@@ -1,9 +1,9 @@
 """``gradients_unapplied``: a custom loop takes gradients and never applies them.
 
-``tape.gradient`` runs every step, but no optimizer ``apply_gradients`` / ``apply`` follows:
-the weights never change and the loss stays where the initial model put it. Measured by the
-capture (the ``unapplied`` event: gradients taken, no optimizer step in the whole run), so the
-finding is decisive. Located at the line that takes the gradients, where the update belongs.
+``tape.gradient`` runs every step, but no optimizer ``apply_gradients`` / ``apply`` follows
+and the weights never change: the loss stays where the initial model put it. Measured by the
+capture (the ``unapplied`` event: gradients taken, no optimizer step in the whole run, and the
+first gradient's variables unchanged at the end), so the finding is decisive. Located at the line that takes the gradients, where the update belongs.
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ class GradientsUnapplied(Probe):
         """When the capture saw gradients taken and never applied (the ``unapplied`` event).
 
         Keras records it (PyTorch records a step at each backward: ``detached_output``); a run
-        that never applied anything may name no model or optimizer, hence no framework.
+        that never applied anything may name no model or optimizer, hence no framework. Not
+        when the capture measured the gradient's variables changing (``updated``): the loop
+        applies its gradients by hand (``v.assign_sub(lr * g)``).
         """
-        return ctx.run.first("unapplied") is not None
+        event = ctx.run.first("unapplied")
+        return event is not None and not event.get("updated")
 
     def run(self, ctx: ProbeContext):
         """Confirmed when the run took gradients and no optimizer applied any of them."""
@@ -41,8 +44,10 @@ class GradientsUnapplied(Probe):
         return [self.finding(
             "training_loop", True,
             f"The loop took gradients {event['gradients']} times (tape.gradient) but no "
-            "optimizer applied them (no apply_gradients or apply in the whole run): the weights "
-            "never changed, so the loss stays where the initial model put it.",
+            "optimizer applied them (no apply_gradients or apply in the whole run)"
+            + (f" and none of the {event['watched']} variables differentiated changed"
+               if event.get("watched") else "")
+            + ": the loss stays where the initial model put it.",
             _gradient_line(ctx) or ctx.ref("backward"), gradients=event["gradients"],
             optimizer_steps=0, strength=0.95, decisive=True)]
 
