@@ -592,6 +592,47 @@ def test_gradients_applied_by_hand_are_not_called_unapplied(traced):
     assert "gradients_unapplied" not in {f.check for f in run_probes(ctx).findings}
 
 
+def test_a_step_that_updates_by_hand_and_is_traced_every_step_is_retracing():
+    """A ``tf.function`` step that applies its update by hand, given a Python float rate that
+    changes each step: traced on every call. No optimizer applies, so the traces are counted
+    where the step takes its gradients; the steps are timed, the run is a performance issue
+    and ``retracing`` confirms it at the calling line (was: no ``traces`` event, and a
+    "gradients never applied" finding on a loop that trained)."""
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+
+    X, y = data(256)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])
+    with capture(hist_every=0) as rec:
+        loss_fn = ce()
+
+        @tf.function
+        def step(xb, yb, lr):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            for v, g in zip(model.trainable_variables, grads):
+                v.assign_sub(lr * g)
+            return loss
+
+        n = 0
+        for _ in range(4):
+            for i in range(0, 256, 32):
+                n += 1
+                step(tf.constant(X[i:i + 32]), tf.constant(y[i:i + 32]), 0.5 * 0.99 ** n)  # <retraced>
+    run = Run(rec.events)
+    traces = run.first("traces")
+    assert traces["count"] == traces["steps"] == 32 and traces["line"] == line_of("retraced")
+    assert sum(isinstance(st.get("dt"), float) for st in run.steps) == 31  # timed steps
+    assert run.first("unapplied")["updated"] == 4
+    ctx = build_context(run, sources={__file__: open(__file__, encoding="utf-8").read()})
+    assert ctx.classification.primary == "performance_issue"
+    found = [f for f in run_probes(ctx).findings if f.confirmed]
+    assert [f.check for f in found] == ["retracing"]
+    assert found[0].location["line"] == line_of("retraced")
+
+
 def test_a_list_an_eager_loop_keeps_is_looked_at():
     """The Keras instrument looks at the loop's frames too (every 50 steps)."""
     from model_debugger.capture.held import HELD_EVERY

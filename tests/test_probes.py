@@ -2266,3 +2266,48 @@ def test_a_loss_that_turns_finite_outputs_non_finite_at_the_first_step(tmp_path)
     f = confirmed_one(ctx, "gradient_flow", "architecture")
     assert f.evidence["output_zero_share"] > 0.05
     assert_at(f, "rate-head")
+
+
+def test_a_measurement_moves_the_probes_it_points_at_to_the_front(stubs, monkeypatch):
+    """A cheap probe's shared measurement (a k-NN at chance: ``learnable``) sends the probe
+    it points at ahead of the cheaper ones still waiting: the budget goes to the likely cause
+    first (was: static cost order, and an expensive label check starved on a slow model)."""
+    from model_debugger.probes import base
+    from model_debugger.probes.label_alignment import LabelAlignment
+    from model_debugger.probes.report import ProbeResult
+
+    ran = []
+
+    def make(pid, cost, result=None, points=False):
+        def run(self, ctx):
+            ran.append(pid)
+            return result if result is not None else []
+
+        def pointed_at(self, ctx, measured):
+            return points and bool(measured.get("learnable"))
+
+        cls = type(f"Stub_{pid}", (Probe,), {"id": pid, "categories": ("loss_not_decreasing",),
+                                             "cost": cost, "run": run, "pointed_at": pointed_at})
+        register(cls)
+        return pid
+
+    ids = [make("zz_knn", 0, ProbeResult(learnable={"metric": "accuracy", "score": 0.1})),
+           make("zz_cheap", 1), make("zz_other", 2), make("zz_labels", 9, points=True)]
+    monkeypatch.setattr(base, "probes_for", lambda cat: ids if cat == "loss_not_decreasing"
+                        else [])
+    try:
+        run_probes(ProbeContext(run=Run([]), signals={},
+                                classification=Classification("loss_not_decreasing", ())))
+    finally:
+        for pid in ids:
+            PROBES.pop(pid, None)
+    assert ran == ["zz_knn", "zz_labels", "zz_cheap", "zz_other"]
+
+    ctx = ProbeContext(run=Run([]), signals={"majority_rate": 0.1},
+                       classification=Classification("loss_not_decreasing", ()))
+    la = LabelAlignment()
+    assert la.pointed_at(ctx, {"learnable": {"metric": "accuracy", "score": 0.12}})
+    assert not la.pointed_at(ctx, {"learnable": {"metric": "accuracy", "score": 0.6}})
+    assert la.pointed_at(ctx, {"learnable": {"metric": "r2", "score": -0.02}})
+    assert not la.pointed_at(ctx, {"learnable": {"metric": "r2", "score": 0.7}})
+    assert not la.pointed_at(ctx, {})

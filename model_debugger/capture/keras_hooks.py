@@ -402,6 +402,9 @@ class LoopHooks(BatchKeeping):
         """
         if took_gradients:
             self._grad_fns.add(id(fn))
+            if not self._steps:  # traced (again) and no optimizer applies: its own update
+                self._grad_traces += 1
+                self._grad_traced_at = user_location(sys._getframe()) or self._grad_traced_at
         if self._steps or id(fn) not in self._grad_fns or len(self._unapplied) >= UNAPPLIED_MAX:
             return
         if isinstance(out, (tuple, list)) and out:
@@ -409,7 +412,7 @@ class LoopHooks(BatchKeeping):
         tf = self._tf
         if isinstance(out, tf.Tensor) and not tf.is_symbolic_tensor(out) and \
                 out.dtype.is_floating and out.shape.num_elements() == 1:
-            self._unapplied.append(float(out.numpy().reshape(-1)[0]))
+            self._unapplied.append((float(out.numpy().reshape(-1)[0]), time.perf_counter()))
 
     def _wrap_cache(self, original):
         """``Dataset.cache()``: a ``cache_unbounded`` event when what it caches never ends."""

@@ -105,6 +105,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._gradients = 0  # tape.gradient calls on a scalar loss outside fit
         self._traces = 0  # traces of a custom loop's tf.function step (its applies in a graph)
         self._traced_at: dict | None = None  # the user's line that called it, last trace
+        self._grad_traces = 0  # traces that took gradients while no optimizer applied any
+        self._grad_traced_at: dict | None = None
         self._unapplied: list = []  # their losses while no optimizer has applied anything
         self._watched: list | None = None  # the first gradient's variables, values (keras_steps)
         self._grad_fns: set[int] = set()  # tf.functions whose trace took gradients
@@ -212,6 +214,9 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         if self._traces:
             self.rec.emit("traces", count=self._traces, steps=self._steps,
                           **(self._traced_at or {}))
+        elif self._grad_traces and not self._steps:  # a step that updates by hand, traced
+            self.rec.emit("traces", count=self._grad_traces, steps=len(self._unapplied),
+                          **(self._grad_traced_at or {}))
         if self._steps:  # imported but not trained with (PyTorch did the training): say nothing
             self.rec.emit("calls", optimizer_steps=self._steps, backward=self._steps)
         elif self._gradients:

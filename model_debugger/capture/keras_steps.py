@@ -124,7 +124,8 @@ class StepHooks(OverheadWatch, HeldWatch):
                     self._watch_sources(sources)
                 if not self._steps and len(self._unapplied) < UNAPPLIED_MAX and \
                         not tf.is_symbolic_tensor(target):  # eager: its value is at hand
-                    self._unapplied.append(float(target.numpy().reshape(-1)[0]))
+                    self._unapplied.append((float(target.numpy().reshape(-1)[0]),
+                                            time.perf_counter()))
 
     def _watch_sources(self, sources) -> None:
         """Keep the first gradient's variables and a copy of their values (``_watched``).
@@ -166,8 +167,11 @@ class StepHooks(OverheadWatch, HeldWatch):
         applies its gradients by hand, ``v.assign_sub(lr * g)``, trains without an optimizer);
         the ``calls`` event has no optimizer step.
         """
-        for i, loss in enumerate(self._unapplied):
-            self.rec.emit("step", i=i, ep=0, loss=num(loss), gn=None, dt=None, dw=None, tm=True)
+        last = None
+        for i, (loss, at) in enumerate(self._unapplied):  # dt: from one step's loss to the next
+            self.rec.emit("step", i=i, ep=0, loss=num(loss), gn=None,
+                          dt=None if last is None else at - last, dw=None, tm=True)
+            last = at
         self.rec.step = len(self._unapplied)
         updated = self._updated_by_hand()
         self.rec.emit("unapplied", gradients=self._gradients, steps=len(self._unapplied),

@@ -182,6 +182,15 @@ class Probe:
             return False
         return ctx.live or not self.needs_live
 
+    def pointed_at(self, ctx: ProbeContext, measured: dict) -> bool:
+        """Whether what the probes so far measured points at this probe's cause.
+
+        ``measured`` holds the shared quantities (:data:`~.report.SHARED`) of the probes that
+        ran. A probe pointed at runs next, before the cheaper ones still waiting: the budget
+        goes to the likely cause first (:func:`run_probes`).
+        """
+        return False
+
     def run(self, ctx: ProbeContext) -> list[Finding] | ProbeResult:  # pragma: no cover
         """Measure; return findings, or a :class:`ProbeResult` with a shared quantity too."""
         raise NotImplementedError
@@ -356,7 +365,9 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
 
     By default the probes a cited signal suggests (``Probe.suggested_by``) run first, then the
     rest; within each group the cheaper first (``Probe.cost``), then in registry order; while
-    the budget lasts. Explicit ``ids`` run in the order given.
+    the budget lasts. Once a probe has measured a shared quantity, the probes it points at
+    (``Probe.pointed_at``) move to the front of those still waiting. Explicit ``ids`` run in
+    the order given.
 
     A probe that raises yields an unconfirmed finding naming the error; it never stops the others.
 
@@ -373,11 +384,15 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
             ids += [p for p in probes_for(cat) if p not in ids]
         cited = {e.signal for e in ctx.classification.evidence}
         ids.sort(key=lambda p: (not cited & set(PROBES[p].suggested_by), PROBES[p].cost))
+        reorder = True
+    else:
+        ids, reorder = list(ids), False
     findings: list[Finding] = []
     timings: dict[str, float] = {}
     measured: dict = {}
     order = [ctx.classification.primary, *ctx.classification.secondary]
-    for n, pid in enumerate(ids):
+    for n in range(len(ids)):
+        pid = ids[n]
         probe = PROBES[pid]()
         if not probe.applies(ctx):
             continue
@@ -396,8 +411,12 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
                 cat = probe.reveals
             findings += [Finding(f.check, f.root_cause, f.confirmed, f.explanation, f.location,
                                  {**f.evidence, "category": cat}) for f in result.findings]
-            measured.update({name: getattr(result, name) for name in SHARED
-                             if getattr(result, name) is not None})
+            new = {name: getattr(result, name) for name in SHARED
+                   if getattr(result, name) is not None}
+            measured.update(new)
+            if new and reorder:  # the probes this measurement points at go next
+                ids[n + 1:] = sorted(ids[n + 1:],
+                                     key=lambda p: not PROBES[p]().pointed_at(ctx, measured))
         except OverBudget:  # stopped at the budget's end: no verdict, and no probe after it
             timings[pid] = round(time.perf_counter() - t0, 3)
             break

@@ -154,6 +154,23 @@ class LabelAlignment(Probe):
            "shuffle them together).")
     traces_origin = False  # located by :func:`_pairing_location` (the half that lost its pair)
 
+    def pointed_at(self, ctx: ProbeContext, measured: dict) -> bool:
+        """When nearest neighbours on the inputs predict the labels no better than chance.
+
+        The reference learner's score (``learnable``): an accuracy within
+        :data:`WITNESS_MARGIN` of the majority rate, or an R^2 within it of zero. Aligned
+        labels of most data are told from the inputs by their neighbours; this probe's many
+        fits then get the budget before the cheaper probes of other causes.
+        """
+        got = measured.get("learnable") or {}
+        score = got.get("score")
+        if not isinstance(score, (int, float)):
+            return False
+        if got.get("metric") == "accuracy":
+            chance = (ctx.signals or {}).get("majority_rate")
+            return isinstance(chance, (int, float)) and score <= chance + WITNESS_MARGIN
+        return score <= WITNESS_MARGIN
+
     def run(self, ctx: ProbeContext):
         """One confirmed finding when real labels do no better than shuffled ones.
 

@@ -22,7 +22,7 @@ class Retracing(Probe):
     id = "retracing"
     categories = ("performance_issue", "memory_issue")
     symptom = "performance_issue"  # the graphs it keeps are a side effect of the time it costs
-    frameworks = ("keras",)
+    frameworks = ("keras", "none")  # (a loop that updates by hand names no model: "none")
     fix = ("Pass tensors, not Python numbers or new Python objects, to the tf.function "
            "(tf.constant(step), a tf.Variable for the rate), or declare its input_signature / "
            "use reduce_retracing=True, so it is traced once.")
