@@ -633,6 +633,42 @@ def test_a_step_that_updates_by_hand_and_is_traced_every_step_is_retracing():
     assert found[0].location["line"] == line_of("retraced")
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["one_tape_kept", "a_tape_per_step"])
+def test_a_gradient_tape_kept_across_steps_is_found_where_it_is_made(kept):
+    """A persistent tape made once and entered every step resumes the same tape, records
+    and all: the ``tape_kept`` event counts the entries and ``tape_kept`` confirms it at the
+    ``GradientTape(persistent=True)`` call (was: memory growth with no finding). A persistent
+    tape made in each step's ``with`` starts empty: no event."""
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+
+    X, y = data(256)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])
+    opt = keras.optimizers.Adam(1e-2)
+    with capture(hist_every=0) as rec:
+        loss_fn = ce()
+        tape = tf.GradientTape(persistent=True)  # <made>
+        for _ in range(3):
+            for i in range(0, 256, 32):
+                if not kept:
+                    tape = tf.GradientTape(persistent=True)
+                with tape:
+                    loss = loss_fn(y[i:i + 32], model(X[i:i + 32], training=True))
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+    run = Run(rec.events)
+    event = run.first("tape_kept")
+    if not kept:
+        assert event is None
+        return
+    assert event["resumed"] == 23 and event["steps"] == 24 and event["persistent"] is True
+    ctx = build_context(run, sources={__file__: open(__file__, encoding="utf-8").read()})
+    found = [f for f in run_probes(ctx, ["tape_kept"]).findings if f.confirmed]
+    assert [(f.check, f.root_cause) for f in found] == [("tape_kept", "training_loop")]
+    assert found[0].location["line"] == line_of("made")
+
+
 def test_a_list_an_eager_loop_keeps_is_looked_at():
     """The Keras instrument looks at the loop's frames too (every 50 steps)."""
     from model_debugger.capture.held import HELD_EVERY

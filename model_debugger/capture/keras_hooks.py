@@ -414,6 +414,61 @@ class LoopHooks(BatchKeeping):
                 out.dtype.is_floating and out.shape.num_elements() == 1:
             self._unapplied.append((float(out.numpy().reshape(-1)[0]), time.perf_counter()))
 
+    def _wrap_tape_enter(self, original):
+        """``GradientTape.__enter__``: a tape entered again while it still holds its records.
+
+        A persistent tape made once and entered every step (``self.tape =
+        tf.GradientTape(persistent=True)``, then ``with self.tape:``) resumes the same tape: it
+        keeps every operation of every step, and the memory it holds grows for the whole run.
+        A tape made in the ``with`` (or one whose gradient was taken, non-persistent) starts
+        empty. Counted outside ``fit``; written as ``tape_kept`` when the capture ends.
+        """
+        link = self._link
+
+        def __enter__(tape):
+            inst = link()
+            if inst is not None and not inst._fit_depth and \
+                    getattr(tape, "_tape", None) is not None and \
+                    not getattr(tape, "_recording", False):
+                inst.guard(inst._on_tape_resumed)(tape)
+            return original(tape)
+
+        __enter__.__wrapped__ = original
+        return __enter__
+
+    def _wrap_tape_init(self, original):
+        """``GradientTape.__init__``: where each persistent tape is made (``_tapes_made``)."""
+        link = self._link
+
+        def __init__(tape, *args, **kwargs):
+            original(tape, *args, **kwargs)
+            inst = link()
+            if inst is not None and getattr(tape, "_persistent", False):
+                inst.guard(inst._on_tape_made)(tape)
+
+        __init__.__wrapped__ = original
+        return __init__
+
+    def _on_tape_made(self, tape) -> None:
+        if len(self._tapes_made) < 1024:  # (weak keys: the tapes of past steps are gone)
+            self._tapes_made[tape] = user_location(sys._getframe())
+
+    def _on_tape_resumed(self, tape) -> None:
+        self._tapes_resumed += 1
+        if self._tape_resumed_at is None:
+            self._tape_resumed_at = {"entered": user_location(sys._getframe()),
+                                     "made": self._tapes_made.get(tape),
+                                     "persistent": bool(getattr(tape, "_persistent", False))}
+
+    def _emit_tape_kept(self) -> None:
+        """The ``tape_kept`` event (see :meth:`_wrap_tape_enter`), when a tape was resumed."""
+        if self._tapes_resumed:
+            at = self._tape_resumed_at or {}
+            self.rec.emit("tape_kept", resumed=self._tapes_resumed,
+                          steps=self._steps or len(self._unapplied),
+                          persistent=at.get("persistent"), made=at.get("made"),
+                          entered=at.get("entered"))
+
     def _wrap_cache(self, original):
         """``Dataset.cache()``: a ``cache_unbounded`` event when what it caches never ends."""
         link = self._link

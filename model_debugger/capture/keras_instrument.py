@@ -106,6 +106,9 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._traces = 0  # traces of a custom loop's tf.function step (its applies in a graph)
         self._traced_at: dict | None = None  # the user's line that called it, last trace
         self._grad_traces = 0  # traces that took gradients while no optimizer applied any
+        self._tapes_resumed = 0  # GradientTape entries that resumed a tape holding records
+        self._tape_resumed_at: dict | None = None
+        self._tapes_made = weakref.WeakKeyDictionary()  # persistent tape -> where it was made
         self._grad_traced_at: dict | None = None
         self._unapplied: list = []  # their losses while no optimizer has applied anything
         self._watched: list | None = None  # the first gradient's variables, values (keras_steps)
@@ -135,6 +138,10 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
 
         self.patch(backprop.GradientTape, "gradient",
                    lambda nxt: self._nograph(self._wrap_gradient(nxt)))
+        self.patch(backprop.GradientTape, "__enter__",
+                   lambda nxt: self._nograph(self._wrap_tape_enter(nxt)))
+        self.patch(backprop.GradientTape, "__init__",
+                   lambda nxt: self._nograph(self._wrap_tape_init(nxt)))
         self.patch(Function, "__call__", self._wrap_function_call)
         self.patch(dataset_ops.DatasetV2, "__iter__", self._wrap_data)
         self.patch(iterator_ops.OwnedIterator, "__next__", self._wrap_data)
@@ -211,6 +218,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         passes = self._passes.event()
         if passes is not None:
             self.rec.emit("passes", **passes)
+        self._emit_tape_kept()
         if self._traces:
             self.rec.emit("traces", count=self._traces, steps=self._steps,
                           **(self._traced_at or {}))
