@@ -281,3 +281,28 @@ def test_planted_labels_keep_every_label_and_follow_the_inputs():
     got = label_alignment.planted((x.numpy(),), one_hot, np.random.default_rng(1))
     assert got.shape == one_hot.shape and (got.sum(0) == one_hot.sum(0)).all()
     assert label_alignment.planted((np.ones((50, 3)),), y[:50], np.random.default_rng(0)) is None
+
+
+@pytest.mark.parametrize("left, shuffles", [(300.0, 2), (6.0, 1), (2.0, None)])
+def test_a_short_budget_drops_the_second_shuffle_before_the_verdict(monkeypatch, left, shuffles):
+    """Each fit takes one (fake) second: with the budget left after the first two fits too short
+    for the 7 others and the control, the verdict is kept with one shuffle (4 more fits); with
+    too little even for those, no verdict (was: no verdict at once, and a Keras CNN on shuffled
+    labels went without its label check)."""
+    clock = [0.0]
+    original = TorchTrainer.fit
+
+    def fit(self, *a, **k):
+        clock[0] += 1.0
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(TorchTrainer, "fit", fit)
+    monkeypatch.setattr(label_alignment.time, "monotonic", lambda: clock[0])
+    ctx = types.SimpleNamespace(trainer=trainer(0, 0.0), time_left=lambda: left,
+                                ref=lambda _key: None)
+    found = LabelAlignment().run(ctx)
+    if shuffles is None:
+        assert found == []
+        return
+    assert len(found) == 1 and found[0].confirmed
+    assert len(found[0].evidence["heldout_loss_each_shuffle"]) == shuffles

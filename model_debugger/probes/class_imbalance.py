@@ -4,6 +4,8 @@ Class frequencies come from the training targets (``ctx.train_xy[1]``: integer l
 or one-hot rows) or, on a log-only session, from the record's last ``targets`` event (class counts,
 or the mean of binary targets under a binary cross-entropy); when both exist the larger sample
 wins. Confirmed when the majority class holds >= 80% of the samples or the rarest class <= 5%.
+Located where the imbalance is undone (:func:`_where`): the line that dropped rows, else where
+training weighs the classes.
 An accuracy sitting at the majority share is named in the explanation: the model has learned to
 predict the majority class.
 """
@@ -14,6 +16,7 @@ import math
 
 import numpy as np
 
+from ..provenance import callee_made, data_origin, reorders_rows
 from ..records import Finding
 from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
@@ -65,6 +68,7 @@ class ClassImbalance(Probe):
 
     id = "class_imbalance"
     data_role = "targets"
+    traces_origin = False  # located by :func:`_where`: the rows dropped, else the weighting
     categories = ("convergence_to_wrong_solution", "loss_not_decreasing")
     needs_live = False
     fix = ("Weight the loss by inverse class frequency (CrossEntropyLoss(weight=...)) or "
@@ -101,7 +105,8 @@ class ClassImbalance(Probe):
             return [self.finding(
                 "data", constant, f"Every one of the {n} training targets is class {only}: the "
                 "model can only learn to predict it, whatever the inputs (the labels were "
-                "overwritten or read from the wrong place).", st.data_location(ctx),
+                "overwritten or read from the wrong place).",
+                data_origin(st.data_location(ctx), self.data_role),
                 strength=0.95 if constant else 0.3, decisive=constant, counts=counts, n=n,
                 source=source, majority_class=only, majority_share=1.0, single_class=True)]
         major, minor = max(seen, key=seen.get), min(seen, key=seen.get)
@@ -136,8 +141,26 @@ class ClassImbalance(Probe):
                  "weight the loss or resample, and judge with a class-balanced metric.")
         severity = max((major_share - MAJORITY) / (1 - MAJORITY), (RARE - minor_share) / RARE)
         strength = 0.5 + 0.3 * float(np.clip(severity, 0, 1)) + (0.2 if at_majority else 0.0)
-        return [self.finding("data", True, text, st.data_location(ctx), strength=strength,
+        return [self.finding("data", True, text, _where(ctx, self.data_role), strength=strength,
                              counts=counts, n=n, source=source, majority_class=major,
                              majority_share=major_share, minority_class=minor,
                              minority_share=minor_share,
                              accuracy_at_majority=[name for name, _ in at_majority])]
+
+
+def _where(ctx: ProbeContext, role: str) -> dict | None:
+    """Where the imbalance is undone: the line that dropped rows, else where the loss is set.
+
+    Training targets traced to a statement that picks rows (``X, y = X[keep], y[keep]``) were
+    made imbalanced there. Imbalanced at their source (a dataset, a generator's ``weights=``),
+    the data is what it is: the fix is class weights or resampling where training weighs the
+    classes, Keras's ``fit`` (``class_weight=``), or the line that made the loss function
+    (``weight=``, ``pos_weight=``), else where the data enters training.
+    """
+    used = st.data_location(ctx)
+    origin = data_origin(used, role)
+    if origin is not None and origin != used and reorders_rows(origin):
+        return origin
+    if used is not None and used == ctx.ref("loss_fn"):
+        return callee_made(used)
+    return used

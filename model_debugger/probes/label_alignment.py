@@ -7,8 +7,9 @@ moved one without the other) or the labels are noise.
 
 One train/held-out split is noisy: with uninformative labels, which rows land where and how far
 each copy overfits move the real/shuffled ratio by a few percent either way. So the verdict uses
-every row once as held-out (3-fold cross-validation) and two shuffles. One fold is tried first:
-labels that clearly help there end the probe early, so a healthy run pays for two fits only.
+every row once as held-out (3-fold cross-validation) and two shuffles (one, when the budget
+left cannot pay for the second on a slow model). One fold is tried first: labels that clearly
+help there end the probe early, so a healthy run pays for two fits only.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ MEMORISED = 0.75  # ... to below this share of the constant predictor's loss (pl
 STEPS = 150
 FOLDS = 3
 CHECKS = 10    # held-out loss read 10 times per fit; the best counts (overfitting adds noise)
-SHUFFLES = 2
+SHUFFLES = 2   # (1 when the budget cannot afford the second on every fold)
+CONTROL_FITS = 1.5  # what the positive control costs, in fits
 MARGIN = 0.97  # real held-out loss must be below 97% of the shuffled one
 CLEAR = 0.9    # ... and below 90% on the first fold is clear enough to stop there
 GENERALISED = 0.8      # the run's best validation loss at most this share of the prior's, or
@@ -209,8 +211,11 @@ class LabelAlignment(Probe):
                              tr.loss_kwargs.get("ignore_index", -100), tr.loss_kwargs)
         if base is None or min(first) > UNTRAINED * base:
             return []  # no baseline, or the copies never reach the prior: no verdict
-        if ctx.time_left() < 4 * (time.monotonic() - started):
-            return []  # the other 7 fits do not fit in the probe budget
+        per_fit = (time.monotonic() - started) / 2
+        if ctx.time_left() < (FOLDS * (1 + SHUFFLES) - 2 + CONTROL_FITS) * per_fit:
+            targets = targets[:2]  # one shuffle: 4 more fits, not 7 (a slow model's budget)
+            if ctx.time_left() < (FOLDS * 2 - 2 + CONTROL_FITS) * per_fit:
+                return []  # not even those fit in the probe budget
         for k in range(FOLDS):
             for i, labels in enumerate(targets):
                 if (i, k) not in done:
@@ -266,7 +271,7 @@ class LabelAlignment(Probe):
         for kind, check in (
                 ("planted", lambda: learns_planted(tr, inputs, target, folds, steps, rng, ignore)),
                 ("memorised", lambda: memorises(tr, inputs, target, rng, ignore))):
-            if ctx.time_left() < 1.5 * fit_seconds:
+            if ctx.time_left() < CONTROL_FITS * fit_seconds:
                 return False  # the control does not fit in the probe budget: no verdict
             try:
                 got = check()

@@ -3,7 +3,7 @@
 expect-category: convergence_to_wrong_solution
 expect-root-cause: data
 expect-check: class_imbalance
-expect-line: y = (torch.rand(n) < 0.05).float()
+expect-line: criterion = nn.BCEWithLogitsLoss()
 fault: data (95/5 class imbalance, no class weights)
 """
 import torch

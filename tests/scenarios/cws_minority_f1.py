@@ -3,7 +3,7 @@
 expect-category: convergence_to_wrong_solution
 expect-root-cause: data
 expect-check: class_imbalance|label_alignment
-expect-line: y = torch.multinomial(|X = torch.randn(n, 12) + 0.05
+expect-line: loss = nn.functional.cross_entropy(|X = torch.randn(n, 12) + 0.05
 fault: data (90/5/5 classes, signal too weak to beat the prior)
 """
 import model_debugger

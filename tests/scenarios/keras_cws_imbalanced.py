@@ -3,7 +3,7 @@
 expect-category: convergence_to_wrong_solution
 expect-root-cause: data
 expect-check: class_imbalance
-expect-line: y = (rng.random(n) < 0.05)
+expect-line: model.fit(X, y
 expect-backward: model.fit(
 fault: data (95/5 class imbalance, no class weights)
 """
