@@ -1264,3 +1264,26 @@ def test_a_model_of_plain_tensors_is_searched_for_a_few_times_only(monkeypatch):
             opt.step()
     assert len([e for e in rec.events if e["t"] == "step"]) == 300
     assert 1 <= len(calls) <= 12
+
+
+def test_the_fast_event_encoder_writes_what_the_json_encoder_writes():
+    """Events are encoded by one reused C encoder (``JSONEncoder.encode`` builds one per call:
+    about half of a step event's cost): the text is the same, NaN, infinities, non-ASCII text
+    and objects JSON cannot hold (``str()`` of them) included; a circular event falls back to
+    the standard encoder, which names the problem."""
+    import json
+    from pathlib import PurePosixPath
+
+    from model_debugger.capture import recorder
+
+    events = [{"t": "step", "i": 3, "ep": 0, "loss": 0.123456789, "dt": 4.1e-4, "tm": True,
+               "mgn": {"0": float("nan"), "fc": float("inf")}, "none": None},
+              {"t": "warning", "message": "naïve → 💥 \"quoted\"\n", "values": [1, -2.5, 1e300]},
+              {"t": "ref", "obj": complex(1, 2), "path": PurePosixPath("/tmp/x")}]
+    for event in events:
+        assert recorder._encode(event) == recorder._ENCODER.encode(event)
+        json.loads(recorder._encode(event))
+    loop: dict = {"t": "x"}
+    loop["self"] = loop
+    with pytest.raises(ValueError, match="Circular"):
+        recorder._encode(loop)

@@ -45,6 +45,27 @@ from .warned import WarningLog
 
 _STREAM_ONLY = ("step", "hist")  # with a file, not kept in ``Recorder.events``
 _ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=) builds one per call
+try:  # ``JSONEncoder.encode`` builds a C encoder per call (~5 us of a ~9 us step event): one
+    from json.encoder import c_make_encoder as _c_make_encoder  # built once, reused
+    from json.encoder import encode_basestring_ascii as _ascii
+
+    _C_ENCODE = _c_make_encoder(None, str, _ascii, None, ": ", ", ", False, False, True)
+except (ImportError, TypeError):  # no C accelerator (another Python): the encoder above
+    _C_ENCODE = None
+
+
+def _encode(event: dict) -> str:
+    """One event as a JSON line's text: what ``_ENCODER.encode`` writes, faster.
+
+    The reused C encoder keeps no circular-reference markers; an event that trips it is
+    encoded by ``_ENCODER`` (which says what is wrong).
+    """
+    if _C_ENCODE is not None:
+        try:
+            return "".join(_C_ENCODE(event, 0))
+        except (RecursionError, ValueError, TypeError):
+            pass
+    return _ENCODER.encode(event)
 
 
 def _fresh(path: str):
@@ -160,7 +181,7 @@ class Recorder:
                 self.events.append(event)
                 if self._closed:  # after the block (a late error location): appended at once
                     with open(self.path, "a", encoding="utf-8") as fh:  # this run's own file
-                        fh.write(_ENCODER.encode(event) + "\n")
+                        fh.write(_encode(event) + "\n")
                 return event
             self.events.append(event)
             self._queue.append(event)
@@ -208,7 +229,7 @@ class Recorder:
             n = len(queue)
             data = self._unsent
             if n:  # encoded before the queue is let go: an interrupt here loses nothing
-                encode = _ENCODER.encode
+                encode = _encode
                 data += "".join([encode(e) + "\n" for e in queue[:n]]).encode("utf-8")
                 self._unsent = data
                 del queue[:n]
