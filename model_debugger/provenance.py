@@ -187,6 +187,40 @@ def reorders_rows(location: dict | None) -> bool:
                for node in _nodes_at(location))
 
 
+def _is_mask(node: ast.AST) -> bool:
+    """A boolean expression: a comparison, ``&``/``|``/``^``, ``~``/``not``, ``and``/``or``."""
+    return isinstance(node, (ast.Compare, ast.BoolOp)) or \
+        isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor)) \
+        or isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Invert, ast.Not))
+
+
+def filters_rows(location: dict | None) -> bool:
+    """Whether the statement at ``location`` keeps only the rows a boolean mask selects.
+
+    ``X, y = X[keep], y[keep]`` with ``keep = (y == 0) | ...`` bound before it, or
+    ``y[y != 3]``: rows dropped by a condition (which can change what the labels hold). An
+    index array or a permutation (``X[perm]``) moves rows without dropping any.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return False
+    for stmt in _statements_at(tree, location["line"]):
+        for node in ast.walk(stmt):
+            if not (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)):
+                continue
+            index = node.slice
+            if _is_mask(index):
+                return True
+            if isinstance(index, ast.Name):
+                for scope in _scope_of(tree, stmt):
+                    found = _bindings(scope, index.id, stmt.lineno)
+                    if found:
+                        if _is_mask(max(found, key=lambda b: b[0])[2]):
+                            return True
+                        break
+    return False
+
+
 def reorder_within(location: dict | None, last: bool) -> dict | None:
     """The row-moving line inside the user's function called at ``location``, or None.
 

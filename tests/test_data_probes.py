@@ -490,18 +490,20 @@ def test_nonfinite_inputs_are_located_where_numpy_warned_it_made_them():
     assert _made_nonfinite(SimpleNamespace(run=elsewhere, source_files=ctx.source_files)) is None
 
 
-@pytest.mark.parametrize("dropped", [False, True], ids=["imbalanced_at_source", "rows_dropped"])
+@pytest.mark.parametrize("dropped", [False, True, "shuffled"],
+                         ids=["imbalanced_at_source", "rows_dropped", "rows_shuffled"])
 def test_class_imbalance_is_located_where_it_is_undone(tmp_path, dropped):
     """Labels imbalanced at their source are what the data is: the finding sits where the loss
     weighs the classes (the line that made the criterion, where ``pos_weight=`` goes; two
     held-out writers put the fix there). Rows dropped by the code (``X[keep], y[keep]``) made
-    the imbalance: that line."""
+    the imbalance: that line. Rows only shuffled (a permutation) drop none."""
     lines = ["import torch",
              "from torch import nn",
              "y = (torch.rand(1000) < 0.05).float()",
              "X = torch.randn(1000, 4)",
              "keep = (y == 1) | (torch.arange(1000) % 2 == 0)",
-             "X, y = X[keep], y[keep]" if dropped else "pass",
+             {True: "X, y = X[keep], y[keep]", False: "pass",
+              "shuffled": "X, y = X[torch.randperm(1000)], y[torch.randperm(1000)]"}[dropped],
              "criterion = nn.BCEWithLogitsLoss()",
              "model = nn.Linear(4, 1)",
              "loss = criterion(model(X).squeeze(1), y)"]
@@ -511,4 +513,4 @@ def test_class_imbalance_is_located_where_it_is_undone(tmp_path, dropped):
                {"t": "targets", "loss": "binary_cross_entropy_with_logits", "n": 1000,
                 "mean": 0.05}])
     (f,) = ClassImbalance().run(ctx_for(run=run, category="convergence_to_wrong_solution"))
-    assert f.confirmed and f.location["line"] == (6 if dropped else 7)
+    assert f.confirmed and f.location["line"] == (6 if dropped is True else 7)

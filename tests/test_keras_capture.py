@@ -592,6 +592,67 @@ def test_gradients_applied_by_hand_are_not_called_unapplied(traced):
     assert "gradients_unapplied" not in {f.check for f in run_probes(ctx).findings}
 
 
+def test_unapplied_reads_only_trainable_variables_and_waits_for_a_gradient_of_variables():
+    """A gradient of the inputs first (a saliency map) watches nothing: the loss's gradient
+    after it is watched, and a loop updating by hand is not 'unapplied'. A model whose moving
+    statistics change (BatchNormalization) but whose gradients are never applied is: only
+    trainable variables count."""
+    from model_debugger.probes.gradients_unapplied import GradientsUnapplied
+    from model_debugger.probing import build_context
+
+    X, y = data(128)
+    for applied in (True, False):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                                  keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+        with capture(hist_every=0) as rec:
+            loss_fn = ce()
+            for i in range(0, 128, 32):
+                xb = tf.constant(X[i:i + 32])
+                with tf.GradientTape() as saliency:
+                    saliency.watch(xb)
+                    score = tf.reduce_sum(model(xb, training=True))
+                saliency.gradient(score, xb)
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y[i:i + 32], model(xb, training=True))
+                grads = tape.gradient(loss, model.variables)
+                if applied:
+                    for v, g in zip(model.variables, grads):
+                        if g is not None and v.trainable:
+                            v.assign_sub(0.05 * g)
+        event = Run(rec.events).first("unapplied")
+        assert event["watched"] == 6, event  # 2 Dense x 2 + gamma and beta, not the moments
+        ctx = build_context(Run(rec.events), sources={})
+        assert GradientsUnapplied().applies(ctx) is not applied, event
+
+
+def test_a_function_run_eagerly_is_not_retracing():
+    """``tf.config.run_functions_eagerly(True)``: every call of a hand-updating step runs its
+    Python body and takes a gradient, and none is a trace; each call's loss is one step."""
+    X, y = data(256)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    tf.config.run_functions_eagerly(True)
+    try:
+        with capture(hist_every=0) as rec:
+            loss_fn = ce()
+
+            @tf.function
+            def step(xb, yb):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(yb, model(xb, training=True))
+                for v, g in zip(model.trainable_variables,
+                                tape.gradient(loss, model.trainable_variables)):
+                    v.assign_sub(0.1 * g)
+                return loss
+
+            for i in range(0, 256, 32):
+                step(tf.constant(X[i:i + 32]), tf.constant(y[i:i + 32]))
+    finally:
+        tf.config.run_functions_eagerly(False)
+    run = Run(rec.events)
+    assert run.first("traces") is None
+    assert len(run.steps) == 8
+
+
 def test_a_step_that_updates_by_hand_and_is_traced_every_step_is_retracing():
     """A ``tf.function`` step that applies its update by hand, given a Python float rate that
     changes each step: traced on every call. No optimizer applies, so the traces are counted
@@ -633,12 +694,14 @@ def test_a_step_that_updates_by_hand_and_is_traced_every_step_is_retracing():
     assert found[0].location["line"] == line_of("retraced")
 
 
-@pytest.mark.parametrize("kept", [True, False], ids=["one_tape_kept", "a_tape_per_step"])
+@pytest.mark.parametrize("kept", [True, False, "twice"],
+                         ids=["one_tape_kept", "a_tape_per_step", "entered_twice_per_step"])
 def test_a_gradient_tape_kept_across_steps_is_found_where_it_is_made(kept):
     """A persistent tape made once and entered every step resumes the same tape, records
     and all: the ``tape_kept`` event counts the entries and ``tape_kept`` confirms it at the
     ``GradientTape(persistent=True)`` call (was: memory growth with no finding). A persistent
-    tape made in each step's ``with`` starts empty: no event."""
+    tape made in each step's ``with`` starts empty, and a tape entered twice within a step
+    (before its gradient) keeps nothing across steps: no event."""
     from model_debugger.probes import run_probes
     from model_debugger.probing import build_context
 
@@ -651,15 +714,21 @@ def test_a_gradient_tape_kept_across_steps_is_found_where_it_is_made(kept):
         tape = tf.GradientTape(persistent=True)  # <made>
         for _ in range(3):
             for i in range(0, 256, 32):
-                if not kept:
-                    tape = tf.GradientTape(persistent=True)
-                with tape:
-                    loss = loss_fn(y[i:i + 32], model(X[i:i + 32], training=True))
+                if kept is not True:
+                    tape = tf.GradientTape(persistent=kept is False)
+                if kept == "twice":  # (two stretches of one step on one tape: legitimate)
+                    with tape:
+                        out = model(X[i:i + 32], training=True)
+                    with tape:
+                        loss = loss_fn(y[i:i + 32], out)
+                else:
+                    with tape:
+                        loss = loss_fn(y[i:i + 32], model(X[i:i + 32], training=True))
                 grads = tape.gradient(loss, model.trainable_variables)
                 opt.apply_gradients(zip(grads, model.trainable_variables))
     run = Run(rec.events)
     event = run.first("tape_kept")
-    if not kept:
+    if kept is not True:
         assert event is None
         return
     assert event["resumed"] == 23 and event["steps"] == 24 and event["persistent"] is True

@@ -2308,6 +2308,10 @@ def test_a_measurement_moves_the_probes_it_points_at_to_the_front(stubs, monkeyp
     la = LabelAlignment()
     assert la.pointed_at(ctx, {"learnable": {"metric": "accuracy", "score": 0.12}})
     assert not la.pointed_at(ctx, {"learnable": {"metric": "accuracy", "score": 0.6}})
+    skewed = ProbeContext(run=Run([]), signals={"majority_rate": 0.95},
+                          classification=Classification("loss_not_decreasing", ()))
+    assert not la.pointed_at(skewed, {"learnable": {"metric": "accuracy", "score": 0.97}})
+    assert la.pointed_at(skewed, {"learnable": {"metric": "accuracy", "score": 0.951}})
     assert la.pointed_at(ctx, {"learnable": {"metric": "r2", "score": -0.02}})
     assert not la.pointed_at(ctx, {"learnable": {"metric": "r2", "score": 0.7}})
     assert not la.pointed_at(ctx, {})

@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from . import patches
-from .codeloc import user_frame
+from .codeloc import is_user_file, user_frame
 from .keras_keeper import describe_loss, split_batch, to_numpy
 from .keras_steps import UNAPPLIED_MAX
 from .keras_util import in_xla, user_location
@@ -382,30 +382,37 @@ class LoopHooks(BatchKeeping):
             if inst is None or inst._fit_depth:
                 return original(fn, *args, **kwargs)
             inst._work_enter()
-            taken = inst._gradients
+            taken, traced, kept = inst._gradients, inst._traced_gradients, len(inst._unapplied)
             try:
                 out = original(fn, *args, **kwargs)
             finally:
                 inst._work_exit()
-            inst.guard(inst._on_function_out)(fn, out, inst._gradients > taken)
+            inst.guard(inst._on_function_out)(fn, out, inst._gradients > taken,
+                                              inst._traced_gradients > traced,
+                                              len(inst._unapplied) > kept)
             return out
 
         __call__.__wrapped__ = original
         return __call__
 
-    def _on_function_out(self, fn, out, took_gradients: bool) -> None:
+    def _on_function_out(self, fn, out, took_gradients: bool, traced: bool = False,
+                         kept: bool = False) -> None:
         """A traced step that takes gradients: its scalar loss while no optimizer has applied any.
 
-        Its ``tape.gradient`` runs once, when the function is traced; each call's returned
-        loss is what a loop without ``apply_gradients`` would show (kept as unapplied steps,
-        see :meth:`~model_debugger.capture.keras_steps.StepHooks._emit_unapplied`).
+        Its ``tape.gradient`` runs once, when the function is traced (``traced``: a gradient
+        of a symbolic loss; run eagerly, ``run_functions_eagerly``, every call takes one and
+        none is a trace); each call's returned loss is what a loop without ``apply_gradients``
+        would show (kept as unapplied steps, see
+        :meth:`~model_debugger.capture.keras_steps.StepHooks._emit_unapplied`), unless the
+        eager gradient already kept this call's loss (``kept``).
         """
         if took_gradients:
             self._grad_fns.add(id(fn))
-            if not self._steps:  # traced (again) and no optimizer applies: its own update
+            if traced and not self._steps:  # traced (again), no optimizer: its own update
                 self._grad_traces += 1
                 self._grad_traced_at = user_location(sys._getframe()) or self._grad_traced_at
-        if self._steps or id(fn) not in self._grad_fns or len(self._unapplied) >= UNAPPLIED_MAX:
+        if self._steps or id(fn) not in self._grad_fns or kept or \
+                len(self._unapplied) >= UNAPPLIED_MAX:
             return
         if isinstance(out, (tuple, list)) and out:
             out = out[0]
@@ -415,19 +422,21 @@ class LoopHooks(BatchKeeping):
             self._unapplied.append((float(out.numpy().reshape(-1)[0]), time.perf_counter()))
 
     def _wrap_tape_enter(self, original):
-        """``GradientTape.__enter__``: a tape entered again while it still holds its records.
+        """``GradientTape.__enter__``: a tape entered again after its gradient was taken.
 
         A persistent tape made once and entered every step (``self.tape =
         tf.GradientTape(persistent=True)``, then ``with self.tape:``) resumes the same tape: it
         keeps every operation of every step, and the memory it holds grows for the whole run.
-        A tape made in the ``with`` (or one whose gradient was taken, non-persistent) starts
-        empty. Counted outside ``fit``; written as ``tape_kept`` when the capture ends.
+        Counted when a persistent tape whose gradient was already taken (``_tapes_used``) is
+        entered while it still holds its records (``reset()`` empties it): a tape entered
+        twice before its gradient, within one step, is not. Outside ``fit``; written as
+        ``tape_kept`` when the capture ends.
         """
         link = self._link
 
         def __enter__(tape):
             inst = link()
-            if inst is not None and not inst._fit_depth and \
+            if inst is not None and tape in inst._tapes_used and \
                     getattr(tape, "_tape", None) is not None and \
                     not getattr(tape, "_recording", False):
                 inst.guard(inst._on_tape_resumed)(tape)
@@ -437,27 +446,34 @@ class LoopHooks(BatchKeeping):
         return __enter__
 
     def _wrap_tape_init(self, original):
-        """``GradientTape.__init__``: where each persistent tape is made (``_tapes_made``)."""
+        """``GradientTape.__init__``: where a persistent tape is made (``_tapes_made``).
+
+        The calling frames' (file, line) pairs, resolved to the user's line only if that tape
+        is ever resumed (a loop that makes a persistent tape per step pays no frame walk).
+        """
         link = self._link
 
         def __init__(tape, *args, **kwargs):
             original(tape, *args, **kwargs)
             inst = link()
-            if inst is not None and getattr(tape, "_persistent", False):
-                inst.guard(inst._on_tape_made)(tape)
+            if inst is not None and getattr(tape, "_persistent", False) and \
+                    len(inst._tapes_made) < 1024:  # (weak keys: past steps' tapes are gone)
+                f, chain = sys._getframe(1), []
+                while f is not None and len(chain) < 12:
+                    chain.append((f.f_code.co_filename, f.f_lineno))
+                    f = f.f_back
+                inst._tapes_made[tape] = chain
 
         __init__.__wrapped__ = original
         return __init__
 
-    def _on_tape_made(self, tape) -> None:
-        if len(self._tapes_made) < 1024:  # (weak keys: the tapes of past steps are gone)
-            self._tapes_made[tape] = user_location(sys._getframe())
-
     def _on_tape_resumed(self, tape) -> None:
         self._tapes_resumed += 1
         if self._tape_resumed_at is None:
-            self._tape_resumed_at = {"entered": user_location(sys._getframe()),
-                                     "made": self._tapes_made.get(tape),
+            chain = self._tapes_made.get(tape) or []
+            made = next(({"file": f, "line": line} for f, line in chain if is_user_file(f)),
+                        None)
+            self._tape_resumed_at = {"entered": user_location(sys._getframe()), "made": made,
                                      "persistent": bool(getattr(tape, "_persistent", False))}
 
     def _emit_tape_kept(self) -> None:

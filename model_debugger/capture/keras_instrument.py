@@ -108,7 +108,9 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._grad_traces = 0  # traces that took gradients while no optimizer applied any
         self._tapes_resumed = 0  # GradientTape entries that resumed a tape holding records
         self._tape_resumed_at: dict | None = None
-        self._tapes_made = weakref.WeakKeyDictionary()  # persistent tape -> where it was made
+        self._tapes_made = weakref.WeakKeyDictionary()  # persistent tape -> calling frames
+        self._tapes_used = weakref.WeakSet()  # persistent tapes a gradient was taken from
+        self._traced_gradients = 0  # gradients of a symbolic loss (in a tf.function trace)
         self._grad_traced_at: dict | None = None
         self._unapplied: list = []  # their losses while no optimizer has applied anything
         self._watched: list | None = None  # the first gradient's variables, values (keras_steps)

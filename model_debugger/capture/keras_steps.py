@@ -67,6 +67,18 @@ def _trace_caller(frame) -> dict | None:
     return None
 
 
+def _head(tf, v) -> np.ndarray | None:
+    """A copy of the first :data:`WATCHED_VALUES` values of variable ``v`` (None: unreadable).
+
+    Only that slice is read and kept (a big embedding is not copied whole).
+    """
+    try:
+        return np.array(tf.reshape(tf.convert_to_tensor(v), [-1])[:WATCHED_VALUES].numpy(),
+                        copy=True)
+    except Exception:  # noqa: BLE001 - a variable that cannot be read (graph mode, a mirror)
+        return None
+
+
 def _finite(y) -> bool:
     """Whether targets ``y`` (an array, a tensor, a dict or list of them, or None) are finite.
 
@@ -100,6 +112,8 @@ class StepHooks(OverheadWatch, HeldWatch):
             if inst is None:
                 return original(tape, target, sources, *args, **kwargs)
             inst.guard(inst._on_gradient)(target, sources)
+            if not inst._fit_depth and getattr(tape, "_persistent", False):
+                inst._tapes_used.add(tape)  # resumed after this: kept across steps (tape_kept)
             work = not inst._fit_depth
             if work:
                 inst._work_enter()
@@ -120,7 +134,9 @@ class StepHooks(OverheadWatch, HeldWatch):
             if not self._fit_depth:
                 self.ref("backward", user_location(sys._getframe()))
                 self._gradients += 1
-                if self._watched is None:
+                if tf.is_symbolic_tensor(target):
+                    self._traced_gradients += 1  # taken while a tf.function is traced
+                if self._watched is None and not self._steps:
                     self._watch_sources(sources)
                 if not self._steps and len(self._unapplied) < UNAPPLIED_MAX and \
                         not tf.is_symbolic_tensor(target):  # eager: its value is at hand
@@ -128,35 +144,48 @@ class StepHooks(OverheadWatch, HeldWatch):
                                             time.perf_counter()))
 
     def _watch_sources(self, sources) -> None:
-        """Keep the first gradient's variables and a copy of their values (``_watched``).
+        """Keep the gradient's trainable variables and a copy of their first values.
 
         When no optimizer applies anything, whether the loop updates these variables itself
         (``v.assign_sub(lr * g)``) is measured, not assumed: :meth:`_emit_unapplied` compares.
-        Read outside any ``tf.function`` being traced (``init_scope``).
+        Only trainable floating-point variables count (moving statistics and seed states change
+        without any update), at most :data:`WATCHED_MAX`, their first :data:`WATCHED_VALUES`
+        values read outside any ``tf.function`` being traced (``init_scope``). A gradient
+        taken with respect to no variable (an input's, for a saliency map) watches nothing:
+        the next one is looked at. Variables that cannot be read are left out.
         """
         tf = self._tf
         flat = [v for v in tf.nest.flatten(sources)  # tf.Variable or keras.Variable
-                if callable(getattr(v, "assign", None)) and callable(getattr(v, "numpy", None))]
+                if callable(getattr(v, "assign", None)) and getattr(v, "trainable", True)
+                and getattr(getattr(v, "dtype", None), "is_floating",
+                            "float" in str(getattr(v, "dtype", "")))]
+        if not flat:
+            return
         watched = []
         with tf.init_scope():
             for v in flat[:WATCHED_MAX]:
-                watched.append((v, np.array(v.numpy(), copy=True).reshape(-1)[:WATCHED_VALUES]))
-        self._watched = watched
+                first = _head(tf, v)
+                if first is not None:
+                    watched.append((v, first))
+        self._watched = watched  # (empty: none readable, ``updated`` is left out)
 
-    def _updated_by_hand(self) -> int | None:
-        """How many watched variables changed since the first gradient (None: none watched)."""
+    def _updated_by_hand(self) -> tuple[int, int] | None:
+        """``(changed, read)``: watched variables that changed since, of those read again.
+
+        None when none was watched or none could be read again.
+        """
         if not self._watched:
             return None
         tf = self._tf
-        changed = 0
+        changed = read = 0
         with tf.init_scope():
             for v, before in self._watched:
-                try:
-                    now = np.asarray(v.numpy()).reshape(-1)[:WATCHED_VALUES]
-                except (RuntimeError, ValueError, TypeError):
+                now = _head(tf, v)
+                if now is None:
                     continue
+                read += 1
                 changed += not np.array_equal(now, before, equal_nan=True)
-        return changed
+        return (changed, read) if read else None
 
     def _emit_unapplied(self) -> None:
         """A custom loop took gradients but no optimizer applied them: say so, truthfully.
@@ -176,7 +205,7 @@ class StepHooks(OverheadWatch, HeldWatch):
         updated = self._updated_by_hand()
         self.rec.emit("unapplied", gradients=self._gradients, steps=len(self._unapplied),
                       **({} if updated is None else
-                         {"updated": updated, "watched": len(self._watched)}))
+                         {"updated": updated[0], "watched": updated[1]}))
         self.rec.emit("calls", optimizer_steps=0, backward=self._gradients)
 
     def _wrap_apply(self, original):

@@ -394,6 +394,7 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
     for n in range(len(ids)):
         pid = ids[n]
         probe = PROBES[pid]()
+        new: dict = {}
         if not probe.applies(ctx):
             continue
         if ctx.time_left() <= 0:
@@ -414,9 +415,6 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
             new = {name: getattr(result, name) for name in SHARED
                    if getattr(result, name) is not None}
             measured.update(new)
-            if new and reorder:  # the probes this measurement points at go next
-                ids[n + 1:] = sorted(ids[n + 1:],
-                                     key=lambda p: not PROBES[p]().pointed_at(ctx, measured))
         except OverBudget:  # stopped at the budget's end: no verdict, and no probe after it
             timings[pid] = round(time.perf_counter() - t0, 3)
             break
@@ -428,4 +426,14 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
             if ctx.trainer is not None:
                 ctx.trainer.deadline = float("inf")
         timings[pid] = round(time.perf_counter() - t0, 3)
+        if new and reorder:  # the probes this measurement points at go next
+            ids[n + 1:] = sorted(ids[n + 1:], key=lambda p: not _points(PROBES[p](), ctx, measured))
     return ProbeReport(findings=tuple(rank(findings, order)), probe_seconds=timings, **measured)
+
+
+def _points(probe: Probe, ctx: ProbeContext, measured: dict) -> bool:
+    """``probe.pointed_at``, False when it raises (a broken hint moves nothing)."""
+    try:
+        return bool(probe.pointed_at(ctx, measured))
+    except Exception:  # noqa: BLE001 - the order is a hint; the probe still runs in its turn
+        return False

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from ..provenance import callee_made, data_origin, reorders_rows
+from ..provenance import callee_made, data_origin, filters_rows
 from ..records import Finding
 from . import _numpy_stats as st
 from .base import Probe, ProbeContext, register
@@ -151,15 +151,15 @@ class ClassImbalance(Probe):
 def _where(ctx: ProbeContext, role: str) -> dict | None:
     """Where the imbalance is undone: the line that dropped rows, else where the loss is set.
 
-    Training targets traced to a statement that picks rows (``X, y = X[keep], y[keep]``) were
-    made imbalanced there. Imbalanced at their source (a dataset, a generator's ``weights=``),
+    Training targets traced to a statement that keeps the rows a mask selects (``X, y =
+    X[keep], y[keep]``) were made imbalanced there (a permutation, ``X[perm]``, drops none). Imbalanced at their source (a dataset, a generator's ``weights=``),
     the data is what it is: the fix is class weights or resampling where training weighs the
     classes, Keras's ``fit`` (``class_weight=``), or the line that made the loss function
     (``weight=``, ``pos_weight=``), else where the data enters training.
     """
     used = st.data_location(ctx)
     origin = data_origin(used, role)
-    if origin is not None and origin != used and reorders_rows(origin):
+    if origin is not None and origin != used and filters_rows(origin):
         return origin
     if used is not None and used == ctx.ref("loss_fn"):
         return callee_made(used)

@@ -3,7 +3,8 @@
 ``tape.gradient`` runs every step, but no optimizer ``apply_gradients`` / ``apply`` follows
 and the weights never change: the loss stays where the initial model put it. Measured by the
 capture (the ``unapplied`` event: gradients taken, no optimizer step in the whole run, and the
-first gradient's variables unchanged at the end), so the finding is decisive. Located at the line that takes the gradients, where the update belongs.
+trainable variables of the gradient, where they could be read, mostly unchanged at the end),
+so the finding is decisive. Located at the line that takes the gradients, where the update belongs.
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ class GradientsUnapplied(Probe):
 
         Keras records it (PyTorch records a step at each backward: ``detached_output``); a run
         that never applied anything may name no model or optimizer, hence no framework. Not
-        when the capture measured the gradient's variables changing (``updated``): the loop
-        applies its gradients by hand (``v.assign_sub(lr * g)``).
+        when the capture measured at least half the gradient's trainable variables changing
+        (``updated`` of ``watched``): the loop applies its gradients by hand
+        (``v.assign_sub(lr * g)``).
         """
         event = ctx.run.first("unapplied")
-        return event is not None and not event.get("updated")
+        if event is None:
+            return False
+        updated, watched = event.get("updated") or 0, event.get("watched") or 0
+        return not (watched and 2 * updated >= watched)
 
     def run(self, ctx: ProbeContext):
         """Confirmed when the run took gradients and no optimizer applied any of them."""
@@ -45,8 +50,8 @@ class GradientsUnapplied(Probe):
             "training_loop", True,
             f"The loop took gradients {event['gradients']} times (tape.gradient) but no "
             "optimizer applied them (no apply_gradients or apply in the whole run)"
-            + (f" and none of the {event['watched']} variables differentiated changed"
-               if event.get("watched") else "")
+            + (f" and {event.get('updated', 0)} of the {event['watched']} trainable variables "
+               "it differentiated changed" if event.get("watched") else "")
             + ": the loss stays where the initial model put it.",
             _gradient_line(ctx) or ctx.ref("backward"), gradients=event["gradients"],
             optimizer_steps=0, strength=0.95, decisive=True)]
