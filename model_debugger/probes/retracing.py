@@ -41,8 +41,10 @@ class Retracing(Probe):
             isinstance(e.get("line"), int) else ctx.ref("step")
         return [self.finding(
             "training_loop", True,
-            f"The training step's tf.function was traced {count} times in {steps} optimizer "
-            "steps: each call with a new Python value (a step counter, a float, a new object) "
+            f"The training step's tf.function was traced {count} times in {steps} "
+            + ("optimizer steps" if ctx.run.first("unapplied") is None else
+               "calls (it updates the weights itself)")
+            + ": each call with a new Python value (a step counter, a float, a new object) "
             "builds a new graph, so every step pays the trace and keeps one more graph in "
             "memory. Pass tensors (tf.constant(step)) or fix its input_signature.",
             where, traces=count, steps=steps, strength=0.85, decisive=True)]
