@@ -245,7 +245,9 @@ def constant_predictor(targets: dict | None) -> tuple[float | None, float | None
 FLOOR_ZEROS = 0.05  # exact zeros among the loss inputs, none below: a ReLU/clamp on the output
 PRESSED_SHARE = 0.05  # ... or this share of them at a sigmoid's or tanh's bound: saturated
 SPREAD = 1e-3  # outputs within this of each other are one value; within this of a bound, at it
-_REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+# losses that compare each output with its numeric target; "custom": a Keras ``train_step``
+# computing its own loss on numeric targets (``target_values``), read the same way
+_REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "custom")
 LR_COLLAPSE = 0.01  # a rate below 1% of its peak: the schedule has all but stopped training
 
 
@@ -280,7 +282,7 @@ def output_range(seen: dict | None, targets: dict | None) -> dict:
     if name == "binary_cross_entropy_with_logits" and floored and \
             isinstance(targets.get("mean"), float):
         found.append((1.0 - targets["mean"], "[0, inf) (a ReLU or clamp on the logits)"))
-    if name in _REGRESSION and isinstance(targets.get("negative"), float):
+    if name in _REGRESSION and isinstance(targets.get("negative"), float):  # ("custom" too)
         neg, above = targets["negative"], targets.get("above_one", 0.0)
         below = targets.get("below_minus_one", 0.0)
         if floored:
@@ -576,8 +578,10 @@ def compute(run: Run) -> dict:
     if traced and isinstance(traced[-1].get("count"), int) and traced[-1].get("steps"):
         s["step_traces"] = traced[-1]["count"]  # a custom loop's compiled step traced again
         s["step_traced_share"] = min(1.0, traced[-1]["count"] / traced[-1]["steps"])
+    values = run.of("target_values")
     s.update(output_range(run.first("loss_input"), targets[-1] if targets else None)
-             or _head_range(run.of("head_targets")))
+             or _head_range(run.of("head_targets"))
+             or (output_range(None, {**values[-1], "loss": "custom"}) if values else {}))
     s.update(_head_floor(run))
     reads = [e for e in run.of("output_grads") if all(
         isinstance(e.get(k), float) for k in ("rank_corr", "corr", "slope"))]

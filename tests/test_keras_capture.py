@@ -1029,3 +1029,80 @@ def test_validation_split_with_targets_given_per_output_keeps_the_record():
     run = Run(rec.events)
     assert not run.of("internal_error")
     assert len(run.steps) == 12 and "val_a_loss" in run.metrics()
+
+
+_OWN_LOSS = """
+import numpy as np
+import keras
+import tensorflow as tf
+
+rng = np.random.default_rng(0)
+X = rng.standard_normal((512, 6)).astype("float32")
+y = TARGETS
+
+
+class Regressor(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.h = keras.layers.Dense(16, activation="relu")
+        self.out = OUTPUT
+
+    def call(self, x, training=False):
+        return self.out(self.h(x))
+
+    def train_step(self, batch):
+        x, t = batch
+        with tf.GradientTape() as tape:
+            p = self(x, training=True)
+            loss = LOSS
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+model = Regressor()
+model.compile(optimizer=keras.optimizers.Adam(0.01))
+model.fit(X, y, epochs=3, batch_size=64, verbose=0)
+"""
+
+
+@pytest.mark.parametrize("head", ["sigmoid", "linear", "classes"])
+def test_a_train_step_with_its_own_loss_still_shows_targets_its_output_cannot_reach(
+        head, tmp_path):
+    """A subclassed model whose ``train_step`` computes its own squared error (``compile``
+    without a loss) over a sigmoid output, on targets in [0, 1000]: no ``targets`` event, yet
+    the kept target values and the trained model's outputs give the unreachable share; the
+    run is a wrong solution and ``loss_output_mismatch`` confirms it at the output layer (was:
+    ``loss_not_decreasing`` and no finding). A linear output reaches them; a softmax over
+    classes with its own cross-entropy is not read as one value a row."""
+    import runpy
+
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+
+    regression = "np.clip(500 + 150 * X[:, 0] + 50 * X[:, 1], 0, 1000).astype('float32')"
+    mse = "tf.reduce_mean(tf.square(tf.reshape(t, (-1, 1)) - p))"
+    text = _OWN_LOSS.replace("TARGETS", regression if head != "classes" else
+                             "rng.integers(0, 5, 512).astype('int64')").replace(
+        "OUTPUT", {"sigmoid": 'keras.layers.Dense(1, activation="sigmoid")',
+                   "linear": "keras.layers.Dense(1)",
+                   "classes": 'keras.layers.Dense(5, activation="softmax")'}[head]).replace(
+        "LOSS", mse if head != "classes" else
+        "tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(t, p))")
+    script = tmp_path / "own_loss.py"
+    script.write_text(text)
+    with capture(hist_every=0) as rec:
+        runpy.run_path(str(script), run_name="__main__")
+    run = Run(rec.events)
+    assert run.of("targets") == [] and run.first("target_values") is not None
+    sig = compute(run)
+    if head != "sigmoid":
+        assert not sig.get("output_range_unreachable"), sig.get("output_range")
+        return
+    assert sig["output_range_unreachable"] > 0.9 and "sigmoid" in sig["output_range"]
+    ctx = build_context(run, sources={str(script): text})
+    assert ctx.classification.primary == "convergence_to_wrong_solution"
+    found = [f for f in run_probes(ctx, ["loss_output_mismatch"]).findings if f.confirmed]
+    assert [(f.check, f.root_cause) for f in found] == [("loss_output_mismatch", "architecture")]
+    assert found[0].location["line"] == text.splitlines().index(
+        '        self.out = keras.layers.Dense(1, activation="sigmoid")') + 1

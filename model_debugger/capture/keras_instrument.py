@@ -247,12 +247,14 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         """The trained model's outputs on the kept training rows, for the output-range signal.
 
         Only under a regression loss or a loss on raw scores, where a bounded output (a sigmoid,
-        a ReLU) can leave targets out of reach; each head of a multi-output
-        model is read the same way. Never raises.
+        a ReLU) can leave targets out of reach, or a ``train_step`` computing its own loss on
+        numeric targets (``target_values``); each head of a multi-output model is read the
+        same way. Never raises.
         """
         keeper, heads = self.keeper, self.heads
         bounded = self.labels.loss in _BOUNDED_READ or heads is not None and any(
-            st.loss in _BOUNDED_READ for st in heads.stats.values())
+            st.loss in _BOUNDED_READ for st in heads.stats.values()) or \
+            self.labels.loss is None and self.labels.kept >= 2  # its own loss, numeric targets
         xs = keeper.train_batches[0][0] if keeper.train_batches else keeper.heads_x
         if not bounded or keeper.model is None or xs is None:
             return
@@ -263,6 +265,9 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             x = xs[0][:rows] if len(xs) == 1 else [a[:rows] for a in xs]
             out = keeper.model(x, training=False)
             if not isinstance(out, (list, tuple, dict)):
+                if self.labels.loss is None and (len(out.shape) > 2 or len(out.shape) == 2
+                                                 and out.shape[-1] != 1):
+                    return  # its own loss over several columns: classes, not one value a row
                 self.labels.observe_outputs(out.numpy() if hasattr(out, "numpy") else out)
             elif heads is not None:
                 heads.observe_outputs(out)

@@ -105,13 +105,23 @@ class LabelStats:
         self.kept += int(f.size)
 
     def values_event(self) -> dict | None:
-        """The ``target_values`` event: what a constant prediction scores on the targets kept."""
+        """The ``target_values`` event: what a constant prediction scores on the targets kept.
+
+        With the shares of targets below 0, above 1 and below -1, and the model's output range
+        when it was read (:meth:`observe_outputs`): a ``train_step`` with its own loss over a
+        sigmoid output still shows the targets it cannot reach.
+        """
         if self.loss is not None or self.kept < 2:
             return None
         f = np.concatenate(self.values)
         median = float(np.median(f))
-        return {"n": int(f.size), "mean": float(f.mean()), "var": float(f.var()),
-                "median": median, "mad": float(np.abs(f - median).mean())}
+        data = {"n": int(f.size), "mean": float(f.mean()), "var": float(f.var()),
+                "median": median, "mad": float(np.abs(f - median).mean()),
+                "negative": float((f < 0).mean()), "above_one": float((f > 1).mean()),
+                "below_minus_one": float((f < -1).mean())}
+        if self.outputs is not None:  # the trained model's range, as the targets event has it
+            data.update(self.outputs)
+        return data
 
     def observe(self, y) -> None:
         """Add one batch of targets ``y``: class counts (cross-entropy) or sum and sum of squares.

@@ -178,6 +178,8 @@ class LossOutputMismatch(Probe):
         from ..thresholds import UNREACHABLE_SHARE
 
         targets = (ctx.run.of("targets") or [{}])[-1]
+        if not targets and ctx.run.of("target_values"):  # a train_step's own loss
+            targets = {**ctx.run.of("target_values")[-1], "loss": "custom"}
         head = ctx.signals.get("output_range_head")
         if head is not None:  # one output of several: its own targets and range
             targets = next((e for e in reversed(ctx.run.of("head_targets"))
@@ -200,6 +202,8 @@ class LossOutputMismatch(Probe):
         if share is None or share < UNREACHABLE_SHARE:
             return None
         name = seen.get("name") or "the loss"
+        if name == "custom":
+            name = "the train_step's own loss"
         if name == "binary_cross_entropy_with_logits":
             why = (f"a raw score below 0 is how the model says 'class 0' ({share:.0%} of the "
                    "targets): it can never predict a probability below 0.5")
