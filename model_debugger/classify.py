@@ -304,13 +304,17 @@ def overfitting(sig: dict):
     points of its best), must also reach ``VAL_RISE_SHARE`` of what the validation loss had
     gained over the constant predictor's:
     from a minimum near zero a rise of 150% can be a few hundredths, a classifier growing
-    confident on a handful of rows while its accuracy holds.
+    confident on a handful of rows while its accuracy holds. Not when an ``EarlyStopping``
+    watching a validation quantity restored its best epoch (``restored_best``): the model the
+    run ends with is the one from before the rise.
     """
     if sig.get("val_f1_points", 0) >= 3 and sig["val_f1_max"] < 2 * TRIVIAL_F1 and \
             sig["val_f1_final"] < TRIVIAL_F1 and sig.get("loss_relative_drop", 0) >= LOSS_FALLS \
             and sig.get("train_f1_max", 0.0) < 2 * TRIVIAL_F1:
         return None  # a class-balanced score that never left ~0 on validation nor training (the
         # rare class never predicted): nothing learned to stop generalising; wrong_solution
+    if sig.get("restored_best"):
+        return None  # early stopping restored the best epoch: the rise after it is its wait
     if sig.get("val_loss_rise", 0) >= VAL_RISE and sig["val_loss_min_index"] < sig["val_points"] - 1:
         if "train_loss_final" in sig and \
                 sig["train_loss_final"] > TRAIN_NOT_RISING * sig["train_loss_at_val_min"]:

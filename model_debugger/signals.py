@@ -132,6 +132,8 @@ SIGNALS: dict[str, str] = {
     "val_loss_min_index": "reading at which the validation loss was lowest",
     "val_loss_final": "last validation loss",
     "val_loss_rise": "(val_loss_final - val_loss_min) / |val_loss_min|",
+    "restored_best": "1: an EarlyStopping watching a validation quantity stopped the run and "
+                     "restored its best epoch's weights (the rise after it is the wait)",
     "train_loss_at_val_min": "training loss (per epoch) when validation was best",
     "train_loss_final": "last training loss (per epoch)",
     "gap_at_val_min": "validation minus training loss when validation was best",
@@ -574,6 +576,9 @@ def compute(run: Run) -> dict:
         # per step: a loop that keeps one of two forwards' outputs keeps one graph a step
         s["graphs_kept_share"] = min(1.0, max(kept.get("alive", 0),
                                               kept.get("outputs_alive", 0)) / steps_checked)
+    stopped = run.first("early_stopped")
+    if stopped and stopped.get("restored") and str(stopped.get("monitor", "")).startswith("val"):
+        s["restored_best"] = 1.0
     traced = run.of("traces")
     if traced and isinstance(traced[-1].get("count"), int) and traced[-1].get("steps"):
         s["step_traces"] = traced[-1]["count"]  # a custom loop's compiled step traced again

@@ -1106,3 +1106,36 @@ def test_a_train_step_with_its_own_loss_still_shows_targets_its_output_cannot_re
     assert [(f.check, f.root_cause) for f in found] == [("loss_output_mismatch", "architecture")]
     assert found[0].location["line"] == text.splitlines().index(
         '        self.out = keras.layers.Dense(1, activation="sigmoid")') + 1
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_early_stopping_that_restored_its_best_epoch_is_not_overfitting(restore):
+    """``EarlyStopping(monitor="val_loss", restore_best_weights=True)`` stops ``fit`` and
+    leaves the best epoch's model: an ``early_stopped`` event says so, and the validation
+    rise of its waiting epochs is not called overfitting (was: a held-out fixed twin that
+    early-stopped properly read ``overfitting``). Without the restore the run ends on the
+    risen model: no event."""
+    from model_debugger.classify import overfitting
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((96, 20)).astype("float32")
+    y = rng.integers(0, 2, 96)  # labels of noise: memorised, validation gets worse
+    model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(128, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=ce())
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=3,
+                                         restore_best_weights=restore)
+    with capture(hist_every=0) as rec:
+        model.fit(X[:64], y[:64], validation_data=(X[64:], y[64:]), epochs=40, batch_size=16,
+                  callbacks=[stop], verbose=0)
+    assert stop.stopped_epoch > 0
+    run = Run(rec.events)
+    event = run.first("early_stopped")
+    sig = compute(run)
+    if not restore:
+        assert event is None and "restored_best" not in sig
+        return
+    assert event["monitor"] == "val_loss" and event["patience"] == 3 and event["restored"]
+    assert sig["restored_best"] == 1.0 and sig["val_loss_rise"] > 0
+    assert overfitting(sig) is None
+    assert overfitting({k: v for k, v in sig.items() if k != "restored_best"}) is not None

@@ -122,9 +122,31 @@ class FitHooks(BatchKeeping):
                 inst._fit_depth -= 1
                 if on_line is not None:
                     tee._on_line = on_line
+                inst.guard(inst._after_fit)(bound.arguments.get("callbacks"))
 
         fit.__wrapped__ = original
         return fit
+
+    def _after_fit(self, callbacks) -> None:
+        """An ``early_stopped`` event when an ``EarlyStopping`` stopped ``fit`` and restored.
+
+        With ``restore_best_weights`` the model ``fit`` leaves is the one of its best epoch:
+        the epochs after it (``patience`` of them, the monitored value getting worse) are
+        the callback waiting, not the model's end state.
+        """
+        stoppers = [c for c in (callbacks if isinstance(callbacks, (list, tuple)) else ())
+                    if isinstance(c, self._keras.callbacks.EarlyStopping)]
+        for c in stoppers:
+            stopped = int(getattr(c, "stopped_epoch", 0) or 0)
+            if stopped > 0 and getattr(c, "restore_best_weights", False) and \
+                    getattr(c, "best_weights", None) is not None:
+                best = getattr(c, "best_epoch", None)
+                self.rec.emit("early_stopped", monitor=str(getattr(c, "monitor", "")),
+                              patience=int(getattr(c, "patience", 0) or 0),
+                              stopped_epoch=stopped,
+                              best_epoch=int(best) if isinstance(best, int) else None,
+                              restored=True)
+                return
 
     def _fit_signature(self, original) -> inspect.Signature:
         """The signature of Keras' own ``fit``, whatever wraps it.
