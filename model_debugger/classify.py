@@ -304,9 +304,9 @@ def overfitting(sig: dict):
     points of its best), must also reach ``VAL_RISE_SHARE`` of what the validation loss had
     gained over the constant predictor's:
     from a minimum near zero a rise of 150% can be a few hundredths, a classifier growing
-    confident on a handful of rows while its accuracy holds. Not when an ``EarlyStopping``
-    watching a validation quantity restored its best epoch (``restored_best``): the model the
-    run ends with is the one from before the rise.
+    confident on a handful of rows while its accuracy holds. Not when the last fit's
+    ``EarlyStopping``, watching this validation loss, restored its best epoch
+    (``restored_best``): the model the run ends with is the one from before the rise.
     """
     if sig.get("val_f1_points", 0) >= 3 and sig["val_f1_max"] < 2 * TRIVIAL_F1 and \
             sig["val_f1_final"] < TRIVIAL_F1 and sig.get("loss_relative_drop", 0) >= LOSS_FALLS \
@@ -358,6 +358,8 @@ def generalisation_gap(sig: dict):
     """
     if sig.get("loss_relative_drop", 0) < LOSS_FALLS:
         return None  # nothing was learned
+    if sig.get("restored_best"):
+        return None  # the final accuracies are the waiting epochs', not the restored model's
     if sig.get("val_points", 0) >= 3 and (
             sig.get("val_loss_min_index", 0) >= sig["val_points"] - STOPPED_FOR or
             sig.get("gap_final", 0.0) <= 0):

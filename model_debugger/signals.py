@@ -132,8 +132,8 @@ SIGNALS: dict[str, str] = {
     "val_loss_min_index": "reading at which the validation loss was lowest",
     "val_loss_final": "last validation loss",
     "val_loss_rise": "(val_loss_final - val_loss_min) / |val_loss_min|",
-    "restored_best": "1: an EarlyStopping watching a validation quantity stopped the run and "
-                     "restored its best epoch's weights (the rise after it is the wait)",
+    "restored_best": "1: the last fit's EarlyStopping, watching the validation loss, stopped "
+                     "it and restored its best epoch's weights (the rise after it is the wait)",
     "train_loss_at_val_min": "training loss (per epoch) when validation was best",
     "train_loss_final": "last training loss (per epoch)",
     "gap_at_val_min": "validation minus training loss when validation was best",
@@ -347,6 +347,24 @@ def _head_floor(run: Run) -> dict:
             best = {"head_floor_share": float(loss / base), "head_floor_name": name,
                     "head_floor_loss": float(loss), "head_constant_loss": float(base)}
     return best
+
+
+def _custom_range(values: dict | None, loss_final) -> dict:
+    """:func:`output_range` for a loss the capture does not know (``target_values``).
+
+    Only when that loss compares the outputs with the targets as ``fit`` got them: its final
+    value is at least half the least error clipping the targets into the output's range
+    forces (``clip_mse``, ``clip_mae``, the smaller). A loss that rescales its targets into
+    the range (``mse(t / 1000, p)``) ends far below: nothing is out of its reach.
+    """
+    if not values or not isinstance(values.get("input_min"), float):
+        return {}
+    floors = [f for f in (values.get("clip_mse"), values.get("clip_mae"))
+              if isinstance(f, (int, float))]
+    if not floors or not isinstance(loss_final, (int, float)) or \
+            not loss_final >= 0.5 * min(floors):
+        return {}
+    return output_range(None, {**values, "loss": "custom"})
 
 
 def _head_range(heads: list[dict]) -> dict:
@@ -576,9 +594,6 @@ def compute(run: Run) -> dict:
         # per step: a loop that keeps one of two forwards' outputs keeps one graph a step
         s["graphs_kept_share"] = min(1.0, max(kept.get("alive", 0),
                                               kept.get("outputs_alive", 0)) / steps_checked)
-    stopped = run.first("early_stopped")
-    if stopped and stopped.get("restored") and str(stopped.get("monitor", "")).startswith("val"):
-        s["restored_best"] = 1.0
     traced = run.of("traces")
     if traced and isinstance(traced[-1].get("count"), int) and traced[-1].get("steps"):
         s["step_traces"] = traced[-1]["count"]  # a custom loop's compiled step traced again
@@ -586,7 +601,7 @@ def compute(run: Run) -> dict:
     values = run.of("target_values")
     s.update(output_range(run.first("loss_input"), targets[-1] if targets else None)
              or _head_range(run.of("head_targets"))
-             or (output_range(None, {**values[-1], "loss": "custom"}) if values else {}))
+             or _custom_range(values[-1] if values else None, s.get("loss_final")))
     s.update(_head_floor(run))
     reads = [e for e in run.of("output_grads") if all(
         isinstance(e.get(k), float) for k in ("rank_corr", "corr", "slope"))]
@@ -687,6 +702,9 @@ def compute(run: Run) -> dict:
         s["val_loss_min"], s["val_loss_min_index"], s["val_loss_final"] = float(v[best]), best, \
             float(v[-1])
         s["val_loss_rise"] = float((v[-1] - v[best]) / max(abs(v[best]), 1e-12))
+        stopped = run.of("early_stopped")  # the last fit's: restored to the best val loss?
+        if stopped and stopped[-1].get("restored") and stopped[-1].get("monitor") == val[0]:
+            s["restored_best"] = 1.0
         t = train_ep[np.isfinite(train_ep)] if len(train_ep) else train_ep
         if len(t) >= len(v) >= 3:
             t = t[-len(v):] if len(t) != len(v) else t

@@ -1280,6 +1280,7 @@ def test_the_fast_event_encoder_writes_what_the_json_encoder_writes():
                "mgn": {"0": float("nan"), "fc": float("inf")}, "none": None},
               {"t": "warning", "message": "naïve → 💥 \"quoted\"\n", "values": [1, -2.5, 1e300]},
               {"t": "ref", "obj": complex(1, 2), "path": PurePosixPath("/tmp/x")}]
+    assert recorder._C_ENCODE is not None  # (CPython: the fast path is on)
     for event in events:
         assert recorder._encode(event) == recorder._ENCODER.encode(event)
         json.loads(recorder._encode(event))

@@ -128,25 +128,27 @@ class FitHooks(BatchKeeping):
         return fit
 
     def _after_fit(self, callbacks) -> None:
-        """An ``early_stopped`` event when an ``EarlyStopping`` stopped ``fit`` and restored.
+        """An ``early_stopped`` event for each ``fit`` that returns: whether it ended restored.
 
-        With ``restore_best_weights`` the model ``fit`` leaves is the one of its best epoch:
-        the epochs after it (``patience`` of them, the monitored value getting worse) are
-        the callback waiting, not the model's end state.
+        With an ``EarlyStopping`` that stopped it and ``restore_best_weights``, the model
+        ``fit`` leaves is the one of its best epoch (``restored``): the epochs after it
+        (``patience`` of them, the monitored value getting worse) are the callback waiting,
+        not the model's end state. Every ``fit`` writes one (``restored`` False otherwise),
+        so a later ``fit`` that trains on is not taken for the restored one.
         """
         stoppers = [c for c in (callbacks if isinstance(callbacks, (list, tuple)) else ())
                     if isinstance(c, self._keras.callbacks.EarlyStopping)]
-        for c in stoppers:
-            stopped = int(getattr(c, "stopped_epoch", 0) or 0)
-            if stopped > 0 and getattr(c, "restore_best_weights", False) and \
-                    getattr(c, "best_weights", None) is not None:
-                best = getattr(c, "best_epoch", None)
-                self.rec.emit("early_stopped", monitor=str(getattr(c, "monitor", "")),
-                              patience=int(getattr(c, "patience", 0) or 0),
-                              stopped_epoch=stopped,
-                              best_epoch=int(best) if isinstance(best, int) else None,
-                              restored=True)
-                return
+        done = next((c for c in stoppers if int(getattr(c, "stopped_epoch", 0) or 0) > 0 and
+                     getattr(c, "restore_best_weights", False) and
+                     getattr(c, "best_weights", None) is not None), None)
+        if done is None:
+            self.rec.emit("early_stopped", restored=False)
+            return
+        best = getattr(done, "best_epoch", None)
+        self.rec.emit("early_stopped", monitor=str(getattr(done, "monitor", "")),
+                      patience=int(getattr(done, "patience", 0) or 0),
+                      stopped_epoch=int(done.stopped_epoch),
+                      best_epoch=int(best) if isinstance(best, int) else None, restored=True)
 
     def _fit_signature(self, original) -> inspect.Signature:
         """The signature of Keras' own ``fit``, whatever wraps it.

@@ -121,6 +121,10 @@ class LabelStats:
                 "below_minus_one": float((f < -1).mean())}
         if self.outputs is not None:  # the trained model's range, as the targets event has it
             data.update(self.outputs)
+            # the least error any output in that range leaves: the targets clipped into it
+            gap = f - np.clip(f, self.outputs["input_min"], self.outputs["input_max"])
+            data["clip_mse"], data["clip_mae"] = float((gap ** 2).mean()), \
+                float(np.abs(gap).mean())
         return data
 
     def observe(self, y) -> None:

@@ -42,9 +42,15 @@ class Retracing(Probe):
         return [self.finding(
             "training_loop", True,
             f"The training step's tf.function was traced {count} times in {steps} "
-            + ("optimizer steps" if ctx.run.first("unapplied") is None else
-               "calls (it updates the weights itself)")
+            + ("calls (it updates the weights itself)" if _by_hand(ctx) else
+               "optimizer steps" if ctx.run.first("unapplied") is None else "calls")
             + ": each call with a new Python value (a step counter, a float, a new object) "
             "builds a new graph, so every step pays the trace and keeps one more graph in "
             "memory. Pass tensors (tf.constant(step)) or fix its input_signature.",
             where, traces=count, steps=steps, strength=0.85, decisive=True)]
+
+
+def _by_hand(ctx: ProbeContext) -> bool:
+    """Whether the capture measured the loop updating half its variables itself."""
+    e = ctx.run.first("unapplied") or {}
+    return bool(e.get("watched")) and 2 * (e.get("updated") or 0) >= e["watched"]
