@@ -114,6 +114,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._grad_traced_at: dict | None = None
         self._unapplied: list = []  # their losses while no optimizer has applied anything
         self._watched: list | None = None  # the first gradient's variables, values (keras_steps)
+        self._several_columns = False  # a loss of its own over outputs of several columns
         self._grad_fns: set[int] = set()  # tf.functions whose trace took gradients
         self._eval_seen = False  # the first evaluation forward is referenced (eval_forward)
         self._init_args: dict[int, tuple] = {}  # id(model) -> (weakref, args, kwargs)
@@ -256,8 +257,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             st.loss in _BOUNDED_READ for st in heads.stats.values()) or \
             self.labels.loss is None and self.labels.kept >= 2  # its own loss, numeric targets
         xs = keeper.train_batches[0][0] if keeper.train_batches else keeper.heads_x
-        if not bounded or keeper.model is None or xs is None:
-            return
+        if not bounded or keeper.model is None or xs is None or self._several_columns:
+            return  # (a loss of its own over several columns: read once, never again)
         link, target = self._link, self._link.target
         link.target = None  # our own call: every wrapper calls straight through
         try:
@@ -267,7 +268,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
             if not isinstance(out, (list, tuple, dict)):
                 if self.labels.loss is None and (len(out.shape) > 2 or len(out.shape) == 2
                                                  and out.shape[-1] != 1):
-                    return  # its own loss over several columns: classes, not one value a row
+                    self._several_columns = True  # classes, not one value a row
+                    return
                 self.labels.observe_outputs(out.numpy() if hasattr(out, "numpy") else out)
             elif heads is not None:
                 heads.observe_outputs(out)
