@@ -1156,6 +1156,27 @@ def test_lr_range_too_low(tmp_path):
     assert "below" in f.explanation
 
 
+@pytest.mark.parametrize("fast,confirmed", [(0.6947, False), (0.30, True)])
+def test_lr_range_a_faster_copy_must_beat_the_constant_predictor(monkeypatch, fast, confirmed):
+    """A stuck loss at a rate far below the sweep's best: the copy at the safe rate ending at
+    the constant predictor's held-out loss (0.69 for two balanced classes) beat the user-rate
+    copy only because that one overfitted above it (0.83, labels shuffled on a tiny BERT). It
+    learned nothing more, so the rate is not confirmed; a copy that learns is."""
+    from types import SimpleNamespace
+
+    from model_debugger.probes import lr_range
+
+    monkeypatch.setattr(lr_range, "_heldout_at",
+                        lambda tr, ctx, lr: 0.8343 if lr == tr.lr else fast)
+    monkeypatch.setattr(lr_range, "prior_loss", lambda tr: 0.6901)
+    ctx = SimpleNamespace(signals={"loss_relative_drop": 0.04}, ref=lambda kind: None,
+                          classification=Classification("loss_not_decreasing", (), ()))
+    [f] = lr_range.LRRange()._judge(ctx, SimpleNamespace(lr=1e-3), best_lr=0.98,
+                                    diverge_lr=1.15, safe_lr=0.115)
+    assert f.confirmed == confirmed and f.evidence["heldout_prior"] == 0.6901
+    assert ("constant predictor" in f.explanation) != confirmed
+
+
 def test_gradient_flow_vanishing_in_deep_sigmoid_stack(tmp_path):
     ctx = captured(tmp_path, train_deep_sigmoid)
     f = confirmed_one(ctx, "gradient_flow", "architecture")

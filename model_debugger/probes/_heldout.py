@@ -69,6 +69,24 @@ def heldout_loss(tr, ctx, lr: float | None = None, change: Callable | None = Non
     return value if math.isfinite(value) else float("inf")
 
 
+def prior_loss(tr) -> float | None:
+    """The constant predictor's loss on the rows :func:`heldout_loss` holds out.
+
+    A copy whose held-out loss only reaches this learned nothing about the inputs, whatever it
+    beats: an experiment that "resolves" a loss stuck at the prior must get clearly below it.
+    None when the loss has no known constant baseline.
+    """
+    from .label_alignment import constant_loss
+
+    n = min(tr.n, ROWS)
+    _, target = tr.subset(tr.randperm(tr.n, 1)[:n])
+    try:
+        return constant_loss(getattr(tr.loss_fn, "__name__", ""), target[int(SPLIT * n):],
+                             tr.loss_kwargs.get("ignore_index", -100), tr.loss_kwargs)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
 def heldout_variants(ctx, variants, seed: int, steps: int = 150,
                      seconds: float = 3.0) -> tuple[list[tuple[float, object]], int]:
     """Held-out losses of fresh copies, one per variant of the same rows of the kept sample.

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..records import Intervention
 from ..thresholds import FLOOR_SHARE, GRAD_GROWTH
-from ._heldout import heldout_loss
+from ._heldout import heldout_loss, prior_loss
 from ._lint import summed_loss_line
 from .base import Probe, ProbeContext, register, setting_location
 from .report import ProbeResult
@@ -21,6 +21,7 @@ from .report import ProbeResult
 LR_MIN, LR_MAX, STEPS = 1e-7, 10.0, 120
 TOO_LOW = 100.0  # user lr this many times below the best rate
 UNSAFE = 3.0  # an unstable run at this many times the safe rate: the rate is a hypothesis
+PRIOR_SHARE = 0.95  # a copy at the safe rate must end below this share of the prior's loss
 
 
 def sweep(tr) -> tuple[np.ndarray, np.ndarray]:
@@ -143,16 +144,24 @@ class LRRange(Probe):
             ctx.classification.primary == "loss_not_decreasing"
         if (user * TOO_LOW <= best_lr and stuck) or (settled_high and UNSAFE * user <= safe_lr):
             slow, fast = _heldout_at(tr, ctx, user), _heldout_at(tr, ctx, safe_lr)
-            confirmed = fast < 0.9 * slow
+            prior = prior_loss(tr)
+            # the faster copy must learn something: only reaching the constant predictor's
+            # loss (the user's copy overfitting above it) does not undo a stuck loss
+            learned = prior is None or not math.isfinite(prior) or fast < PRIOR_SHARE * prior
+            confirmed = fast < 0.9 * slow and learned
             return [self.finding(
                 "hyperparameter", confirmed,
                 f"The learning rate {user:g} is {best_lr / user:.3g}x below the rate where the loss "
                 f"falls fastest in a sweep ({best_lr:.3g}); each update barely moves the weights, "
                 f"so the loss plateaus. Trained at {safe_lr:.3g} instead, a copy reaches a "
                 f"held-out loss of {fast:.4g} vs {slow:.4g} at {user:g}"
-                + ("." if confirmed else ": no better, so the rate is not what holds it back."),
+                + ("." if confirmed else
+                   f", no lower than the constant predictor's {prior:.4g}: it learns nothing "
+                   "more at that rate, so the rate is not what holds it back." if not learned
+                   else ": no better, so the rate is not what holds it back."),
                 setting_location(ctx.ref("optimizer"), "lr"), strength=0.75 if confirmed else 0.2,
-                heldout_at_user_lr=slow, heldout_at_safe_lr=fast, **common)]
+                heldout_at_user_lr=slow, heldout_at_safe_lr=fast, heldout_prior=prior,
+                **common)]
         return []
 
     def _from_record(self, ctx: ProbeContext):
