@@ -719,7 +719,8 @@ def _duplicate_rows(p: Program) -> list[Edit]:
           "training inputs zeroed (a broken preprocessing step)")
 def _inputs_constant(p: Program) -> list[Edit]:
     _, x, _ = data_args(p)
-    return [wrap(p, x, "{x} * 0.0")]
+    # token ids stay integers (every token id 0); features become 0.0
+    return [wrap(p, x, "{x} * 0" if token_inputs(p) else "{x} * 0.0")]
 
 
 @operator("target_leak_feature", "data", "overfitting", "data",
