@@ -597,6 +597,25 @@ def train_attention_small_query_key():
             opt.step()
 
 
+def train_few_rows(noise: bool = False):
+    """24 training rows of a 3-class task (a slice of 2400), six epochs of one batch."""
+    rng = np.random.default_rng(21)
+    X = rng.normal(size=(2400, 5)).astype("float32")
+    y = np.digitize(X[:, 0] + 2 * X[:, 1] - X[:, 2], [-1.0, 1.0]).astype("int64")
+    if noise:  # labels that no amount of rows would teach
+        y = rng.integers(0, 3, len(y))
+    X_train, y_train = torch.tensor(X[:24]), torch.tensor(y[:24])  # <tiny-slice>
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                        nn.Linear(32, 3))
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    for _epoch in range(6):
+        for i in range(0, len(X_train), 32):
+            opt.zero_grad()
+            F.cross_entropy(net(X_train[i:i + 32]), y_train[i:i + 32]).backward()
+            opt.step()
+
+
 def train_without_zero_grad():
     torch.manual_seed(8)
     X = torch.randn(640, 10)
@@ -1197,6 +1216,23 @@ def test_gradient_flow_small_parameters_behind_a_strong_input_layer_are_not_vani
     top = max(med.values())
     assert med["query"] < 1e-3 * top and med["embed"] > 1e-2 * top  # the shape of the case
     assert not [f for f in probe(ctx, "gradient_flow") if f.evidence.get("vanishing_layers")]
+
+
+def test_data_volume_a_learning_curve_confirms_too_few_rows(tmp_path):
+    """24 distinct rows (each kept six times, once per epoch), a loss at the prior's: fresh
+    copies on all the rows beat copies on half of them by far on held-out rows, so the rows
+    are what the model lacks: confirmed at the slice that chose them. The same run on labels
+    that are noise gives a flat curve: nothing."""
+    ctx = captured(tmp_path, train_few_rows)
+    assert ctx.classification.primary == "loss_not_decreasing"
+    [f] = [f for f in probe(ctx, "data_volume") if f.confirmed]
+    assert f.root_cause == "data" and f.evidence["decisive"]
+    assert f.evidence["rows"] == 24 and ctx.trainer.n > 24  # distinct rows, not kept ones
+    assert f.evidence["heldout_all_rows"] < 0.85 * f.evidence["heldout_half_rows"]
+    assert_at(f, "tiny-slice")
+    (tmp_path / "noise").mkdir()
+    noisy = captured(tmp_path / "noise", lambda: train_few_rows(noise=True))
+    assert not [f for f in probe(noisy, "data_volume") if f.confirmed]
 
 
 def test_missing_zero_grad(tmp_path):

@@ -9,6 +9,13 @@ per sample and a generalisation gap (a validation loss that rose from its minimu
 training accuracy far above the validation accuracy) mean the model memorises the training set.
 Located where the number of training rows was set when a split or slice chose them
 (``train_test_split(..., train_size=0.04)``, ``X[:200]``), else at the model.
+
+Third, for a training set of at most :data:`FEW_ROWS` rows whose run ended far from learning it
+(a loss settled at the prior's, or a generalisation gap), an experiment: a learning curve. Fresh
+copies trained on every other fold and on half of those rows, the same steps each, are compared
+on the held-out fold; when the held-out loss still falls steeply from half the rows to all of
+them, more rows are what the model lacks (the task is data-limited at this size), and neither a
+longer run nor other settings would replace them.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..provenance import ROWS, batches_origin, data_origin, selects_rows
-from ..thresholds import ACC_GAP, VAL_RISE
+from ..thresholds import ACC_GAP, FLOOR_SHARE, VAL_RISE
 from . import _numpy_stats as st
 from ._passes import cut_passes
 from .base import Probe, ProbeContext, register
@@ -26,6 +33,11 @@ DISTINCT_SHARE = 0.1  # distinct rows at most this share of the kept rows ...
 MIN_ROWS = 256        # ... of at least this many rows
 REPEAT_STEPS = 3      # the data came round within this many steps: the same rows every step
 GAP_RATIO = 3.0       # a validation loss this many times the training loss at the end
+FEW_ROWS = 100        # a training set this small is tested with a learning curve ...
+CURVE_FOLDS = 4
+CURVE_REPEATS = 3  # fold draws pooled (a few rows per fold: one draw is noisy)
+CURVE_STEPS = 150
+STEEP = 0.85          # ... all rows' held-out loss below this share of half the rows'
 
 
 @register
@@ -35,7 +47,8 @@ class DataVolume(Probe):
     id = "data_volume"
     data_role = "inputs"
     traces_origin = False  # located by :func:`_rows_location` (the rows, not their values)
-    categories = ("overfitting", "healthy")  # healthy: only a handful of rows repeated, with
+    categories = ("overfitting", "loss_not_decreasing", "healthy")  # (lnd: the learning curve)
+    # healthy: only a handful of rows repeated, with
     # a gap (a regression has no accuracy gap to classify by, and its validation loss can
     # still be falling slowly, far above a training set it memorised)
     reveals = "overfitting"
@@ -56,14 +69,24 @@ class DataVolume(Probe):
         steps (the capture's ``rows_repeat``): the same batch fed at every step.
 
         Samples per epoch come from the record's ``targets`` event and the epochs observed; the
-        parameter count from its ``model`` event.
+        parameter count from its ``model`` event. Otherwise (and for a stuck loss, first), a
+        small training set is tested with a learning curve (:func:`_learning_curve`).
         """
-        healthy = ctx.classification is not None and ctx.classification.primary == "healthy"
+        primary = ctx.classification.primary if ctx.classification is not None else None
+        healthy = primary == "healthy"
         repeated = _repeated_rows(ctx, paired=healthy)
         if healthy:
             return [repeated] if repeated is not None and _memorised(ctx.signals) else []
         if repeated is not None:
             return [repeated]
+        found = [] if primary == "loss_not_decreasing" else self._capacity(ctx)
+        if not found:
+            curve = _learning_curve(ctx)
+            found = [] if curve is None else [curve]
+        return found
+
+    def _capacity(self, ctx: ProbeContext) -> list:
+        """Parameters per training sample against a generalisation gap (the second measurement)."""
         model = ctx.run.first("model")
         targets = ctx.run.of("targets")
         sig = ctx.signals
@@ -124,6 +147,79 @@ class DataVolume(Probe):
             params_per_sample=ratio, val_loss_rise=sig.get("val_loss_rise"),
             acc_gap=sig.get("acc_gap"), val_loss_min_index=sig.get("val_loss_min_index"),
             strength=0.7)]
+
+
+def _learning_curve(ctx: ProbeContext):
+    """A confirmed finding when a small training set is what holds the run back.
+
+    Only for at most :data:`FEW_ROWS` training rows (kept, and per epoch when epochs are seen)
+    whose run either settled at ``FLOOR_SHARE`` or more of the constant predictor's loss or ended
+    with a generalisation gap. Over :data:`CURVE_FOLDS` folds, fresh copies (the user's optimizer
+    and settings) train the same steps on all the other folds' rows and on half of them; their
+    best held-out losses, pooled, must fall below :data:`STEEP` from half to all.
+    """
+    tr, sig = ctx.trainer, ctx.signals or {}
+    if tr is None or tr.n < 2 * CURVE_FOLDS:
+        return None
+    distinct = _distinct_index(tr)  # (the kept batches repeat each row once per epoch)
+    if distinct is None or not 2 * CURVE_FOLDS <= len(distinct) <= FEW_ROWS:
+        return None
+    targets = ctx.run.of("targets")
+    epochs = ctx.run.epochs if ctx.run.steps else 0
+    came_round = len(distinct) < tr.n  # the kept batches repeat rows: that is all the data
+    if not came_round and targets and targets[-1].get("n", 0) // max(epochs, 1) > FEW_ROWS:
+        return None  # a sample of a larger training set
+    settled = sig.get("loss_floor_share", 0.0) >= FLOOR_SHARE
+    gap = sig.get("val_loss_rise", 0) >= VAL_RISE or sig.get("acc_gap", 0) >= ACC_GAP
+    if not (settled or gap):
+        return None
+    n = len(distinct)
+    folds = np.array_split(np.arange(n), CURVE_FOLDS)
+    steps = tr.steps_within(CURVE_STEPS, floor=40, seconds=min(2.0, ctx.time_left() / 20))
+    pooled = {"all": 0.0, "half": 0.0}
+    for r in range(CURVE_REPEATS):  # each row held out once per repeat, folds drawn anew
+        order = distinct[np.random.default_rng(r).permutation(n)]
+        for k, fold in enumerate(folds):
+            rest = np.concatenate([f for j, f in enumerate(folds) if j != k])
+            held = tr.subset(order[fold])
+            for name, rows in (("all", rest), ("half", rest[:max(len(rest) // 2, 2)])):
+                inputs, target = tr.subset(order[rows])
+                seen: list[float] = []
+                model = tr.fresh_model()
+                tr.fit(model, inputs, target, steps, batch_size=min(64, len(rows)), seed=k,
+                       check=lambda m, held=held: seen.append(tr.evaluate(m, *held)),
+                       every=max(steps // 8, 1))
+                best = min((v for v in seen if np.isfinite(v)), default=float("inf"))
+                pooled[name] += best * len(fold) / (n * CURVE_REPEATS)
+    full, half = pooled["all"], pooled["half"]
+    if not (np.isfinite(full) and np.isfinite(half)) or not full < STEEP * half:
+        return None
+    where, split = _rows_location(ctx)
+    return DataVolume().finding(
+        "data", True,
+        f"The model trains on {n} rows. Fresh copies trained the same {steps} steps reach a "
+        f"held-out loss of {full:.4g} on all of them and {half:.4g} on half (every row held out "
+        f"once over {CURVE_FOLDS} folds, {CURVE_REPEATS} draws): the loss still falls steeply with more rows, so the "
+        "task needs more data than this; more epochs or other settings cannot replace it. "
+        + ("The training rows were chosen here: use more of the data for training."
+           if split else "Collect more rows, or augment them."),
+        where, rows=n, heldout_all_rows=full, heldout_half_rows=half, curve_steps=steps,
+        folds=CURVE_FOLDS, repeats=CURVE_REPEATS, loss_floor_share=sig.get("loss_floor_share"), strength=0.7,
+        decisive=True)
+
+
+def _distinct_index(tr) -> np.ndarray | None:
+    """Positions of the first copy of each distinct kept row (inputs with their target)."""
+    try:
+        inputs, target = tr.subset(np.arange(tr.n))
+        parts = [np.asarray(x.detach().cpu().float().numpy() if hasattr(x, "detach") else x)
+                 for x in (*inputs, target)]
+        flat = [np.asarray(a, dtype=np.float64).reshape(tr.n, -1) + 0.0 for a in parts]
+    except (TypeError, ValueError, AttributeError, RuntimeError):
+        return None
+    rows = np.concatenate(flat, axis=1)
+    _, first = np.unique(rows, axis=0, return_index=True)
+    return np.sort(first)
 
 
 def _rows_location(ctx: ProbeContext) -> tuple[dict | None, bool]:

@@ -14,7 +14,7 @@ from ._made import output_location
 from .base import Probe, ProbeContext, blown_up, register, setting_location
 
 VANISH = 1e-3      # layer median norm / largest layer median norm
-UPSTREAM = 1e-2    # a layer before the first vanishing one at this share of the strongest:
+UPSTREAM = 1e-2    # a layer before the last vanishing one at this share of the strongest:
                    # the gradient reaches the input, it does not vanish towards it
 GROWTH = 100.0     # gradient norm growth before a NaN that points at the learning rate
 
@@ -45,7 +45,8 @@ class GradientFlow(Probe):
         A non-finite value that follows a growing gradient norm points at the learning rate; one
         the forward pass produces while the weights are still finite, at an unsafe operation of
         the module where it appeared. Vanishing: a layer's median gradient norm below 1e-3 of the
-        strongest layer's, with no layer before it (model order) at 1e-2 of the strongest or more.
+        strongest layer's, with no layer before the last of them (model order) at 1e-2 of the
+        strongest or more.
         """
         out = []
         bad = ctx.run.first("nonfinite")
@@ -60,7 +61,7 @@ class GradientFlow(Probe):
                 ratio = med / top
                 dead = [n for n, r in zip(names, ratio) if np.isfinite(r) and r < VANISH]
                 if dead and names.index(dead[0]) < len(names) - 1 and \
-                        not _reaches_input(ratio, names.index(dead[0])):
+                        not _reaches_input(ratio, names.index(dead[-1])):
                     blown = blown_up(ctx)
                     out.append(self.finding(
                         "architecture", not blown,
@@ -125,8 +126,8 @@ class GradientFlow(Probe):
             strength=0.4, in_weights=in_weights, **common)
 
 
-def _reaches_input(ratio: np.ndarray, first_weak: int) -> bool:
-    """Whether a layer before the first weak one (model order) gets a strong gradient.
+def _reaches_input(ratio: np.ndarray, last_weak: int) -> bool:
+    """Whether a layer before the last weak one (model order) gets a strong gradient.
 
     Vanishing is a gradient that shrinks on its way to the input, so everything upstream of
     the weak layers is weak too. A strong gradient upstream of them (a transformer's
@@ -134,7 +135,7 @@ def _reaches_input(ratio: np.ndarray, first_weak: int) -> bool:
     a residual model's stem) says the gradient gets through: small parameters in between are
     insensitive, not starved.
     """
-    upstream = ratio[:first_weak]
+    upstream = ratio[:last_weak]
     upstream = upstream[np.isfinite(upstream)]
     return bool(upstream.size and upstream.max() >= UPSTREAM)
 
