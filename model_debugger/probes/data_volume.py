@@ -187,7 +187,7 @@ def _learning_curve(ctx: ProbeContext):
                 seen: list[float] = []
                 model = tr.fresh_model()
                 tr.fit(model, inputs, target, steps, batch_size=min(64, len(rows)), seed=k,
-                       check=lambda m, held=held: seen.append(tr.evaluate(m, *held)),
+                       check=lambda m, held=held, seen=seen: seen.append(tr.evaluate(m, *held)),
                        every=max(steps // 8, 1))
                 best = min((v for v in seen if np.isfinite(v)), default=float("inf"))
                 pooled[name] += best * len(fold) / (n * CURVE_REPEATS)
