@@ -1132,3 +1132,40 @@ def test_copies_take_dict_inputs_by_the_keys_the_model_was_built_with(tk):
     fresh = ctx.trainer.fresh_model()
     losses = ctx.trainer.fit(fresh, tuple(ctx.trainer.inputs), ctx.trainer.targets, 5)
     assert len(losses) == 5 and np.isfinite(losses).all()
+
+
+FEW_ROWS_FIT = '''import keras
+import numpy as np
+
+rng = np.random.default_rng(5)
+features = rng.normal(size=(1500, 6)).astype("float32")
+grade = np.digitize(features[:, 0] + 2 * features[:, 2] - features[:, 4], [-1.0, 1.0])
+keras.utils.set_random_seed(1)
+clf = keras.Sequential([keras.Input((6,)), keras.layers.Dense(48, activation="relu"),
+                        keras.layers.Dense(3, activation="softmax")])
+clf.compile(optimizer=keras.optimizers.Adam(0.003), loss="sparse_categorical_crossentropy")
+clf.fit(features[:30], grade[:30], epochs=8, batch_size=32, verbose=0)
+'''
+
+
+def test_a_learning_curve_locates_too_few_rows_at_the_fit_that_slices_them(tk, tmp_path):
+    """``fit(features[:30], grade[:30])``: 30 rows of a 3-class task, eight one-batch epochs, a
+    loss still at the prior's. Copies on all 30 rows beat copies on a third of them on held-out
+    rows: too few rows, confirmed at the ``fit`` line whose slice chose them (was: the model)."""
+    import runpy
+
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    path = tmp_path / "few.py"
+    path.write_text(FEW_ROWS_FIT)
+    with model_debugger.capture() as rec:
+        runpy.run_path(str(path))
+    ctx = build_context(Run(rec.events), rec.keeper, {str(path): FEW_ROWS_FIT}, budget=60.0,
+                        classification={"primary": "loss_not_decreasing", "secondary": [],
+                                        "evidence": []})
+    [f] = [f for f in run_probes(ctx, ["data_volume"]).findings if f.confirmed]
+    assert f.root_cause == "data" and f.evidence["rows"] == 30
+    assert (f.location["file"], f.location["line"]) == (str(path), 11)

@@ -1220,7 +1220,7 @@ def test_gradient_flow_small_parameters_behind_a_strong_input_layer_are_not_vani
 
 def test_data_volume_a_learning_curve_confirms_too_few_rows(tmp_path):
     """24 distinct rows (each kept six times, once per epoch), a loss at the prior's: fresh
-    copies on all the rows beat copies on half of them by far on held-out rows, so the rows
+    copies on all the rows beat copies on a third of them by far on held-out rows, so the rows
     are what the model lacks: confirmed at the slice that chose them. The same run on labels
     that are noise gives a flat curve: nothing."""
     ctx = captured(tmp_path, train_few_rows)
@@ -1228,7 +1228,7 @@ def test_data_volume_a_learning_curve_confirms_too_few_rows(tmp_path):
     [f] = [f for f in probe(ctx, "data_volume") if f.confirmed]
     assert f.root_cause == "data" and f.evidence["decisive"]
     assert f.evidence["rows"] == 24 and ctx.trainer.n > 24  # distinct rows, not kept ones
-    assert f.evidence["heldout_all_rows"] < 0.85 * f.evidence["heldout_half_rows"]
+    assert f.evidence["heldout_all_rows"] < 0.85 * f.evidence["heldout_third_rows"]
     assert_at(f, "tiny-slice")
     (tmp_path / "noise").mkdir()
     noisy = captured(tmp_path / "noise", lambda: train_few_rows(noise=True))

@@ -12,17 +12,19 @@ Located where the number of training rows was set when a split or slice chose th
 
 Third, for a training set of at most :data:`FEW_ROWS` rows whose run ended far from learning it
 (a loss settled at the prior's, or a generalisation gap), an experiment: a learning curve. Fresh
-copies trained on every other fold and on half of those rows, the same steps each, are compared
-on the held-out fold; when the held-out loss still falls steeply from half the rows to all of
+copies trained on every other fold and on a third of those rows, the same steps each, are compared
+on the held-out fold; when the held-out loss still falls steeply from a third of the rows to all of
 them, more rows are what the model lacks (the task is data-limited at this size), and neither a
 longer run nor other settings would replace them.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from ..provenance import ROWS, batches_origin, data_origin, selects_rows
+from ..provenance import ROWS, batches_origin, data_origin, enclosing_loop, selects_rows
 from ..thresholds import ACC_GAP, FLOOR_SHARE, VAL_RISE
 from . import _numpy_stats as st
 from ._passes import cut_passes
@@ -35,9 +37,11 @@ REPEAT_STEPS = 3      # the data came round within this many steps: the same row
 GAP_RATIO = 3.0       # a validation loss this many times the training loss at the end
 FEW_ROWS = 100        # a training set this small is tested with a learning curve ...
 CURVE_FOLDS = 4
-CURVE_REPEATS = 3  # fold draws pooled (a few rows per fold: one draw is noisy)
+CURVE_REPEATS = 3  # fold draws pooled (a few rows per fold: one draw is noisy) ...
+MIN_REPEATS = 2    # ... at least this many within a third of the budget left
 CURVE_STEPS = 150
-STEEP = 0.85          # ... all rows' held-out loss below this share of half the rows'
+CURVE_PART = 3     # the smaller copies train on a third of the rows
+STEEP = 0.85          # ... all rows' held-out loss below this share of a third's
 
 
 @register
@@ -155,8 +159,8 @@ def _learning_curve(ctx: ProbeContext):
     Only for at most :data:`FEW_ROWS` training rows (kept, and per epoch when epochs are seen)
     whose run either settled at ``FLOOR_SHARE`` or more of the constant predictor's loss or ended
     with a generalisation gap. Over :data:`CURVE_FOLDS` folds, fresh copies (the user's optimizer
-    and settings) train the same steps on all the other folds' rows and on half of them; their
-    best held-out losses, pooled, must fall below :data:`STEEP` from half to all.
+    and settings) train the same steps on all the other folds' rows and on a third of them;
+    their best held-out losses, pooled, must fall below :data:`STEEP` from a third to all.
     """
     tr, sig = ctx.trainer, ctx.signals or {}
     if tr is None or tr.n < 2 * CURVE_FOLDS:
@@ -175,14 +179,20 @@ def _learning_curve(ctx: ProbeContext):
         return None
     n = len(distinct)
     folds = np.array_split(np.arange(n), CURVE_FOLDS)
-    steps = tr.steps_within(CURVE_STEPS, floor=40, seconds=min(2.0, ctx.time_left() / 20))
-    pooled = {"all": 0.0, "half": 0.0}
+    allowance = ctx.time_left() / 3  # the curve never takes the budget of the probes after it
+    fits = 2 * CURVE_FOLDS * CURVE_REPEATS
+    steps = tr.steps_within(CURVE_STEPS, floor=40, seconds=min(1.0, allowance / fits))
+    pooled = {"all": 0.0, "part": 0.0}
+    started, done = time.monotonic(), 0
     for r in range(CURVE_REPEATS):  # each row held out once per repeat, folds drawn anew
+        spent = time.monotonic() - started
+        if r and spent / r > allowance - spent:
+            break  # another draw would overrun the curve's share of the budget
         order = distinct[np.random.default_rng(r).permutation(n)]
         for k, fold in enumerate(folds):
             rest = np.concatenate([f for j, f in enumerate(folds) if j != k])
             held = tr.subset(order[fold])
-            for name, rows in (("all", rest), ("half", rest[:max(len(rest) // 2, 2)])):
+            for name, rows in (("all", rest), ("part", rest[:max(len(rest) // CURVE_PART, 2)])):
                 inputs, target = tr.subset(order[rows])
                 seen: list[float] = []
                 model = tr.fresh_model()
@@ -190,21 +200,27 @@ def _learning_curve(ctx: ProbeContext):
                        check=lambda m, held=held, seen=seen: seen.append(tr.evaluate(m, *held)),
                        every=max(steps // 8, 1))
                 best = min((v for v in seen if np.isfinite(v)), default=float("inf"))
-                pooled[name] += best * len(fold) / (n * CURVE_REPEATS)
-    full, half = pooled["all"], pooled["half"]
-    if not (np.isfinite(full) and np.isfinite(half)) or not full < STEEP * half:
+                pooled[name] += best * len(fold) / n
+            if not r and (time.monotonic() - started) / (k + 1) * MIN_REPEATS * CURVE_FOLDS \
+                    > allowance:
+                return None  # a slow model: the draws a verdict needs do not fit
+        done += 1
+    if done < MIN_REPEATS:
+        return None  # one draw of a few rows per fold is too noisy for a verdict
+    full, part = pooled["all"] / done, pooled["part"] / done
+    if not (np.isfinite(full) and np.isfinite(part)) or not full < STEEP * part:
         return None
     where, split = _rows_location(ctx)
     return DataVolume().finding(
         "data", True,
         f"The model trains on {n} rows. Fresh copies trained the same {steps} steps reach a "
-        f"held-out loss of {full:.4g} on all of them and {half:.4g} on half (every row held out "
-        f"once over {CURVE_FOLDS} folds, {CURVE_REPEATS} draws): the loss still falls steeply with more rows, so the "
+        f"held-out loss of {full:.4g} on all of them and {part:.4g} on a third (every row held out "
+        f"once over {CURVE_FOLDS} folds, {done} draws): the loss still falls steeply with more rows, so the "
         "task needs more data than this; more epochs or other settings cannot replace it. "
         + ("The training rows were chosen here: use more of the data for training."
            if split else "Collect more rows, or augment them."),
-        where, rows=n, heldout_all_rows=full, heldout_half_rows=half, curve_steps=steps,
-        folds=CURVE_FOLDS, repeats=CURVE_REPEATS, loss_floor_share=sig.get("loss_floor_share"), strength=0.7,
+        where, rows=n, heldout_all_rows=full, heldout_third_rows=part, curve_steps=steps,
+        folds=CURVE_FOLDS, repeats=done, loss_floor_share=sig.get("loss_floor_share"), strength=0.7,
         decisive=True)
 
 
@@ -230,7 +246,9 @@ def _rows_location(ctx: ProbeContext) -> tuple[dict | None, bool]:
     what it is and the model's capacity is what to change: the model's line.
     """
     origin = data_origin(st.data_location(ctx), ROWS)
-    if origin and origin.get("used_at") is not None and selects_rows(origin):
+    # (the use line itself, ``fit(X[:24], y[:24])``, when no loop makes its slice a batch)
+    if origin and selects_rows(origin) and (origin.get("used_at") is not None or
+                                            enclosing_loop(origin) is None):
         return origin, True
     return ctx.ref("model"), False
 
