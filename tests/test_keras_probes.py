@@ -1086,21 +1086,10 @@ def test_a_normalization_inside_the_model_is_judged_by_what_it_gives(tk, tmp_pat
     and a copy fed inputs the layer turns into standardised features trains clearly better:
     confirmed where the layer was made. Adapted per feature, the same raw scales raise
     nothing."""
-    import runpy
-
-    import model_debugger
     from model_debugger.probes import run_probes
-    from model_debugger.probing import build_context
-    from model_debugger.records import Run
 
-    source = POOLED_NORM.replace("AXIS", axis)
     path = tmp_path / "pooled.py"
-    path.write_text(source)
-    with model_debugger.capture() as rec:
-        runpy.run_path(str(path))
-    ctx = build_context(Run(rec.events), rec.keeper, {str(path): source}, budget=60.0,
-                        classification={"primary": "loss_not_decreasing", "secondary": [],
-                                        "evidence": []})
+    ctx = _stuck_script(path, POOLED_NORM.replace("AXIS", axis))
     found = run_probes(ctx, ["feature_scaling"]).findings
     if confirmed:
         [f] = [f for f in found if f.confirmed]
@@ -1152,20 +1141,26 @@ def test_a_learning_curve_locates_too_few_rows_at_the_fit_that_slices_them(tk, t
     """``fit(features[:30], grade[:30])``: 30 rows of a 3-class task, eight one-batch epochs, a
     loss still at the prior's. Copies on all 30 rows beat copies on a third of them on held-out
     rows: too few rows, confirmed at the ``fit`` line whose slice chose them (was: the model)."""
-    import runpy
-
-    import model_debugger
     from model_debugger.probes import run_probes
-    from model_debugger.probing import build_context
-    from model_debugger.records import Run
 
     path = tmp_path / "few.py"
-    path.write_text(FEW_ROWS_FIT)
-    with model_debugger.capture() as rec:
-        runpy.run_path(str(path))
-    ctx = build_context(Run(rec.events), rec.keeper, {str(path): FEW_ROWS_FIT}, budget=60.0,
-                        classification={"primary": "loss_not_decreasing", "secondary": [],
-                                        "evidence": []})
+    ctx = _stuck_script(path, FEW_ROWS_FIT)
     [f] = [f for f in run_probes(ctx, ["data_volume"]).findings if f.confirmed]
     assert f.root_cause == "data" and f.evidence["rows"] == 30
     assert (f.location["file"], f.location["line"]) == (str(path), 11)
+
+
+def _stuck_script(path, source: str):
+    """Run ``source`` saved at ``path`` under capture; its Isolate context for a stuck loss."""
+    import runpy
+
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    path.write_text(source)
+    with model_debugger.capture() as rec:
+        runpy.run_path(str(path))
+    return build_context(Run(rec.events), rec.keeper, {str(path): source}, budget=60.0,
+                         classification={"primary": "loss_not_decreasing", "secondary": [],
+                                         "evidence": []})
