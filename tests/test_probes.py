@@ -616,6 +616,21 @@ def train_few_rows(noise: bool = False):
             opt.step()
 
 
+def train_forty_rows_many_epochs():
+    """A 40-row slice of a larger set, twenty epochs by hand: the same rows come round."""
+    torch.manual_seed(5)
+    X = torch.randn(2000, 8)
+    y = (X[:, 0] - X[:, 3] > 0).long()
+    X_fit, y_fit = X[:40], y[:40]  # <forty-rows>
+    net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _epoch in range(20):
+        for i in range(0, 40, 16):
+            opt.zero_grad()
+            F.cross_entropy(net(X_fit[i:i + 16]), y_fit[i:i + 16]).backward()
+            opt.step()
+
+
 def train_without_zero_grad():
     torch.manual_seed(8)
     X = torch.randn(640, 10)
@@ -1233,6 +1248,18 @@ def test_data_volume_a_learning_curve_confirms_too_few_rows(tmp_path):
     (tmp_path / "noise").mkdir()
     noisy = captured(tmp_path / "noise", lambda: train_few_rows(noise=True))
     assert not [f for f in probe(noisy, "data_volume") if f.confirmed]
+
+
+def test_data_volume_rows_repeated_by_epochs_are_located_where_a_slice_chose_them(tmp_path):
+    """40 rows sliced from 2000, twenty epochs: the kept batches hold 40 distinct rows, each
+    about twenty times. A slice chose that few, so the finding sits there (was: the line that
+    made all 2000, which holds the data's values, not its size)."""
+    ctx = captured(tmp_path, train_forty_rows_many_epochs)
+    ctx.classification = Classification("overfitting", (), ())  # (no validation in the loop)
+    [f] = [f for f in probe(ctx, "data_volume") if f.confirmed]
+    assert f.evidence["distinct_rows"] == 40 and f.root_cause == "data"
+    assert_at(f, "forty-rows")
+    assert "chosen here" in f.explanation
 
 
 def test_missing_zero_grad(tmp_path):

@@ -315,8 +315,11 @@ def _repeated_rows(ctx: ProbeContext, paired: bool = False):
             cut["exit"] or cut["loop"], strength=0.85, decisive=True, rows=kept,
             distinct_rows=distinct, batches_per_pass=cut["batches"],
             drawn_per_pass=cut["drawn"])
+    where, chosen = _rows_location(ctx)  # a slice or split chose that few: there
     return probe.finding(
-        "data", True, f"{said} (a sampling or indexing step repeats a handful of rows).",
-        data_origin(st.data_location(ctx), probe.data_role),
+        "data", True, f"{said}" + (
+            ". The training rows were chosen here: train on more of the data." if chosen
+            else " (a sampling or indexing step repeats a handful of rows)."),
+        where if chosen else data_origin(st.data_location(ctx), probe.data_role),
         strength=0.85, decisive=True,
         rows=kept, distinct_rows=distinct)
