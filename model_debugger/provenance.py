@@ -187,6 +187,21 @@ def reorders_rows(location: dict | None) -> bool:
                for node in _nodes_at(location))
 
 
+def dict_setting(location: dict | None, key: str, value: object) -> dict | None:
+    """Where a dict literal of ``location``'s file sets ``"key": value``, or None.
+
+    Lightning's ``{"scheduler": sched, "interval": "step"}`` from ``configure_optimizers``:
+    the entry that tells the trainer to step an epoch-sized schedule after every batch.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    for line, node in _dict_entries(tree, key):
+        if isinstance(node, ast.Constant) and node.value == value:
+            return {"file": location["file"], "line": line}
+    return None
+
+
 def _is_mask(node: ast.AST) -> bool:
     """A boolean expression: a comparison, ``&``/``|``/``^``, ``~``/``not``, ``and``/``or``."""
     return isinstance(node, (ast.Compare, ast.BoolOp)) or \

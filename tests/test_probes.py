@@ -1086,9 +1086,9 @@ def test_an_epoch_sized_schedule_stepped_every_batch_is_located_at_its_step(tmp_
     batch, the rate is ~0 after 9 batches. The line to change is the step in the batch loop
     (the gamma 0.02 schedule above collapses either way: located at its construction)."""
     ctx = captured(tmp_path, train_epoch_schedule_stepped_per_batch)
-    f = confirmed_one(ctx, "lr_schedule", "hyperparameter")
+    f = confirmed_one(ctx, "lr_schedule", "training_loop")  # the loop steps it too often
     assert_at(f, "per-batch")
-    assert "stepped here after every batch" in f.explanation
+    assert "stepped after every batch (here)" in f.explanation
 
 
 def test_a_steady_rate_is_no_schedule_finding(healthy):

@@ -336,3 +336,38 @@ def test_lr_scale_reaches_a_schedule_built_on_an_accelerate_wrapped_optimizer():
             opt.zero_grad()
             rates.append(opt.param_groups[0]["lr"])
     assert rates == pytest.approx([0.01 * (1.0 - s / 10) for s in range(1, 5)])
+
+
+class LitStepDecay(LitNet):
+    """An epoch-sized ExponentialLR handed to Lightning to step after every batch."""
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+        decay = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.7)
+        return {"optimizer": opt,
+                "lr_scheduler": {"scheduler": decay, "interval": "step"}}  # <interval>
+
+
+def test_an_epoch_sized_schedule_lightning_steps_every_batch_is_a_loop_finding(tmp_path):
+    """``"interval": "step"``: 0.7 per batch, ~0 within two epochs, where 0.7 per epoch would
+    have kept a quarter of the rate by the end. Confirmed by copies at the peak and the median
+    rate, and located at the entry that makes Lightning step it per batch (was: a setting,
+    at the scheduler's line)."""
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+
+    torch.manual_seed(0)
+    train, val = _loaders()
+    with capture() as rec:
+        pl.Trainer(max_epochs=4, accelerator="cpu", logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False,
+                   default_root_dir=str(tmp_path)).fit(LitStepDecay(), train, val)
+    with open(HERE, encoding="utf-8") as fh:
+        source = fh.read()
+    ctx = build_context(run_of(rec), rec.keeper, {HERE: source}, budget=60.0,
+                        classification={"primary": "loss_not_decreasing", "secondary": [],
+                                        "evidence": []})
+    assert ctx.signals["lr_collapsed_share"] >= 0.5
+    [f] = [f for f in run_probes(ctx, ["lr_schedule"]).findings if f.confirmed]
+    assert f.root_cause == "training_loop"
+    assert (f.location["file"], f.location["line"]) == (HERE, line_of("interval"))

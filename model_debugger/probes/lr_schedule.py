@@ -79,17 +79,17 @@ class LrSchedule(Probe):
         held = heldout_loss(ctx.trainer, ctx, lr=typical, best=True)
         at_peak = heldout_loss(ctx.trainer, ctx, lr=peak, best=True)
         confirmed = at_peak < BETTER * held
-        per_batch = _per_batch(ctx)
+        per_batch = _per_batch(ctx)  # the loop steps it too often, not its settings
         return [self.finding(
-            "hyperparameter", confirmed,
+            "training_loop" if per_batch else "hyperparameter", confirmed,
             f"The learning rate fell below 1% of its peak ({peak:.3g}) for {share:.0%} of the "
             f"run's {steps} steps (median {typical:.3g}). Two fresh copies trained on the same "
             f"rows reach a held-out loss of {at_peak:.4g} at the peak rate and {held:.4g} at the "
             "median one"
             + (": the schedule's decay holds the loss up." if confirmed else
                ": no clearly better, so the decay is not what holds the loss up.")
-            + (f" Its {_scheduler_cls(ctx)}, sized in epochs, is stepped here "
-               "after every batch: step it once per epoch." if per_batch else ""),
+            + (f" Its {_scheduler_cls(ctx)}, sized in epochs, is stepped "
+               "after every batch (here): step it once per epoch." if per_batch else ""),
             per_batch or _decay_origin(ctx.ref("scheduler")) or
             rate_written(ctx.source_files) or ctx.ref("optimizer"), undone=confirmed,
             strength=0.8 if confirmed else 0.15, lr_peak=peak, lr_median=typical,
@@ -124,19 +124,24 @@ EPOCH_SIZED = ("StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR")
 
 
 def _per_batch(ctx: ProbeContext) -> dict | None:
-    """Where an epoch-sized scheduler is stepped in the batch loop, beside the optimizer step.
+    """Where an epoch-sized scheduler is stepped per batch.
+
+    Beside the optimizer step in the batch loop, or the ``"interval": "step"`` entry that
+    hands it to Lightning.
 
     ``StepLR(step_size=8)`` meant 8 epochs; stepped after every batch it decays 8 batches in.
     Only when the same schedule stepped once per epoch would not have collapsed (a gamma of
     0.02 each step collapses either way: its setting is the cause). None for schedules written
     per step (``LambdaLR``, ``OneCycleLR``) or stepped per epoch.
     """
-    from ..provenance import sibling_step
+    from ..provenance import dict_setting, sibling_step
     from ..signals import LR_COLLAPSE
 
     if _scheduler_cls(ctx) not in EPOCH_SIZED:
         return None
-    where = sibling_step(ctx.ref("step"))
+    # a loop of the user's, or a trainer told to (Lightning's ``"interval": "step"``)
+    where = sibling_step(ctx.ref("step")) or dict_setting(ctx.ref("scheduler"), "interval",
+                                                          "step")
     steps, epochs = len(ctx.run.steps), ctx.run.epochs
     rates = rate_per_step(ctx.run.of("lr"), steps)
     if where is None or not 2 <= epochs < steps or not np.isfinite(rates[:epochs]).all():
