@@ -521,8 +521,10 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
             bound = None
             for body in scope:  # the innermost scope that binds it; a parameter ends it
                 bound = _bindings(body, value.id, before)
-                if bound or _is_parameter(body, value.id):
+                if bound:
                     break
+                if _is_parameter(body, value.id):  # its default, unless a caller passes it
+                    return _parameter_setting(tree, body, value.id)
             if not bound:
                 return None
             before, node, value = max(bound, key=lambda b: b[0])
@@ -547,6 +549,40 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
         else:
             return None
     return None
+
+
+def _parameter_setting(tree: ast.Module, func: ast.AST, name: str) -> int | None:
+    """The line that sets parameter ``name`` of ``func``: its default, or the one call passing it.
+
+    ``def __init__(self, init="zeros")`` with ``WineNet()`` built without it: the default in
+    the signature. One call of the file passing a literal (``WineNet(init="zeros")``): that
+    call. Anything else (several callers, a value computed by the caller): None.
+    """
+    a = func.args
+    params = [*a.posonlyargs, *a.args]
+    callee = func.name
+    if callee == "__init__":  # built by its class's name
+        owner = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and func in c.body),
+                     None)
+        callee = owner.name if owner is not None else callee
+    skip = 1 if params and params[0].arg in ("self", "cls") else 0
+    index = next((i - skip for i, p in enumerate(params) if p.arg == name), None)
+    passed = []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and _call_name(call) == callee):
+            continue
+        given = next((k.value for k in call.keywords if k.arg == name), None)
+        if given is None and index is not None and 0 <= index < len(call.args):
+            given = call.args[index]
+        if given is not None:
+            passed.append(given)
+    if passed:
+        only = passed[0]
+        return only.lineno if len(passed) == 1 and isinstance(only, ast.Constant) else None
+    defaults = dict(zip([p.arg for p in params][len(params) - len(a.defaults):], a.defaults))
+    defaults.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    value = defaults.get(name)
+    return value.lineno if isinstance(value, ast.Constant) else None
 
 
 def _dict_entry(tree: ast.Module, key: str, before: int,

@@ -1164,3 +1164,32 @@ def _stuck_script(path, source: str):
     return build_context(Run(rec.events), rec.keeper, {str(path): source}, budget=60.0,
                          classification={"primary": "loss_not_decreasing", "secondary": [],
                                          "evidence": []})
+
+
+SQUASHED = '''import keras
+import numpy as np
+
+rng = np.random.default_rng(2)
+x = rng.normal(size=(1200, 20)).astype("float32")
+t = (x[:, :4].sum(1) > 0).astype("int64") + 2 * (x[:, 4] > 0)
+SQUASH = "sigmoid"
+keras.utils.set_random_seed(3)
+net = keras.Sequential([keras.Input((20,))]
+                       + [keras.layers.Dense(48, activation=SQUASH) for _ in range(12)]
+                       + [keras.layers.Dense(4, activation="softmax")])
+net.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
+net.fit(x, t, epochs=3, batch_size=32, verbose=0)
+'''
+
+
+def test_vanishing_gradients_are_located_where_the_hidden_activation_is_set(tk, tmp_path):
+    """Twelve sigmoid layers, their activation passed by a name: the gradients of the first
+    ones vanish, and the finding sits where ``SQUASH = "sigmoid"`` is set (the line to
+    change), not on the model (was: its line)."""
+    from model_debugger.probes import run_probes
+
+    path = tmp_path / "squash.py"
+    ctx = _stuck_script(path, SQUASHED)
+    [f] = [f for f in run_probes(ctx, ["gradient_flow"]).findings if f.confirmed]
+    assert f.root_cause == "architecture" and f.evidence["vanishing_layers"]
+    assert (f.location["file"], f.location["line"]) == (str(path), 7)

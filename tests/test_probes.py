@@ -555,8 +555,8 @@ def train_deep_sigmoid():
     y = (X[:, 0] * X[:, 1] > 0).long()
     layers = [nn.Linear(16, 32), nn.Sigmoid()]
     for _ in range(11):
-        layers += [nn.Linear(32, 32), nn.Sigmoid()]
-    sigmoid_stack = nn.Sequential(*layers, nn.Linear(32, 2))  # <sigmoid-stack>
+        layers += [nn.Linear(32, 32), nn.Sigmoid()]  # <sigmoid-stack>
+    sigmoid_stack = nn.Sequential(*layers, nn.Linear(32, 2))
     opt = torch.optim.SGD(sigmoid_stack.parameters(), lr=0.05)
     for _epoch in range(2):
         for i in range(0, len(X), 64):

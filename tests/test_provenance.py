@@ -423,6 +423,34 @@ def _settings(tmp_path, source: str):
     return line_of, origin, path
 
 
+PARAMETERS = """
+    class Net(Model):
+        def __init__(self, init="zeros", act="sigmoid"):  # <defaults>
+            super().__init__()
+            self.a = Dense(8, kernel_initializer=init)  # <use init>
+            self.b = Dense(8, activation=act)  # <use act>
+
+
+    def block(width, act):
+        return Dense(width, activation=act)  # <use block>
+
+
+    net = Net(act="tanh")  # <caller>
+    first = block(8, "relu")
+    second = block(8, "gelu")
+"""
+
+
+def test_a_setting_passed_as_a_parameter_is_located_at_its_default_or_its_one_caller(tmp_path):
+    """``kernel_initializer=init`` with ``init="zeros"`` a default nobody overrides: the
+    signature; ``act`` overridden by the one call that builds the model: that call; a
+    parameter two callers pass differently: no single setting, the use stays."""
+    line_of, origin, _ = _settings(tmp_path, PARAMETERS)
+    assert origin("<use init>", "kernel_initializer") == line_of("<defaults>")
+    assert origin("<use act>", "activation") == line_of("<caller>")
+    assert origin("<use block>", "activation") == line_of("<use block>")
+
+
 def test_a_setting_passed_by_name_or_config_is_located_where_it_was_set(tmp_path):
     from model_debugger.provenance import setting_origin
 

@@ -7,6 +7,8 @@ produced it).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ._lint import summed_loss_line
@@ -72,7 +74,7 @@ class GradientFlow(Probe):
                             f" The run blew up ({', '.join(blown)}): small gradients cannot "
                             "explain a loss that grew, and saturated units after large updates "
                             "give them; not the cause of this run's symptom." if blown else ""),
-                        ctx.ref("model") or ctx.ref("backward"),
+                        _saturating_location(ctx) or ctx.ref("model") or ctx.ref("backward"),
                         layer_median_norms={n: float(m) for n, m in zip(names, med)},
                         vanishing_layers=dead, min_ratio=float(np.nanmin(ratio)),
                         strength=0.3 if blown else 0.9))
@@ -124,6 +126,34 @@ class GradientFlow(Probe):
                 ", whose weights were already non-finite: an earlier update put them there"
                 if in_weights else "") + ".", ctx.ref("backward"),
             strength=0.4, in_weights=in_weights, **common)
+
+
+_SATURATING = re.compile(
+    r"""["'](?:sigmoid|tanh|softsign|hard_sigmoid)["']|nn\.(?:Sigmoid|Tanh|Softsign|Hardsigmoid)"""
+    r"""\(|\b(?:torch|F|tf\.nn|tf\.math)\.(?:sigmoid|tanh)\(""")
+
+
+def _saturating_location(ctx: ProbeContext) -> dict | None:
+    """Where the hidden layers' saturating activation is set, near the model; None without one.
+
+    The sigmoid/tanh nearest the model's line in its file, not the output layer's (a sigmoid
+    output is the task's), followed to where a name it is passed by was set
+    (``activation=HIDDEN_ACT`` with ``HIDDEN_ACT = "sigmoid"``).
+    """
+    model = ctx.ref("model")
+    text = ctx.source_files.get(model.get("file")) if model else None
+    if not isinstance(text, str) or not isinstance(model.get("line"), int):
+        return None
+    output = output_location(ctx) or {}
+    hits = {i for i, line in enumerate(text.splitlines(), 1)
+            if _SATURATING.search(line) and not line.lstrip().startswith("#")
+            and i != output.get("line")}
+    if not hits:
+        return None
+    best = min(hits, key=lambda i: abs(i - model["line"]))
+    while best - 1 in hits:
+        best -= 1
+    return setting_location({"file": model["file"], "line": best}, "activation")
 
 
 def _reaches_input(ratio: np.ndarray, last_weak: int) -> bool:

@@ -15,7 +15,7 @@ import re
 
 from ..records import Intervention
 from ._heldout import SettingExperiment, source_line
-from .base import ProbeContext, register
+from .base import ProbeContext, register, setting_location
 
 _INIT = re.compile(r"\binit\.\w+_?\(|\.(?:fill_|zero_|normal_|uniform_|mul_|div_|copy_|"
                    r"constant_)\(|_initializer\s*=|\binitializers\.|\.set_weights\(")
@@ -59,9 +59,21 @@ class Initialization(SettingExperiment):
             f"{default:.4g} re-initialised by default and {as_set:.4g} from these weights"
             + (": the initialisation holds the training back." if confirmed else
                ": no clearly better, so the initialisation is not what holds it back."),
-            source_line(ctx, _INIT, ctx.ref("model"), run_start=True) or ctx.ref("model"),
-            undone=confirmed, strength=0.85 if confirmed else 0.15,
+            _where(ctx), undone=confirmed, strength=0.85 if confirmed else 0.15,
             layers=odd, heldout_as_set=as_set, heldout_default=default)]
+
+
+def _where(ctx: ProbeContext) -> dict | None:
+    """The line that sets the initialisation.
+
+    The ``init``/``*_initializer`` line near the model, followed to where a name it passes was
+    set (``kernel_initializer=init`` with ``init="zeros"`` a default of the model's
+    ``__init__``).
+    """
+    found = source_line(ctx, _INIT, ctx.ref("model"), run_start=True)
+    if found is None:
+        return ctx.ref("model")
+    return setting_location(found, "kernel_initializer")
 
 
 def _judged(odd: dict[str, dict]) -> dict[str, dict]:
