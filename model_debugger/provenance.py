@@ -466,7 +466,11 @@ _OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax
 # where a setting sits when it is passed positionally: (keyword, the calls) -> position
 _POSITIONAL = {("max_norm", frozenset({"clip_grad_norm_"})): 1,
                ("clip_value", frozenset({"clip_grad_value_"})): 1,
-               ("batch_size", frozenset({"DataLoader"})): 1}
+               ("batch_size", frozenset({"DataLoader"})): 1,
+               ("p", frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+                                "AlphaDropout"})): 0,
+               ("rate", frozenset({"Dropout", "SpatialDropout1D", "SpatialDropout2D",
+                                   "GaussianDropout"})): 0}
 # an optimizer's positions: PyTorch takes the parameters first, Keras the rate
 _TORCH_OPTIMIZER = {"lr": 1, "momentum": 2}
 _KERAS_OPTIMIZER = {"lr": 0, "learning_rate": 0, "momentum": 1}

@@ -1096,6 +1096,27 @@ def test_a_steady_rate_is_no_schedule_finding(healthy):
     assert not PROBES["lr_schedule"]().applies(healthy)
 
 
+@pytest.mark.parametrize("source,line", [
+    ("config = BertConfig(hidden_size=32,\n    hidden_dropout_prob=0.9)\n"
+     "model = BertForSequenceClassification(config)\n", 2),   # a config's entry
+    ("DROP = 0.85\nnet = nn.Sequential(nn.Linear(4, 8), nn.Dropout(DROP),\n"
+     "                    nn.Linear(8, 2))\n", 1),             # a name, set above
+    ("h = layer(x)\nh = F.dropout(h, p=0.9, training=True)\nmodel = Net()\n", 2),
+])
+def test_dropout_rate_is_located_where_the_high_rate_is_set(tmp_path, source, line):
+    """The fix goes where the rate is written: a model config's ``hidden_dropout_prob`` (was:
+    the model built from it), a constant a layer is given, a functional call."""
+    from types import SimpleNamespace
+
+    from model_debugger.probes.dropout_rate import _where
+
+    path = str(tmp_path / "net.py")
+    (tmp_path / "net.py").write_text(source)
+    model = {"file": path, "line": len(source.splitlines())}
+    ctx = SimpleNamespace(source_files={path: source}, ref=lambda kind: model)
+    assert _where(ctx)["line"] == line
+
+
 def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):
     ctx = captured(tmp_path, train_heavy_dropout)
     f = confirmed_one(ctx, "dropout_rate", "architecture")

@@ -11,10 +11,14 @@ import re
 
 from ..records import Intervention
 from ._heldout import SettingExperiment, source_line
-from .base import ProbeContext, register
+from .base import ProbeContext, register, setting_location
 
 HIGH = 0.7      # a drop rate at or above this is suspect (0.5 is a common, healthy choice)
-_RATE = re.compile(r"Dropout\w*\(\s*(?:(?:p|rate)\s*=\s*)?0?\.[5-9]")  # a literal high rate
+# a literal high rate: a layer's (``Dropout(0.9)``) or a config's (``hidden_dropout_prob=0.9``,
+# ``"dropout": 0.8``)
+_RATE = re.compile(r"""(?:Dropout\w*\(\s*(?:(?:p|rate)\s*=\s*)?|\b\w*dropout\w*["']?\s*[=:]\s*|"""
+                   r"""\bdropout\([^)]*?\b(?:p|rate)\s*=\s*)"""
+                   r"0?\.[5-9]", re.IGNORECASE)
 _ANY = re.compile(r"Dropout\w*\(")
 
 
@@ -45,6 +49,24 @@ class DropoutRate(SettingExperiment):
             f"{kept:.4g} with it"
             + (": the dropout keeps the model from fitting." if confirmed else
                ": no clearly better, so dropout is not what holds the loss up."),
-            source_line(ctx, _RATE, ctx.ref("model")) or source_line(ctx, _ANY, ctx.ref("model"))
-            or ctx.ref("model"), undone=confirmed, strength=0.75 if confirmed else 0.15,
+            _where(ctx), undone=confirmed, strength=0.75 if confirmed else 0.15,
             layer=layer, rate=rate, rates=rates, heldout_with=kept, heldout_without=dropped)]
+
+
+def _where(ctx: ProbeContext) -> dict | None:
+    """The line that set the high rate near the model.
+
+    A literal in a layer, a functional call or a config entry; else a dropout layer, followed
+    to where the name it is given was set (``Dropout(DROP)``).
+    """
+    found = source_line(ctx, _RATE, ctx.ref("model"))
+    if found is not None:
+        return found
+    layer = source_line(ctx, _ANY, ctx.ref("model"))
+    if layer is None:
+        return ctx.ref("model")
+    for keyword in ("p", "rate"):
+        traced = setting_location(layer, keyword)
+        if traced is not layer:
+            return traced
+    return layer
