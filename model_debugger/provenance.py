@@ -202,6 +202,31 @@ def dict_setting(location: dict | None, key: str, value: object) -> dict | None:
     return None
 
 
+def mapped_function(location: dict | None) -> dict | None:
+    """Where the per-element work of a data pipeline built at ``location`` is written.
+
+    ``tf.data.Dataset...map(augment, ...)`` (or ``.filter``, ``.flat_map``): the ``def`` of
+    the file's function it maps, else the ``map`` call itself (a lambda, a library function).
+    None without such a call on that statement.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    for stmt in _statements_at(tree, location["line"]):
+        for call in ast.walk(stmt):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and
+                    call.func.attr in ("map", "filter", "flat_map", "interleave") and call.args):
+                continue
+            fn = call.args[0]
+            name = fn.id if isinstance(fn, ast.Name) else None
+            defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
+                                                                ast.AsyncFunctionDef))
+                    and n.name == name]
+            line = defs[-1].lineno if name and defs else call.func.end_lineno or call.lineno
+            return {"file": location["file"], "line": line}
+    return None
+
+
 def _is_mask(node: ast.AST) -> bool:
     """A boolean expression: a comparison, ``&``/``|``/``^``, ``~``/``not``, ``and``/``or``."""
     return isinstance(node, (ast.Compare, ast.BoolOp)) or \

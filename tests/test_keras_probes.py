@@ -1150,8 +1150,8 @@ def test_a_learning_curve_locates_too_few_rows_at_the_fit_that_slices_them(tk, t
     assert (f.location["file"], f.location["line"]) == (str(path), 11)
 
 
-def _stuck_script(path, source: str):
-    """Run ``source`` saved at ``path`` under capture; its Isolate context for a stuck loss."""
+def _stuck_script(path, source: str, primary: str = "loss_not_decreasing"):
+    """Run ``source`` saved at ``path`` under capture; its Isolate context (a stuck loss)."""
     import runpy
 
     import model_debugger
@@ -1162,7 +1162,7 @@ def _stuck_script(path, source: str):
     with model_debugger.capture() as rec:
         runpy.run_path(str(path))
     return build_context(Run(rec.events), rec.keeper, {str(path): source}, budget=60.0,
-                         classification={"primary": "loss_not_decreasing", "secondary": [],
+                         classification={"primary": primary, "secondary": [],
                                          "evidence": []})
 
 
@@ -1193,3 +1193,44 @@ def test_vanishing_gradients_are_located_where_the_hidden_activation_is_set(tk, 
     [f] = [f for f in run_probes(ctx, ["gradient_flow"]).findings if f.confirmed]
     assert f.root_cause == "architecture" and f.evidence["vanishing_layers"]
     assert (f.location["file"], f.location["line"]) == (str(path), 7)
+
+
+SLOW_MAP = '''import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(2048, 16)).astype("float32")
+t = (x[:, 0] > 0).astype("int64")
+
+
+def jitter(row, label):
+    def by_hand(v):
+        time.sleep(0.002)
+        return v.numpy() + np.float32(0.01)
+    row = tf.py_function(by_hand, [row], Tout=tf.float32)
+    row.set_shape([16])
+    return row, label
+
+
+pipeline = tf.data.Dataset.from_tensor_slices((x, t)).map(jitter).batch(64)
+net = keras.Sequential([keras.Input((16,)), keras.layers.Dense(2)])
+net.compile(optimizer="adam",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+net.fit(pipeline, epochs=1, verbose=0)
+'''
+
+
+def test_a_slow_tf_data_map_is_located_at_the_function_it_maps(tk, tmp_path):
+    """A ``py_function`` per element in ``Dataset.map``: loading a batch takes longer than the
+    step, located at the ``def`` of the mapped function (was: no location at all)."""
+    from model_debugger.probes import run_probes
+
+    path = tmp_path / "slow_map.py"
+    ctx = _stuck_script(path, SLOW_MAP, primary="performance_issue")
+    [f] = [f for f in run_probes(ctx, ["dataloader_throughput"]).findings if f.confirmed]
+    assert f.root_cause == "data"
+    assert (f.location["file"], f.location["line"]) == (str(path), 12)
+

@@ -77,7 +77,7 @@ class DataloaderThroughput(Probe):
                                                      range(min(len(dataset), 4))]) or \
                 _func_loc(getitem)
         where = where or _func_loc(dataset) or definition_location(dataset) or \
-            ctx.ref("loss_fn")
+            _pipeline_map(ctx) or ctx.ref("loss_fn")
         workers = getattr(loader, "num_workers", getattr(loader, "workers", 0))
         return [self.finding(
             "data", True,
@@ -86,6 +86,15 @@ class DataloaderThroughput(Probe):
             "the loop, vectorise the collate, or use worker processes.",
             where, load_ms=load_ms, step_ms=step_ms, num_workers=workers,
             strength=min(0.95, 0.5 + 0.1 * load_ms / max(step_ms, 1e-6)))]
+
+
+def _pipeline_map(ctx: ProbeContext) -> dict | None:
+    """A ``tf.data`` pipeline's mapped function, traced from where training took the data."""
+    from ..provenance import data_origin, mapped_function
+    from . import _numpy_stats as st
+
+    used = st.data_location(ctx)
+    return mapped_function(data_origin(used, "inputs")) or mapped_function(used)
 
 
 def _func_loc(fn) -> dict | None:
