@@ -616,16 +616,16 @@ def train_few_rows(noise: bool = False):
             opt.step()
 
 
-def train_forty_rows_many_epochs():
-    """A 40-row slice of a larger set, twenty epochs by hand: the same rows come round."""
+def train_thirty_rows_many_epochs():
+    """A 30-row slice of a larger set, twenty epochs by hand: the same rows come round."""
     torch.manual_seed(5)
     X = torch.randn(2000, 8)
     y = (X[:, 0] - X[:, 3] > 0).long()
-    X_fit, y_fit = X[:40], y[:40]  # <forty-rows>
+    X_fit, y_fit = X[:30], y[:30]  # <thirty-rows>
     net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 2))
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     for _epoch in range(20):
-        for i in range(0, 40, 16):
+        for i in range(0, 30, 16):
             opt.zero_grad()
             F.cross_entropy(net(X_fit[i:i + 16]), y_fit[i:i + 16]).backward()
             opt.step()
@@ -1272,14 +1272,14 @@ def test_data_volume_a_learning_curve_confirms_too_few_rows(tmp_path):
 
 
 def test_data_volume_rows_repeated_by_epochs_are_located_where_a_slice_chose_them(tmp_path):
-    """40 rows sliced from 2000, twenty epochs: the kept batches hold 40 distinct rows, each
-    about twenty times. A slice chose that few, so the finding sits there (was: the line that
+    """30 rows sliced from 2000, twenty epochs: the kept batches hold 30 distinct rows, each
+    many times. A slice chose that few, so the finding sits there (was: the line that
     made all 2000, which holds the data's values, not its size)."""
-    ctx = captured(tmp_path, train_forty_rows_many_epochs)
+    ctx = captured(tmp_path, train_thirty_rows_many_epochs)
     ctx.classification = Classification("overfitting", (), ())  # (no validation in the loop)
     [f] = [f for f in probe(ctx, "data_volume") if f.confirmed]
-    assert f.evidence["distinct_rows"] == 40 and f.root_cause == "data"
-    assert_at(f, "forty-rows")
+    assert f.evidence["distinct_rows"] == 30 and f.root_cause == "data"
+    assert_at(f, "thirty-rows")
     assert "chosen here" in f.explanation
 
 
@@ -2297,6 +2297,51 @@ def test_a_known_loss_on_one_class_batches_is_not_read_as_unpaired(tmp_path):
     ctx = captured(tmp_path, _sorted_imbalanced_bce)
     assert ctx.run.of("output_grads") == []
     assert probe(ctx, "loss_broadcast") == []
+
+
+def test_the_kept_sample_spreads_over_the_first_epoch_in_its_order():
+    """150 batches of a training set sorted by class (four classes, 38 batches each): the first
+    32 batches were all class 0, so every probe saw one class. Past the first 8 the sample is
+    thinned as it fills: it covers the whole epoch, in the order fed, within its bounds."""
+    from model_debugger.capture.keeper import MAX_BATCHES, Keeper
+
+    keeper = Keeper()
+    for i in range(150):
+        keeper.on_loss("cross_entropy", torch.randn(32, 4), torch.full((32,), i // 38), (), {},
+                       ((torch.randn(32, 3),), {}), True, 0)
+    classes = [int(b[1][0]) for b in keeper.train_batches]
+    assert len(classes) <= MAX_BATCHES and set(classes) == {0, 1, 2, 3}
+    assert classes == sorted(classes)  # the order it was fed in
+    assert classes[:8] == [0] * 8  # the first batches stay
+
+
+def train_sorted_by_class_no_shuffle():
+    """Four classes sorted one after another, a loader that never shuffles: 144 batches."""
+    torch.manual_seed(4)
+    X = torch.randn(4608, 10)
+    y = torch.bucketize(X[:, :3] @ torch.tensor([1.0, -1.0, 0.5]), torch.tensor([-1.0, 0.0, 1.0]))
+    order = y.argsort(stable=True)
+    data = TensorDataset(X[order], y[order])
+    loader = DataLoader(data, batch_size=32, shuffle=False)  # <no-shuffle>
+    net = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for _epoch in range(2):
+        for xb, yb in loader:
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+
+
+def test_data_order_sees_a_class_sorted_epoch_past_its_first_batches(tmp_path):
+    """The first 32 batches of this epoch hold class 0 only; the spread sample holds all four,
+    so the order is measured (was: one class, no variance to place: nothing), at the loader.
+    Whether it holds the loss back is the copies' experiment, on its own data."""
+    ctx = captured(tmp_path, train_sorted_by_class_no_shuffle)
+    assert len({int(v) for b in ctx.train_batches for v in b[1]}) == 4
+    [f] = probe(ctx, "data_order")
+    assert f.root_cause == "data" and f.evidence["between_batch_share"] > 0.25
+    assert f.evidence["between_batch_share_shuffled_max"] < 0.1
+    assert_at(f, "no-shuffle")
 
 
 def test_validation_batches_of_few_possible_rows_are_all_kept():

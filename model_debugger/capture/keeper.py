@@ -16,6 +16,11 @@ from .spill import Spill, SpilledState, open_spill, threshold_bytes
 
 MAX_BATCHES = 32
 MAX_SAMPLES = 4096
+HEAD = 8     # the first batches are always kept; past them, one in ``stride`` ...
+SPREAD = 16  # ... thinned (every other one dropped, the stride doubled) whenever the sample is
+             # full, over at most MAX_BATCHES * SPREAD batches of the first epoch: a sample of
+             # the whole epoch in its order, not its first rows (a training set sorted by class
+             # would give the first class alone)
 
 
 WRAPPERS = ("DistributedDataParallel", "DataParallel")  # kept unwrapped (their .module)
@@ -60,6 +65,9 @@ class Keeper(SpilledState):
         self.input_names: tuple | None = None
         self._samples = {"train": 0, "val": 0}
         self._epoch: dict[str, int] = {}
+        self._offered = {"train": 0, "val": 0}  # batches of the sampling epoch seen so far
+        self._stride = {"train": 1, "val": 1}
+        self._kept_at: dict[str, list[int]] = {"train": [], "val": []}  # their positions
         self.train_loader = None
         # the training loop leaves each pass over its loader early: a pass is not the data, so
         # training batches are kept past the first one
@@ -191,9 +199,9 @@ class Keeper(SpilledState):
             return True
         first = self._epoch.get(split)
         batches = self.train_batches if training else self.val_batches
+        full = self._samples[split] >= MAX_SAMPLES or len(batches) >= MAX_BATCHES
         return (first is None or epoch == first or training and self.cut_passes) \
-            and self._samples[split] < MAX_SAMPLES \
-            and len(batches) < MAX_BATCHES
+            and (not full or self._offered[split] < MAX_BATCHES * SPREAD)
 
     def on_loss(self, name, input, target, extra_args, kwargs, model_input, training,
                 epoch: int = 0) -> dict | None:
@@ -201,7 +209,8 @@ class Keeper(SpilledState):
 
         Samples come from the first epoch (or eval pass) only, so repeated epochs over a small
         dataset do not fill the sample with copies; training samples come from later epochs
-        too when a loop leaves its passes early (:attr:`cut_passes`).
+        too when a loop leaves its passes early (:attr:`cut_passes`). Past :data:`HEAD`
+        batches, a full sample is thinned so that it spreads over the epoch (:meth:`_admits`).
         """
         split = "train" if training else "val"
         out = None
@@ -212,11 +221,11 @@ class Keeper(SpilledState):
                 self.loss["kwargs"].update(_positional(name, extra_args))
             out = self.loss_input = describe_loss_input(name, input)
         first = self._epoch.setdefault(split, epoch)
-        if model_input is None or self._samples[split] >= MAX_SAMPLES or \
-                epoch != first and not (training and self.cut_passes):
+        if model_input is None or epoch != first and not (training and self.cut_passes):
             return out
-        batches = self.train_batches if training else self.val_batches
-        if len(batches) >= MAX_BATCHES:
+        at = self._offered[split]
+        self._offered[split] += 1
+        if not self._admits(split, at):
             return out
         kept = _batch_tensors(model_input, target)
         if kept is None:
@@ -225,9 +234,37 @@ class Keeper(SpilledState):
         if self.input_names is None:
             self.input_names = names
         if names == self.input_names:  # one call signature for every kept batch
-            batches.append((tensors, target.detach().cpu()))
+            (self.train_batches if training else self.val_batches).append(
+                (tensors, target.detach().cpu()))
+            self._kept_at[split].append(at)
             self._samples[split] += int(target.shape[0])
         return out
+
+    def _admits(self, split: str, at: int) -> bool:
+        """Whether the batch at position ``at`` of the sampling epoch is kept.
+
+        The first :data:`HEAD` always (while there is room); after them, one in ``stride``.
+        A full sample drops every other batch past the head and doubles the stride, over at
+        most ``MAX_BATCHES * SPREAD`` batches; a head that fills it alone keeps it as it is.
+        """
+        if at >= MAX_BATCHES * SPREAD or at >= HEAD and (at - HEAD) % self._stride[split]:
+            return False
+        batches = self.train_batches if split == "train" else self.val_batches
+        if self._samples[split] < MAX_SAMPLES and len(batches) < MAX_BATCHES:
+            return True
+        if at < HEAD:
+            return False
+        stride = 2 * self._stride[split]
+        keep = [i for i, k in enumerate(self._kept_at[split]) if k < HEAD or
+                (k - HEAD) % stride == 0]
+        if len(keep) == len(batches):
+            return False  # nothing past the head to thin
+        batches[:] = [batches[i] for i in keep]
+        self._kept_at[split] = [self._kept_at[split][i] for i in keep]
+        self._samples[split] = sum(int(b[1].shape[0]) for b in batches)
+        self._stride[split] = stride
+        return (at - HEAD) % stride == 0 and self._samples[split] < MAX_SAMPLES and \
+            len(batches) < MAX_BATCHES
 
 
 def same_values(a, b) -> bool:
