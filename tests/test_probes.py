@@ -631,6 +631,35 @@ def train_thirty_rows_many_epochs():
             opt.step()
 
 
+def _accumulation_case():
+    torch.manual_seed(6)
+    X = torch.randn(2048, 10)
+    y = X @ torch.randn(10, 1) + 0.1 * torch.randn(2048, 1)
+    net = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 1))
+    return X, y, net, torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9)
+
+
+def train_accumulating_undivided():
+    """Sixteen micro-batches back-propagated per SGD step, their losses never divided."""
+    X, y, net, opt = _accumulation_case()
+    for i, start in enumerate(range(0, 3 * 2048, 16)):
+        loss = F.mse_loss(net(X[start % 2048:][:16]), y[start % 2048:][:16])
+        loss.backward()  # <undivided>
+        if (i + 1) % 16 == 0:
+            opt.step()
+            opt.zero_grad()
+
+
+def train_accumulating_divided():
+    """The same loop dividing each micro-batch's loss by the 16 accumulation steps."""
+    X, y, net, opt = _accumulation_case()
+    for i, start in enumerate(range(0, 3 * 2048, 16)):
+        (F.mse_loss(net(X[start % 2048:][:16]), y[start % 2048:][:16]) / 16).backward()
+        if (i + 1) % 16 == 0:
+            opt.step()
+            opt.zero_grad()
+
+
 def train_without_zero_grad():
     torch.manual_seed(8)
     X = torch.randn(640, 10)
@@ -1281,6 +1310,20 @@ def test_data_volume_rows_repeated_by_epochs_are_located_where_a_slice_chose_the
     assert f.evidence["distinct_rows"] == 30 and f.root_cause == "data"
     assert_at(f, "thirty-rows")
     assert "chosen here" in f.explanation
+
+
+def test_accumulated_micro_batches_never_divided_are_a_loop_finding(tmp_path):
+    """Sixteen backward calls per step on undivided losses: each update is sixteen gradients,
+    the run blows up, and the loop is the cause, at its backward (was: the learning rate).
+    Divided by the steps, the same loop trains: nothing to explain."""
+    ctx = captured(tmp_path, train_accumulating_undivided)
+    assert ctx.classification.primary == "gradient_instability"
+    f = confirmed_one(ctx, "gradient_flow", "training_loop")
+    assert f.evidence["backwards_per_step"] == 16
+    assert_at(f, "undivided")
+    (tmp_path / "divided").mkdir()
+    calm = captured(tmp_path / "divided", train_accumulating_divided)
+    assert calm.classification.primary == "healthy"
 
 
 def test_missing_zero_grad(tmp_path):

@@ -86,3 +86,46 @@ def summed_loss_line(ctx: ProbeContext) -> dict | None:
         if above:
             return max(above, key=lambda f: f["line"])
     return min(found, key=lambda f: (f["file"], f["line"])) if len(found) == 1 else None
+
+
+def undivided_accumulation(ctx: ProbeContext) -> dict | None:
+    """The ``backward`` of a loop that accumulates micro-batches without dividing their losses.
+
+    The capture saw several ``backward`` calls per optimizer step (``accumulation``) and no
+    trainer scaled them (``loss_scaled``); the tensor back-propagated is a loss as computed,
+    never divided (``loss = crit(out, y)`` then ``loss.backward()``, with no ``/ k`` on it):
+    each update is the sum of ``backwards`` gradients. ``{"file", "line", "backwards"}``.
+    """
+    import ast
+
+    run = getattr(ctx, "run", None)
+    acc = run.first("accumulation") if run is not None else None
+    where = ctx.ref("backward") if hasattr(ctx, "ref") else None
+    if not acc or acc.get("backwards", 0) < 2 or run.first("loss_scaled") is not None or \
+            not where or not isinstance(where.get("line"), int):
+        return None
+    text = (getattr(ctx, "source_files", None) or {}).get(where.get("file"))
+    try:
+        tree = ast.parse(text) if isinstance(text, str) else None
+    except (SyntaxError, ValueError):
+        tree = None
+    call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and
+                 isinstance(n.func, ast.Attribute) and n.func.attr == "backward" and
+                 n.lineno == where["line"]), None) if tree is not None else None
+    if call is None or not isinstance(call.func.value, ast.Name):
+        return None  # ((loss / k).backward(): divided on the line itself)
+    name, line = call.func.value.id, where["line"]
+    made = [n for n in ast.walk(tree) if getattr(n, "lineno", line) < line and (
+        isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                          for t in n.targets) or
+        isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and
+        n.target.id == name)]
+    if not made:
+        return None
+    last = max(made, key=lambda n: n.lineno)
+    if isinstance(last, ast.AugAssign) or any(
+            isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.Mult))
+            for n in ast.walk(last.value)):
+        return None  # loss /= k, loss = crit(...) / k (or * 1 / k): divided
+    return {"file": where["file"], "line": line, "backwards": int(acc["backwards"])}
+

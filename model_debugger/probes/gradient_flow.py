@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from ._lint import summed_loss_line
+from ._lint import summed_loss_line, undivided_accumulation
 from ._made import output_location
 from .base import Probe, ProbeContext, blown_up, register, setting_location
 
@@ -95,6 +95,18 @@ class GradientFlow(Probe):
                 f"held non-finite values ({bad['in_batch']}): the data, not the module.",
                 ctx.ref("backward"), strength=0.3, **common)
         if growth is not None and growth >= GROWTH:
+            accumulated = undivided_accumulation(ctx)
+            if accumulated is not None:
+                k = accumulated["backwards"]
+                return self.finding(
+                    "training_loop", True,
+                    f"Non-finite {what} first at step {step} in {where}, after the gradient norm "
+                    f"grew {growth:.3g}x. The loop back-propagates {k} micro-batches per "
+                    "optimizer step and never divides their losses, so every update is the sum "
+                    f"of {k} gradients: {k}x what the rate was chosen for. Divide each "
+                    f"micro-batch's loss by the accumulation steps (loss / {k}) before backward.",
+                    {"file": accumulated["file"], "line": accumulated["line"]}, strength=0.75,
+                    backwards_per_step=k, **common)
             summed = summed_loss_line(ctx)
             return self.finding(
                 "hyperparameter", True,
