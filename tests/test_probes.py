@@ -660,6 +660,23 @@ def train_accumulating_divided():
             opt.zero_grad()
 
 
+def train_hook_every_step(remove: bool = False):
+    """A forward hook on the hidden layer registered each step to log its activations."""
+    torch.manual_seed(9)
+    X, y = torch.randn(1024, 12), torch.randint(0, 3, (1024,))
+    net = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    seen = []
+    for _epoch in range(2):
+        for i in range(0, 1024, 32):
+            handle = net[1].register_forward_hook(lambda m, a, out: seen.append(out.detach()))  # <hook>
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+            if remove:
+                handle.remove()
+
+
 def train_without_zero_grad():
     torch.manual_seed(8)
     X = torch.randn(640, 10)
@@ -848,7 +865,7 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     healthy_probes = {pid for pid, cls in PROBES.items() if "healthy" in cls.categories}
     assert healthy_probes == {"target_copy", "small_batches", "lint", "framework_warnings",
                               "gradients_unapplied", "minority_ignored", "data_volume",
-                              "tape_kept"}
+                              "tape_kept", "hooks_accumulate"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
@@ -1324,6 +1341,22 @@ def test_accumulated_micro_batches_never_divided_are_a_loop_finding(tmp_path):
     (tmp_path / "divided").mkdir()
     calm = captured(tmp_path / "divided", train_accumulating_divided)
     assert calm.classification.primary == "healthy"
+
+
+def test_a_hook_registered_every_step_and_never_removed_is_found_at_its_line(tmp_path):
+    """64 steps, 64 forward hooks left on the layer (the 64th forward runs 64 of them, each
+    appending its output): confirmed by the count at the end, at the line registering them.
+    The same loop removing each hook after its step leaves none: nothing."""
+    ctx = captured(tmp_path, train_hook_every_step)
+    [e] = ctx.run.of("hooks")
+    assert (e["registered"], e["live"], e["steps"]) == (64, 64, 64)
+    [f] = probe(ctx, "hooks_accumulate")
+    assert f.confirmed and f.root_cause == "training_loop" and f.evidence["decisive"]
+    assert_at(f, "hook")
+    (tmp_path / "removed").mkdir()
+    tidy = captured(tmp_path / "removed", lambda: train_hook_every_step(remove=True))
+    assert [h["live"] for h in tidy.run.of("hooks")] == [0]
+    assert probe(tidy, "hooks_accumulate") == []
 
 
 def test_missing_zero_grad(tmp_path):

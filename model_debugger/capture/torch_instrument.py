@@ -37,6 +37,7 @@ from .instrument import Instrument
 from .keeper import Keeper, same_values
 from .torch_data import DataHooks
 from .torch_dist import DistHooks
+from .torch_hooks import UserHooks
 from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossHooks
 from .torch_model import ModelHooks
 from .torch_optim import OptimizerHooks
@@ -65,7 +66,7 @@ def _call_chain(frame) -> tuple:
 
 
 class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks, TrainerHooks,
-                      DistHooks, Instrument):
+                      DistHooks, UserHooks, Instrument):
     """Instruments PyTorch training for one Recorder.
 
     Parameters
@@ -96,6 +97,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._init_loss_state()
         self._init_trainer_state()
         self._init_dist_state()
+        self._init_hooks_state()
         self._guarded_before_backward = self.guard(self._before_backward)
         self._reset_checked = self._reset_stale = 0  # steps checked / gradients found not reset
         self._reset_param = None
@@ -132,6 +134,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                 self.patch(functional, name, lambda nxt, name=name: self._wrap_loss(nxt, name))
         self._attach_trainers()
         self._attach_dist()
+        self._attach_hooks()
 
     def _let_go(self) -> None:
         """After every hook is gone, let go of the user's objects.
@@ -142,6 +145,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._let_go_model()
         self._let_go_optimizer()
         self._let_go_loss()
+        self._let_go_hooks()
 
     def finish(self) -> None:
         """Flush what is pending when the capture ends (losses without a step, eval losses)."""
@@ -167,6 +171,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                 self.rec.emit("graphs_kept", checked=losses[1], alive=losses[2],
                               outputs_checked=outputs[1], outputs_alive=outputs[2],
                               lag=GRAPH_LAG)
+            self._emit_hooks(self._opt_steps)
             self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
                           backward=self._backwards, optimizer_steps=self._opt_steps,
                           optimizers_built=self._optimizers_built, most_built_at=built_at)
