@@ -187,16 +187,26 @@ def reorders_rows(location: dict | None) -> bool:
                for node in _nodes_at(location))
 
 
-def dict_setting(location: dict | None, key: str, value: object) -> dict | None:
+def dict_setting(location: dict | None, key: str, value: object,
+                 beside: str | None = None) -> dict | None:
     """Where a dict literal of ``location``'s file sets ``"key": value``, or None.
 
     Lightning's ``{"scheduler": sched, "interval": "step"}`` from ``configure_optimizers``:
-    the entry that tells the trainer to step an epoch-sized schedule after every batch.
+    the entry that tells the trainer to step an epoch-sized schedule after every batch. With
+    ``beside``, only a dict that also holds a ``beside`` entry whose value names the
+    ``location`` line's variable (``"scheduler": sched`` for ``sched = StepLR(...)``).
     """
     tree = _tree_of(location)
     if tree is None:
         return None
-    for line, node in _dict_entries(tree, key):
+    pair = None
+    if beside is not None:  # the names the location's statement binds (``sched = ...``)
+        bound = {n for st in _statements_at(tree, location["line"]) if isinstance(st, ast.Assign)
+                 for t in st.targets for n in _target_names(t)}
+        if not bound:
+            return None
+        pair = (beside, bound)
+    for line, node in _dict_entries(tree, key, pair):
         if isinstance(node, ast.Constant) and node.value == value:
             return {"file": location["file"], "line": line}
     return None
@@ -225,6 +235,12 @@ def mapped_function(location: dict | None) -> dict | None:
             line = defs[-1].lineno if name and defs else call.func.end_lineno or call.lineno
             return {"file": location["file"], "line": line}
     return None
+
+
+def fit_call_at(location: dict | None) -> bool:
+    """Whether the statement at ``location`` calls a ``fit`` (``model.fit(X[:24], y[:24])``)."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+               n.func.attr in _FIT_CALLS for n in _nodes_at(location))
 
 
 def _is_mask(node: ast.AST) -> bool:
@@ -600,6 +616,9 @@ def _parameter_setting(tree: ast.Module, func: ast.AST, name: str) -> int | None
     for call in ast.walk(tree):
         if not (isinstance(call, ast.Call) and _call_name(call) == callee):
             continue
+        if any(k.arg is None for k in call.keywords) or \
+                any(isinstance(a, ast.Starred) for a in call.args):
+            return None  # ``Net(**cfg)``, ``block(*dims)``: the value is not on the call
         given = next((k.value for k in call.keywords if k.arg == name), None)
         if given is None and index is not None and 0 <= index < len(call.args):
             given = call.args[index]
@@ -658,9 +677,14 @@ def _handed_config(tree: ast.Module, scope: list, name: str | None) -> ast.AST |
     return bound[-1] if bound else None
 
 
-def _dict_entries(tree: ast.Module, key: str):
+def _dict_entries(tree: ast.Module, key: str, beside: tuple[str, set] | None = None):
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict):
+            entries = {k.value: v for k, v in zip(node.keys, node.values)
+                       if isinstance(k, ast.Constant)}
+            if beside is not None and not (beside[0] in entries and
+                                           set(_names(entries[beside[0]])) & beside[1]):
+                continue
             for k, v in zip(node.keys, node.values):
                 if isinstance(k, ast.Constant) and k.value == key:
                     yield v.lineno, v

@@ -1359,6 +1359,38 @@ def test_a_hook_registered_every_step_and_never_removed_is_found_at_its_line(tmp
     assert probe(tidy, "hooks_accumulate") == []
 
 
+@pytest.mark.parametrize("line,found", [
+    ("accelerator.backward(loss / 4)", False),   # divided on the call: no finding
+    ("torch.autograd.backward(loss)", True),      # the tensor is the argument, undivided
+    ("loss.backward()", True),
+])
+def test_undivided_accumulation_reads_the_tensor_back_propagated(tmp_path, line, found):
+    """The tensor is the call's argument when it has one (``accelerator.backward(loss / 4)``
+    divides; was: the receiver ``accelerator`` read as an undivided loss)."""
+    from types import SimpleNamespace
+
+    from model_debugger.probes._lint import undivided_accumulation
+
+    source = f"loss = crit(model(xb), yb)\n{line}\n"
+    path = str(tmp_path / "acc.py")
+    events = {"accumulation": {"backwards": 4}}
+    ctx = SimpleNamespace(run=SimpleNamespace(first=events.get), source_files={path: source},
+                          ref=lambda kind: {"file": path, "line": 2})
+    got = undivided_accumulation(ctx)
+    assert (got is not None) == found and (not found or got["backwards"] == 4)
+
+
+def test_prior_loss_is_not_compared_with_a_summed_or_weighted_loss():
+    """A held-out loss summed over rows (or class-weighted) is on another scale than the
+    constant predictor's plain mean: no comparison (was: a rate never confirmed)."""
+    from types import SimpleNamespace
+
+    from model_debugger.probes._heldout import prior_loss
+
+    for kwargs in ({"reduction": "sum"}, {"weight": torch.ones(2)}, {"label_smoothing": 0.1}):
+        assert prior_loss(SimpleNamespace(loss_kwargs=kwargs)) is None
+
+
 def test_missing_zero_grad(tmp_path):
     ctx = captured(tmp_path, train_without_zero_grad)
     f = confirmed_one(ctx, "missing_zero_grad", "training_loop")

@@ -1271,3 +1271,47 @@ def test_local_wrappers_are_functions_that_return_their_first_argument_wrapped()
         "def prep(a):\n    a = a[:100]\n    return torch.tensor(a)\n"
         "def doc(a):\n    'Tensor of a.'\n    return torch.tensor(a)\n")
     assert _local_wrappers(tree) == {"to_t", "as_t", "doc"}  # prep slices first
+
+
+def test_a_parameter_passed_by_unpacking_has_no_single_setting(tmp_path):
+    """``Net(**cfg)`` may pass ``drop``: its default is not known to be the value used."""
+    line_of, origin, _ = _settings(tmp_path, """
+        class Net:
+            def __init__(self, drop=0.1):
+                self.d = Dropout(p=drop)  # <use drop>
+
+        cfg = {"drop": 0.9}
+        net = Net(**cfg)
+    """)
+    assert origin("<use drop>", "p") == line_of("<use drop>")
+
+
+def test_an_interval_entry_belongs_to_the_scheduler_beside_it(tmp_path):
+    """Two schedules handed to Lightning: the warm-up stepped per batch, the StepLR per epoch.
+    The StepLR's dict says "epoch": no per-batch entry is its (was: any "step" in the file)."""
+    from model_debugger.provenance import dict_setting
+
+    source = textwrap.dedent("""
+        warm = LambdaLR(opt, lambda s: min(1.0, s / 100))
+        decay = StepLR(opt, step_size=10)
+        schedules = [{"scheduler": warm, "interval": "step"},  # <warm>
+                     {"scheduler": decay, "interval": "epoch"}]
+    """)
+    path = tmp_path / "sched.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    at = {m: next(i for i, t in enumerate(lines, 1) if m in t) for m in ("warm =", "decay =",
+                                                                          "<warm>")}
+    loc = {"file": str(path)}
+    assert dict_setting({**loc, "line": at["decay ="]}, "interval", "step", "scheduler") is None
+    assert dict_setting({**loc, "line": at["warm ="]}, "interval", "step", "scheduler") == \
+        {**loc, "line": at["<warm>"]}
+
+
+def test_fit_call_at_reads_a_fit_not_a_loss_on_a_slice(tmp_path):
+    from model_debugger.provenance import fit_call_at
+
+    path = tmp_path / "t.py"
+    path.write_text("model.fit(X[:24], y[:24])\nloss = F.cross_entropy(out[:-1], y[1:])\n")
+    assert fit_call_at({"file": str(path), "line": 1})
+    assert not fit_call_at({"file": str(path), "line": 2})

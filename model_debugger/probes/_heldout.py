@@ -78,6 +78,10 @@ def prior_loss(tr) -> float | None:
     """
     from .label_alignment import constant_loss
 
+    kwargs = getattr(tr, "loss_kwargs", None) or {}
+    if kwargs.get("reduction", "mean") != "mean" or \
+            any(kwargs.get(k) is not None for k in ("weight", "pos_weight", "label_smoothing")):
+        return None  # the held-out loss is on another scale than a plain mean's
     n = min(tr.n, ROWS)
     _, target = tr.subset(tr.randperm(tr.n, 1)[:n])
     try:

@@ -112,9 +112,12 @@ def undivided_accumulation(ctx: ProbeContext) -> dict | None:
     call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and
                  isinstance(n.func, ast.Attribute) and n.func.attr == "backward" and
                  n.lineno == where["line"]), None) if tree is not None else None
-    if call is None or not isinstance(call.func.value, ast.Name):
+    # ``loss.backward()``, or ``torch.autograd.backward(loss)`` / ``accelerator.backward(loss)``
+    tensor = call.args[0] if call is not None and call.args else \
+        (call.func.value if call is not None else None)
+    if not isinstance(tensor, ast.Name):
         return None  # ((loss / k).backward(): divided on the line itself)
-    name, line = call.func.value.id, where["line"]
+    name, line = tensor.id, where["line"]
     made = [n for n in ast.walk(tree) if getattr(n, "lineno", line) < line and (
         isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
                                           for t in n.targets) or

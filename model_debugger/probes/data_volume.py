@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from ..provenance import ROWS, batches_origin, data_origin, enclosing_loop, selects_rows
-from ..thresholds import ACC_GAP, FLOOR_SHARE, VAL_RISE
+from ..provenance import ROWS, batches_origin, data_origin, fit_call_at, selects_rows
+from ..thresholds import ACC_GAP, FEW_STEPS, FLOOR_SHARE, VAL_RISE
 from . import _numpy_stats as st
 from ._passes import cut_passes
 from .base import Probe, ProbeContext, register
@@ -42,6 +42,7 @@ MIN_REPEATS = 2    # ... at least this many within a third of the budget left
 CURVE_STEPS = 150
 CURVE_PART = 3     # the smaller copies train on a third of the rows
 STEEP = 0.85          # ... all rows' held-out loss below this share of a third's
+MIN_ALLOWANCE = 2.0   # seconds of budget the curve needs at least
 
 
 @register
@@ -73,12 +74,14 @@ class DataVolume(Probe):
         steps (the capture's ``rows_repeat``): the same batch fed at every step.
 
         Samples per epoch come from the record's ``targets`` event and the epochs observed; the
-        parameter count from its ``model`` event. Otherwise (and for a stuck loss, first), a
-        small training set is tested with a learning curve (:func:`_learning_curve`).
+        parameter count from its ``model`` event (not for a stuck loss). Otherwise a small
+        training set is tested with a learning curve (:func:`_learning_curve`).
         """
         primary = ctx.classification.primary if ctx.classification is not None else None
         healthy = primary == "healthy"
-        repeated = _repeated_rows(ctx, paired=healthy)
+        # (inputs that repeat with other targets, a few categorical features, are other
+        # examples: paired, unless the run overfits)
+        repeated = _repeated_rows(ctx, paired=primary != "overfitting")
         if healthy:
             return [repeated] if repeated is not None and _memorised(ctx.signals) else []
         if repeated is not None:
@@ -163,23 +166,29 @@ def _learning_curve(ctx: ProbeContext):
     their best held-out losses, pooled, must fall below :data:`STEEP` from a third to all.
     """
     tr, sig = ctx.trainer, ctx.signals or {}
-    if tr is None or tr.n < 2 * CURVE_FOLDS:
+    # a loss settled high over the few steps that few rows make (a loss held up over many
+    # steps is not what fewer rows do: they make the training loss lower), or a gap
+    settled = sig.get("loss_floor_share", 0.0) >= FLOOR_SHARE and \
+        0 < len(ctx.run.steps) < FEW_STEPS
+    gap = sig.get("val_loss_rise", 0) >= VAL_RISE or sig.get("acc_gap", 0) >= ACC_GAP
+    if tr is None or tr.n < 2 * CURVE_FOLDS or not (settled or gap):
         return None
     distinct = _distinct_index(tr)  # (the kept batches repeat each row once per epoch)
     if distinct is None or not 2 * CURVE_FOLDS <= len(distinct) <= FEW_ROWS:
         return None
     targets = ctx.run.of("targets")
     epochs = ctx.run.epochs if ctx.run.steps else 0
+    per_row = int(np.prod(tr.targets.shape[1:])) if getattr(tr, "targets", None) is not None \
+        and tr.targets.ndim > 1 else 1  # (the event counts target values)
     came_round = len(distinct) < tr.n  # the kept batches repeat rows: that is all the data
-    if not came_round and targets and targets[-1].get("n", 0) // max(epochs, 1) > FEW_ROWS:
+    if not came_round and targets and \
+            targets[-1].get("n", 0) // max(epochs, 1) // per_row > FEW_ROWS:
         return None  # a sample of a larger training set
-    settled = sig.get("loss_floor_share", 0.0) >= FLOOR_SHARE
-    gap = sig.get("val_loss_rise", 0) >= VAL_RISE or sig.get("acc_gap", 0) >= ACC_GAP
-    if not (settled or gap):
-        return None
     n = len(distinct)
     folds = np.array_split(np.arange(n), CURVE_FOLDS)
     allowance = ctx.time_left() / 3  # the curve never takes the budget of the probes after it
+    if allowance < MIN_ALLOWANCE:
+        return None
     fits = 2 * CURVE_FOLDS * CURVE_REPEATS
     steps = tr.steps_within(CURVE_STEPS, floor=40, seconds=min(1.0, allowance / fits))
     pooled = {"all": 0.0, "part": 0.0}
@@ -225,17 +234,25 @@ def _learning_curve(ctx: ProbeContext):
 
 
 def _distinct_index(tr) -> np.ndarray | None:
-    """Positions of the first copy of each distinct kept row (inputs with their target)."""
+    """Positions of the first copy of each distinct kept row (inputs with their target).
+
+    Read one row at a time (a sample of images as one float64 array would be gigabytes), and
+    given up past ``FEW_ROWS`` distinct rows: None then, as when the rows cannot be read.
+    """
+    seen: dict[bytes, int] = {}
     try:
-        inputs, target = tr.subset(np.arange(tr.n))
-        parts = [np.asarray(x.detach().cpu().float().numpy() if hasattr(x, "detach") else x)
-                 for x in (*inputs, target)]
-        flat = [np.asarray(a, dtype=np.float64).reshape(tr.n, -1) + 0.0 for a in parts]
+        for i in range(tr.n):
+            inputs, target = tr.subset(np.arange(i, i + 1))
+            key = b"".join((np.asarray(x.detach().cpu().float().numpy() if hasattr(x, "detach")
+                                       else x, dtype=np.float64) + 0.0).tobytes()
+                           for x in (*inputs, target))
+            if key not in seen:
+                seen[key] = i
+                if len(seen) > FEW_ROWS:
+                    return None
     except (TypeError, ValueError, AttributeError, RuntimeError):
         return None
-    rows = np.concatenate(flat, axis=1)
-    _, first = np.unique(rows, axis=0, return_index=True)
-    return np.sort(first)
+    return np.array(sorted(seen.values()), dtype=np.int64)
 
 
 def _rows_location(ctx: ProbeContext) -> tuple[dict | None, bool]:
@@ -246,9 +263,9 @@ def _rows_location(ctx: ProbeContext) -> tuple[dict | None, bool]:
     what it is and the model's capacity is what to change: the model's line.
     """
     origin = data_origin(st.data_location(ctx), ROWS)
-    # (the use line itself, ``fit(X[:24], y[:24])``, when no loop makes its slice a batch)
+    # (the use line itself when it is a ``fit(X[:24], y[:24])``; a loss on ``out[:-1]`` is not)
     if origin and selects_rows(origin) and (origin.get("used_at") is not None or
-                                            enclosing_loop(origin) is None):
+                                            fit_call_at(origin)):
         return origin, True
     return ctx.ref("model"), False
 

@@ -77,7 +77,7 @@ class DataloaderThroughput(Probe):
                                                      range(min(len(dataset), 4))]) or \
                 _func_loc(getitem)
         where = where or _func_loc(dataset) or definition_location(dataset) or \
-            _pipeline_map(ctx) or ctx.ref("loss_fn")
+            (_pipeline_map(ctx) if ctx.framework == "keras" else None) or ctx.ref("loss_fn")
         workers = getattr(loader, "num_workers", getattr(loader, "workers", 0))
         return [self.finding(
             "data", True,

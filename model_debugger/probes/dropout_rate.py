@@ -18,7 +18,7 @@ HIGH = 0.7      # a drop rate at or above this is suspect (0.5 is a common, heal
 # ``"dropout": 0.8``)
 _RATE = re.compile(r"""(?:Dropout\w*\(\s*(?:(?:p|rate)\s*=\s*)?|\b\w*dropout\w*["']?\s*[=:]\s*|"""
                    r"""\bdropout\([^)]*?\b(?:p|rate)\s*=\s*)"""
-                   r"0?\.[5-9]", re.IGNORECASE)
+                   r"0?\.[7-9]", re.IGNORECASE)  # (at HIGH or above)
 _ANY = re.compile(r"Dropout\w*\(")
 
 

@@ -140,9 +140,11 @@ class GradientFlow(Probe):
             strength=0.4, in_weights=in_weights, **common)
 
 
+# an activation chosen for layers (a name, a module), not a functional call in a forward or
+# a metric (``torch.sigmoid(logits) > 0.5``), which may be the output's or an evaluation's
 _SATURATING = re.compile(
     r"""["'](?:sigmoid|tanh|softsign|hard_sigmoid)["']|nn\.(?:Sigmoid|Tanh|Softsign|Hardsigmoid)"""
-    r"""\(|\b(?:torch|F|tf\.nn|tf\.math)\.(?:sigmoid|tanh)\(""")
+    r"""\(""")
 
 
 def _saturating_location(ctx: ProbeContext) -> dict | None:

@@ -141,7 +141,7 @@ def _per_batch(ctx: ProbeContext) -> dict | None:
         return None
     # a loop of the user's, or a trainer told to (Lightning's ``"interval": "step"``)
     where = sibling_step(ctx.ref("step")) or dict_setting(ctx.ref("scheduler"), "interval",
-                                                          "step")
+                                                          "step", beside="scheduler")
     steps, epochs = len(ctx.run.steps), ctx.run.epochs
     rates = rate_per_step(ctx.run.of("lr"), steps)
     if where is None or not 2 <= epochs < steps or not np.isfinite(rates[:epochs]).all():
