@@ -38,7 +38,7 @@ GAP_RATIO = 3.0       # a validation loss this many times the training loss at t
 FEW_ROWS = 100        # a training set this small is tested with a learning curve ...
 CURVE_FOLDS = 4
 CURVE_REPEATS = 3  # fold draws pooled (a few rows per fold: one draw is noisy) ...
-MIN_REPEATS = 2    # ... at least this many within a third of the budget left
+MIN_REPEATS = 2    # ... at least this many within half the budget left
 CURVE_STEPS = 150
 CURVE_PART = 3     # the smaller copies train on a third of the rows
 STEEP = 0.85          # ... all rows' held-out loss below this share of a third's
@@ -186,7 +186,7 @@ def _learning_curve(ctx: ProbeContext):
         return None  # a sample of a larger training set
     n = len(distinct)
     folds = np.array_split(np.arange(n), CURVE_FOLDS)
-    allowance = ctx.time_left() / 3  # the curve never takes the budget of the probes after it
+    allowance = ctx.time_left() / 2  # the curve never takes all the budget of the probes after it
     if allowance < MIN_ALLOWANCE:
         return None
     fits = 2 * CURVE_FOLDS * CURVE_REPEATS
