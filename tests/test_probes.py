@@ -2410,10 +2410,12 @@ def test_a_known_loss_on_one_class_batches_is_not_read_as_unpaired(tmp_path):
 def test_the_kept_sample_spreads_over_the_first_epoch_in_its_order():
     """150 batches of a training set sorted by class (four classes, 38 batches each): the first
     32 batches were all class 0, so every probe saw one class. Past the first 8 the sample is
-    thinned as it fills: it covers the whole epoch, in the order fed, within its bounds."""
+    thinned as it fills: it covers the whole epoch, in the order fed, within its bounds. A hand
+    loop (no loader: its epochs unseen) keeps its first batches, not the next epoch's copies."""
     from model_debugger.capture.keeper import MAX_BATCHES, Keeper
 
     keeper = Keeper()
+    keeper.train_loader = object()  # a DataLoader feeds it: its epochs are seen
     for i in range(150):
         keeper.on_loss("cross_entropy", torch.randn(32, 4), torch.full((32,), i // 38), (), {},
                        ((torch.randn(32, 3),), {}), True, 0)
@@ -2421,6 +2423,11 @@ def test_the_kept_sample_spreads_over_the_first_epoch_in_its_order():
     assert len(classes) <= MAX_BATCHES and set(classes) == {0, 1, 2, 3}
     assert classes == sorted(classes)  # the order it was fed in
     assert classes[:8] == [0] * 8  # the first batches stay
+    by_hand = Keeper()
+    for i in range(150):
+        by_hand.on_loss("cross_entropy", torch.randn(32, 4), torch.full((32,), i // 38), (), {},
+                        ((torch.randn(32, 3),), {}), True, 0)
+    assert {int(b[1][0]) for b in by_hand.train_batches} == {0}
 
 
 def train_sorted_by_class_no_shuffle():

@@ -245,15 +245,17 @@ class Keeper(SpilledState):
 
         The first :data:`HEAD` always (while there is room); after them, one in ``stride``.
         A full sample drops every other batch past the head and doubles the stride, over at
-        most ``MAX_BATCHES * SPREAD`` batches; a head that fills it alone keeps it as it is.
+        most ``MAX_BATCHES * SPREAD`` batches, when a ``DataLoader`` feeds training (its epochs
+        are seen); a head that fills it alone keeps it as it is.
         """
         if at >= MAX_BATCHES * SPREAD or at >= HEAD and (at - HEAD) % self._stride[split]:
             return False
         batches = self.train_batches if split == "train" else self.val_batches
         if self._samples[split] < MAX_SAMPLES and len(batches) < MAX_BATCHES:
             return True
-        if at < HEAD:
-            return False
+        if at < HEAD or self.train_loader is None:
+            return False  # (no loader: a hand loop's epochs are not seen, a spread would
+            # take the next epoch's copies of the same rows)
         stride = 2 * self._stride[split]
         keep = [i for i, k in enumerate(self._kept_at[split]) if k < HEAD or
                 (k - HEAD) % stride == 0]

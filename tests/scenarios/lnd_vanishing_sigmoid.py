@@ -7,7 +7,7 @@ expect-category: loss_not_decreasing
 expect-secondary: gradient_instability
 expect-root-cause: architecture
 expect-check: gradient_flow
-expect-line: model = nn.Sequential(*layers
+expect-line: layers += [nn.Linear(32, 32), nn.Sigmoid()]|layers = [nn.Linear(16, 32), nn.Sigmoid()]
 fault: architecture (deep sigmoid stack, default init)
 """
 import torch
