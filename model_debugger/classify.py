@@ -41,6 +41,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     RSS_GROWTH_MB,
     RSS_R2,
     RSS_STILL_GROWING,
+    SETTLED_FLOOR,
     SLOW_TOTAL_S,
     SPIKE_RATIO,
     START_RATIO,
@@ -601,8 +602,10 @@ def plateau(sig: dict):
     Also for a short run (fewer than ``FEW_STEPS`` optimizer steps) whatever the shape of its
     curve: it may have stopped before it learned (``training_length`` tests that).
 
-    A loss can settle at 40-95% of the constant predictor's because the task is hard (noisy
-    labels) or because something holds it up (frozen layers, heavy dropout, a rate far too low).
+    A loss can settle at 15-95% of the constant predictor's (40% for a short run) because the
+    task is hard (noisy labels) or because something holds it up (frozen layers, heavy dropout,
+    a rate far too low, hidden layers without activation, a weight decay pulling the weights to
+    zero): a model that learned part of the task and stopped there looks healthy otherwise.
     Where most weights never updated, or the learning rate sat below 1% of its peak for at
     least half the run (a schedule that all but stopped training), a loss settled anywhere
     above 5% of it is suspect too.
@@ -613,7 +616,7 @@ def plateau(sig: dict):
     short = MIN_STEPS <= sig.get("steps", 0) < FEW_STEPS  # may have stopped before it learned
     held = sig.get("untrained_share", 0.0) >= UNTRAINED_SHARE  # most weights never updated
     stalled = sig.get("lr_collapsed_share", 0.0) >= LR_STALLED  # or most steps updated ~nothing
-    floor = HELD_FLOOR if held or stalled else FLOOR_SHARE
+    floor = HELD_FLOOR if held or stalled else FLOOR_SHARE if short else SETTLED_FLOOR
     if share is None or not floor <= share < BASELINE_MARGIN or "first_nonfinite_step" in sig \
             or not (short or held) and (sig.get("loss_points", 0) < 4 * MIN_STEPS or
                                         sig.get("loss_tail_drop", 0.0) >= TAIL_DROP):

@@ -222,7 +222,67 @@ def test_frozen_and_dropout_probes_quiet_on_a_keras_model_that_trains_everything
 
     ctx = _keras_layers_case(tk, False, 0.1)
     assert ctx.trainer.frozen_share() == 0.0
-    assert run_probes(ctx, ["frozen_parameters", "dropout_rate"]).findings == ()
+    assert run_probes(ctx, ["frozen_parameters", "dropout_rate", "linear_stack"]).findings == ()
+
+
+def _linear_stack_case(keras, build=None):
+    """``build()``'s model (else a Sequential built here) trained on XOR of two signs, and its Isolate context."""
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((1024, 2)).astype("float32")
+    y = (X[:, 0] * X[:, 1] > 0).astype("int64")
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        if build is None:
+            flat = keras.Sequential([keras.Input((2,)), keras.layers.Dense(32),  # <keras-linear-seq>
+                                     keras.layers.Dropout(0.05), keras.layers.Dense(32),
+                                     keras.layers.Dense(2)])
+        else:
+            flat = build()
+        flat.compile(optimizer=keras.optimizers.Adam(1e-2),
+                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        flat.fit(X, y, batch_size=64, epochs=4, verbose=0)
+    source = {HERE: open(HERE, encoding="utf-8").read()}
+    return build_context(Run(rec.events), rec.keeper, source, budget=60.0)
+
+
+def _confirmed_linear_stack(ctx, tag):
+    from model_debugger.probes import run_probes
+
+    [f] = run_probes(ctx, ["linear_stack"]).findings
+    assert (f.check, f.root_cause, f.confirmed) == ("linear_stack", "architecture", True), f
+    assert f.location == {"file": HERE, "line": line_of(tag)}, (f.evidence, ctx.ref("model"))
+    assert f.evidence["heldout_with_activations"] < 0.8 * f.evidence["heldout_as_built"]
+
+
+def test_keras_sequential_dense_layers_without_activation_are_a_linear_stack(tk):
+    """Hidden Dense layers with no activation (a Dropout between two) make the model linear:
+    read from the model's graph and confirmed on a clone with ReLUs; located at the first."""
+    keras = tk
+    ctx = _linear_stack_case(keras, None)
+    pairs = ctx.trainer.linear_chains()
+    assert len(pairs) == 2 and pairs[0][1] == pairs[1][0]  # Dense -> Dense -> Dense
+    _confirmed_linear_stack(ctx, "keras-linear-seq")
+
+
+def test_keras_functional_dense_layers_without_activation_are_a_linear_stack(tk):
+    """The same in a functional model: a linear ``Activation`` layer between two Dense layers
+    keeps the chain (a ReLU layer would end it)."""
+    keras = tk
+
+    def functional():
+        inp = keras.Input((2,))
+        h = keras.layers.Dense(32, name="first")(inp)  # <keras-linear-fn>
+        h = keras.layers.Activation("linear")(h)
+        h = keras.layers.Dense(32, name="second")(h)
+        return keras.Model(inp, keras.layers.Dense(2, name="head")(h))
+
+    ctx = _linear_stack_case(keras, functional)
+    assert ctx.trainer.linear_chains() == [("first", "second"), ("second", "head")]
+    _confirmed_linear_stack(ctx, "keras-linear-fn")
 
 
 def _keras_settings_case(keras, init: str, clipnorm: float | None):

@@ -536,6 +536,21 @@ def train_heavy_dropout():
             opt.step()
 
 
+def train_linear_stack():
+    torch.manual_seed(9)
+    X = torch.randn(1024, 2)
+    y = (X[:, 0] * X[:, 1] > 0).long()  # XOR of the signs: no linear model separates it
+    stack_net = nn.Sequential(nn.Linear(2, 64),  # <linear-stack>
+                              nn.Dropout(0.05), nn.Linear(64, 64), nn.Linear(64, 2))
+    opt = torch.optim.Adam(stack_net.parameters(), lr=1e-2)
+    for _epoch in range(6):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            loss = F.cross_entropy(stack_net(X[i:i + 64]), y[i:i + 64])
+            loss.backward()
+            opt.step()
+
+
 def train_nll_on_logits():
     torch.manual_seed(10)
     X = torch.randn(512, 8)
@@ -1172,9 +1187,44 @@ def test_dropout_rate_confirmed_by_training_a_copy_without_it(tmp_path):
     assert ev["heldout_without"] < 0.8 * ev["heldout_with"]
 
 
+def test_a_linear_stack_is_confirmed_by_a_copy_with_activations(tmp_path):
+    """Three nn.Linear in a row (a dropout between two of them) are one linear map: a copy
+    with a ReLU after the first two learns XOR clearly better. Located at the first one."""
+    ctx = captured(tmp_path, train_linear_stack)
+    assert ctx.trainer.linear_chains() == [("0", "2"), ("2", "3")]
+    f = confirmed_one(ctx, "linear_stack", "architecture")
+    assert_at(f, "linear-stack")
+    ev = f.evidence
+    assert ev["layers"] == ["0", "2"]
+    assert ev["heldout_with_activations"] < 0.8 * ev["heldout_as_built"]
+
+
+def test_activations_written_as_functions_break_a_linear_chain():
+    """A chain is read from the tensors handed on, so an F.relu between two layers (no module
+    to see) breaks it, and a batch norm or an identity does not."""
+    from model_debugger.trainers.torch import TorchTrainer
+
+    class Functional(nn.Module):
+        def __init__(self, act):
+            super().__init__()
+            self.a, self.norm, self.b = nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)
+            self.act = act
+
+        def forward(self, x):
+            return self.b(self.act(self.norm(self.a(x))))
+
+    batches = [((torch.randn(8, 4),), torch.zeros(8, dtype=torch.long))]
+    for act, pairs in ((F.relu, []), (nn.Identity(), [("a", "b")])):
+        model = Functional(act)
+        tr = TorchTrainer(model, None, {"cls": torch.optim.SGD, "hyper": {"lr": 0.1}},
+                          {"name": "cross_entropy"}, batches)
+        assert tr.linear_chains() == pairs
+
+
 def test_frozen_and_dropout_probes_quiet_on_a_model_that_trains_everything(healthy):
     assert probe(healthy, "frozen_parameters") == []
     assert probe(healthy, "dropout_rate") == []
+    assert probe(healthy, "linear_stack") == []  # (a ReLU after each hidden layer)
 
 
 def test_initialization_far_from_the_default_is_confirmed_by_a_default_initialised_copy(

@@ -728,6 +728,8 @@ def test_flat_loss_far_below_the_constant_predictor_is_converged_not_stuck():
     base, _ = constant_predictor({"loss": "cross_entropy", "counts": MAJORITY_COUNTS})
     sig, cls = quiet(C.not_decreasing, _acc_run(0.95, loss=np.full(100, 0.3 * base)))
     assert sig["loss_relative_drop"] < C.PLATEAU_DROP
+    assert cls.primary == "healthy" or C.tentative(cls)  # (settled: for experiments to decide)
+    sig, cls = quiet(C.not_decreasing, _acc_run(0.95, loss=np.full(100, 0.1 * base)))
     assert cls.primary == "healthy"
 
 
@@ -889,7 +891,7 @@ def _held(share: float, updated: float, tail_fall: float = 0.0) -> Run:
 def test_a_loss_held_up_by_weights_that_never_train_is_a_tentative_plateau():
     """Most parameters never updated (frozen, left out of the optimizer): a loss well below the
     usual floor is suspect too, and so is one still falling, for an experiment to decide."""
-    low = 0.5 * C.FLOOR_SHARE
+    low = 0.5 * C.SETTLED_FLOOR
     assert C.HELD_FLOOR < low
     for tail in (0.0, 1.5 * C.TAIL_DROP):
         sig, cls = fires(C.plateau, _held(low, 0.1, tail), "loss_not_decreasing",
@@ -926,7 +928,7 @@ def test_a_warm_up_from_near_zero_is_no_collapsed_rate():
 def test_a_loss_settled_while_the_rate_had_collapsed_is_a_tentative_plateau():
     """A schedule that all but stopped training (ExponentialLR(gamma=0.2)): a loss well below the
     usual floor is suspect, for lr_schedule's experiment to decide; a settled loss is needed."""
-    low = 0.5 * C.FLOOR_SHARE
+    low = 0.5 * C.SETTLED_FLOOR
     sig, cls = fires(C.plateau, _stalled(low, 0.9), "loss_not_decreasing",
                      {"loss_floor_share", "lr_collapsed_share"})
     assert sig["lr_collapsed_share"] >= C.LR_STALLED and C.tentative(cls)
@@ -936,8 +938,21 @@ def test_a_loss_settled_while_the_rate_had_collapsed_is_a_tentative_plateau():
 
 
 def test_plateau_quiet_below_the_floor_share():
-    sig, cls = quiet(C.plateau, _settled(0.5 * C.FLOOR_SHARE))
+    sig, cls = quiet(C.plateau, _settled(0.5 * C.SETTLED_FLOOR))
     assert cls.primary == HEALTHY and not C.tentative(cls)
+
+
+def test_a_long_run_settled_below_the_usual_floor_is_a_tentative_plateau():
+    """Hidden layers without activation, or a weight decay pulling the weights to zero, leave
+    a loss settled at 25-40% of the constant predictor's (the linear model's optimum on two
+    moons): it looked healthy. A settled long run down to SETTLED_FLOOR is suspect, for the
+    experiments to decide; one still falling fast is not, nor a short run that got there."""
+    share = 0.5 * (C.SETTLED_FLOOR + C.FLOOR_SHARE)
+    sig, cls = fires(C.plateau, _settled(share), "loss_not_decreasing",
+                     {"loss_floor_share", "loss_tail_drop"})
+    assert C.SETTLED_FLOOR <= sig["loss_floor_share"] < C.FLOOR_SHARE and C.tentative(cls)
+    quiet(C.plateau, _settled(share, tail_fall=1.5 * C.TAIL_DROP))
+    quiet(C.plateau, _settled(share, n=C.FEW_STEPS // 4))
 
 
 def test_a_plateau_with_the_strong_rule_is_not_tentative():

@@ -335,6 +335,59 @@ class KerasTrainer(SampleTrainer):
                 layer.rate = 0.0
         return model
 
+    def linear_chains(self) -> list[tuple[str, str]]:
+        """Pairs ``(a, b)`` of ``Dense`` layers without activation where ``b`` is fed ``a``'s output.
+
+        With nothing between them but dropout, a flatten, a batch norm or a linear
+        ``Activation``: two affine maps in a row are one, so ``a`` adds no capacity. Read from
+        the graph of a Sequential or functional model (each layer's input and the layer that
+        made it); a subclassed model has no graph to read: none.
+        """
+        import keras
+
+        passing = (keras.layers.Dropout, keras.layers.Flatten, keras.layers.BatchNormalization)
+        pairs = []
+        for layer in _leaves(self.model):
+            if not isinstance(layer, keras.layers.Dense):
+                continue
+            try:
+                tensor = layer.input
+            except (AttributeError, ValueError, RuntimeError):
+                continue  # no symbolic input (a subclassed model, a layer used twice)
+            while True:
+                made = getattr(getattr(tensor, "_keras_history", None), "operation", None)
+                if isinstance(made, passing) or (isinstance(made, keras.layers.Activation)
+                                                 and _linear(made.activation)):
+                    try:
+                        tensor = made.input
+                    except (AttributeError, ValueError, RuntimeError):
+                        made = None
+                    else:
+                        continue
+                break
+            if isinstance(made, keras.layers.Dense) and _linear(made.activation):
+                pairs.append((made.name, layer.name))
+        return pairs
+
+    def linear_layers(self) -> list[str]:
+        """The names of the model's ``Dense`` layers, in the order they were defined."""
+        import keras
+
+        return [layer.name for layer in _leaves(self.model)
+                if isinstance(layer, keras.layers.Dense)]
+
+    @staticmethod
+    def with_activations(names):
+        """``change(model)``: a ReLU on the output of each ``Dense`` layer named in ``names``."""
+        def change(model):
+            import keras
+
+            for layer in _leaves(model):
+                if layer.name in names:
+                    layer.activation = keras.activations.relu
+            return model
+        return change
+
     def param_bytes(self) -> int:
         """Bytes of the model's weights."""
         return int(sum(np.prod(w.shape) * np.dtype(w.dtype).itemsize
@@ -393,6 +446,11 @@ def _default_value(var, seed: int = 0) -> np.ndarray | None:
     else:
         return None
     return np.asarray(init(shape), dtype="float32")
+
+
+def _linear(activation) -> bool:
+    """Whether a Keras activation is the identity (``None``, ``"linear"``)."""
+    return activation is None or getattr(activation, "__name__", "") == "linear"
 
 
 def _leaves(model) -> list:

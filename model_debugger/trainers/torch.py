@@ -287,6 +287,59 @@ class TorchTrainer(SampleTrainer):
                 m.p = 0.0
         return model
 
+    def linear_chains(self) -> list[tuple[str, str]]:
+        """Pairs ``(a, b)`` of ``nn.Linear`` modules where ``b`` is fed ``a``'s output.
+
+        With nothing between them but dropout, an identity, a flatten or a batch norm: two
+        affine maps in a row are one affine map, so ``a`` adds no capacity. Traced on one
+        forward pass of a fresh copy by the tensors each module got and gave (every tensor is
+        kept alive during the pass, so an id names one tensor); an activation, written as a
+        module or a function, makes a new tensor and breaks the chain.
+        """
+        passing = (torch.nn.modules.dropout._DropoutNd, torch.nn.Identity, torch.nn.Flatten,
+                   torch.nn.modules.batchnorm._BatchNorm)
+        model = self.fresh_model()
+        made: dict[int, str] = {}
+        alive: list = []
+        pairs: list[tuple[str, str]] = []
+
+        def hook(module, inp, out, name):
+            if not inp or not isinstance(inp[0], torch.Tensor) or \
+                    not isinstance(out, torch.Tensor):
+                return
+            alive.extend((inp[0], out))
+            source = made.get(id(inp[0]))
+            if isinstance(module, torch.nn.Linear):
+                if source is not None:
+                    pairs.append((source, name))
+                made[id(out)] = name
+            elif isinstance(module, passing) and source is not None:
+                made[id(out)] = source
+
+        handles = [m.register_forward_hook(lambda m, i, o, name=name: hook(m, i, o, name))
+                   for name, m in model.named_modules() if name and not list(m.children())]
+        try:
+            with torch.no_grad():
+                self.forward(model, tuple(x[:4] for x in self.inputs))
+        finally:
+            for h in handles:
+                h.remove()
+        return pairs
+
+    def linear_layers(self) -> list[str]:
+        """The names of the model's ``nn.Linear`` modules, in the order they were defined."""
+        return [name for name, m in self.model.named_modules() if isinstance(m, torch.nn.Linear)]
+
+    @staticmethod
+    def with_activations(names):
+        """``change(model)``: a ReLU on the output of each ``nn.Linear`` named in ``names``."""
+        def change(model):
+            for name, m in model.named_modules():
+                if name in names:
+                    m.register_forward_hook(lambda _m, _i, out: torch.relu(out))
+            return model
+        return change
+
     def sweep(self, lr_min: float, lr_max: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """A geometric learning-rate sweep from the initial weights: rates and smoothed losses.
 
