@@ -551,6 +551,30 @@ def train_linear_stack():
             opt.step()
 
 
+class LinearForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(2, 64)
+        self.fc2 = nn.Linear(64, 2)
+
+    def forward(self, x):
+        h = self.fc1(x)  # <linear-forward>
+        return self.fc2(h)
+
+
+def train_linear_forward():
+    torch.manual_seed(9)
+    X = torch.randn(1024, 2)
+    y = (X[:, 0] * X[:, 1] > 0).long()
+    forward_net = LinearForward()
+    opt = torch.optim.Adam(forward_net.parameters(), lr=1e-2)
+    for _epoch in range(6):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            F.cross_entropy(forward_net(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+
+
 def train_nll_on_logits():
     torch.manual_seed(10)
     X = torch.randn(512, 8)
@@ -1197,6 +1221,14 @@ def test_a_linear_stack_is_confirmed_by_a_copy_with_activations(tmp_path):
     ev = f.evidence
     assert ev["layers"] == ["0", "2"]
     assert ev["heldout_with_activations"] < 0.8 * ev["heldout_as_built"]
+
+
+def test_a_linear_stack_in_a_modules_forward_is_located_where_forward_calls_the_layer(tmp_path):
+    """``h = self.fc1(x)`` with no activation around it: the fix goes in ``forward``, not on the
+    ``self.fc1 = nn.Linear(...)`` line."""
+    ctx = captured(tmp_path, train_linear_forward)
+    f = confirmed_one(ctx, "linear_stack", "architecture")
+    assert_at(f, "linear-forward")
 
 
 def test_activations_written_as_functions_break_a_linear_chain():

@@ -354,6 +354,26 @@ def _dead_relu_init(p: Program) -> list[Edit]:
     return [dataclasses.replace(edits[0], change=True)] + edits[1:]
 
 
+_HIDDEN_ACTS = {"relu", "tanh", "gelu", "elu", "selu", "leaky_relu", "silu", "swish"}
+
+
+@operator("activation_removed", "model", "loss_not_decreasing", "architecture",
+          "every hidden activation removed: the stacked layers are one linear model")
+def _activation_removed(p: Program) -> list[Edit]:
+    if p.is_torch:
+        modules = [c for c in p.calls({"ReLU", "Tanh", "GELU", "ELU", "SiLU", "LeakyReLU"})
+                   if isinstance(c.func, ast.Attribute)]
+        functions = [c for c in p.calls({"relu", "tanh", "gelu", "elu", "silu", "leaky_relu"})
+                     if c.args and isinstance(c.func, ast.Attribute)]
+        edits = [replace(p, c, f"{dotted(c.func.value)}.Identity()") for c in modules]
+        edits += [replace(p, c, p.text(c.args[0])) for c in functions]
+    else:
+        layers = [d for d in p.dense_layers() if dense_activation(d) in _HIDDEN_ACTS]
+        edits = [set_kwarg(p, d, "activation", "None") for d in layers]
+    edits = sorted(need(edits, "no hidden activation"), key=lambda e: e.start)
+    return [dataclasses.replace(edits[0], change=True)] + edits[1:]
+
+
 def _torch_param_loop(p: Program, body: str, with_no_grad: bool = True) -> list[Edit]:
     model = p.model_name()
     if with_no_grad:

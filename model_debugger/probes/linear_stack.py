@@ -57,9 +57,10 @@ class LinearStack(SettingExperiment):
 
 
 def _where(ctx: ProbeContext, first: str) -> dict | None:
-    """The line that built layer ``first``, else the model's line.
+    """The line where layer ``first`` needs its activation, else the model's line.
 
-    The layer call given ``name="<first>"`` (Keras); else the layer calls (``Dense(``,
+    The layer call given ``name="<first>"`` (Keras); the one call ``self.<first>(...)`` in a
+    ``forward`` (PyTorch: the activation goes around it); else the layer calls (``Dense(``,
     ``nn.Linear(``) in source order where the model was built (its class, the statement that
     made it, or the function of this file that statement calls), then in its whole file,
     matched to the model's layers in definition order when both count the same; else
@@ -80,6 +81,15 @@ def _where(ctx: ProbeContext, first: str) -> dict | None:
         if any(k.arg == "name" and isinstance(k.value, ast.Constant) and k.value.value == first
                for k in call.keywords):
             return {**model, "line": call.lineno}
+    if tr.framework == "torch" and "." not in first:  # self.fc1 = nn.Linear(...): the
+        # activation goes where forward() calls it
+        forwards = [f for f in ast.walk(tree)
+                    if isinstance(f, ast.FunctionDef) and f.name == "forward"]
+        called = [c.lineno for f in forwards for c in ast.walk(f) if isinstance(c, ast.Call)
+                  and isinstance(c.func, ast.Attribute) and c.func.attr == first
+                  and isinstance(c.func.value, ast.Name) and c.func.value.id == "self"]
+        if len(called) == 1:
+            return {**model, "line": called[0]}
     names = tr.linear_layers()
     made = [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.stmt))
             and n.lineno == model.get("line")][:1]
