@@ -42,6 +42,7 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     RSS_R2,
     RSS_STILL_GROWING,
     SETTLED_FLOOR,
+    SETTLED_TAIL,
     SLOW_TOTAL_S,
     SPIKE_RATIO,
     START_RATIO,
@@ -602,8 +603,8 @@ def plateau(sig: dict):
     Also for a short run (fewer than ``FEW_STEPS`` optimizer steps) whatever the shape of its
     curve: it may have stopped before it learned (``training_length`` tests that).
 
-    A loss can settle at 15-95% of the constant predictor's (40% for a short run) because the
-    task is hard (noisy labels) or because something holds it up (frozen layers, heavy dropout,
+    A loss can settle at 40-95% of the constant predictor's (15% when a long run's second half
+    fell < 10%: flat) because the task is hard (noisy labels) or because something holds it up (frozen layers, heavy dropout,
     a rate far too low, hidden layers without activation, a weight decay pulling the weights to
     zero): a model that learned part of the task and stopped there looks healthy otherwise.
     Where most weights never updated, or the learning rate sat below 1% of its peak for at
@@ -616,7 +617,8 @@ def plateau(sig: dict):
     short = MIN_STEPS <= sig.get("steps", 0) < FEW_STEPS  # may have stopped before it learned
     held = sig.get("untrained_share", 0.0) >= UNTRAINED_SHARE  # most weights never updated
     stalled = sig.get("lr_collapsed_share", 0.0) >= LR_STALLED  # or most steps updated ~nothing
-    floor = HELD_FLOOR if held or stalled else FLOOR_SHARE if short else SETTLED_FLOOR
+    flat = not short and sig.get("loss_tail_drop", 1.0) < SETTLED_TAIL
+    floor = HELD_FLOOR if held or stalled else SETTLED_FLOOR if flat else FLOOR_SHARE
     if share is None or not floor <= share < BASELINE_MARGIN or "first_nonfinite_step" in sig \
             or not (short or held) and (sig.get("loss_points", 0) < 4 * MIN_STEPS or
                                         sig.get("loss_tail_drop", 0.0) >= TAIL_DROP):

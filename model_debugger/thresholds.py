@@ -14,7 +14,8 @@ WINDOW_ROWS = 32             # rows behind one loss reading at least (else readi
 PLATEAU_DROP = 0.05          # less than 5% loss decrease over the run is a plateau
 BASELINE_MARGIN = 0.95       # final loss above 95% of the constant predictor's loss
 FLOOR_SHARE = 0.4            # a plateau at >= 40% of it: suspect, to be shown by experiment
-SETTLED_FLOOR = 0.15         # a long run settled (not still falling) at >= 15%: suspect too
+SETTLED_FLOOR = 0.15         # a long run settled at >= 15%: suspect too, when ...
+SETTLED_TAIL = 0.1           # ... its second half fell < 10% (flat, not slowly learning)
 TAIL_DROP = 0.3              # ... unless still learning fast: the second half fell >= 30%
 UNREACHABLE_SHARE = 0.05     # targets an output floored at 0 cannot reach: a wrong solution
 UNTRAINED_SHARE = 0.5        # most of the model never updated (frozen, not in the optimizer) ...

@@ -1231,9 +1231,35 @@ def test_a_linear_stack_in_a_modules_forward_is_located_where_forward_calls_the_
     assert_at(f, "linear-forward")
 
 
+@pytest.mark.parametrize("framework,source,names,first,line", [
+    ("torch", "net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(),\n"
+     "                    nn.Linear(8, 8),\n                    nn.Linear(8, 2))\n",
+     ["0", "2", "3"], "2", 2),                      # the chained layer's own line
+    ("torch", "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+     "        self.fc1 = nn.Linear(2, 8)\n        self.fc2 = nn.Linear(8, 2)\n\n"
+     "    def forward(self, x):\n        h = self.fc1(x)\n        return self.fc2(h)\n"
+     "net = Net()\n", ["fc1", "fc2"], "fc1", 8),   # where forward calls it
+    ("keras", "other = keras.Sequential([layers.Dense(4)])\n"
+     "h = layers.Dense(8, name='mid')(x)\nout = layers.Dense(1)(h)\nm = keras.Model(x, out)\n",
+     ["mid", "dense"], "mid", 2),                   # a name given in the source
+])
+def test_linear_stack_is_located_where_the_activation_goes(tmp_path, framework, source, names,
+                                                           first, line):
+    from types import SimpleNamespace
+
+    from model_debugger.probes.linear_stack import _where
+
+    path = str(tmp_path / "net.py")
+    model = {"file": path, "line": len(source.splitlines())}
+    tr = SimpleNamespace(framework=framework, linear_layers=lambda: names)
+    ctx = SimpleNamespace(source_files={path: source}, ref=lambda kind: model, trainer=tr)
+    assert _where(ctx, first)["line"] == line
+
+
 def test_activations_written_as_functions_break_a_linear_chain():
     """A chain is read from the tensors handed on, so an F.relu between two layers (no module
-    to see) breaks it, and a batch norm or an identity does not."""
+    to see) breaks it, and so does an in-place activation (the same tensor, changed: its
+    version tells); a batch norm, an identity or a dropout does not."""
     from model_debugger.trainers.torch import TorchTrainer
 
     class Functional(nn.Module):
@@ -1246,7 +1272,9 @@ def test_activations_written_as_functions_break_a_linear_chain():
             return self.b(self.act(self.norm(self.a(x))))
 
     batches = [((torch.randn(8, 4),), torch.zeros(8, dtype=torch.long))]
-    for act, pairs in ((F.relu, []), (nn.Identity(), [("a", "b")])):
+    in_place = (nn.ReLU(inplace=True), lambda x: F.relu(x, inplace=True), lambda x: x.relu_())
+    for act, pairs in ((F.relu, []), *((a, []) for a in in_place),
+                       (nn.Identity(), [("a", "b")]), (nn.Dropout(0.5), [("a", "b")])):
         model = Functional(act)
         tr = TorchTrainer(model, None, {"cls": torch.optim.SGD, "hyper": {"lr": 0.1}},
                           {"name": "cross_entropy"}, batches)

@@ -360,16 +360,22 @@ _HIDDEN_ACTS = {"relu", "tanh", "gelu", "elu", "selu", "leaky_relu", "silu", "sw
 @operator("activation_removed", "model", "loss_not_decreasing", "architecture",
           "every hidden activation removed: the stacked layers are one linear model")
 def _activation_removed(p: Program) -> list[Edit]:
-    if p.is_torch:
+    if p.is_torch:  # activation modules and functions, up to the last nn.Linear (the output's
+        last = max(need([(c.lineno, c.col_offset) for c in p.calls("Linear")],  # own
+                        "no nn.Linear"))  # one stays)
         modules = [c for c in p.calls({"ReLU", "Tanh", "GELU", "ELU", "SiLU", "LeakyReLU"})
                    if isinstance(c.func, ast.Attribute)]
         functions = [c for c in p.calls({"relu", "tanh", "gelu", "elu", "silu", "leaky_relu"})
-                     if c.args and isinstance(c.func, ast.Attribute)]
-        edits = [replace(p, c, f"{dotted(c.func.value)}.Identity()") for c in modules]
+                     if c.args and isinstance(c.func, ast.Attribute)
+                     and dotted(c.func.value) in {"F", "torch", "nn.functional",
+                                                  "torch.nn.functional"}]
+        edits = [replace(p, c, f"{dotted(c.func.value)}.Identity()") for c in modules
+                 if (c.lineno, c.col_offset) < last]
         edits += [replace(p, c, p.text(c.args[0])) for c in functions]
     else:
-        layers = [d for d in p.dense_layers() if dense_activation(d) in _HIDDEN_ACTS]
-        edits = [set_kwarg(p, d, "activation", "None") for d in layers]
+        layers = p.dense_layers()[:-1]  # (the output layer's activation stays)
+        edits = [set_kwarg(p, d, "activation", "None") for d in layers
+                 if dense_activation(d) in _HIDDEN_ACTS]
     edits = sorted(need(edits, "no hidden activation"), key=lambda e: e.start)
     return [dataclasses.replace(edits[0], change=True)] + edits[1:]
 

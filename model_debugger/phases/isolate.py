@@ -175,7 +175,8 @@ def _follow_cause(session: DebugSession, findings: list[Finding]) -> list[Findin
     return findings
 
 
-EXPERIMENTS = ("frozen_parameters", "dropout_rate", "lr_range", "linear_stack")  # what could hold a loss up
+EXPERIMENTS = ("frozen_parameters", "dropout_rate", "lr_range", "linear_stack",
+               "optimizer_settings")  # what could hold a loss up
 
 
 LEARNABLE_MARGIN = 0.15  # an independent learner this far above the model: not the floor

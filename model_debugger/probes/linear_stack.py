@@ -7,8 +7,8 @@ the linear model's loss on a task that needs more (two moons, XOR, digits): the 
 then stays well above what the data allows. Found on the live model (its graph, or the tensors
 one forward pass of a copy hands from module to module), then tested by experiment: two fresh
 copies trained on the same rows, one as set up and one with a ReLU after each such layer;
-confirmed when that copy reaches a clearly lower held-out loss. Located where the first such
-layer was built.
+confirmed when that copy reaches a clearly lower held-out loss. Located where the activation
+goes: where ``forward`` calls the first such module, else the line that built that layer.
 """
 
 from __future__ import annotations
@@ -41,19 +41,22 @@ class LinearStack(SettingExperiment):
         if not pairs:
             return []
         firsts = list(dict.fromkeys(a for a, _ in pairs))
-        as_set, relu, confirmed = self.compare(ctx, tr.with_activations(set(firsts)))
+        try:
+            as_set, relu_loss, confirmed = self.compare(ctx, tr.with_activations(set(firsts)))
+        except ValueError:  # the copy does not hold those layers: no experiment to run
+            return []
         chain = ", ".join(f"'{a}' -> '{b}'" for a, b in pairs)
         return [self.finding(
             "architecture", confirmed,
             f"Linear layers feed linear layers with no activation between ({chain}): stacked, "
             f"they are one linear map. Two fresh copies trained on the same rows reach a "
-            f"held-out loss of {relu:.4g} with a ReLU after {len(firsts)} of them and "
+            f"held-out loss of {relu_loss:.4g} with a ReLU after {len(firsts)} of them and "
             f"{as_set:.4g} as built"
             + (": the missing activations keep the model linear." if confirmed else
                ": no clearly better, so the linear stack is not what holds the loss up."),
             _where(ctx, firsts[0]), undone=confirmed, strength=0.75 if confirmed else 0.15,
             layers=firsts, pairs=[list(p) for p in pairs], heldout_as_built=as_set,
-            heldout_with_activations=relu)]
+            heldout_with_activations=relu_loss)]
 
 
 def _where(ctx: ProbeContext, first: str) -> dict | None:

@@ -336,38 +336,47 @@ class KerasTrainer(SampleTrainer):
         return model
 
     def linear_chains(self) -> list[tuple[str, str]]:
-        """Pairs ``(a, b)`` of ``Dense`` layers without activation where ``b`` is fed ``a``'s output.
+        """Pairs of ``Dense`` layers without activation where the second is fed the first's output.
 
         With nothing between them but dropout, a flatten, a batch norm or a linear
-        ``Activation``: two affine maps in a row are one, so ``a`` adds no capacity. Read from
-        the graph of a Sequential or functional model (each layer's input and the layer that
-        made it); a subclassed model has no graph to read: none.
+        ``Activation``: two affine maps in a row are one, so the first adds no capacity. Read
+        from the graph of a Sequential or functional model (each layer's input and the layer
+        that made it); a subclassed model has no graph to read, and a layer called more than
+        once (shared) has several inputs: neither is read.
+
+        Returns
+        -------
+        list of (str, str)
+            Layer names, each pair once.
         """
         import keras
 
         passing = (keras.layers.Dropout, keras.layers.Flatten, keras.layers.BatchNormalization)
+
+        def single_input(layer):
+            if len(getattr(layer, "_inbound_nodes", ())) != 1:
+                return None  # shared, or never called in a graph
+            try:
+                return layer.input
+            except (AttributeError, ValueError, RuntimeError):
+                return None
+
         pairs = []
         for layer in _leaves(self.model):
             if not isinstance(layer, keras.layers.Dense):
                 continue
-            try:
-                tensor = layer.input
-            except (AttributeError, ValueError, RuntimeError):
-                continue  # no symbolic input (a subclassed model, a layer used twice)
-            while True:
+            made = layer
+            tensor = single_input(layer)
+            while tensor is not None:
                 made = getattr(getattr(tensor, "_keras_history", None), "operation", None)
-                if isinstance(made, passing) or (isinstance(made, keras.layers.Activation)
-                                                 and _linear(made.activation)):
-                    try:
-                        tensor = made.input
-                    except (AttributeError, ValueError, RuntimeError):
-                        made = None
-                    else:
-                        continue
-                break
-            if isinstance(made, keras.layers.Dense) and _linear(made.activation):
+                if not (isinstance(made, passing) or (isinstance(made, keras.layers.Activation)
+                                                      and _linear(made.activation))):
+                    break
+                tensor = single_input(made)
+            if made is not layer and isinstance(made, keras.layers.Dense) and \
+                    _linear(made.activation) and len(made._inbound_nodes) == 1:
                 pairs.append((made.name, layer.name))
-        return pairs
+        return list(dict.fromkeys(pairs))
 
     def linear_layers(self) -> list[str]:
         """The names of the model's ``Dense`` layers, in the order they were defined."""
@@ -378,13 +387,19 @@ class KerasTrainer(SampleTrainer):
 
     @staticmethod
     def with_activations(names):
-        """``change(model)``: a ReLU on the output of each ``Dense`` layer named in ``names``."""
+        """``change(model)``: a ReLU on the output of each ``Dense`` layer named in ``names``.
+
+        Raises ValueError when the clone does not hold each of them once (a subclass rebuilt
+        with new automatic names: nothing would change).
+        """
         def change(model):
             import keras
 
-            for layer in _leaves(model):
-                if layer.name in names:
-                    layer.activation = keras.activations.relu
+            found = [layer for layer in _leaves(model) if layer.name in names]
+            if len(found) != len(names):
+                raise ValueError(f"the clone has {len(found)} layers named {sorted(names)}")
+            for layer in found:
+                layer.activation = keras.activations.relu
             return model
         return change
 

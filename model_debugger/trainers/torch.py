@@ -288,18 +288,25 @@ class TorchTrainer(SampleTrainer):
         return model
 
     def linear_chains(self) -> list[tuple[str, str]]:
-        """Pairs ``(a, b)`` of ``nn.Linear`` modules where ``b`` is fed ``a``'s output.
+        """Pairs of ``nn.Linear`` modules where the second is fed the first one's output.
 
         With nothing between them but dropout, an identity, a flatten or a batch norm: two
-        affine maps in a row are one affine map, so ``a`` adds no capacity. Traced on one
-        forward pass of a fresh copy by the tensors each module got and gave (every tensor is
-        kept alive during the pass, so an id names one tensor); an activation, written as a
-        module or a function, makes a new tensor and breaks the chain.
+        affine maps in a row are one affine map, so the first adds no capacity. Traced on one
+        forward pass of a fresh copy in eval mode by the tensors each module got and gave
+        (every tensor is kept alive during the pass, so an id names one tensor, and its
+        version counter tells an in-place activation, ``ReLU(inplace=True)`` or ``x.relu_()``,
+        that changed it since); an activation, written as a module or a function, breaks the
+        chain.
+
+        Returns
+        -------
+        list of (str, str)
+            Module names, each pair once, in the order the pass met them.
         """
         passing = (torch.nn.modules.dropout._DropoutNd, torch.nn.Identity, torch.nn.Flatten,
                    torch.nn.modules.batchnorm._BatchNorm)
-        model = self.fresh_model()
-        made: dict[int, str] = {}
+        model = self.fresh_model().eval()
+        made: dict[int, tuple[str, int]] = {}  # id -> (the Linear behind it, its version)
         alive: list = []
         pairs: list[tuple[str, str]] = []
 
@@ -308,13 +315,15 @@ class TorchTrainer(SampleTrainer):
                     not isinstance(out, torch.Tensor):
                 return
             alive.extend((inp[0], out))
-            source = made.get(id(inp[0]))
+            source, version = made.get(id(inp[0]), (None, None))
+            if version != inp[0]._version:
+                source = None  # changed in place since (an in-place activation)
             if isinstance(module, torch.nn.Linear):
                 if source is not None:
                     pairs.append((source, name))
-                made[id(out)] = name
+                made[id(out)] = (name, out._version)
             elif isinstance(module, passing) and source is not None:
-                made[id(out)] = source
+                made[id(out)] = (source, out._version)
 
         handles = [m.register_forward_hook(lambda m, i, o, name=name: hook(m, i, o, name))
                    for name, m in model.named_modules() if name and not list(m.children())]
@@ -324,7 +333,7 @@ class TorchTrainer(SampleTrainer):
         finally:
             for h in handles:
                 h.remove()
-        return pairs
+        return list(dict.fromkeys(pairs))
 
     def linear_layers(self) -> list[str]:
         """The names of the model's ``nn.Linear`` modules, in the order they were defined."""
@@ -332,11 +341,16 @@ class TorchTrainer(SampleTrainer):
 
     @staticmethod
     def with_activations(names):
-        """``change(model)``: a ReLU on the output of each ``nn.Linear`` named in ``names``."""
+        """``change(model)``: a ReLU on the output of each ``nn.Linear`` named in ``names``.
+
+        Raises ValueError when the copy does not hold every one of them (nothing would change).
+        """
         def change(model):
-            for name, m in model.named_modules():
-                if name in names:
-                    m.register_forward_hook(lambda _m, _i, out: torch.relu(out))
+            found = [m for name, m in model.named_modules() if name in names]
+            if len(found) != len(names):
+                raise ValueError(f"the copy has {len(found)} of the layers {sorted(names)}")
+            for m in found:
+                m.register_forward_hook(lambda _m, _i, out: torch.relu(out))
             return model
         return change
 
