@@ -1501,6 +1501,27 @@ def test_prior_loss_is_not_compared_with_a_summed_or_weighted_loss():
         assert prior_loss(SimpleNamespace(loss_kwargs=kwargs)) is None
 
 
+def test_prior_loss_of_an_nn_cross_entropy_module_with_its_defaults(tmp_path):
+    """``nn.CrossEntropyLoss()`` passes ``weight=None, label_smoothing=0.0`` to the functional:
+    a plain mean, so the held-out prior is known (was: None for every such module, and the
+    "faster copy must beat the prior" guard of ``lr_range`` never applied)."""
+    def train():
+        torch.manual_seed(0)
+        X, y = torch.randn(256, 4), torch.randint(0, 2, (256,))
+        net, crit = nn.Linear(4, 2), nn.CrossEntropyLoss()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for i in range(0, 256, 32):
+            opt.zero_grad()
+            crit(net(X[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+
+    from model_debugger.probes._heldout import prior_loss
+
+    ctx = captured(tmp_path, train)
+    assert ctx.trainer.loss_kwargs.get("label_smoothing") == 0.0
+    assert prior_loss(ctx.trainer) == pytest.approx(math.log(2), abs=0.05)
+
+
 def test_missing_zero_grad(tmp_path):
     ctx = captured(tmp_path, train_without_zero_grad)
     f = confirmed_one(ctx, "missing_zero_grad", "training_loop")

@@ -79,8 +79,10 @@ def prior_loss(tr) -> float | None:
     from .label_alignment import constant_loss
 
     kwargs = getattr(tr, "loss_kwargs", None) or {}
+    smoothing = kwargs.get("label_smoothing")  # (nn.CrossEntropyLoss passes its 0.0)
     if kwargs.get("reduction", "mean") != "mean" or \
-            any(kwargs.get(k) is not None for k in ("weight", "pos_weight", "label_smoothing")):
+            any(kwargs.get(k) is not None for k in ("weight", "pos_weight")) or \
+            smoothing not in (None, 0, 0.0):
         return None  # the held-out loss is on another scale than a plain mean's
     n = min(tr.n, ROWS)
     _, target = tr.subset(tr.randperm(tr.n, 1)[:n])
