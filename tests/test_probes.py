@@ -575,6 +575,30 @@ def train_linear_forward():
             opt.step()
 
 
+class ScrambledConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 16, kernel_size=3, padding=1)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):  # x: (batch, time, channels)
+        x = x.view(x.size(0), x.size(2), x.size(1))  # <scrambled-axes>
+        return self.head(torch.relu(self.conv(x)).mean(dim=2))
+
+
+def train_scrambled_axes():
+    torch.manual_seed(4)
+    X = torch.randn(1024, 12, 3)
+    y = (X[:, :, 0].mean(dim=1) > X[:, :, 1].mean(dim=1)).long()
+    scrambled = ScrambledConv()
+    opt = torch.optim.Adam(scrambled.parameters(), lr=1e-2)
+    for _epoch in range(4):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            F.cross_entropy(scrambled(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+
+
 def train_nll_on_logits():
     torch.manual_seed(10)
     X = torch.randn(512, 8)
@@ -1254,6 +1278,28 @@ def test_linear_stack_is_located_where_the_activation_goes(tmp_path, framework, 
     tr = SimpleNamespace(framework=framework, linear_layers=lambda: names)
     ctx = SimpleNamespace(source_files={path: source}, ref=lambda kind: model, trainer=tr)
     assert _where(ctx, first)["line"] == line
+
+
+def test_a_view_that_reorders_axes_is_confirmed_by_a_permuting_copy(tmp_path):
+    """``x.view(b, c, t)`` on ``(b, t, c)`` re-cuts the values instead of moving the axes: a
+    copy whose call permutes them learns clearly better. Located at the call."""
+    from model_debugger.probes.axis_order import permutation
+
+    assert permutation((3, 12, 4), (3, 4, 12)) == (0, 2, 1)
+    assert permutation((3, 12, 4), (3, 12, 4)) is None       # the same order
+    assert permutation((3, 6, 6), (3, 6, 6)) is None
+    assert permutation((3, 48), (3, 4, 12)) is None          # a split, not a reordering
+    assert permutation((2, 3, 4), (3, 2, 4)) == (1, 0, 2)    # (the batch axis moved too)
+    ctx = captured(tmp_path, train_scrambled_axes)
+    f = confirmed_one(ctx, "axis_order", "architecture")
+    assert_at(f, "scrambled-axes")
+    ev = f.evidence
+    assert ev["shape_in"] == [3, 12, 3] or ev["permutation"] == [0, 2, 1]
+    assert ev["heldout_permuted"] < 0.8 * ev["heldout_as_written"]
+
+
+def test_axis_order_is_quiet_on_reshapes_that_keep_the_order(healthy):
+    assert probe(healthy, "axis_order") == []
 
 
 def test_activations_written_as_functions_break_a_linear_chain():
