@@ -285,6 +285,44 @@ def test_keras_functional_dense_layers_without_activation_are_a_linear_stack(tk)
     _confirmed_linear_stack(ctx, "keras-linear-fn")
 
 
+def test_a_float16_policy_without_a_gpu_is_timed_against_float32(tk, monkeypatch):
+    """``mixed_float16`` on a CPU: the probe times float16 against float32 products on this
+    machine and reveals a performance problem when float16 is clearly slower, located at the
+    policy (the timings are made up here: a shared test machine's are no assertion)."""
+    import model_debugger
+    from model_debugger.probes import compute_settings as cs
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    keras = tk
+    assert cs._matmul_seconds(__import__("tensorflow"), "float32", size=32, repeats=2) > 0
+    X, y = problem()
+    try:
+        with model_debugger.capture() as rec:
+            keras.mixed_precision.set_global_policy("mixed_float16")  # <keras-policy>
+            half = keras.Sequential([keras.Input((10,)), keras.layers.Dense(16, activation="relu"),
+                                     keras.layers.Dense(2, dtype="float32")])
+            half.compile(optimizer="adam",
+                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            half.fit(X, y, batch_size=64, epochs=1, verbose=0)
+        ctx = build_context(Run(rec.events), rec.keeper,
+                            {HERE: open(HERE, encoding="utf-8").read()}, budget=60.0)
+        monkeypatch.setattr(cs, "MIN_RUN_SECONDS", 0.0)
+        for ratio, found in ((4.0, True), (1.0, False)):
+            monkeypatch.setattr(cs, "_matmul_seconds",
+                                lambda tf, dtype, r=ratio: 0.01 * (r if dtype == "float16" else 1))
+            got = run_probes(ctx, ["compute_settings"]).findings
+            assert bool(got) == found, got
+            if found:
+                [f] = got
+                assert (f.root_cause, f.confirmed) == ("hardware", True)
+                assert f.evidence["policy"] == "mixed_float16"
+                assert f.location == {"file": HERE, "line": line_of("keras-policy")}
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 def _keras_settings_case(keras, init: str, clipnorm: float | None):
     """A Keras MLP with hidden kernels initialised by ``init`` and an optional gradient clip."""
     import model_debugger

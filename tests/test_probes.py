@@ -928,12 +928,12 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     healthy_probes = {pid for pid, cls in PROBES.items() if "healthy" in cls.categories}
     assert healthy_probes == {"target_copy", "small_batches", "lint", "framework_warnings",
                               "gradients_unapplied", "minority_ignored", "data_volume",
-                              "tape_kept", "hooks_accumulate"}
+                              "tape_kept", "hooks_accumulate", "compute_settings"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
     assert set(report.probe_seconds) <= {"target_copy", "lint", "minority_ignored",
-                                         "data_volume"}
+                                         "data_volume", "compute_settings"}
     assert {"target_copy", "lint"} <= set(report.probe_seconds)
 
 
@@ -1300,6 +1300,36 @@ def test_a_view_that_reorders_axes_is_confirmed_by_a_permuting_copy(tmp_path):
 
 def test_axis_order_is_quiet_on_reshapes_that_keep_the_order(healthy):
     assert probe(healthy, "axis_order") == []
+
+
+def test_more_threads_than_cores_is_timed_against_one_thread_per_core(healthy, monkeypatch):
+    """``torch.set_num_threads(32)`` on a small machine: the probe times a copy's steps at the
+    run's thread count and at one per core, restores the run's count, and reveals a
+    performance problem only when the cores' count is clearly faster. (The copies' rows per
+    second are made to depend on the thread count here: a timing on a shared test machine is
+    no assertion.)"""
+    from model_debugger.probes import compute_settings as cs
+
+    monkeypatch.setattr(cs, "MIN_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(cs, "cores", lambda: 1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert probe(healthy, "compute_settings") == []  # one thread a core: nothing to time
+        torch.set_num_threads(4)
+        for per_thread, found in ((lambda t: 1000.0 / t, True), (lambda t: 1000.0, False)):
+            monkeypatch.setattr(type(healthy.trainer), "throughput",
+                                lambda self, batch, steps=20, f=per_thread:
+                                f(torch.get_num_threads()))
+            got = probe(healthy, "compute_settings")
+            assert torch.get_num_threads() == 4  # (restored)
+            assert bool(got) == found, got
+            if found:
+                [f] = got
+                assert (f.root_cause, f.confirmed, f.evidence["threads"]) == ("hardware", True, 4)
+                assert f.evidence["gain"] == pytest.approx(4.0)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_activations_written_as_functions_break_a_linear_chain():

@@ -1,0 +1,124 @@
+"""``compute_settings``: a process-wide compute setting that makes this machine slower.
+
+Two settings that look like speed-ups and are slowdowns on the wrong hardware:
+
+- more intra-op threads than the cores the process may use (``torch.set_num_threads(32)`` on a
+  2-core machine): the threads fight for the cores and every operation waits on the slowest;
+- a float16 mixed-precision policy (``keras.mixed_precision.set_global_policy("mixed_float16")``)
+  with no GPU: CPUs without native half-precision arithmetic emulate it, far slower than float32.
+
+Measured directly, on this machine, in the run's own process: the same training steps of a
+fresh copy timed with the run's thread count and with one thread per core; for the policy, the
+same float16 and float32 matrix products timed side by side. Confirmed when the run's setting is
+:data:`GAIN` times slower and the run's steps took long enough for that to matter. The cause is
+how the code drives the hardware (``hardware``); on a run that looked healthy the finding
+re-classifies it ``performance_issue``. Located where the setting is made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from ._heldout import source_line
+from .base import Probe, ProbeContext, register
+
+GAIN = 1.5              # the run's setting this many times slower than the alternative
+MIN_RUN_SECONDS = 2.0   # the run's steps took at least this long (else not worth a finding)
+_THREADS = re.compile(r"set_num_threads\s*\(|set_intra_op_parallelism_threads\s*\(")
+_POLICY = re.compile(r"set_global_policy\s*\(|mixed_float16|[\"']float16[\"']")
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@register
+class ComputeSettings(Probe):
+    """Threads beyond the cores, or float16 without a GPU, timed against the alternative."""
+
+    id = "compute_settings"
+    cost = 1
+    categories = ("healthy", "performance_issue")  # the time, not another category's cause
+    reveals = "performance_issue"
+    needs_live = True
+    frameworks = ("torch", "keras")
+    fix = ("Leave the thread count at its default (one per core) and use float16 mixed "
+           "precision only on a GPU that computes in it.")
+
+    def run(self, ctx: ProbeContext):
+        """A confirmed finding when the run's setting is clearly slower here; else nothing."""
+        sig = ctx.signals or {}
+        run_seconds = sig.get("steps", 0) * sig.get("step_ms", 0.0) / 1000.0
+        if run_seconds < MIN_RUN_SECONDS or ctx.trainer is None:
+            return []
+        if ctx.framework == "torch":
+            return self._threads(ctx, run_seconds)
+        return self._policy(ctx, run_seconds)
+
+    def _threads(self, ctx: ProbeContext, run_seconds: float):
+        import torch
+
+        tr, threads, have = ctx.trainer, torch.get_num_threads(), cores()
+        if threads <= have:
+            return []
+        batch = int(ctx.train_batches[0][1].shape[0]) if ctx.train_batches else 32
+        try:
+            slow = tr.throughput(batch)
+            torch.set_num_threads(have)
+            fast = tr.throughput(batch)
+        finally:
+            torch.set_num_threads(threads)
+        gain = fast / slow if slow > 0 else 0.0
+        if gain < GAIN:
+            return []
+        return [self.finding(
+            "hardware", True,
+            f"The run computes with {threads} threads on {have} core{'s' if have > 1 else ''}: "
+            f"the threads fight for the cores. A fresh copy trains {slow:,.0f} rows/s with "
+            f"{threads} threads and {fast:,.0f} rows/s with {have} ({gain:.1f}x); the run's "
+            f"steps took {run_seconds:.1f} s.",
+            self._where(ctx, _THREADS), strength=0.8, undone=True, decisive=True,
+            threads=threads, cores=have, rows_per_second=slow, rows_per_second_per_core=fast,
+            gain=gain, run_step_seconds=run_seconds)]
+
+    def _policy(self, ctx: ProbeContext, run_seconds: float):
+        import keras
+        import tensorflow as tf
+
+        policy = keras.mixed_precision.global_policy().name
+        if "float16" not in policy or "bfloat16" in policy or \
+                tf.config.list_physical_devices("GPU"):
+            return []
+        half, full = _matmul_seconds(tf, "float16"), _matmul_seconds(tf, "float32")
+        gain = half / full if full > 0 else 0.0
+        if gain < GAIN:
+            return []
+        return [self.finding(
+            "hardware", True,
+            f"The run trains under the '{policy}' policy on a machine without a GPU: this CPU "
+            f"computes float16 {gain:.1f}x slower than float32 (the same matrix products, "
+            f"{half * 1e3:.1f} vs {full * 1e3:.1f} ms); the run's steps took {run_seconds:.1f} s.",
+            self._where(ctx, _POLICY), strength=0.8, undone=True, decisive=True,
+            policy=policy, float16_seconds=half, float32_seconds=full, gain=gain,
+            run_step_seconds=run_seconds)]
+
+    @staticmethod
+    def _where(ctx: ProbeContext, pattern) -> dict | None:
+        return source_line(ctx, pattern, near=ctx.ref("model")) or ctx.ref("model")
+
+
+def _matmul_seconds(tf, dtype: str, size: int = 256, repeats: int = 20) -> float:
+    """Seconds for ``repeats`` products of two ``size`` x ``size`` matrices in ``dtype``."""
+    a = tf.random.stateless_normal((size, size), seed=(1, 2), dtype=dtype)
+    (a @ a).numpy()  # the first call's set-up
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        out = a @ a
+    out.numpy()
+    return time.perf_counter() - t0
