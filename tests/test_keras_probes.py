@@ -323,6 +323,40 @@ def test_a_float16_policy_without_a_gpu_is_timed_against_float32(tk, monkeypatch
         keras.mixed_precision.set_global_policy("float32")
 
 
+def test_one_hot_targets_of_labels_counted_from_one_name_no_class(tk):
+    """Ratings 1..5 one-hot encoded with depth 5: the rating-5 rows are all zeros (TensorFlow
+    says nothing). A fifth of the kept targets name no class: a data finding at the encoding
+    line; labels shifted to 0..4 are quiet."""
+    import tensorflow as tf
+
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    keras = tk
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((640, 6)).astype("float32")
+    ratings = np.digitize(X[:, 0] + 0.3 * X[:, 1], [-0.8, -0.25, 0.25, 0.8]) + 1  # 1..5
+    for shift, found in ((0, True), (1, False)):
+        with model_debugger.capture() as rec:
+            keras.utils.set_random_seed(0)
+            targets = tf.one_hot(ratings - shift, 5).numpy()  # <one-hot-depth>
+            rated = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+                                      keras.layers.Dense(5, activation="softmax")])
+            rated.compile(optimizer="adam", loss="categorical_crossentropy")
+            rated.fit(X, targets, batch_size=64, epochs=1, verbose=0)
+        ctx = build_context(Run(rec.events), rec.keeper,
+                            {HERE: open(HERE, encoding="utf-8").read()}, budget=60.0)
+        got = run_probes(ctx, ["target_classes"]).findings
+        assert bool(got) == found, got
+        if found:
+            [f] = got
+            assert (f.root_cause, f.confirmed) == ("data", True)
+            assert f.evidence["no_class_share"] == pytest.approx((ratings == 5).mean(), abs=0.05)
+            assert f.location == {"file": HERE, "line": line_of("one-hot-depth")}
+
+
 def _keras_settings_case(keras, init: str, clipnorm: float | None):
     """A Keras MLP with hidden kernels initialised by ``init`` and an optional gradient clip."""
     import model_debugger
