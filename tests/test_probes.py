@@ -416,6 +416,26 @@ def train_epoch_schedule_stepped_per_batch():
             sched.step()  # <per-batch>
 
 
+LONG_WARMUP = {"lr": 0.01, "warmup_steps": 5000}  # <warmup-length>
+
+
+def train_endless_warmup():
+    """A linear warm-up over 5000 steps in a run of 96: the rate stays under 2% of Adam's."""
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.Adam(net.parameters(), lr=LONG_WARMUP["lr"])
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: min(1.0, (step + 1) / LONG_WARMUP["warmup_steps"]))
+    for _epoch in range(6):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+            sched.step()
+
+
 def train_decay_by_hand():
     """A decay written by hand, halving the rate every step: ~0 in a few steps."""
     torch.manual_seed(8)
@@ -1198,6 +1218,19 @@ def test_an_epoch_sized_schedule_stepped_every_batch_is_located_at_its_step(tmp_
     f = confirmed_one(ctx, "lr_schedule", "training_loop")  # the loop steps it too often
     assert_at(f, "per-batch")
     assert "stepped after every batch (here)" in f.explanation
+
+
+def test_a_warm_up_longer_than_the_run_is_confirmed_by_a_copy_at_the_optimizers_rate(
+        tmp_path):
+    """The rate rises towards Adam's 0.01 over 5000 steps and the run ends at step 96: it
+    never left 2% of it (no decay, no peak to fall from). A copy at the optimizer's own rate
+    learns clearly better; located where the warm-up's length is set."""
+    ctx = captured(tmp_path, train_endless_warmup)
+    assert ctx.signals["lr_collapsed_share"] == 0.0
+    f = confirmed_one(ctx, "lr_schedule", "hyperparameter")
+    assert f.evidence["lr_starved_share"] == 1.0 and f.evidence["lr_base"] == 0.01
+    assert f.evidence["heldout_base_lr"] < 0.8 * f.evidence["heldout_median_lr"]
+    assert_at(f, "warmup-length")
 
 
 def test_a_steady_rate_is_no_schedule_finding(healthy):

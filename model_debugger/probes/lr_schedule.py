@@ -57,7 +57,7 @@ class LrSchedule(Probe):
         """
         return super().applies(ctx) and ctx.trainer is not None and ctx.trainer.n >= 16 and (
             ctx.signals.get("lr_collapsed_share", 0.0) >= COLLAPSED or
-            _raised(ctx) is not None)
+            _raised(ctx) is not None or _starved(ctx) is not None)
 
     def run(self, ctx: ProbeContext):
         """One finding; confirmed when a copy at the rate the schedule missed is clearly better.
@@ -68,6 +68,9 @@ class LrSchedule(Probe):
         raised = _raised(ctx)
         if raised is not None and ctx.signals.get("lr_collapsed_share", 0.0) < COLLAPSED:
             return self._rise(ctx, *raised)
+        starved = _starved(ctx)
+        if starved is not None and ctx.signals.get("lr_collapsed_share", 0.0) < COLLAPSED:
+            return self._starve(ctx, *starved)
         steps = len(ctx.run.steps)
         rates = rate_per_step(ctx.run.of("lr"), steps)
         rates = rates[np.isfinite(rates)]
@@ -112,6 +115,75 @@ class LrSchedule(Probe):
             ctx.ref("optimizer"), undone=confirmed, strength=0.85 if confirmed else 0.15,
             lr_base=base, lr_reached=reached, at_step=step, heldout_base_lr=own,
             heldout_reached_lr=high)]
+
+
+    def _starve(self, ctx: ProbeContext, base: float, typical: float, share: float):
+        steps = len(ctx.run.steps)
+        held = heldout_loss(ctx.trainer, ctx, lr=typical, best=True)
+        own = heldout_loss(ctx.trainer, ctx, lr=base, best=True)
+        confirmed = own < BETTER * held
+        return [self.finding(
+            "hyperparameter", confirmed,
+            f"The schedule kept the learning rate below {STARVED:.0%} of the optimizer's own "
+            f"rate {base:.3g} for {share:.0%} of the run's {steps} steps (median {typical:.3g}): "
+            f"a warm-up longer than the run, or a schedule sized for far more steps. Two fresh "
+            f"copies trained on the same rows reach a held-out loss of {own:.4g} at the "
+            f"optimizer's rate and {held:.4g} at the median one"
+            + (": the schedule never lets the model train." if confirmed else
+               ": no clearly better, so the schedule is not what holds the loss up."),
+            _warmup_origin(ctx) or _decay_origin(ctx.ref("scheduler")) or
+            rate_written(ctx.source_files) or ctx.ref("optimizer"), undone=confirmed,
+            strength=0.8 if confirmed else 0.15, lr_base=base, lr_median=typical,
+            lr_starved_share=share, heldout_base_lr=own, heldout_median_lr=held)]
+
+
+STARVED = 0.1  # a rate below this share of the optimizer's own ...
+
+
+def _starved(ctx: ProbeContext) -> tuple[float, float, float] | None:
+    """``(the optimizer's rate, the run's median rate, share of steps far below it)``.
+
+    When the schedule held the rate below :data:`STARVED` of the optimizer's own for at least
+    :data:`COLLAPSED` of the steps (a warm-up of 10000 steps in a run of 400 never gets
+    there); None otherwise, and for schedules that set their own peak or a Keras optimizer
+    (whose rate is the schedule).
+    """
+    if ctx.framework != "torch" or _scheduler_cls(ctx) in OWN_PEAK or ctx.trainer is None:
+        return None
+    try:
+        base = float(ctx.trainer.hyper["lr"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    steps = len(ctx.run.steps)
+    rates = rate_per_step(ctx.run.of("lr"), steps)
+    rates = rates[np.isfinite(rates)]
+    if not base > 0 or len(rates) < 2:
+        return None
+    share = float(np.mean(rates < STARVED * base))
+    return (base, float(np.median(rates)), share) if share >= COLLAPSED else None
+
+
+WARMUP_KEYWORDS = ("warmup_steps", "num_warmup_steps", "warmup_ratio", "warmup_epochs")
+
+
+def _warmup_origin(ctx: ProbeContext) -> dict | None:
+    """Where a warm-up's length was set, or None.
+
+    A keyword of the scheduler (or of the trainer's arguments), traced to the line that set
+    it; else a line of the code that writes one.
+    """
+    import re
+
+    from ._heldout import source_line
+    from .base import setting_location
+
+    for near in (ctx.ref("scheduler"), ctx.ref("trainer")):
+        for keyword in WARMUP_KEYWORDS:
+            found = setting_location(near, keyword)
+            if near is not None and found is not near:
+                return found
+    return source_line(ctx, re.compile(r"\bwarm_?up\w*[\"']?\s*[=:]", re.I),
+                       near=ctx.ref("scheduler") or ctx.ref("trainer") or ctx.ref("optimizer"))
 
 
 def _scheduler_cls(ctx: ProbeContext) -> str | None:
