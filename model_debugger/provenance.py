@@ -817,6 +817,28 @@ def _statement_origin(tree: ast.Module, stmt: ast.stmt, line: int,
     return best[1] if best is not None else None
 
 
+def validation_binding(location: dict | None) -> dict | None:
+    """Where the name given as ``validation_data=`` at ``location`` was last bound, or None.
+
+    The first hop only (``val_ds = tf.data.Dataset...`` for ``fit(train_ds,
+    validation_data=val_ds)``): the validation pipeline itself, where a step it lacks goes.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    for stmt in _statements_at(tree, location["line"]):
+        names = _validation_inputs(stmt)
+        if len(names) != 1:
+            continue
+        bound = [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                 and n.lineno < stmt.lineno and any(
+                     isinstance(t, ast.Name) and t.id == names[0]
+                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+        if bound:
+            return {**location, "line": max(bound), "used_at": location["line"]}
+    return None
+
+
 def _validation_inputs(stmt: ast.stmt) -> list[str]:
     """The names of the inputs in a ``fit`` call's ``validation_data=`` (none: no such call).
 

@@ -692,6 +692,47 @@ def test_named_inputs_given_as_a_dict_are_kept_in_the_model_order(tk):
     assert [f.check for f in found if f.confirmed] == ["distribution_shift"], found
 
 
+def _pipelines_case(keras):
+    import tensorflow as tf
+
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    rng = np.random.default_rng(2)
+    raw = rng.integers(0, 256, size=(900, 12)).astype("float32")
+    y = (raw[:, 0] + raw[:, 1] > 255).astype("int64")
+    mean, std = float(raw[:700].mean()), float(raw[:700].std())
+
+    def preprocess(x, label):
+        return (x - mean) / std, label
+
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        train_ds = tf.data.Dataset.from_tensor_slices((raw[:700], y[:700])).map(
+            preprocess).batch(32)
+        val_ds = tf.data.Dataset.from_tensor_slices((raw[700:], y[700:])).batch(100)  # <val-pipe>
+        piped = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(2)])
+        piped.compile(optimizer="adam",
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        piped.fit(train_ds, validation_data=val_ds, epochs=2, verbose=0)
+    return build_context(Run(rec.events), rec.keeper,
+                         {HERE: open(HERE, encoding="utf-8").read()}, budget=60.0)
+
+
+def test_a_validation_pipeline_that_skips_the_training_normalisation_is_located_there(tk):
+    """``train_ds`` maps ``preprocess`` (standardisation), ``val_ds`` does not: the shift is
+    confirmed, and the step goes in the validation pipeline, not the training one (a later
+    training-side step that scales by a constant is still that step's fault)."""
+    from model_debugger.probes import run_probes
+
+    ctx = _pipelines_case(tk)
+    found = [f for f in run_probes(ctx, ["distribution_shift"]).findings if f.confirmed]
+    assert [f.check for f in found] == ["distribution_shift"], found
+    assert found[0].location["line"] == line_of("val-pipe")
+
+
 CUSTOM_STEP = """\
 import keras
 import tensorflow as tf

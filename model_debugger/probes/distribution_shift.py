@@ -10,6 +10,9 @@ critical value at alpha = 0.001) and materially (PSI >= 0.25).
 
 from __future__ import annotations
 
+import ast
+import re
+
 import numpy as np
 
 from ..records import Finding
@@ -98,11 +101,37 @@ def _split_location(ctx: ProbeContext) -> dict | None:
     the file is the change made to one side only (``DataLoader(TensorDataset(train_X * 1000,
     ...))`` beside a validation split left as it was), else the validation side's.
     """
-    from ..provenance import VALIDATION, data_origin
+    from ..provenance import VALIDATION, data_origin, validation_binding
 
     val = data_origin(ctx.ref("eval_forward") or st.data_location(ctx), VALIDATION)
     train = data_origin(st.data_location(ctx), "inputs")
     if val and train and train.get("file") == val.get("file") and "used_at" in train and \
             train["line"] > val["line"]:
+        if _normalises(ctx, train):  # the training side's later step is its normalisation:
+            # the validation pipeline skipped it, and the step goes there
+            return validation_binding(st.data_location(ctx)) or train
         return train
     return val
+
+
+_NORMALISES = re.compile(r"preprocess|normali[sz]|standardi[sz]|\bscal(?:e|er|ing)\b|"
+                         r"\bmean\b|\bstd\b|/\s*255", re.IGNORECASE)
+
+
+def _normalises(ctx: ProbeContext, origin: dict) -> bool:
+    """Whether the statement at ``origin`` normalises the data.
+
+    A preprocess map, a scaler, a mean/std, a division by 255, rather than a corruption
+    (``X * 1000``).
+    """
+    text = (ctx.source_files or {}).get(origin.get("file"))
+    if not isinstance(text, str):
+        return False
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    stmt = next((n for n in ast.walk(tree) if isinstance(n, ast.stmt)
+                 and n.lineno == origin["line"]), None)
+    segment = ast.get_source_segment(text, stmt) if stmt is not None else None
+    return bool(segment and _NORMALISES.search(segment))
