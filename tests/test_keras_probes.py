@@ -692,6 +692,47 @@ def test_named_inputs_given_as_a_dict_are_kept_in_the_model_order(tk):
     assert [f.check for f in found if f.confirmed] == ["distribution_shift"], found
 
 
+def test_digit_classes_fitted_by_mse_on_one_unit_are_classes_as_numbers(tk):
+    """Digits 0-9 under ``loss="mse"`` on a one-unit output: the loss falls and the run looks
+    healthy, but rounding the output names the class far less often than a k-NN does. A
+    decisive finding at the loss; the same ids fitted as classes are quiet, and so are
+    regression targets that are not a few consecutive integers."""
+    from sklearn.datasets import load_digits
+
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probes.classes_as_numbers import class_ids
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    keras = tk
+    assert class_ids(np.repeat(np.arange(10), 10)) is not None
+    assert class_ids(np.repeat([0, 1, 2, 5], 30)) is None            # not consecutive
+    assert class_ids(np.arange(200) % 80) is None                    # too many values
+    assert class_ids(np.repeat(np.arange(10), 10) + 0.5) is None     # not integers
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype("float32")
+    for units, found in ((1, True), (10, False)):
+        with model_debugger.capture() as rec:
+            keras.utils.set_random_seed(0)
+            numbered = keras.Sequential([keras.Input((64,)),
+                                         keras.layers.Dense(32, activation="relu"),
+                                         keras.layers.Dense(units)])
+            numbered.compile(optimizer="adam", loss="mse" if units == 1 else  # <loss-choice>
+                             "sparse_categorical_crossentropy")
+            numbered.fit(X[:1200], y[:1200], validation_data=(X[1200:], y[1200:]),
+                         batch_size=32, epochs=3, verbose=0)
+        ctx = build_context(Run(rec.events), rec.keeper,
+                            {HERE: open(HERE, encoding="utf-8").read()}, budget=60.0)
+        got = run_probes(ctx, ["classes_as_numbers"]).findings
+        assert bool(got) == found, got
+        if found:
+            [f] = got
+            assert (f.root_cause, f.confirmed, f.evidence["classes"]) == ("architecture", True, 10)
+            assert f.evidence["knn_accuracy"] >= f.evidence["rounded_accuracy"] + 0.15
+            assert f.location == {"file": HERE, "line": line_of("loss-choice")}
+
+
 def _pipelines_case(keras):
     import tensorflow as tf
 

@@ -948,7 +948,8 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     healthy_probes = {pid for pid, cls in PROBES.items() if "healthy" in cls.categories}
     assert healthy_probes == {"target_copy", "small_batches", "lint", "framework_warnings",
                               "gradients_unapplied", "minority_ignored", "data_volume",
-                              "tape_kept", "hooks_accumulate", "compute_settings"}
+                              "tape_kept", "hooks_accumulate", "compute_settings",
+                              "classes_as_numbers"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
