@@ -954,7 +954,8 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
     assert set(report.probe_seconds) <= {"target_copy", "lint", "minority_ignored",
-                                         "data_volume", "compute_settings"}
+                                         "data_volume", "compute_settings",
+                                         "classes_as_numbers"}
     assert {"target_copy", "lint"} <= set(report.probe_seconds)
 
 
