@@ -23,6 +23,8 @@ SIGNALS: dict[str, str] = {
                    "training loss reported each epoch",
     "loss_window": "readings averaged into one when a step holds < 32 targets (the loss-level "
                    "signals below are read on those means)",
+    "stage_start": "optimizer step where the run's last training stage began (its loss "
+                   "curve is the one read: loss_* signals)",
     "loss_initial": "median loss over the first ~10% of readings",
     "loss_final": "median loss over the last ~10% of readings",
     "loss_min": "lowest finite loss",
@@ -429,6 +431,28 @@ def _robust_baseline(loss: str, sd: float) -> float:
     return 0.5 * sd * sd * (inside - 2 * a * pdf) + 2 * sd * pdf - 0.5 * (1 - inside)
 
 
+STAGE_SHARE = 0.1  # each stage holds at least this share of the run's steps
+
+
+def last_stage(run: Run) -> int:
+    """The step where the run's last training stage began, or 0 for a single stage.
+
+    A stage begins when one optimizer is built after training began (``at_step`` of its
+    ``optimizer`` event): a fine-tune after a pre-training, a second ``Trainer`` over the same
+    model. Only one such optimizer, with at least :data:`STAGE_SHARE` of the steps (and
+    ``4 * MIN_STEPS``) on each side: optimizers re-built every epoch or step are the loop's
+    own pattern, not stages.
+    """
+    n = len(run.steps)
+    later = {e["at_step"] for e in run.of("optimizer")
+             if isinstance(e.get("at_step"), int) and e["at_step"] > 0}
+    if len(later) != 1:
+        return 0
+    start = later.pop()
+    least = max(4 * MIN_STEPS, int(STAGE_SHARE * n))
+    return start if least <= start <= n - least else 0
+
+
 def _per_epoch_train_loss(run: Run) -> np.ndarray:
     by_epoch: dict[int, list[float]] = {}
     for s in run.steps:
@@ -532,6 +556,10 @@ def compute(run: Run) -> dict:
     """
     s: dict = {"steps": len(run.steps), "epochs": run.epochs}
     loss = run.series("loss")
+    stage = last_stage(run)
+    if stage:  # a second training stage (a fine-tune after a pre-training): its curve is the
+        s["stage_start"] = stage  # run's symptom, not the first stage's fall before it
+        loss = loss[stage:]
     fl = _finite(loss)
     targets = run.of("targets")
     k = _noise_window(targets[-1] if targets else None, len(run.steps), len(fl))

@@ -1129,6 +1129,35 @@ def test_an_optimizer_over_part_of_the_model_is_tested_like_frozen_layers(tmp_pa
     assert f.evidence["frozen_share"] > 0.9 and "left out of the optimizer" in f.explanation
 
 
+def train_head_replaced_after_the_optimizer():
+    """A linear probe: the body frozen on purpose, the head replaced after the optimizer was
+    built (over the old head), so the new head never trains either."""
+    torch.manual_seed(3)
+    X = torch.randn(768, 10)
+    y = (X[:, :3].sum(1) > 0).long()
+    probed = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 2))
+    for p in probed[0].parameters():
+        p.requires_grad = False
+    opt = torch.optim.Adam(probed.parameters(), lr=1e-2)  # <stale-head-optimizer>
+    probed[2] = nn.Linear(32, 2)
+    for _epoch in range(3):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            F.cross_entropy(probed(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+
+
+def test_a_trainable_layer_the_optimizer_never_got_is_the_loop_not_the_freezing(tmp_path):
+    """The frozen body is the user's intent; the new head requires gradients and is left out
+    of the optimizer: that is the cause (``training_loop``, at the optimizer), tested by copies
+    whose optimizer holds every trainable parameter (the body stays frozen)."""
+    ctx = captured(tmp_path, train_head_replaced_after_the_optimizer)
+    f = confirmed_one(ctx, "frozen_parameters", "training_loop")
+    assert_at(f, "stale-head-optimizer")
+    assert f.evidence["left_out"] == ["2.weight", "2.bias"]
+    assert f.evidence["heldout_all_trainable"] < 0.8 * f.evidence["heldout_left_out"]
+
+
 def test_a_slow_collate_is_located_at_itself_not_where_the_data_was_made(tmp_path):
     ctx = captured(tmp_path, train_slow_lambda_collate)
     f = confirmed_one(ctx, "dataloader_throughput", "data")

@@ -937,6 +937,36 @@ def test_a_loss_settled_while_the_rate_had_collapsed_is_a_tentative_plateau():
     quiet(C.plateau, _stalled(0.5 * C.HELD_FLOOR, 0.9))  # it learned all the same
 
 
+def _two_stages(at_step: int | None, second: np.ndarray) -> Run:
+    """A pre-training whose loss falls 0.8 -> 0.1 over 100 steps, then ``second``; an optimizer
+    built at step ``at_step`` (None: only the first, at step 0)."""
+    first = np.linspace(0.8, 0.1, 100)
+    events = syn.steps_events(np.concatenate([first, second]))
+    built = [{"t": "optimizer", "cls": "Adam", "hyper": {"lr": 1e-3}, "at_step": 0}]
+    if at_step is not None:
+        built.append({"t": "optimizer", "cls": "Adam", "hyper": {"lr": 1e-3}, "at_step": at_step})
+    return syn.make_run(built[:1], events[:at_step or 0], built[1:], events[at_step or 0:],
+                        syn.targets_counts([20] * 5))
+
+
+def test_the_last_training_stage_is_the_runs_symptom():
+    """A fine-tune whose new head is left out of its optimizer: its loss sits at the prior
+    (ln 5) after a pre-training that fell to 0.1. Read as one curve, the loss "grew" 2x and
+    the run was called unstable; the second optimizer starts a stage, and its flat loss is
+    the symptom. One optimizer only: the same curve is still one stage."""
+    flat = np.full(100, math.log(5))
+    sig, cls = fires(C.not_decreasing, _two_stages(100, flat), "loss_not_decreasing",
+                     {"loss_relative_drop"})
+    assert sig["stage_start"] == 100 and cls.primary == "loss_not_decreasing"
+    assert "gradient_instability" not in cls.secondary
+    sig = compute(_two_stages(None, flat))
+    assert "stage_start" not in sig and C.classify(sig).primary == "gradient_instability"
+    # optimizers re-built every epoch are the loop's pattern, not stages
+    rebuilt = _two_stages(100, flat)
+    again = {"t": "optimizer", "cls": "Adam", "hyper": {"lr": 1e-3}, "at_step": 150}
+    assert "stage_start" not in compute(Run([*rebuilt.events[:-1], again, rebuilt.events[-1]]))
+
+
 def test_plateau_quiet_below_the_floor_share():
     sig, cls = quiet(C.plateau, _settled(0.5 * C.SETTLED_FLOOR))
     assert cls.primary == HEALTHY and not C.tentative(cls)

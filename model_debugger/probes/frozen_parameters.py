@@ -46,6 +46,10 @@ class FrozenParameters(SettingExperiment):
         share = tr.frozen_share()
         if share < SOME_FROZEN:
             return []
+        missing = _trainable_left_out(tr)
+        if missing:  # trainable parameters the optimizer does not hold (a layer replaced
+            # after the optimizer was built): the loop's doing, whatever else is frozen
+            return self._left_out(ctx, tr, share, missing)
         frozen, unfrozen, confirmed = self.compare(ctx, tr.unfreeze)
         if share < FROZEN and not confirmed:
             return []  # a small frozen part that the experiment does not blame: by design
@@ -67,3 +71,27 @@ class FrozenParameters(SettingExperiment):
                ": no clearly better, so they are not what holds the loss up."),
             where, undone=confirmed, strength=0.8 if confirmed else 0.15,
             frozen_share=share, heldout_frozen=frozen, heldout_unfrozen=unfrozen)]
+
+    def _left_out(self, ctx: ProbeContext, tr, share: float, missing: list[str]):
+        left, given, confirmed = self.compare(ctx, tr.all_in_optimizer)
+        return [self.finding(
+            "training_loop", confirmed,
+            f"{share:.0%} of the model's parameters do not train, among them "
+            f"{len(missing)} that could ({', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''}): they require gradients but are left out "
+            "of the optimizer (built before they were made, or over another part of the "
+            f"model). Two fresh copies trained on the same rows reach a held-out loss of "
+            f"{given:.4g} with the optimizer over every trainable parameter and {left:.4g} as set "
+            "up" + (": the parameters left out hold the loss up." if confirmed else
+                    ": no clearly better, so they are not what holds the loss up."),
+            ctx.ref("optimizer") or ctx.ref("model"), undone=confirmed,
+            strength=0.85 if confirmed else 0.15, frozen_share=share, left_out=missing[:20],
+            heldout_left_out=left, heldout_all_trainable=given)]
+
+
+def _trainable_left_out(tr) -> list[str]:
+    """Names of parameters that require gradients but the run's optimizer does not hold."""
+    names = getattr(tr, "trained_names", None)
+    if tr.framework != "torch" or names is None:
+        return []
+    return [n for n, p in tr.model.named_parameters() if p.requires_grad and n not in names]

@@ -280,6 +280,12 @@ class TorchTrainer(SampleTrainer):
         return model
 
     @staticmethod
+    def all_in_optimizer(model):
+        """Give ``model``'s (a copy's) optimizer every parameter; frozen ones stay frozen."""
+        model._md_every_param = True  # (read by :meth:`optimizer`)
+        return model
+
+    @staticmethod
     def without_dropout(model):
         """Set every dropout of ``model`` (a copy) to drop nothing; returns it."""
         for m in model.modules():
