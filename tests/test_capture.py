@@ -249,6 +249,26 @@ def test_lines_of_steps_a_library_makes(scheduler):
                                    ("step", line_of("scaler-step-2"))])
 
 
+def test_an_optimizer_built_after_training_began_records_the_step_it_came_at():
+    """A fine-tune's optimizer, built after 25 steps of pre-training: ``at_step`` 25 (the
+    first at 0), and the signals read the last stage's loss curve only."""
+    from model_debugger.signals import compute
+
+    torch.manual_seed(0)
+    model = Net()
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    with capture(update_every=0, hist_every=0) as rec:
+        for lr, steps in ((0.1, 25), (0.01, 25)):
+            opt = torch.optim.SGD(model.parameters(), lr=lr)
+            for _ in range(steps):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+    built = [e["at_step"] for e in rec.events if e["t"] == "optimizer"]
+    assert built == [0, 25]
+    assert compute(Run(rec.events))["stage_start"] == 25
+
+
 def test_a_subclass_step_calling_super_is_one_step():
     """Both ``Sub.step`` and ``SGD.step`` carry torch's step hooks: one step, measured once."""
 
