@@ -1264,6 +1264,33 @@ def test_a_warm_up_longer_than_the_run_is_confirmed_by_a_copy_at_the_optimizers_
     assert_at(f, "warmup-length")
 
 
+def train_group_rates_and_decay(decay: bool):
+    """A body given a rate of its own 100x below Adam's (no schedule), or a decay from Adam's
+    rate: neither is a warm-up that never reached the optimizer's rate."""
+    torch.manual_seed(8)
+    X = torch.randn(1024, 12)
+    y = (X[:, 0] * X[:, 1] + X[:, 2] > 0).long()
+    net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 2))
+    groups = [{"params": net[0].parameters(), "lr": 1e-5}, {"params": net[2].parameters()}]
+    opt = torch.optim.Adam(net.parameters() if decay else groups, lr=1e-3)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9) if decay else None
+    for _epoch in range(6):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+
+
+@pytest.mark.parametrize("decay", [False, True])
+def test_a_groups_own_rate_or_a_decay_is_no_endless_warm_up(tmp_path, decay):
+    from model_debugger.probes.lr_schedule import _starved
+
+    ctx = captured(tmp_path, lambda: train_group_rates_and_decay(decay))
+    assert _starved(ctx) is None
+
+
 def test_a_steady_rate_is_no_schedule_finding(healthy):
     assert "lr_collapsed_share" in healthy.signals and healthy.signals["lr_collapsed_share"] == 0
     assert not PROBES["lr_schedule"]().applies(healthy)
@@ -1352,18 +1379,51 @@ def test_a_view_that_reorders_axes_is_confirmed_by_a_permuting_copy(tmp_path):
     assert permutation((3, 12, 4), (3, 4, 12)) == (0, 2, 1)
     assert permutation((3, 12, 4), (3, 12, 4)) is None       # the same order
     assert permutation((3, 6, 6), (3, 6, 6)) is None
+    assert permutation((3, 32, 32, 3), (3, 3, 32, 32)) == (0, 3, 1, 2)  # NHWC to NCHW
     assert permutation((3, 48), (3, 4, 12)) is None          # a split, not a reordering
     assert permutation((2, 3, 4), (3, 2, 4)) == (1, 0, 2)    # (the batch axis moved too)
     ctx = captured(tmp_path, train_scrambled_axes)
     f = confirmed_one(ctx, "axis_order", "architecture")
     assert_at(f, "scrambled-axes")
     ev = f.evidence
-    assert ev["shape_in"] == [3, 12, 3] or ev["permutation"] == [0, 2, 1]
+    assert ev["shape_in"] == [7, 12, 3] and ev["permutation"] == [0, 2, 1]
     assert ev["heldout_permuted"] < 0.8 * ev["heldout_as_written"]
 
 
-def test_axis_order_is_quiet_on_reshapes_that_keep_the_order(healthy):
-    assert probe(healthy, "axis_order") == []
+class KeptOrder(nn.Module):
+    """Reshapes that keep the memory order's meaning: points cut into xyz rows (a reordering
+    when the probing forward had 3 rows: (3, 21) -> (21, 3)), a flatten, heads split and
+    merged."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.head = nn.Linear(21, 24), nn.Linear(24, 2)
+
+    def forward(self, x):  # x: (batch, 21)
+        points = x.view(-1, 3)  # (batch * 7, 3): xyz per point
+        x = points.reshape(x.size(0), -1)
+        h = self.proj(x).view(x.size(0), 4, 6)  # 4 heads of 6
+        return self.head(torch.relu(h.reshape(x.size(0), 24)))
+
+
+def train_kept_order():
+    torch.manual_seed(2)
+    X = torch.randn(512, 21)
+    y = (X[:, 0] > 0).long()
+    kept = KeptOrder()
+    opt = torch.optim.Adam(kept.parameters(), lr=1e-2)
+    for i in range(0, len(X), 64):
+        opt.zero_grad()
+        F.cross_entropy(kept(X[i:i + 64]), y[i:i + 64]).backward()
+        opt.step()
+
+
+def test_axis_order_is_quiet_on_reshapes_that_keep_the_order(tmp_path):
+    import torch as t
+
+    ctx = captured(tmp_path, train_kept_order)
+    assert probe(ctx, "axis_order") == []
+    assert "view" not in vars(t.Tensor) and "reshape" not in vars(t.Tensor)  # (restored)
 
 
 def test_more_threads_than_cores_is_timed_against_one_thread_per_core(healthy, monkeypatch):

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from ._heldout import SettingExperiment
 from .base import ProbeContext, register
 
-ROWS = 3  # rows of the probing forward (a size no other axis is likely to have)
+ROWS = 7  # rows of the probing forward (a prime few other axes have: xyz or RGB are 3)
 
 
 @register
@@ -45,6 +45,9 @@ class AxisOrder(SettingExperiment):
         swap = _Swap(path, line, order)
         with swap.installed():
             as_set, permuted, confirmed = self.compare(ctx, swap.change)
+        if not swap.fired:
+            return []  # a reordering only at the probing forward's row count (x.view(-1, 3)
+            # on (7, 21)): the training batches were cut otherwise
         return [self.finding(
             "architecture", confirmed,
             f"A reshape in your code turns a tensor of shape {tuple(before)} into "
@@ -63,22 +66,17 @@ class AxisOrder(SettingExperiment):
 def permutation(before: tuple, after: tuple) -> tuple | None:
     """The axis order that makes ``after`` from ``before``, when it is a reordering.
 
-    None unless both have the same sizes in another order, the sizes that move are all
-    different from each other (an unambiguous order) and at least two differ from each other.
+    None unless both have the same sizes in another order, at least two of them different.
+    Axes of one size keep their relative order (``(b, 32, 32, 3)`` to ``(b, 3, 32, 32)`` is
+    ``(0, 3, 1, 2)``): a reshape that reorders axes moves them, it does not swap equal ones.
     """
     if len(before) != len(after) or len(before) < 2 or sorted(before) != sorted(after) or \
             tuple(before) == tuple(after):
         return None
-    order = []
-    for i, size in enumerate(after):
-        if before[i] == size:
-            order.append(i)
-            continue
-        found = [j for j, s in enumerate(before) if s == size and before[j] != after[j]]
-        if len(found) != 1:
-            return None  # two moved axes of one size: which went where is unknown
-        order.append(found[0])
-    return tuple(order) if sorted(order) == list(range(len(before))) else None
+    sources: dict[int, list[int]] = {}
+    for j, size in enumerate(before):
+        sources.setdefault(size, []).append(j)
+    return tuple(sources[size].pop(0) for size in after)
 
 
 def reorderings(tr, user_files: set[str]) -> dict[tuple[str, int], tuple]:
@@ -119,20 +117,24 @@ def _patched(torch, on_call):
             return out if swapped is None else swapped
         return call
 
+    own = {name for name in originals if name in vars(torch.Tensor)}
     for name, original in originals.items():
         setattr(torch.Tensor, name, wrap(original))
     try:
         yield
     finally:
         for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
+            if name in own:
+                setattr(torch.Tensor, name, original)
+            else:  # (inherited from the C base: the class never held its own)
+                delattr(torch.Tensor, name)
 
 
 class _Swap:
     """While a changed copy runs, the call at ``path:line`` permutes instead of re-cutting."""
 
     def __init__(self, path: str, line: int, order: tuple):
-        self.site, self.order, self.active = (path, line), order, False
+        self.site, self.order, self.active, self.fired = (path, line), order, False, 0
 
     def change(self, model):
         """``model`` (a fresh copy) whose forward passes run with the swap on."""
@@ -149,12 +151,14 @@ class _Swap:
         return model
 
     def _on_call(self, tensor, out):
+        """The call's input permuted, at the site during a changed copy's forward; else None."""
         if not self.active:
             return None
         frame = sys._getframe(2)
         if (frame.f_code.co_filename, frame.f_lineno) != self.site or \
                 permutation(tuple(tensor.shape), tuple(out.shape)) != self.order:
             return None
+        self.fired += 1
         return tensor.permute(*self.order).contiguous()
 
     @contextmanager

@@ -6,7 +6,8 @@ since neighbouring ids are "close" and the loss pays for a 9 read as 0 more than
 as 5. The loss falls and the run looks healthy. Measured on the run's own model and the kept
 rows: the targets are a few consecutive integers each holding a fair share of the rows, and a
 5-nearest-neighbour classifier on the same inputs (no training: nothing about the model limits
-it) tells the classes apart far better than the model's rounded outputs. A direct measurement,
+it) tells the classes apart far better than both the model's rounded outputs and always naming
+the commonest id (ratings skewed to one value, a fair regression, are no such case). A direct measurement,
 decisive; on a run that looked healthy it re-classifies it ``convergence_to_wrong_solution``.
 Located at the regression loss (``loss="mse"``), else at the output layer.
 """
@@ -79,16 +80,18 @@ class ClassesAsNumbers(Probe):
             return []
         try:
             out = np.asarray(tr.predict(tr.model, tuple(inputs)), dtype=np.float64)
+            out = out.reshape(len(labels), -1)
+            x = np.asarray(_host(inputs[0]), dtype=np.float64)
         except Exception:  # noqa: BLE001 - a model the probe cannot call on these rows
             return []
-        x = np.asarray(_host(inputs[0]), dtype=np.float64)
-        if out.reshape(len(labels), -1).shape[1] != 1:
+        if out.shape[1] != 1:
             return []
-        rounded = np.clip(np.rint(out.reshape(-1)), labels.min(), labels.max())
+        rounded = np.clip(np.rint(out[:, 0]), labels.min(), labels.max())
         model_acc = float((rounded == labels).mean())
-        knn_acc = float(st.knn_score(x, labels, True))
-        if knn_acc < model_acc + MARGIN:
-            return []
+        knn_acc = float(st.knn_score(x, labels - labels.min(), True))
+        majority = float(np.bincount(labels - labels.min()).max() / len(labels))
+        if knn_acc < max(model_acc, majority) + MARGIN:
+            return []  # (ratings skewed to one value: the neighbours' vote is no classifier)
         where = source_line(ctx, _LOSS_LINE, near=ctx.ref("model")) or output_location(ctx) \
             or ctx.ref("model")
         k = int(labels.max() - labels.min() + 1)
@@ -100,7 +103,7 @@ class ClassesAsNumbers(Probe):
             f"classifier on the same inputs gets {knn_acc:.0%}: the classes can be told apart, "
             "the number line cannot.",
             where, strength=0.85, decisive=True, classes=k, rows=int(len(labels)),
-            rounded_accuracy=model_acc, knn_accuracy=knn_acc)]
+            rounded_accuracy=model_acc, knn_accuracy=knn_acc, majority_rate=majority)]
 
 
 def _host(value):

@@ -48,7 +48,7 @@ class LrSchedule(Probe):
     suggested_by = ("lr_collapsed_share",)
     fix = ("Slow the schedule down (a larger step_size, a gamma closer to 1, a decay over the "
            "whole run), or step it per epoch rather than per batch; a warm-up should end at "
-           "the optimizer's rate, not keep raising it.")
+           "the optimizer's rate, not keep raising it, and be shorter than the run.")
 
     def applies(self, ctx: ProbeContext) -> bool:
         """With a trainer and a rate collapsed for most of the run, or raised far up.
@@ -116,8 +116,8 @@ class LrSchedule(Probe):
             lr_base=base, lr_reached=reached, at_step=step, heldout_base_lr=own,
             heldout_reached_lr=high)]
 
-
     def _starve(self, ctx: ProbeContext, base: float, typical: float, share: float):
+        """Copies at the optimizer's rate and at the run's median (a warm-up never ended)."""
         steps = len(ctx.run.steps)
         held = heldout_loss(ctx.trainer, ctx, lr=typical, best=True)
         own = heldout_loss(ctx.trainer, ctx, lr=base, best=True)
@@ -143,10 +143,11 @@ STARVED = 0.1  # a rate below this share of the optimizer's own ...
 def _starved(ctx: ProbeContext) -> tuple[float, float, float] | None:
     """``(the optimizer's rate, the run's median rate, share of steps far below it)``.
 
-    When the schedule held the rate below :data:`STARVED` of the optimizer's own for at least
-    :data:`COLLAPSED` of the steps (a warm-up of 10000 steps in a run of 400 never gets
-    there); None otherwise, and for schedules that set their own peak or a Keras optimizer
-    (whose rate is the schedule).
+    When the schedule rose towards the optimizer's own rate and never reached
+    :data:`STARVED` of it, below it for at least :data:`COLLAPSED` of the steps (a warm-up of
+    10000 steps in a run of 400); None otherwise: a decay from the optimizer's rate, a group
+    given a lower rate of its own, schedules that set their own peak, a Keras optimizer (whose
+    rate is the schedule).
     """
     if ctx.framework != "torch" or _scheduler_cls(ctx) in OWN_PEAK or ctx.trainer is None:
         return None
@@ -159,6 +160,9 @@ def _starved(ctx: ProbeContext) -> tuple[float, float, float] | None:
     rates = rates[np.isfinite(rates)]
     if not base > 0 or len(rates) < 2:
         return None
+    if not rates.max() < STARVED * base or rates[-1] <= rates[0]:
+        return None  # it reached the rate at some point, or never rose (a decay, a group's
+        # own lower rate): not a warm-up that never ended
     share = float(np.mean(rates < STARVED * base))
     return (base, float(np.median(rates)), share) if share >= COLLAPSED else None
 
@@ -182,7 +186,7 @@ def _warmup_origin(ctx: ProbeContext) -> dict | None:
             found = setting_location(near, keyword)
             if near is not None and found is not near:
                 return found
-    return source_line(ctx, re.compile(r"\bwarm_?up\w*[\"']?\s*[=:]", re.I),
+    return source_line(ctx, re.compile(r"\bwarm_?up\w*[\"']?\s*(?:=(?!=)|:\s*[\d.])", re.I),
                        near=ctx.ref("scheduler") or ctx.ref("trainer") or ctx.ref("optimizer"))
 
 
