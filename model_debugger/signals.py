@@ -432,16 +432,19 @@ def _robust_baseline(loss: str, sd: float) -> float:
 
 
 STAGE_SHARE = 0.1  # each stage holds at least this share of the run's steps
+FRESH_START = 0.5  # a stage starting at >= this share of the first stage's early loss starts
+                   # afresh (a new head, a new task)
 
 
 def last_stage(run: Run) -> int:
     """The step where the run's last training stage began, or 0 for a single stage.
 
     A stage begins when one optimizer is built after training began (``at_step`` of its
-    ``optimizer`` event): a fine-tune after a pre-training, a second ``Trainer`` over the same
-    model. Only one such optimizer, with at least :data:`STAGE_SHARE` of the steps (and
-    ``4 * MIN_STEPS``) on each side: optimizers re-built every epoch or step are the loop's
-    own pattern, not stages.
+    ``optimizer`` event) and the loss starts afresh there (its early median at least
+    :data:`FRESH_START` of the first stage's: a new head, a new task); a fine-tune that goes
+    on from what was learned is one curve. Only one such optimizer, with at least
+    :data:`STAGE_SHARE` of the steps (and ``4 * MIN_STEPS``) on each side: optimizers re-built
+    every epoch or step are the loop's own pattern, not stages.
     """
     n = len(run.steps)
     later = {e["at_step"] for e in run.of("optimizer")
@@ -450,7 +453,14 @@ def last_stage(run: Run) -> int:
         return 0
     start = later.pop()
     least = max(4 * MIN_STEPS, int(STAGE_SHARE * n))
-    return start if least <= start <= n - least else 0
+    if not least <= start <= n - least:
+        return 0
+    loss = run.series("loss")
+    head = [v for v in (loss[:least], loss[start:start + least]) if np.isfinite(v).any()]
+    if len(head) == 2 and not np.nanmedian(head[1]) >= FRESH_START * np.nanmedian(head[0]):
+        return 0  # it goes on from what the first stage learned (a fine-tune that unfreezes
+        # the body): one curve, read whole
+    return start
 
 
 def _per_epoch_train_loss(run: Run) -> np.ndarray:

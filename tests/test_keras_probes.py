@@ -354,6 +354,7 @@ def test_one_hot_targets_of_labels_counted_from_one_name_no_class(tk):
             [f] = got
             assert (f.root_cause, f.confirmed) == ("data", True)
             assert f.evidence["no_class_share"] == pytest.approx((ratings == 5).mean(), abs=0.05)
+            assert f.evidence["columns_never_set"] == [0]  # (no rating 0: counted from 1)
             assert f.location == {"file": HERE, "line": line_of("one-hot-depth")}
 
 

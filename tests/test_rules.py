@@ -961,6 +961,9 @@ def test_the_last_training_stage_is_the_runs_symptom():
     assert "gradient_instability" not in cls.secondary
     sig = compute(_two_stages(None, flat))
     assert "stage_start" not in sig and C.classify(sig).primary == "gradient_instability"
+    # a fine-tune going on from what was learned (its loss starts low): one curve
+    sig = compute(_two_stages(100, np.linspace(0.1, 0.09, 100)))
+    assert "stage_start" not in sig
     # optimizers re-built every epoch are the loop's pattern, not stages
     rebuilt = _two_stages(100, flat)
     again = {"t": "optimizer", "cls": "Adam", "hyper": {"lr": 1e-3}, "at_step": 150}

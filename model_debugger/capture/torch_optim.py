@@ -110,7 +110,7 @@ class OptimizerHooks:
         built = self._built_at[where] = self._built_at.get(where, 0) + 1
         if built <= _OPTIMIZER_EVENTS:  # one built every step: counted in ``calls`` instead
             self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
-                          location=loc, at_step=self._opt_steps)
+                          location=loc, at_step=self.rec.step)
         if not self._param_names:
             params = [p for g in opt.param_groups for p in g["params"]]
             self._discover(sys._getframe(), params)

@@ -62,6 +62,7 @@ class ComputeSettings(Probe):
         return self._policy(ctx, run_seconds)
 
     def _threads(self, ctx: ProbeContext, run_seconds: float):
+        """A copy's steps timed at the run's thread count and at one thread per core."""
         import torch
 
         tr, threads, have = ctx.trainer, torch.get_num_threads(), cores()
@@ -88,7 +89,11 @@ class ComputeSettings(Probe):
             gain=gain, run_step_seconds=run_seconds)]
 
     def _policy(self, ctx: ProbeContext, run_seconds: float):
+        """Float16 and float32 products timed, for a float16 policy on TensorFlow's CPU."""
         import keras
+
+        if keras.backend.backend() != "tensorflow":
+            return []  # (another backend's devices are not TensorFlow's to list)
         import tensorflow as tf
 
         policy = keras.mixed_precision.global_policy().name

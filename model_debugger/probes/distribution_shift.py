@@ -109,13 +109,13 @@ def _split_location(ctx: ProbeContext) -> dict | None:
             train["line"] > val["line"]:
         if _normalises(ctx, train):  # the training side's later step is its normalisation:
             # the validation pipeline skipped it, and the step goes there
-            return validation_binding(st.data_location(ctx)) or train
+            return validation_binding(st.data_location(ctx)) or val
         return train
     return val
 
 
-_NORMALISES = re.compile(r"preprocess|normali[sz]|standardi[sz]|\bscal(?:e|er|ing)\b|"
-                         r"\bmean\b|\bstd\b|/\s*255", re.IGNORECASE)
+_NORMALISES = re.compile(r"preprocess|normali[sz]|standardi[sz]|scaler\b|\bmean\b|\bstd\b|"
+                         r"/\s*255", re.IGNORECASE)
 
 
 def _normalises(ctx: ProbeContext, origin: dict) -> bool:
@@ -131,7 +131,7 @@ def _normalises(ctx: ProbeContext, origin: dict) -> bool:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return False
-    stmt = next((n for n in ast.walk(tree) if isinstance(n, ast.stmt)
-                 and n.lineno == origin["line"]), None)
+    stmt = next((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.Expr))
+                 and n.lineno == origin["line"]), None)  # (not a block's whole body)
     segment = ast.get_source_segment(text, stmt) if stmt is not None else None
     return bool(segment and _NORMALISES.search(segment))

@@ -34,8 +34,12 @@ class FrozenParameters(SettingExperiment):
            "fine-tuning.")
 
     def intervention(self, finding):
-        """Every parameter trains in the re-run."""
-        return Intervention("unfreeze")
+        """Every parameter trains in the re-run.
+
+        None for trainable parameters left out of the optimizer: unfreezing would also train
+        what is frozen on purpose (the copies' experiment tells).
+        """
+        return None if finding.evidence.get("left_out") else Intervention("unfreeze")
 
     def run(self, ctx: ProbeContext):
         """A finding when most parameters are frozen, or a smaller frozen part holds the loss up.
@@ -73,7 +77,10 @@ class FrozenParameters(SettingExperiment):
             frozen_share=share, heldout_frozen=frozen, heldout_unfrozen=unfrozen)]
 
     def _left_out(self, ctx: ProbeContext, tr, share: float, missing: list[str]):
+        """Copies whose optimizer holds every trainable parameter, against the run's."""
         left, given, confirmed = self.compare(ctx, tr.all_in_optimizer)
+        if share < FROZEN and not confirmed:
+            return []  # (a teacher kept beside the model, never meant to train: by design)
         return [self.finding(
             "training_loop", confirmed,
             f"{share:.0%} of the model's parameters do not train, among them "

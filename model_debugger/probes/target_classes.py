@@ -1,12 +1,15 @@
 """``target_classes``: one-hot training targets that name no class, or several.
 
 A one-hot target must set exactly one class. Labels counted from 1 (``1..K``) one-hot encoded
-with depth ``K`` (``tf.one_hot(rating, 5)`` for ratings 1-5, ``to_categorical`` of a shifted
-label, ``np.eye(K)[y]`` after a bad offset) leave the last label's rows all zeros: the loss asks
-the model to push every class down for them, the class is never learned, and the other rows'
-classes are shifted by one. Measured on the kept training targets of a classification loss: the
-share of 0/1 target rows whose classes do not sum to one. Direct and decisive (``data``),
-located where the targets were encoded (the one-hot call), else where the data enters training.
+with depth ``K`` (``tf.one_hot(rating, 5)`` for ratings 1-5, ``np.eye(K)[y]`` after a bad
+offset) leave the last label's rows all zeros, and the first column is never set: under a
+softmax cross-entropy an all-zero row adds no loss and no gradient, so that class is silently
+never learned, and every other class is read one off. Measured on the kept training targets of
+a classification loss: the share of 0/1 target rows whose classes do not sum to one. Rows with
+no class while one column is never set is that signature: direct and decisive (``data``),
+located where the targets were encoded (the one-hot call), else where the data enters
+training. Zero rows without it (rows masked out on purpose) and rows with several classes (a
+multi-label target under a single-label loss) are reported as hypotheses.
 """
 
 from __future__ import annotations
@@ -50,17 +53,30 @@ class TargetClasses(Probe):
         none, several = float((sums == 0).mean()), float((sums > 1).mean())
         if none + several < SHARE:
             return []
-        what = (f"{none:.1%} of them set no class (all zeros)" if none >= several else
-                f"{several:.1%} of them set several classes")
         where = source_line(ctx, _ENCODE, near=st.data_location(ctx)) or st.data_location(ctx)
+        unused = [int(c) for c in np.flatnonzero(y.sum(axis=0) == 0)]
+        common = dict(rows=int(len(y)), classes=int(y.shape[1]), no_class_share=none,
+                      several_classes_share=several, columns_never_set=unused)
+        if several > none:
+            return [self.finding(
+                "architecture", False,
+                f"{several:.1%} of the one-hot training targets set several of the "
+                f"{y.shape[1]} classes, under a single-label cross-entropy: several labels "
+                "per row want one sigmoid per class and a binary cross-entropy.",
+                where, strength=0.4, **common)]
+        shifted = bool(unused)
         return [self.finding(
-            "data", True,
-            f"The training targets are one-hot rows of {y.shape[1]} classes, and {what}: a "
-            f"label outside 0..{y.shape[1] - 1} (labels counted from 1, or a depth one short) "
-            "encodes to a row that names no class. The model is pushed to reject every class "
-            "for those rows and never learns the missing one.",
-            where, strength=0.9, decisive=True, rows=int(len(y)), classes=int(y.shape[1]),
-            no_class_share=none, several_classes_share=several)]
+            "data", shifted,
+            f"{none:.1%} of the one-hot training targets set none of the {y.shape[1]} classes "
+            "(all zeros): under a softmax cross-entropy such a row adds no loss and no "
+            "gradient, so its class is never learned"
+            + (f", and column{'s' if len(unused) > 1 else ''} {unused} "
+               f"{'are' if len(unused) > 1 else 'is'} never set: labels counted from 1 encoded "
+               f"with depth {y.shape[1]} (the last label falls off, every other is read one "
+               "off)." if shifted else
+               ". Every class is set somewhere: if the zero rows are masked out on purpose "
+               "this is by design."),
+            where, strength=0.9 if shifted else 0.3, decisive=shifted, **common)]
 
 
 def _host(value):
