@@ -237,6 +237,21 @@ def test_the_witness_gives_no_answer_on_ignored_positions():
     assert label_alignment._witness(ctx, tr.inputs, target, np.random.default_rng(0)) is None
 
 
+def test_the_witness_reads_no_token_ids_and_weighs_its_own_noise():
+    """Token ids (a tiny BERT's ``input_ids`` and mask) have no distances: no k-NN verdict
+    (a 0.53 vs 0.47 by chance on 480 rows of ids let misaligned labels pass as aligned). On
+    numbers, the gap it needs grows with the noise of two accuracies on few rows."""
+    tr = trainer(0, 0.0)
+    ctx = types.SimpleNamespace(trainer=tr)
+    ids = torch.randint(0, 30, (len(tr.targets), 12))
+    assert label_alignment._witness(ctx, (ids, torch.ones_like(ids)), tr.targets,
+                                    np.random.default_rng(0)) is None
+    real, chance, noise = label_alignment._witness(ctx, tr.inputs, tr.targets,
+                                                   np.random.default_rng(0))
+    rows = min(len(tr.targets), 1536)
+    assert noise == pytest.approx(2 * np.sqrt(2 * chance * (1 - chance) / rows))
+
+
 def circle_trainer(seed: int, shuffled: bool, n: int = 1600, batch: int = 64) -> TorchTrainer:
     """Points in the square, labelled inside/outside a circle (two input columns, a BCE logit
     output); ``shuffled``: the labels permuted apart from the points."""

@@ -238,7 +238,7 @@ class LabelAlignment(Probe):
             return []  # the copies cannot learn even a planted label: the learner, not the labels
         kind, control_loss, control_base = control or (None, None, None)
         witness = _witness(ctx, inputs, target, rng)
-        if witness is not None and witness[0] >= witness[1] + WITNESS_MARGIN:
+        if witness is not None and witness[0] >= witness[1] + max(WITNESS_MARGIN, witness[2]):
             return []  # another learner tells the labels from the inputs: they are aligned
         return [self.finding(
             "data", True,
@@ -331,18 +331,22 @@ def _run_generalised(sig: dict | None) -> bool:
 
 
 def _witness(ctx: ProbeContext, inputs, target, rng: np.random.Generator):
-    """``(score on real labels, score on shuffled ones)`` of a k-NN, or None when it cannot say.
+    """``(score on real labels, on shuffled ones, noise)`` of a k-NN, or None when it cannot say.
 
     A second, independent learner: when the copies of the user's model learn nothing from the
     real labels but nearest neighbours predict them from the inputs, the labels are aligned and
     the model is what fails (a stack it cannot train, an output it cannot move). Scores are
     accuracy for class labels, R^2 for a regression target. Several numeric inputs (a model
     taking a dict of named inputs) are read as one row of all their columns; each column is
-    standardised, so a feature in the millions does not drown the others.
+    standardised, so a feature in the millions does not drown the others. Token ids are not
+    read (distances between ids mean nothing). ``noise``: two standard errors of the
+    difference of two accuracies at the shuffled score (0 for R^2).
     """
+    raw = [np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a) for a in inputs]
+    if any(np.issubdtype(a.dtype, np.integer) and a.ndim >= 2 for a in raw):
+        return None  # token ids (and their masks): distances between ids mean nothing
     try:
-        parts = [np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a,
-                            dtype=np.float64) for a in inputs]
+        parts = [a.astype(np.float64) for a in raw]
         y = np.asarray(target.detach().cpu().numpy() if hasattr(target, "detach") else target)
         x = np.concatenate([p.reshape(len(p), -1) for p in parts], axis=1)
     except (TypeError, ValueError):
@@ -360,4 +364,7 @@ def _witness(ctx: ProbeContext, inputs, target, rng: np.random.Generator):
     if not np.isfinite(y).all():
         return None
     shuffled = y[rng.permutation(len(y))]
-    return st.knn_score(x, y, classes), st.knn_score(x, shuffled, classes)
+    real, chance = st.knn_score(x, y, classes), st.knn_score(x, shuffled, classes)
+    rows = min(len(y), 1536)  # (knn_score's cap)
+    noise = 2 * math.sqrt(2 * max(chance * (1 - chance), 0.0) / rows) if classes else 0.0
+    return real, chance, noise
