@@ -949,13 +949,13 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     assert healthy_probes == {"target_copy", "small_batches", "lint", "framework_warnings",
                               "gradients_unapplied", "minority_ignored", "data_volume",
                               "tape_kept", "hooks_accumulate", "compute_settings",
-                              "classes_as_numbers"}
+                              "classes_as_numbers", "linear_stack"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
     assert set(report.probe_seconds) <= {"target_copy", "lint", "minority_ignored",
                                          "data_volume", "compute_settings",
-                                         "classes_as_numbers"}
+                                         "classes_as_numbers", "linear_stack"}
     assert {"target_copy", "lint"} <= set(report.probe_seconds)
 
 

@@ -7,7 +7,9 @@ the linear model's loss on a task that needs more (two moons, XOR, digits): the 
 then stays well above what the data allows. Found on the live model (its graph, or the tensors
 one forward pass of a copy hands from module to module), then tested by experiment: two fresh
 copies trained on the same rows, one as set up and one with a ReLU after each such layer;
-confirmed when that copy reaches a clearly lower held-out loss. Located where the activation
+confirmed when that copy reaches a clearly lower held-out loss (on a run that looked healthy,
+still slowly falling towards the linear model's loss, the confirmed finding re-classifies it
+``loss_not_decreasing``). Located where the activation
 goes: where ``forward`` calls the first such module, else the line that built that layer.
 """
 
@@ -28,6 +30,8 @@ class LinearStack(SettingExperiment):
 
     id = "linear_stack"
     cost = 2
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "healthy")
+    reveals = "loss_not_decreasing"  # a model that learned what a linear one can, and stopped
     fix = ("Give each hidden layer an activation (activation=\"relu\" on a Dense, an nn.ReLU() "
            "after an nn.Linear): without one, stacked layers are a single linear layer.")
 
@@ -55,6 +59,7 @@ class LinearStack(SettingExperiment):
             + (": the missing activations keep the model linear." if confirmed else
                ": no clearly better, so the linear stack is not what holds the loss up."),
             _where(ctx, firsts[0]), undone=confirmed, strength=0.75 if confirmed else 0.15,
+            decisive=confirmed,
             layers=firsts, pairs=[list(p) for p in pairs], heldout_as_built=as_set,
             heldout_with_activations=relu_loss)]
 
