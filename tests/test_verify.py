@@ -71,6 +71,18 @@ def test_judge_a_crashing_fix_is_not_resolved():
     assert v["verdict"] == "not_resolved" and "crashed in 2/2" in v["remaining_symptom"]
 
 
+def test_judge_a_tentative_plateau_after_regularising_is_no_new_problem():
+    """Weight decay against memorising 64 rows keeps the training loss from reaching zero: it
+    settles at a share of the prior's that only a tentative plateau reads (no experiment runs
+    in Verify). Overfitting gone everywhere is resolved; a plateau the rule table stands by
+    (the loss never moved) is still a new problem."""
+    before = [_m(["overfitting"], val_loss_rise=0.8)] * 3
+    settled = [dict(_m(["loss_not_decreasing"], val_loss_rise=0.0), tentative=True)] * 3
+    assert judge("overfitting", before, settled)["verdict"] == "resolved"
+    stuck = [dict(_m(["loss_not_decreasing"], val_loss_rise=0.0), tentative=False)] * 3
+    assert judge("overfitting", before, stuck)["verdict"] == "partially_resolved"
+
+
 def test_judge_a_fix_that_brings_a_new_problem_is_only_partial():
     """Zeroing gradients between backward and step cures the NaN and stops all learning."""
     before = [_m([GI, "overfitting"], finite_fraction=0.02)]

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._validate import check_count, check_seconds, check_seed, check_seeds
 from ..artifacts.base import Version
-from ..classify import classify
+from ..classify import classify, tentative
 from ..defining import DEFINING, LOG_SIGNALS, MIN_EFFECT, defining_signal
 from ..records import HEALTHY, Run, Verification
 from ..session import DebugSession
@@ -50,7 +50,7 @@ def measure(run: Run) -> dict:
     if res["status"] == "not_observed":
         error = f"no training step observed: {res['reason']}"
     return {"signals": sig, "categories": [cls.primary, *cls.secondary], "crashed": crashed,
-            "error": error}
+            "error": error, "tentative": tentative(cls)}
 
 
 def _value(sig: dict, name: str) -> float:
@@ -118,7 +118,11 @@ def judge(category: str, before: list[dict], after: list[dict], noise: dict | No
     n = len(after)
     crashed = sum(m["crashed"] for m in after)
     seen_before = {c for m in before for c in m["categories"]}
-    new = sorted({c for m in after for c in m["categories"]} - seen_before - {HEALTHY})
+    # a tentative plateau (a loss settled above zero, no experiment run on it) is no new
+    # problem: regularisation that keeps a memorised loss from reaching zero settles it there
+    new = sorted({c for m in after for c in m["categories"]
+                  if not (m.get("tentative") and c == "loss_not_decreasing")}
+                 - seen_before - {HEALTHY})
     if crashed and category != "memory_issue":
         verdict = "not_resolved"
         remaining = f"the fixed code crashed in {crashed}/{n} seeds: {a['errors'][0]}"
