@@ -202,9 +202,12 @@ def test_ctrl_c_of_diagnose_ends_with_one_line_and_a_partial_session(tmp_path):
             time.sleep(0.01)
     """)
     side, root = tmp_path / "side.txt", tmp_path / "s"
+    # (a suite started in the background, `make test &`, ignores SIGINT, and children inherit
+    # that: the CLI gets the default a terminal gives it)
     proc = subprocess.Popen([sys.executable, "-m", "model_debugger.cli", "diagnose", str(script),
                              "--root", str(root), "--", str(side)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for(side, "going", proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
