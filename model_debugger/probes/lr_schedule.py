@@ -149,14 +149,10 @@ def _starved(ctx: ProbeContext) -> tuple[float, float, float] | None:
     given a lower rate of its own, schedules that set their own peak, a Keras optimizer (whose
     rate is the schedule).
     """
-    if ctx.framework != "torch" or _scheduler_cls(ctx) in OWN_PEAK or ctx.trainer is None:
+    own = _own_rate(ctx)
+    if own is None:
         return None
-    try:
-        base = float(ctx.trainer.hyper["lr"])
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return None
-    steps = len(ctx.run.steps)
-    rates = rate_per_step(ctx.run.of("lr"), steps)
+    base, rates = own
     rates = rates[np.isfinite(rates)]
     if not base > 0 or len(rates) < 2:
         return None
@@ -229,23 +225,34 @@ def _per_batch(ctx: ProbeContext) -> dict | None:
     return where if collapsed < COLLAPSED else None
 
 
+def _own_rate(ctx: ProbeContext) -> tuple[float, np.ndarray] | None:
+    """The optimizer's own rate and the first group's rate at every step, or None.
+
+    None for a Keras optimizer (its rate is the schedule: no rate of its own), schedules that
+    set their own peak, and a run without a trainer.
+    """
+    if ctx.framework != "torch" or _scheduler_cls(ctx) in OWN_PEAK or ctx.trainer is None:
+        return None
+    try:
+        base = float(ctx.trainer.hyper["lr"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return base, rate_per_step(ctx.run.of("lr"), len(ctx.run.steps))
+
+
 def _raised(ctx: ProbeContext) -> tuple[float, float, int] | None:
     """``(the optimizer's rate, the rate reached, its step)`` of a schedule that raised it.
 
     When an unstable run's schedule lifted the rate ``RAISED`` times above the optimizer's
     own (at the first non-finite step, else at its peak); None otherwise.
     """
-    if ctx.classification is None or "gradient_instability" not in (
-            ctx.classification.primary, *ctx.classification.secondary) or \
-            ctx.framework != "torch" or \
-            _scheduler_cls(ctx) in OWN_PEAK:
-        return None  # (a Keras optimizer reads its rate from the schedule: no rate of its own)
-    try:
-        base = float(ctx.trainer.hyper["lr"])
-    except (AttributeError, KeyError, TypeError, ValueError):
+    unstable = ctx.classification is not None and "gradient_instability" in (
+        ctx.classification.primary, *ctx.classification.secondary)
+    own = _own_rate(ctx) if unstable else None
+    if own is None:
         return None
-    steps = len(ctx.run.steps)
-    rates = rate_per_step(ctx.run.of("lr"), steps)
+    base, rates = own
+    steps = len(rates)
     if not base or not steps or not np.isfinite(rates).any():
         return None
     bad = ctx.signals.get("first_nonfinite_step")
