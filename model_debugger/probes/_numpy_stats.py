@@ -44,6 +44,11 @@ def feature_names(ctx, d: int) -> list[str]:
     return list(names) if names is not None and len(names) == d else [f"x{i}" for i in range(d)]
 
 
+def host(value) -> np.ndarray:
+    """A torch tensor (on any device) or an array-like as a NumPy array."""
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+
+
 def as_matrix(x) -> np.ndarray:
     """A float64 (n, features) matrix: 1-D input becomes one column, more dims are flattened."""
     x = np.asarray(x, dtype=np.float64)

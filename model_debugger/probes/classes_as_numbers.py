@@ -75,13 +75,13 @@ class ClassesAsNumbers(Probe):
             is not None and len(tr.val_targets) >= MIN_ROWS else (tr.inputs, tr.targets)
         if inputs is None or len(inputs) != 1 or target is None:
             return []
-        labels = class_ids(_host(target))
+        labels = class_ids(st.host(target))
         if labels is None:
             return []
         try:
             out = np.asarray(tr.predict(tr.model, tuple(inputs)), dtype=np.float64)
             out = out.reshape(len(labels), -1)
-            x = np.asarray(_host(inputs[0]), dtype=np.float64)
+            x = np.asarray(st.host(inputs[0]), dtype=np.float64)
         except Exception:  # noqa: BLE001 - a model the probe cannot call on these rows
             return []
         if out.shape[1] != 1:
@@ -104,7 +104,3 @@ class ClassesAsNumbers(Probe):
             "the number line cannot.",
             where, strength=0.85, decisive=True, classes=k, rows=int(len(labels)),
             rounded_accuracy=model_acc, knn_accuracy=knn_acc, majority_rate=majority)]
-
-
-def _host(value):
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)

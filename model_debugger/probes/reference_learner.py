@@ -45,8 +45,8 @@ class ReferenceLearner(Probe):
         if len(inputs) != 1:
             return []
         try:
-            x = np.asarray(_host(inputs[0]), dtype=np.float64)
-            y = np.asarray(_host(target))
+            x = np.asarray(st.host(inputs[0]), dtype=np.float64)
+            y = np.asarray(st.host(target))
         except (TypeError, ValueError):
             return []
         labels = st.as_labels(y, getattr(tr.loss_fn, "__name__", None))
@@ -70,10 +70,6 @@ class ReferenceLearner(Probe):
                                       "score": round(float(score), 4),
                                       "model_score": round(float(model), 4),
                                       "rows": int(min(len(x), 1536))})
-
-
-def _host(value):
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
 
 
 def _model_score(ctx: ProbeContext, classes: bool) -> tuple[float | None, str]:

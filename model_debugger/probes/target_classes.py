@@ -45,7 +45,7 @@ class TargetClasses(Probe):
         if tr is None or tr.targets is None or st.loss_name(ctx) not in (
                 "cross_entropy", "nll_loss"):
             return []
-        y = np.asarray(_host(tr.targets))
+        y = np.asarray(st.host(tr.targets))
         if y.ndim != 2 or y.shape[1] < 2 or not np.issubdtype(y.dtype, np.number) or \
                 not np.isin(y, (0, 1)).all():
             return []  # not one-hot rows
@@ -77,7 +77,3 @@ class TargetClasses(Probe):
                ". Every class is set somewhere: if the zero rows are masked out on purpose "
                "this is by design."),
             where, strength=0.9 if shifted else 0.3, decisive=shifted, **common)]
-
-
-def _host(value):
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
