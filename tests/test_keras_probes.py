@@ -286,9 +286,11 @@ def test_keras_functional_dense_layers_without_activation_are_a_linear_stack(tk)
 
 
 def test_a_float16_policy_without_a_gpu_is_timed_against_float32(tk, monkeypatch):
-    """``mixed_float16`` on a CPU: the probe times float16 against float32 products on this
-    machine and reveals a performance problem when float16 is clearly slower, located at the
-    policy (the timings are made up here: a shared test machine's are no assertion)."""
+    """``mixed_float16`` on a CPU: the probe times a copy of the model under the policy against
+    one whose layers compute in float32 and reveals a performance problem when float16 is
+    clearly slower, located at the policy. A model Keras cannot rebuild in float32 falls back
+    to timing matrix products (the timings are made up here: a shared test machine's are no
+    assertion; the copies are real)."""
     import model_debugger
     from model_debugger.probes import compute_settings as cs
     from model_debugger.probes import run_probes
@@ -309,16 +311,40 @@ def test_a_float16_policy_without_a_gpu_is_timed_against_float32(tk, monkeypatch
         ctx = build_context(Run(rec.events), rec.keeper,
                             {HERE: open(HERE, encoding="utf-8").read()}, budget=60.0)
         monkeypatch.setattr(cs, "MIN_RUN_SECONDS", 0.0)
+        tr = ctx.trainer
+        full = tr.float32_copy()
+        assert [layer.compute_dtype for layer in full.layers] == ["float32", "float32"]
+        assert [layer.compute_dtype for layer in tr.fresh_model().layers] == \
+            ["float16", "float32"]
+        # compile wrapped Adam in a LossScaleOptimizer: the copies are built from Adam
+        assert tr.opt_cls is keras.optimizers.Adam
+        assert tr.throughput(64, steps=2, model=full) > 0
+        seen = []
+
+        def timed(ratio):
+            def throughput(batch, steps=20, model=None):
+                in_half = model.layers[0].compute_dtype == "float16"
+                seen.append(in_half)
+                return 100.0 / ratio if in_half else 100.0
+            return throughput
+
         for ratio, found in ((4.0, True), (1.0, False)):
-            monkeypatch.setattr(cs, "_matmul_seconds",
-                                lambda tf, dtype, r=ratio: 0.01 * (r if dtype == "float16" else 1))
+            monkeypatch.setattr(tr, "throughput", timed(ratio))
             got = run_probes(ctx, ["compute_settings"]).findings
             assert bool(got) == found, got
             if found:
                 [f] = got
                 assert (f.root_cause, f.confirmed) == ("hardware", True)
                 assert f.evidence["policy"] == "mixed_float16"
+                assert f.evidence["timed"] == "model_steps"
+                assert f.evidence["gain"] == 4.0
                 assert f.location == {"file": HERE, "line": line_of("keras-policy")}
+        assert seen.count(True) == seen.count(False) == 2 * cs.ROUNDS  # alternated rounds
+        monkeypatch.setattr(tr, "float32_copy", lambda: None)
+        monkeypatch.setattr(cs, "_matmul_seconds",
+                            lambda tf, dtype: 0.01 * (4.0 if dtype == "float16" else 1))
+        [f] = run_probes(ctx, ["compute_settings"]).findings
+        assert f.evidence["timed"] == "matmul"
     finally:
         keras.mixed_precision.set_global_policy("float32")
 

@@ -398,7 +398,18 @@ class KerasKeeper(SpilledState):
         self.train_batches, self.val_batches, self.heads_x = [], [], None
 
     def on_optimizer(self, opt, hyper: dict, config: dict) -> None:
-        """Keep the first optimizer's class, name, hyperparameters and config (read eagerly)."""
+        """Keep the first optimizer's class, name, hyperparameters and config (read eagerly).
+
+        A ``LossScaleOptimizer`` (what ``compile`` makes of the optimizer under a float16
+        policy) is kept as the optimizer it wraps: the copies are built from that class and
+        config (the wrapper's own config names no rate, and its class needs the inner one).
+        """
+        inner = getattr(opt, "inner_optimizer", None)
+        if inner is not None:
+            try:
+                opt, config = inner, inner.get_config()
+            except Exception:  # noqa: BLE001 - keep the wrapper as it is
+                pass
         if self.optimizer is None:
             self.optimizer = {"cls": type(opt), "name": type(opt).__name__, "hyper": dict(hyper),
                               "config": config}

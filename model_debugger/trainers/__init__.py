@@ -110,8 +110,8 @@ class Trainer(Protocol):
         ``(rates, smoothed losses)`` as NumPy arrays, stopped where the loss diverges.
         """
 
-    def throughput(self, batch_size: int, steps: int = 20) -> float:
-        """Training rows per second of a fresh copy at ``batch_size`` (after a warm-up)."""
+    def throughput(self, batch_size: int, steps: int = 20, model=None) -> float:
+        """Training rows per second of a fresh copy (or of ``model``) at ``batch_size``."""
 
     def param_bytes(self) -> int:
         """Bytes of the model's parameters."""

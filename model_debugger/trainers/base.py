@@ -79,15 +79,16 @@ class SampleTrainer:
         return max(5, min(count, int(seconds / took)))
 
 
-    def throughput(self, batch_size: int, steps: int = 20) -> float:
+    def throughput(self, batch_size: int, steps: int = 20, model=None) -> float:
         """Training rows per second of a fresh copy at ``batch_size`` (after 3 warm-up steps).
 
         The user's optimizer and loss on the kept sample: forward, backward and update, as the
-        run does them, without the capture's hooks.
+        run does them, without the capture's hooks. ``model``: time this copy instead (it
+        trains on: a second call times it warm).
         """
         import time
 
-        model = self.fresh_model()
+        model = self.fresh_model() if model is None else model
         inputs, target = self.subset(slice(0, min(self.n, max(batch_size, 1) * 4)))
         self.fit(model, inputs, target, 3, batch_size=batch_size)  # (a Keras trace)
         t0 = time.perf_counter()

@@ -160,6 +160,37 @@ class KerasTrainer(SampleTrainer):
                 out[getattr(var, "path", var.name)] = odd
         return out
 
+    def float32_copy(self):
+        """A fresh copy whose layers compute in float32, whatever the mixed-precision policy.
+
+        Sequential and functional models are cloned layer by layer with ``dtype="float32"``; a
+        subclassed model is built again from the arguments the capture saw, under the
+        ``float32`` global policy (its layers take the policy when made). None when neither
+        can be done.
+        """
+        import keras
+
+        try:
+            if _graph_model(keras, self.model):
+                model = _clone(keras, self.model, dtype="float32")
+            elif self.init_args is not None:
+                policy = keras.mixed_precision.global_policy()
+                keras.mixed_precision.set_global_policy("float32")
+                try:
+                    args, kwargs = self.init_args
+                    model = type(self.model)(*args, **kwargs)
+                finally:
+                    keras.mixed_precision.set_global_policy(policy)
+            else:
+                return None
+            if not model.built and self.inputs is not None:
+                model(self._x(tuple(x[:1] for x in self.inputs)))
+            if self.initial_state is not None:
+                model.set_weights(self.initial_state)
+        except Exception:  # noqa: BLE001 - a model Keras cannot rebuild this way
+            return None
+        return model
+
     @staticmethod
     def default_init(model):
         """Give ``model`` (a clone) Keras' default initialisation; returns it."""
@@ -570,19 +601,25 @@ def _finalize_adapted(model) -> None:
                 pass
 
 
-def _clone(keras, model):
+def _graph_model(keras, model) -> bool:
+    """A Sequential or functional model (layers Keras can clone one by one)."""
+    return isinstance(model, keras.Sequential) or type(model).__name__ == "Functional" or \
+        getattr(model, "_is_graph_network", False)
+
+
+def _clone(keras, model, dtype: str | None = None):
     """``keras.models.clone_model``, a Sequential or functional model's Lambdas keeping their function.
 
     Keras takes a ``clone_function`` (:func:`_clone_layer`) for those only: a subclassed model
-    is cloned from its config, as before.
+    is cloned from its config, as before. ``dtype``: every cloned layer computes in it.
     """
-    if isinstance(model, keras.Sequential) or \
-            type(model).__name__ == "Functional" or getattr(model, "_is_graph_network", False):
-        return keras.models.clone_model(model, clone_function=_clone_layer)
+    if _graph_model(keras, model):
+        return keras.models.clone_model(
+            model, clone_function=lambda layer: _clone_layer(layer, dtype))
     return keras.models.clone_model(model)
 
 
-def _clone_layer(layer):
+def _clone_layer(layer, dtype: str | None = None):
     """A new layer of the same config; a ``Lambda`` keeps its function object.
 
     Keras rebuilds a ``Lambda`` from its config by unmarshalling the function's bytecode,
@@ -598,7 +635,10 @@ def _clone_layer(layer):
                                    mask=layer.mask, arguments=dict(layer.arguments),
                                    name=config.get("name"), dtype=config.get("dtype"),
                                    trainable=config.get("trainable", True))
-    new = layer.__class__.from_config(layer.get_config())
+    config = layer.get_config()
+    if dtype is not None and "dtype" in config:
+        config["dtype"] = dtype
+    new = layer.__class__.from_config(config)
     _same_vocabulary(layer, new)
     return new
 
