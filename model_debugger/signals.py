@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .records import Run, ranks_at_half
-from .thresholds import MIN_STEPS, UNPAIRED_CORR, UNPAIRED_READS, WINDOW_ROWS
+from .thresholds import DIVERGE_RATIO, MIN_STEPS, UNPAIRED_CORR, UNPAIRED_READS, WINDOW_ROWS
 
 # every signal compute() produces, with its meaning (names are public: rules, findings and
 # Verify cite them)
@@ -35,6 +35,8 @@ SIGNALS: dict[str, str] = {
     "loss_relative_drop": "(loss_initial - loss_final) / |loss_initial|",
     "loss_first": "median of the first 3 loss readings (the model before its updates took effect)",
     "loss_peak_ratio": "loss_max / loss_first: how far the updates drove the loss above its start",
+    "loss_blowup_step": "first optimizer step whose loss (a mean of loss_window readings) "
+                        "reached DIVERGE_RATIO x loss_first: when the run blew up",
     "loss_tail_drop": "relative fall of the loss over the second half of the run",
     "loss_floor_share": "loss_final / constant_predictor_loss: where the loss settled",
     "untrained_share": "share of the model's parameters no optimizer step updated (frozen, "
@@ -555,6 +557,17 @@ def _pairs_no_row(read: dict) -> bool:
                for scale in (1.0 / rows, float(rows), 1.0) for k in (1.0, 2.0))
 
 
+def blowup_step(sig) -> int | None:
+    """The step where a run blew up, from its signals (None: it did not).
+
+    The earlier of its first non-finite value and its loss reaching the divergence ratio of its
+    start (``loss_blowup_step``).
+    """
+    steps = [int(sig[k]) for k in ("first_nonfinite_step", "loss_blowup_step")
+             if isinstance((sig or {}).get(k), (int, float))]
+    return min(steps) if steps else None
+
+
 def compute(run: Run) -> dict:
     """Compute every signal of a run.
 
@@ -596,6 +609,9 @@ def compute(run: Run) -> dict:
             s["loss_tail_drop"] = (mid - s["loss_final"]) / max(abs(mid), 1e-12)
         if s["loss_first"] > 0:
             s["loss_peak_ratio"] = float(fl.max() / s["loss_first"])
+            over = np.nonzero(fl[1:] >= DIVERGE_RATIO * s["loss_first"])[0]
+            if over.size and s.get("loss_source") != "epochs":
+                s["loss_blowup_step"] = int((over[0] + 1) * max(k, 1)) + int(stage or 0)
     kind = (targets[-1] if targets else {}).get("loss")
     if kind in NONNEGATIVE_LOSSES and s.get("loss_min", 0.0) < -1e-6:
         s["loss_kind"], s["loss_below_zero"] = kind, s["loss_min"]

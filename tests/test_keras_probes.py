@@ -349,6 +349,46 @@ def test_a_float16_policy_without_a_gpu_is_timed_against_float32(tk, monkeypatch
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.parametrize("beta_2,lr,confirmed", [(0.9, 1e-3, True), (0.9999, 3.0, False)])
+def test_a_momentum_that_blows_up_late_is_replayed_as_long_as_the_run(tk, beta_2, lr, confirmed):
+    """Adam's betas swapped (``beta_1=0.999, beta_2=0.9``) train well for a few hundred steps,
+    then the steps grow and the loss blows up: a 100-step comparison of held-out losses cannot
+    see it. The copies train at the run's batch size for as many steps as the run took to blow
+    up, and half again: as set up they blow up, with ``beta_1=0.9`` they do not (confirmed, at
+    the optimizer). With a rate of 3.0 both blow up: the beta is not the cause."""
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    keras = tk
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(6, 30)) * 1.5
+    y = rng.integers(0, 6, 3000)
+    X = (centers[y] + rng.normal(size=(3000, 30))).astype("float32")
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(64, activation="relu"), keras.layers.Dense(6)])
+        opt = keras.optimizers.Adam(lr, beta_1=0.999, beta_2=beta_2)  # <keras-betas>
+        model.compile(optimizer=opt,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(X, y, batch_size=32, epochs=6 if confirmed else 3, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper,
+                        {HERE: open(HERE, encoding="utf-8").read()}, budget=60.0)
+    assert ctx.classification.primary == "gradient_instability"
+    onset = ctx.signals["loss_blowup_step"]
+    assert 20 < onset < 300
+    [f] = run_probes(ctx, ["optimizer_settings"]).findings
+    assert f.confirmed == confirmed, f.explanation
+    assert (f.evidence["setting"], f.evidence["onset_step"]) == ("beta1", onset)
+    assert f.evidence["replay_steps"] >= onset
+    if confirmed:
+        assert all(p >= 2.0 for p in f.evidence["peak_as_set"])
+        assert all(p < 2.0 for p in f.evidence["peak_usual"])
+        assert f.location["line"] == line_of("keras-betas")
+
+
 def test_one_hot_targets_of_labels_counted_from_one_name_no_class(tk):
     """Ratings 1..5 one-hot encoded with depth 5: the rating-5 rows are all zeros (TensorFlow
     says nothing). A fifth of the kept targets name no class: a data finding at the encoding

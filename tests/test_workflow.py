@@ -830,17 +830,23 @@ def test_a_cure_paid_for_in_validation_loss_does_not_confirm(tmp_path):
     assert got.confirmed and "validation_worse" not in got.evidence["intervention"]
 
 
-def test_a_symptom_that_builds_late_is_re_run_as_long_as_the_reproduction(tmp_path):
+@pytest.mark.parametrize("onset", [None, 600])
+def test_a_symptom_that_builds_late_is_re_run_as_long_as_the_reproduction(tmp_path, onset):
     """The reproduction blew up after 600 of its 1000 steps; 200-step re-runs show nothing.
     Rather than give up ("did not show"), the baseline is re-run once as long as the
     reproduction (it fits the budget), the symptom shows, and the intervention is judged there;
-    a budget too small for the longer re-runs leaves the finding untested, saying so."""
+    a budget too small for the longer re-runs leaves the finding untested, saying so. When the
+    signals say where it blew up (``loss_blowup_step``), the re-runs go that far and a quarter
+    more from the start: no short baseline is paid for first."""
     from model_debugger.phases.confirm import MAX_STEPS, confirm
 
     s = _at_fix(tmp_path, [])
     s.record_reproduce({"status": "reproduced", "problem": "gradient_instability", "steps": 1000,
                         "seconds": 0.2, "runs": {"total": 1, "reproduced": 1,
                                                  "categories": ["gradient_instability"]}})
+    if onset is not None:
+        s.record_classification(Classification("gradient_instability", (), (
+            Evidence("loss_final", 9.0, ""),)), {"loss_blowup_step": onset})
     healthy = syn.make_run(syn.healthy_steps(40))
     late = syn.make_run(syn.steps_events([1.0 - 0.01 * i for i in range(30)] +
                                          [0.7 * 1.5 ** i for i in range(10)]))
@@ -859,6 +865,10 @@ def test_a_symptom_that_builds_late_is_re_run_as_long_as_the_reproduction(tmp_pa
     guess = Finding("initialization", "architecture", False, "weights 100x the default", None,
                     {"category": "gradient_instability"})
     got = confirm(s, art, [guess], Version("current", s.store.path("artifact.py")), 1, 60.0)[0]
+    if onset is not None:
+        assert art.steps == [760] * 4, art.steps
+        assert got.confirmed and got.evidence["intervention"]["max_steps"] == 760
+        return
     assert art.steps == [MAX_STEPS, MAX_STEPS, 1000, 1000, 1000, 1000], art.steps
     assert got.confirmed and got.evidence["intervention"]["max_steps"] == 1000
     art.steps.clear()

@@ -18,6 +18,7 @@ from dataclasses import replace
 from ..artifacts.base import Version
 from ..records import Finding, Intervention
 from ..session import DebugSession
+from ..signals import blowup_step
 from ..store import Store
 from .verify import judge, measure
 
@@ -82,6 +83,12 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
     horizon = [max_steps, False]  # steps per re-run, and whether it was widened already
     session.store.isolate_dir(n)
     cls = state.classification
+    onset = blowup_step(state.signals) if cls and cls.primary == "gradient_instability" else None
+    if onset is not None and max_steps and onset >= max_steps:  # the re-runs must reach the
+        early = _widened(state, max_steps, len(seeds), budget, onset)  # step it blew up at:
+        if early is not None:  # (shorter ones cannot show it, and the baseline is paid once)
+            horizon[:] = [early, True]
+            per_run[0] = _run_seconds(state, early)
     baseline: list[dict] | None = None
     done: dict[int, Finding] = {}
     cured: dict[str, str] = {}  # category -> the intervention that removed it, nothing new
@@ -137,7 +144,8 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
             if not shown and not horizon[1]:  # widen the window once rather than give up: a
                 # symptom that builds over more steps than the bounded re-runs (a blow-up late
                 # in the run) shows in re-runs as long as the reproduction, if they fit
-                widened = _widened(state, horizon[0], len(seeds), _budget_left(deadline))
+                widened = _widened(state, horizon[0], len(seeds), _budget_left(deadline),
+                                   onset if category == "gradient_instability" else None)
                 if widened is not None:
                     short = horizon[0]
                     horizon[:] = [widened, True]
@@ -264,16 +272,23 @@ def _untested(finding: Finding, intervention: Intervention, why: str) -> Finding
         "id": intervention.id, "params": dict(intervention.params), "untested": why}})
 
 
-def _widened(state, steps: int | None, seeds: int, left: float) -> int | None:
-    """A longer re-run horizon: the reproduction's own steps, when the re-runs fit ``left``.
+def _widened(state, steps: int | None, seeds: int, left: float,
+             onset: int | None = None) -> int | None:
+    """A longer re-run horizon, when the re-runs fit ``left``.
+
+    The reproduction's own steps, or as far as the step where its symptom began (``onset``)
+    and a quarter more.
 
     Room for the baseline and one intervention over every seed (``2 * seeds`` runs); None when
-    the re-runs already ran as long as the reproduction, or would not fit.
+    the re-runs already ran that long, or would not fit.
     """
     rep = state.reproduction
-    if steps is None or rep is None or not rep.steps or rep.steps <= steps:
+    if steps is None or rep is None or not rep.steps:
         return None
-    return rep.steps if 2 * seeds * _run_seconds(state, rep.steps) <= left else None
+    want = rep.steps if onset is None else min(rep.steps, int(onset * 1.25) + 10)
+    if want <= steps:
+        return None
+    return want if 2 * seeds * _run_seconds(state, want) <= left else None
 
 
 def _run_seconds(state, max_steps: int | None) -> float:

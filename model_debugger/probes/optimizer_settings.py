@@ -7,7 +7,12 @@ every update is shrunk a hundredfold. Measured on the captured optimizer (and, f
 PyTorch loop, on the record: the bound against the gradient norms it cut), then tested by
 experiment, one setting at a time: two fresh copies trained on the same rows, one as set up and
 one with the setting at its usual value; confirmed when that copy reaches a clearly lower
-held-out loss. Located at the optimizer (or the clip call).
+held-out loss. A momentum that destabilises builds up over many steps (Adam's betas swapped:
+the first moment remembers gradients the second has forgotten, and the steps grow once the
+gradients shrink), so on a run that blew up the copies train at the run's batch size for as many
+steps as the run took to blow up (and half again), on two orders of the rows: confirmed when
+the copy as set up blows up on both and the one at the usual value on neither. Located at the
+optimizer (or the clip call).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..records import Intervention
+from ..signals import blowup_step
 from ..thresholds import DIVERGE_RATIO
 from ._heldout import BETTER, heldout_loss
 from .base import Probe, ProbeContext, blown_up, register, setting_location
@@ -24,6 +30,7 @@ DECAY_PER_STEP = 1e-3  # and any decay shrinking the weights by rate x decay thi
 MOMENTUM = 0.99     # momentum / beta1 at or above this is suspect
 CLIP_SHARE = 0.01   # a clip that leaves under 1% of the median gradient norm is suspect
 CLIP_ABS = 1e-3     # without recorded norms: a bound this small is suspect whatever they were
+MAX_REPLAY = 2000   # steps a copy replays at most to reach the run's blow-up
 USUAL = {"weight_decay": 0.0, "momentum": 0.9, "beta1": 0.9, "clip": None}
 _WHAT = {"weight_decay": "a weight decay of {v:.3g} (pulling the weights towards zero)",
          "momentum": "a momentum of {v:.4g} (each update follows gradients from long ago)",
@@ -74,13 +81,23 @@ class OptimizerSettings(Probe):
         decoupled = tr.framework == "keras" or tr.opt_cls.__name__ == "AdamW" or \
             bool(getattr(tr, "hyper", {}).get("decoupled_weight_decay"))
         suspects = _suspects(settings, tr.lr, ctx.run.series("gn"), decoupled)
-        if blown_up(ctx) or _diverged(ctx):  # a decay or a clip shrinks the updates: neither makes a loss grow
+        unstable = bool(blown_up(ctx)) or _diverged(ctx)
+        if unstable:  # a decay or a clip shrinks the updates: neither makes a loss grow
             suspects.pop("weight_decay", None)
             suspects.pop("clip", None)
         if not suspects:
             return []
-        as_set = heldout_loss(tr, ctx)
         out = []
+        onset = blowup_step(ctx.signals) if unstable else None
+        if onset is not None:
+            for setting in [k for k in ("momentum", "beta1") if k in suspects]:
+                found = self._replay(ctx, tr, setting, suspects.pop(setting), settings[setting],
+                                     onset, clip_at)
+                if found is not None:
+                    out.append(found)
+        if not suspects:
+            return out
+        as_set = heldout_loss(tr, ctx)
         for setting, why in suspects.items():
             if ctx.time_left() <= 0:
                 break
@@ -99,6 +116,55 @@ class OptimizerSettings(Probe):
                 value=settings[setting], usual=USUAL[setting], heldout_as_set=as_set,
                 heldout_changed=changed))
         return out
+
+
+    def _replay(self, ctx: ProbeContext, tr, setting: str, why: str, value: float, onset: int,
+                clip_at: dict | None):
+        """Copies trained as long as the run took to blow up, as set up and with ``setting`` usual.
+
+        None when the budget cannot afford that many steps (the held-out comparison decides).
+        """
+        batch = int(ctx.train_batches[0][1].shape[0]) if ctx.train_batches else 32
+        want = min(MAX_REPLAY, int(onset * 1.5) + 20)
+        steps = tr.steps_within(want, batch_size=batch, seconds=ctx.time_left() / 6)
+        if steps < want:
+            return None
+        usual = tr.with_settings(**{setting: USUAL[setting]})
+        inputs, target = tr.subset(slice(None))
+        runs = {"as_set": [], "usual": []}
+        for seed in (0, 1):
+            for name, trainer in (("as_set", tr), ("usual", usual)):
+                losses = trainer.fit(trainer.fresh_model(), inputs, target, steps,
+                                     batch_size=batch, seed=seed)
+                runs[name].append(_peak(losses))
+        confirmed = all(r >= DIVERGE_RATIO for r in runs["as_set"]) and \
+            all(r < DIVERGE_RATIO for r in runs["usual"])
+        peaks = ", ".join(_ratio(r) for r in runs["as_set"])
+        usual_peaks = ", ".join(_ratio(r) for r in runs["usual"])
+        return self.finding(
+            "hyperparameter", confirmed,
+            f"The optimizer runs with {why}. The run blew up at step {onset}; fresh copies "
+            f"trained {steps} steps of {batch} rows on two orders of the kept rows rose to "
+            f"{peaks} as set up and {usual_peaks} with {setting} {USUAL[setting]}"
+            + (f": the {setting} setting makes the training unstable." if confirmed else
+               ": that does not settle it."),
+            setting_location(clip_at or ctx.ref("optimizer") or ctx.ref("step"), setting),
+            undone=confirmed, strength=0.8 if confirmed else 0.15, setting=setting, value=value,
+            usual=USUAL[setting], onset_step=onset, replay_steps=steps,
+            peak_as_set=runs["as_set"], peak_usual=runs["usual"])
+
+
+def _peak(losses: list[float]) -> float:
+    """A copy's highest loss after a 10% warm-up over its first losses (inf: non-finite)."""
+    if not losses or not all(np.isfinite(losses)):
+        return float("inf")
+    arr = np.asarray(losses, dtype=float)
+    start = float(np.median(arr[:5]))
+    return float(np.max(arr[len(arr) // 10:]) / max(start, 1e-12))
+
+
+def _ratio(r: float) -> str:
+    return "non-finite" if not np.isfinite(r) else f"{r:.3g}x its start"
 
 
 def _suspects(settings: dict, lr: float, gn: np.ndarray, decoupled: bool) -> dict[str, str]:
