@@ -285,6 +285,67 @@ def test_keras_functional_dense_layers_without_activation_are_a_linear_stack(tk)
     _confirmed_linear_stack(ctx, "keras-linear-fn")
 
 
+def _subclassed(keras, relu_between: bool):
+    class Flat(keras.Model):
+        def __init__(self, width=32):
+            super().__init__()
+            self.hidden = keras.layers.Dense(width)
+            self.drop = keras.layers.Dropout(0.05)
+            self.mid = keras.layers.Dense(width)
+            self.out = keras.layers.Dense(2)
+
+        def call(self, x, training=False):
+            h = self.drop(self.hidden(x), training=training)  # <keras-linear-sub>
+            if relu_between:
+                h = keras.ops.relu(h)
+            return self.out(self.mid(h))
+
+    return Flat
+
+
+def test_keras_subclassed_dense_layers_without_activation_are_a_linear_stack(tk):
+    """A subclassed model has no graph to read: one forward pass of a fresh copy is traced by
+    the tensors each layer's ``call`` hands on (a dropout passes the chain on, an activation in
+    ``call`` ends it), the pair names the user's layers although the copy is named anew, and
+    the copy with a ReLU after the first two layers learns XOR clearly better."""
+    keras = tk
+    ctx = _linear_stack_case(keras, lambda: _subclassed(keras, False)())
+    names = [layer.name for layer in ctx.trainer.model.layers]
+    assert ctx.trainer.linear_chains() == [(names[0], names[2]), (names[2], names[3])]
+    from model_debugger.probes import run_probes
+
+    [f] = run_probes(ctx, ["linear_stack"]).findings
+    assert (f.check, f.root_cause, f.confirmed) == ("linear_stack", "architecture", True), f
+    assert f.evidence["heldout_with_activations"] < 0.8 * f.evidence["heldout_as_built"]
+    with_relu = _linear_stack_case(keras, lambda: _subclassed(keras, True)())
+    names = [layer.name for layer in with_relu.trainer.model.layers]
+    assert with_relu.trainer.linear_chains() == [(names[2], names[3])]
+
+
+def test_keras_convolutions_without_activation_chain_through_average_pools(tk):
+    """Conv2D layers without activation are affine too: through a batch norm and an average
+    pool the chain goes on into the next convolution and the Dense head; a max pool, which is
+    not affine, ends it."""
+    from model_debugger.trainers.keras import KerasTrainer
+
+    keras = tk
+    layers = keras.layers
+    inp = keras.Input((8, 8, 1))
+    h = layers.Conv2D(4, 3, padding="same", name="c1")(inp)
+    h = layers.MaxPooling2D(name="max")(h)
+    h = layers.Conv2D(4, 3, padding="same", name="c2")(h)
+    h = layers.BatchNormalization(name="bn")(h)
+    h = layers.AveragePooling2D(2, name="avg")(h)
+    h = layers.Conv2D(4, 3, padding="same", name="c3", activation="relu")(h)
+    h = layers.Conv2D(4, 3, padding="same", name="c4")(h)
+    h = layers.GlobalAveragePooling2D(name="gap")(h)
+    model = keras.Model(inp, layers.Dense(2, name="head")(h))
+    x = np.zeros((8, 8, 8, 1), "float32")
+    tr = KerasTrainer(model, None, {"cls": keras.optimizers.SGD, "config": {}},
+                      {"name": "mse"}, [((x,), np.zeros((8, 2), "float32"))])
+    assert tr.linear_chains() == [("c2", "c3"), ("c4", "head")]
+
+
 def test_a_float16_policy_without_a_gpu_is_timed_against_float32(tk, monkeypatch):
     """``mixed_float16`` on a CPU: the probe times a copy of the model under the policy against
     one whose layers compute in float32 and reveals a performance problem when float16 is

@@ -1481,6 +1481,24 @@ def test_activations_written_as_functions_break_a_linear_chain():
         assert tr.linear_chains() == pairs
 
 
+def test_convolutions_without_activation_chain_through_average_pools():
+    """Convolutions are affine too: through a batch norm and an average pool a convolution
+    without activation feeds the next one, and through a flatten the Linear head; a max pool
+    (not affine) or a ReLU ends the chain."""
+    from model_debugger.trainers.torch import TorchTrainer
+
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.MaxPool2d(2),       # 0, 1
+        nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4),     # 2, 3
+        nn.AvgPool2d(2), nn.Conv2d(4, 4, 1), nn.ReLU(),       # 4, 5, 6
+        nn.Conv2d(4, 4, 1), nn.Flatten(), nn.Linear(16, 2))   # 7, 8, 9
+    batches = [((torch.randn(8, 1, 8, 8),), torch.zeros(8, dtype=torch.long))]
+    tr = TorchTrainer(model, None, {"cls": torch.optim.SGD, "hyper": {"lr": 0.1}},
+                      {"name": "cross_entropy"}, batches)
+    assert tr.linear_chains() == [("2", "5"), ("7", "9")]
+    assert tr.linear_layers() == ["0", "2", "5", "7", "9"]
+
+
 def test_frozen_and_dropout_probes_quiet_on_a_model_that_trains_everything(healthy):
     assert probe(healthy, "frozen_parameters") == []
     assert probe(healthy, "dropout_rate") == []

@@ -1,8 +1,8 @@
 """``linear_stack``: hidden layers without an activation, so the model is one linear map.
 
-A ``Dense``/``nn.Linear`` layer whose output goes straight into another one (at most through
-dropout, a flatten or a batch norm) adds no capacity: two affine maps in a row are one affine
-map. A network whose hidden layers all lack their activation is a linear model, and settles at
+An affine layer (``Dense``/``nn.Linear``, a convolution) whose output goes straight into another
+one (at most through dropout, a flatten, a batch norm or an average pool) adds no capacity: two
+affine maps in a row are one affine map. A network whose hidden layers all lack their activation is a linear model, and settles at
 the linear model's loss on a task that needs more (two moons, XOR, digits): the loss falls,
 then stays well above what the data allows. Found on the live model (its graph, or the tensors
 one forward pass of a copy hands from module to module), then tested by experiment: two fresh
@@ -21,7 +21,8 @@ from ._heldout import SettingExperiment
 from ._made import attribute_line
 from .base import ProbeContext, register
 
-_CALLS = {"torch": "Linear", "keras": "Dense"}
+_CALLS = {"torch": ("Linear", "Conv1d", "Conv2d", "Conv3d"),
+          "keras": ("Dense", "Conv1D", "Conv2D", "Conv3D")}  # the calls that build the layers
 
 
 @register
@@ -32,8 +33,9 @@ class LinearStack(SettingExperiment):
     cost = 2
     categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "healthy")
     reveals = "loss_not_decreasing"  # a model that learned what a linear one can, and stopped
-    fix = ("Give each hidden layer an activation (activation=\"relu\" on a Dense, an nn.ReLU() "
-           "after an nn.Linear): without one, stacked layers are a single linear layer.")
+    fix = ("Give each hidden layer an activation (activation=\"relu\" on a Dense or a Conv, an "
+           "nn.ReLU() after an nn.Linear or nn.Conv): without one, stacked layers are a single "
+           "linear layer.")
 
     def run(self, ctx: ProbeContext):
         """One finding for the chain, confirmed by the experiment; nothing without a chain."""
@@ -52,7 +54,7 @@ class LinearStack(SettingExperiment):
         chain = ", ".join(f"'{a}' -> '{b}'" for a, b in pairs)
         return [self.finding(
             "architecture", confirmed,
-            f"Linear layers feed linear layers with no activation between ({chain}): stacked, "
+            f"Affine layers feed affine layers with no activation between ({chain}): stacked, "
             f"they are one linear map. Two fresh copies trained on the same rows reach a "
             f"held-out loss of {relu_loss:.4g} with a ReLU after {len(firsts)} of them and "
             f"{as_set:.4g} as built"
@@ -69,7 +71,7 @@ def _where(ctx: ProbeContext, first: str) -> dict | None:
 
     The layer call given ``name="<first>"`` (Keras); the one call ``self.<first>(...)`` in a
     ``forward`` (PyTorch: the activation goes around it); else the layer calls (``Dense(``,
-    ``nn.Linear(``) in source order where the model was built (its class, the statement that
+    ``nn.Linear(``, ``Conv2d(``...) in source order where the model was built (its class, the statement that
     made it, or the function of this file that statement calls), then in its whole file,
     matched to the model's layers in definition order when both count the same; else
     (PyTorch) the ``self.<attr> = ...`` of its top-level attribute.
@@ -83,7 +85,7 @@ def _where(ctx: ProbeContext, first: str) -> dict | None:
     except (SyntaxError, ValueError, TypeError):
         return model
     want = _CALLS.get(tr.framework)
-    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call) and _tail(n) == want),
+    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call) and _tail(n) in want),
                    key=lambda n: (n.lineno, n.col_offset))
     for call in calls:  # a name given in the source says which call made it
         if any(k.arg == "name" and isinstance(k.value, ast.Constant) and k.value.value == first

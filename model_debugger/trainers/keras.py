@@ -367,13 +367,15 @@ class KerasTrainer(SampleTrainer):
         return model
 
     def linear_chains(self) -> list[tuple[str, str]]:
-        """Pairs of ``Dense`` layers without activation where the second is fed the first's output.
+        """Pairs of affine layers (``Dense``, ``Conv*D`` without activation) feeding another one.
 
-        With nothing between them but dropout, a flatten, a batch norm or a linear
-        ``Activation``: two affine maps in a row are one, so the first adds no capacity. Read
-        from the graph of a Sequential or functional model (each layer's input and the layer
-        that made it); a subclassed model has no graph to read, and a layer called more than
-        once (shared) has several inputs: neither is read.
+        With nothing between them but dropout, a flatten, a batch norm, an average pool or a
+        linear ``Activation``: two affine maps in a row are one, so the first adds no capacity.
+        Read from the graph of a Sequential or functional model (each layer's input and the
+        layer that made it; a layer called more than once, shared, has several inputs and is
+        not read); a subclassed model has no graph: one forward pass of a fresh copy is
+        traced by the tensors each layer's ``call`` got and gave (an activation applied in
+        ``call`` makes a new tensor and breaks the chain).
 
         Returns
         -------
@@ -382,7 +384,9 @@ class KerasTrainer(SampleTrainer):
         """
         import keras
 
-        passing = (keras.layers.Dropout, keras.layers.Flatten, keras.layers.BatchNormalization)
+        if not _graph_model(keras, self.model):
+            return self._traced_chains()
+        passing = _passing(keras)
 
         def single_input(layer):
             if len(getattr(layer, "_inbound_nodes", ())) != 1:
@@ -394,41 +398,77 @@ class KerasTrainer(SampleTrainer):
 
         pairs = []
         for layer in _leaves(self.model):
-            if not isinstance(layer, keras.layers.Dense):
+            if not isinstance(layer, _affine(keras)):
                 continue
             made = layer
             tensor = single_input(layer)
             while tensor is not None:
                 made = getattr(getattr(tensor, "_keras_history", None), "operation", None)
-                if not (isinstance(made, passing) or (isinstance(made, keras.layers.Activation)
-                                                      and _linear(made.activation))):
+                if not _passes(keras, made, passing):
                     break
                 tensor = single_input(made)
-            if made is not layer and isinstance(made, keras.layers.Dense) and \
+            if made is not layer and isinstance(made, _affine(keras)) and \
                     _linear(made.activation) and len(made._inbound_nodes) == 1:
                 pairs.append((made.name, layer.name))
         return list(dict.fromkeys(pairs))
 
+    def _traced_chains(self) -> list[tuple[str, str]]:
+        """:meth:`linear_chains` of a subclassed model, from one forward pass of a fresh copy."""
+        import keras
+
+        model, passing = self.fresh_model(), _passing(keras)
+        leaves, own = _leaves(model), [layer.name for layer in _leaves(self.model)]
+        if len(leaves) != len(own):
+            return []
+        named = {id(layer): name for layer, name in zip(leaves, own, strict=True)}  # (a
+        # subclass built again names its layers anew: the pairs name the user's layers)
+        made: dict[int, str] = {}  # id of a tensor -> the affine layer behind it
+        alive: list = []  # every tensor stays alive during the pass: an id names one
+        pairs: list[tuple[str, str]] = []
+
+        def traced(layer, call):
+            def wrapper(*args, **kwargs):
+                out = call(*args, **kwargs)
+                source = made.get(id(args[0])) if args else None
+                alive.extend((args[0] if args else None, out))
+                if isinstance(layer, _affine(keras)):
+                    if source is not None:
+                        pairs.append((source, named[id(layer)]))
+                    if _linear(layer.activation):
+                        made[id(out)] = named[id(layer)]
+                elif source is not None and _passes(keras, layer, passing):
+                    made[id(out)] = source
+                return out
+            return wrapper
+
+        for layer in leaves:
+            layer.call = traced(layer, layer.call)
+        model(self._x(tuple(x[:4] for x in self.inputs)), training=False)
+        return list(dict.fromkeys(pairs))
+
     def linear_layers(self) -> list[str]:
-        """The names of the model's ``Dense`` layers, in the order they were defined."""
+        """The names of the model's affine layers (``Dense``, ``Conv*D``), in definition order."""
         import keras
 
         return [layer.name for layer in _leaves(self.model)
-                if isinstance(layer, keras.layers.Dense)]
+                if isinstance(layer, _affine(keras))]
 
-    @staticmethod
-    def with_activations(names):
-        """``change(model)``: a ReLU on the output of each ``Dense`` layer named in ``names``.
+    def with_activations(self, names):
+        """``change(model)``: a ReLU on the output of each affine layer named in ``names``.
 
-        Raises ValueError when the clone does not hold each of them once (a subclass rebuilt
-        with new automatic names: nothing would change).
+        The layers are found in the copy at the positions the user's model holds them (a
+        subclass built again names its layers anew). Raises ValueError when the copy does not
+        hold each of them (nothing would change).
         """
+        at = [i for i, layer in enumerate(_leaves(self.model)) if layer.name in names]
+
         def change(model):
             import keras
 
-            found = [layer for layer in _leaves(model) if layer.name in names]
-            if len(found) != len(names):
-                raise ValueError(f"the clone has {len(found)} layers named {sorted(names)}")
+            leaves = _leaves(model)
+            found = [leaves[i] for i in at if i < len(leaves)]
+            if len(at) != len(names) or len(found) != len(names):
+                raise ValueError(f"the clone has {len(found)} of the layers {sorted(names)}")
             for layer in found:
                 layer.activation = keras.activations.relu
             return model
@@ -492,6 +532,27 @@ def _default_value(var, seed: int = 0) -> np.ndarray | None:
     else:
         return None
     return np.asarray(init(shape), dtype="float32")
+
+
+def _affine(keras) -> tuple:
+    """The Keras layers that compute an affine map (before their own activation)."""
+    layers = keras.layers
+    return (layers.Dense, layers.Conv1D, layers.Conv2D, layers.Conv3D)
+
+
+def _passing(keras) -> tuple:
+    """Layers an affine map passes through and stays affine."""
+    layers = keras.layers
+    return (layers.Dropout, layers.Flatten, layers.BatchNormalization, layers.Reshape,
+            layers.AveragePooling1D, layers.AveragePooling2D, layers.AveragePooling3D,
+            layers.GlobalAveragePooling1D, layers.GlobalAveragePooling2D,
+            layers.GlobalAveragePooling3D)
+
+
+def _passes(keras, layer, passing) -> bool:
+    """Whether ``layer`` keeps an affine map affine (a passing layer, a linear ``Activation``)."""
+    return isinstance(layer, passing) or (isinstance(layer, keras.layers.Activation)
+                                          and _linear(layer.activation))
 
 
 def _linear(activation) -> bool:

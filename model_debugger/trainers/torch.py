@@ -15,6 +15,8 @@ import torch
 
 from .base import SampleTrainer, init_outlier
 
+AFFINE = (torch.nn.Linear, torch.nn.modules.conv._ConvNd)  # layers whose output is affine
+
 
 def from_keeper(keeper) -> TorchTrainer | None:
     """A trainer on a :class:`~model_debugger.capture.keeper.Keeper`'s objects, or None.
@@ -294,25 +296,27 @@ class TorchTrainer(SampleTrainer):
         return model
 
     def linear_chains(self) -> list[tuple[str, str]]:
-        """Pairs of ``nn.Linear`` modules where the second is fed the first one's output.
+        """Pairs of affine modules (``nn.Linear``, ``nn.Conv*d``) where the second is fed the first's output.
 
-        With nothing between them but dropout, an identity, a flatten or a batch norm: two
-        affine maps in a row are one affine map, so the first adds no capacity. Traced on one
-        forward pass of a fresh copy in eval mode by the tensors each module got and gave
-        (every tensor is kept alive during the pass, so an id names one tensor, and its
-        version counter tells an in-place activation, ``ReLU(inplace=True)`` or ``x.relu_()``,
-        that changed it since); an activation, written as a module or a function, breaks the
-        chain.
+        With nothing between them but dropout, an identity, a flatten, a batch norm or an
+        average pool: two affine maps in a row are one affine map, so the first adds no
+        capacity. Traced on one forward pass of a fresh copy in eval mode by the tensors each
+        module got and gave (every tensor is kept alive during the pass, so an id names one
+        tensor, and its version counter tells an in-place activation, ``ReLU(inplace=True)``
+        or ``x.relu_()``, that changed it since); an activation, written as a module or a
+        function, or a max pool breaks the chain.
 
         Returns
         -------
         list of (str, str)
             Module names, each pair once, in the order the pass met them.
         """
-        passing = (torch.nn.modules.dropout._DropoutNd, torch.nn.Identity, torch.nn.Flatten,
-                   torch.nn.modules.batchnorm._BatchNorm)
+        nn = torch.nn
+        passing = (nn.modules.dropout._DropoutNd, nn.Identity, nn.Flatten,
+                   nn.modules.batchnorm._BatchNorm, nn.modules.pooling._AvgPoolNd,
+                   nn.modules.pooling._AdaptiveAvgPoolNd)
         model = self.fresh_model().eval()
-        made: dict[int, tuple[str, int]] = {}  # id -> (the Linear behind it, its version)
+        made: dict[int, tuple[str, int]] = {}  # id -> (the layer behind it, its version)
         alive: list = []
         pairs: list[tuple[str, str]] = []
 
@@ -324,7 +328,7 @@ class TorchTrainer(SampleTrainer):
             source, version = made.get(id(inp[0]), (None, None))
             if version != inp[0]._version:
                 source = None  # changed in place since (an in-place activation)
-            if isinstance(module, torch.nn.Linear):
+            if isinstance(module, AFFINE):
                 if source is not None:
                     pairs.append((source, name))
                 made[id(out)] = (name, out._version)
@@ -342,12 +346,12 @@ class TorchTrainer(SampleTrainer):
         return list(dict.fromkeys(pairs))
 
     def linear_layers(self) -> list[str]:
-        """The names of the model's ``nn.Linear`` modules, in the order they were defined."""
-        return [name for name, m in self.model.named_modules() if isinstance(m, torch.nn.Linear)]
+        """The names of the model's affine modules (``nn.Linear``, ``nn.Conv*d``), in definition order."""
+        return [name for name, m in self.model.named_modules() if isinstance(m, AFFINE)]
 
     @staticmethod
     def with_activations(names):
-        """``change(model)``: a ReLU on the output of each ``nn.Linear`` named in ``names``.
+        """``change(model)``: a ReLU on the output of each module named in ``names``.
 
         Raises ValueError when the copy does not hold every one of them (nothing would change).
         """
