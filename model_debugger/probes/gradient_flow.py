@@ -65,19 +65,27 @@ class GradientFlow(Probe):
                 if dead and names.index(dead[0]) < len(names) - 1 and \
                         not _reaches_input(ratio, names.index(dead[-1])):
                     blown = blown_up(ctx)
+                    at_start = _start_ratios(norms, [names.index(n) for n in dead])
+                    later = at_start is not None and min(at_start) >= UPSTREAM
                     out.append(self.finding(
-                        "architecture", not blown,
+                        "architecture", not blown and not later,
                         f"Gradients vanish towards the input: the median gradient norm of "
                         f"{dead[:4]} is below {VANISH:g}x that of the strongest layer, so the "
                         "early layers barely learn. Saturating activations (sigmoid/tanh) stacked "
                         "deep, or poor initialisation, shrink the gradient at every layer." + (
                             f" The run blew up ({', '.join(blown)}): small gradients cannot "
                             "explain a loss that grew, and saturated units after large updates "
-                            "give them; not the cause of this run's symptom." if blown else ""),
+                            "give them; not the cause of this run's symptom." if blown else "") + (
+                            f" Over the first steps those layers' gradients were at least "
+                            f"{min(at_start):.2g}x the strongest layer's: the model as built "
+                            "passes the gradient, and it vanished during training (units that "
+                            "died or saturated after large updates): a consequence, not the "
+                            "architecture's doing." if later and not blown else ""),
                         _saturating_location(ctx) or ctx.ref("model") or ctx.ref("backward"),
                         layer_median_norms={n: float(m) for n, m in zip(names, med)},
                         vanishing_layers=dead, min_ratio=float(np.nanmin(ratio)),
-                        strength=0.3 if blown else 0.9))
+                        start_ratios=at_start,
+                        strength=0.3 if blown or later else 0.9))
         return out
 
     def _nonfinite(self, ctx: ProbeContext, bad: dict):
@@ -168,6 +176,23 @@ def _saturating_location(ctx: ProbeContext) -> dict | None:
     while best - 1 in hits:
         best -= 1
     return setting_location({"file": model["file"], "line": best}, "activation")
+
+
+def _start_ratios(norms: np.ndarray, layers: list[int]) -> list[float] | None:
+    """Each of ``layers``' median gradient norm over the run's first readings, relative.
+
+    The first tenth of the readings (three at least), against the strongest layer's median
+    then; None with too few readings.
+    """
+    head = norms[:max(3, len(norms) // 10)]
+    if len(norms) < 10 or not len(head):
+        return None
+    with np.errstate(all="ignore"):
+        med = np.nanmedian(np.where(np.isfinite(head), head, np.nan), axis=0)
+    top = np.nanmax(med) if np.isfinite(med).any() else 0.0
+    if not top > 0:
+        return None
+    return [float(med[i] / top) if np.isfinite(med[i]) else 0.0 for i in layers]
 
 
 def _reaches_input(ratio: np.ndarray, last_weak: int) -> bool:
