@@ -832,6 +832,28 @@ def train_detached():
         opt.step()
 
 
+def train_detached_in_lightning_style():
+    torch.manual_seed(9)
+    X = torch.randn(512, 8)
+    y = X @ torch.randn(8, 1)
+    det_net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(det_net.parameters(), lr=1e-2)
+
+    def training_step(batch):
+        xb, yb = batch
+        out = det_net(xb)
+        return F.mse_loss(cut(out), yb)  # <detach-in-loss>
+
+    def cut(t):
+        return t.detach().requires_grad_()
+
+    for i in range(0, len(X), 32):
+        loss = training_step((X[i:i + 32], y[i:i + 32]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def train_optimizer_over_a_copy():
     import copy
 
@@ -1852,6 +1874,15 @@ def test_detached_output(tmp_path):
     assert_at(f, "detach")
     assert f.evidence["steps"] == 16 and f.evidence["steps_without_gradient"] == 16
     assert ctx.run.first("optimizer_elsewhere") is None  # nothing reached a parameter
+
+
+def test_a_cut_no_lint_sees_is_located_at_the_loss_call(tmp_path):
+    """The prediction is detached in a helper the loss call goes through (a Lightning-style
+    ``training_step``): no lint reads it; the cut lies between the model and the loss, so the
+    loss call is the line to show, not the ``backward`` after it."""
+    ctx = captured(tmp_path, train_detached_in_lightning_style)
+    f = confirmed_one(ctx, "detached_output", "training_loop")
+    assert_at(f, "detach-in-loss")
 
 
 def test_an_optimizer_over_another_model_is_not_a_cut_graph(tmp_path):

@@ -62,7 +62,8 @@ class DetachedOutput(SettingExperiment):
         # were taken and never applied (a Keras tape loop): not a cut
         measured = len(steps) > 1 and no_grad == len(steps) and \
             ctx.run.first("optimizer_elsewhere") is None and ctx.run.first("unapplied") is None
-        where = loc(hits[0]) if hits else ctx.ref("backward")
+        where = loc(hits[0]) if hits else ctx.ref("loss_fn") or ctx.ref("backward")  # (the
+        # cut lies between the model and the loss: the loss call is nearer it than backward)
         if measured:
             return [self.finding(
                 "training_loop", True,
