@@ -818,12 +818,17 @@ def train_trials_each_with_its_optimizer():
             optimizer.step()
 
 
-def train_detached():
+def _regression_case():
+    """Rows, targets, a small regression net and its Adam (the detached-prediction cases)."""
     torch.manual_seed(9)
     X = torch.randn(512, 8)
     y = X @ torch.randn(8, 1)
     det_net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
-    opt = torch.optim.Adam(det_net.parameters(), lr=1e-2)
+    return X, y, det_net, torch.optim.Adam(det_net.parameters(), lr=1e-2)
+
+
+def train_detached():
+    X, y, det_net, opt = _regression_case()
     for i in range(0, len(X), 32):
         pred = det_net(X[i:i + 32]).detach().requires_grad_()  # <detach>
         loss = F.mse_loss(pred, y[i:i + 32])
@@ -833,11 +838,7 @@ def train_detached():
 
 
 def train_detached_in_lightning_style():
-    torch.manual_seed(9)
-    X = torch.randn(512, 8)
-    y = X @ torch.randn(8, 1)
-    det_net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
-    opt = torch.optim.Adam(det_net.parameters(), lr=1e-2)
+    X, y, det_net, opt = _regression_case()
 
     def training_step(batch):
         xb, yb = batch
