@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .thresholds import DATA_WAIT_FRACTION, PLATEAU_DROP, VAL_RISE
+from .thresholds import DATA_WAIT_FRACTION, PLATEAU_DROP, START_RATIO, VAL_RISE
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,11 @@ SIGNALS: dict[str, DefiningSignal] = {s.name: s for s in (
     # a loss the updates drove far above its start (classify.exploding's early blow-up, a spike)
     DefiningSignal("loss_peak_ratio", -1, 0.3, log_scale=True, cited_as=("loss_max", "loss_spike"),
                    shown_when=lambda sig: sig.get("loss_peak_ratio", 0) >= 10),
+    # an untrained model far worse than knowing nothing (classify.exploding: inputs or outputs
+    # on a huge scale make the first errors, and gradients, huge)
+    DefiningSignal("loss_start_excess", -1, 0.3, log_scale=True,
+                   cited_as=("loss_first", "loss_uninformed"),
+                   shown_when=lambda sig: sig.get("loss_start_excess", 0) >= START_RATIO),
     DefiningSignal("grad_norm_growth", -1, 0.5, log_scale=True),
     DefiningSignal("grad_not_reset_share", -1, 0.2),
     DefiningSignal("first_to_last_grad_ratio", +1, 0.5, log_scale=True),
@@ -137,8 +142,8 @@ CATEGORIES: dict[str, Target] = {
         _of("val_loss_rise", "gap_final"),
         f"the validation loss should stop rising: val_loss_rise below {VAL_RISE:.2f} (now {{}})"),
     "gradient_instability": Target(
-        _of("finite_fraction", "loss_peak_ratio", "grad_not_reset_share", "grad_norm_growth",
-            "first_to_last_grad_ratio", "loss_relative_drop"),
+        _of("finite_fraction", "loss_peak_ratio", "loss_start_excess", "grad_not_reset_share",
+            "grad_norm_growth", "first_to_last_grad_ratio", "loss_relative_drop"),
         "no non-finite loss or gradient, and no exploding or vanishing gradient norms (now {})"),
     "memory_issue": Target(
         _of("completed", "graphs_kept_share", "cuda_growth_mb", "rss_growth_mb"),

@@ -47,6 +47,8 @@ SIGNALS: dict[str, str] = {
     "held_mb_per_step": "how fast it grows, MB per step (between the first and last look)",
     "held_share": "held_mb_per_step / the process's (or GPU's) memory growth per step",
     "loss_uninformed": "loss of an untrained model that knows nothing (uniform scores, zero output)",
+    "loss_start_excess": "loss_first / loss_uninformed: how far the untrained model's outputs "
+                         "make it worse than knowing nothing (inputs or outputs far too large)",
     "constant_predictor_loss": "loss of the best input-independent predictor (label prior/mean)",
     "majority_rate": "share of the most frequent class in the training targets",
     "loss_weighted": "1: the training loss weights classes or samples (weight=, class_weight)",
@@ -627,6 +629,8 @@ def compute(run: Run) -> dict:
     uninformed = uninformed_loss(targets[-1] if targets else None)
     if uninformed:
         s["loss_uninformed"] = uninformed
+        if isinstance(s.get("loss_first"), float) and uninformed > 0:
+            s["loss_start_excess"] = s["loss_first"] / uninformed
     scaled = run.first("accumulation") is not None  # the step loss may be loss / k
 
     bad = run.first("nonfinite")

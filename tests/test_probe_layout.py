@@ -383,11 +383,13 @@ def test_the_defining_declaration_keeps_what_verify_used():
         "grad_not_reset_share": 0.2,  # ... and gradients never reset between steps
         "error_share": 0.05,  # ... and a regression error against a constant prediction's
         "step_traced_share": 0.2,  # ... and a compiled step traced again
-        "loss_unpaired": 0.5}  # ... and a hand-written loss that pairs no row
-    assert defining.LOG_SIGNALS == ("loss_peak_ratio", "grad_norm_growth",
+        "loss_unpaired": 0.5,  # ... and a hand-written loss that pairs no row
+        "loss_start_excess": 0.3}  # ... and an untrained model far worse than knowing nothing
+    assert defining.LOG_SIGNALS == ("loss_peak_ratio", "loss_start_excess", "grad_norm_growth",
                                     "first_to_last_grad_ratio", "loss_broadcast_factor")
     assert defining.DEFINING["gradient_instability"] == (
-        ("finite_fraction", 1), ("loss_peak_ratio", -1), ("grad_not_reset_share", -1),
+        ("finite_fraction", 1), ("loss_peak_ratio", -1), ("loss_start_excess", -1),
+        ("grad_not_reset_share", -1),
         ("grad_norm_growth", -1), ("first_to_last_grad_ratio", 1), ("loss_relative_drop", 1))
     assert defining.defining_signal("gradient_instability",
                                     {"finite_fraction": 1.0, "grad_norm_growth": 5.0}) == (
@@ -430,3 +432,18 @@ def test_an_early_blow_up_is_judged_by_how_far_the_loss_rose():
     assert defining.defining_signal("gradient_instability", {"loss_peak_ratio": 1.1,
                                                             "loss_relative_drop": 0.2}) == \
         ("loss_relative_drop", 1)
+
+
+def test_an_untrained_model_far_worse_than_knowing_nothing_is_judged_by_that_excess():
+    """Cited as loss_first / loss_uninformed (inputs on a huge scale: the first loss 150x that
+    of uniform scores): the excess of the first loss, not the gradient norm's growth, which a
+    blow-up at the very start does not show (standardised inputs removed the symptom from both
+    re-runs of a Keras model, and grad_norm_growth "did not move")."""
+    sig = {"loss_start_excess": 150.0, "loss_peak_ratio": 1.0, "grad_norm_growth": 0.2,
+           "loss_relative_drop": 0.99}
+    got = defining.defining_signal("gradient_instability", sig,
+                                   ["loss_first", "loss_uninformed", "grad_norm_initial"])
+    assert got == ("loss_start_excess", -1)
+    assert defining.defining_signal("gradient_instability", {"loss_start_excess": 1.2,
+                                                            "grad_norm_growth": 2.0}) == \
+        ("grad_norm_growth", -1)

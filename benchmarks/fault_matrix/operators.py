@@ -677,10 +677,37 @@ def _class_imbalance(p: Program) -> list[Edit]:
                                                             change=True)]
 
 
+def _feeding(p: Program, expr: ast.AST | None) -> set[str]:
+    """The names ``expr`` reads and, through the assignments that make them, what those read."""
+    names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} if expr is not None \
+        else set()
+    while True:
+        more = {r.id for n in p.nodes if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id in names for t in n.targets)
+                for r in ast.walk(n.value) if isinstance(r, ast.Name)} - names
+        if not more:
+            return names
+        names |= more
+
+
+def _assigned(stmt: ast.stmt) -> set[str]:
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
 def _normalisations(p: Program) -> list[tuple[ast.AST, ast.AST]]:
-    """(the normalising expression, what it normalises): ``(x - m) / s`` and ``scaler.transform``."""
+    """(the normalising expression, what it normalises): ``(x - m) / s`` and ``scaler.transform``.
+
+    Not one that makes the targets only (a label computed from standardised columns): removing
+    it changes the labels, not the inputs' scale.
+    """
+    source = p.data_source()
+    inputs, targets = (_feeding(p, source[1]), _feeding(p, source[2])) if source else (set(), set())
     found = []
     for n in p.nodes:
+        made = _assigned(p.statement(n)) if n in p.parents else set()
+        if made and made <= targets - inputs:
+            continue
         if (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)
                 and isinstance(n.left, ast.BinOp) and isinstance(n.left.op, ast.Sub)):
             found.append((n, n.left.left))
