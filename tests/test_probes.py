@@ -3031,3 +3031,26 @@ def test_a_measurement_moves_the_probes_it_points_at_to_the_front(stubs, monkeyp
     assert la.pointed_at(ctx, {"learnable": {"metric": "r2", "score": -0.02}})
     assert not la.pointed_at(ctx, {"learnable": {"metric": "r2", "score": 0.7}})
     assert not la.pointed_at(ctx, {})
+
+
+@pytest.mark.parametrize("run_steps,confirmed", [(320, True), (80, False)])
+def test_a_change_that_shows_only_after_the_copies_first_steps_is_trained_longer(
+        monkeypatch, run_steps, confirmed):
+    """Over the copies' first 100 steps a model without its activations keeps up with one that
+    has them (a nearly linear regression); the run trained 320 steps, so both copies train
+    four times as long, where the change is clearly better. A run shorter than the copies'
+    training gets no longer comparison: the copies already saw more than it did."""
+    from types import SimpleNamespace
+
+    from model_debugger.probes import _heldout
+
+    def heldout_loss(tr, ctx, change=None, steps=_heldout.COPY_STEPS, **kw):
+        if change is None:
+            return 0.116
+        return 0.118 if steps <= _heldout.COPY_STEPS else 0.03
+
+    monkeypatch.setattr(_heldout, "heldout_loss", heldout_loss)
+    ctx = SimpleNamespace(trainer=None, signals={"steps": run_steps})
+    as_set, changed, got = _heldout.SettingExperiment.compare(ctx, lambda m: m)
+    assert got == confirmed
+    assert changed == (0.03 if confirmed else 0.118)

@@ -15,12 +15,13 @@ from .base import Probe, ProbeContext
 
 ROWS = 2048  # rows of the kept sample used (at most: the steps, not the rows, cost time)
 SPLIT = 0.7
+COPY_STEPS = 100  # training steps of each copy (heldout_loss's default)
 LONGER = 4  # an inconclusive comparison is trained again this many times as long
 BETTER = 0.8  # the changed copy's held-out loss below this share of the other's: confirmed
 
 
 def heldout_loss(tr, ctx, lr: float | None = None, change: Callable | None = None,
-                 steps: int = 100, seconds: float = 2.0, best: bool = False) -> float:
+                 steps: int = COPY_STEPS, seconds: float = 2.0, best: bool = False) -> float:
     """Held-out loss of a fresh copy (``change(copy)`` applied first) trained at ``lr``.
 
     Parameters
@@ -174,14 +175,17 @@ class SettingExperiment(Probe):
         """``(held-out loss as set up, with the change, whether the change is clearly better)``.
 
         Each copy is judged on the best held-out loss it reached. When the change helps but not
-        clearly, both train again four times as long (a hard task shows what holds it up only
-        once both have learned something): widened, not flipped.
+        clearly, or does not help while the run itself trained longer than the copies did,
+        both train again four times as long (a hard task shows what holds it up only once both
+        have learned something: a model without its activations keeps up with one that has
+        them over the first hundred steps of a nearly linear regression): widened, not flipped.
         """
         tr = ctx.trainer
         as_set = heldout_loss(tr, ctx, best=True)
         changed = heldout_loss(tr, ctx, change=change, best=True)
-        if BETTER * as_set <= changed < as_set:
-            longer = {"steps": LONGER * 100, "seconds": LONGER * 2.0, "best": True}
+        longer_run = (ctx.signals or {}).get("steps", 0) > COPY_STEPS
+        if BETTER * as_set <= changed and (changed < as_set or longer_run):
+            longer = {"steps": LONGER * COPY_STEPS, "seconds": LONGER * 2.0, "best": True}
             as_set = heldout_loss(tr, ctx, **longer)
             changed = heldout_loss(tr, ctx, change=change, **longer)
         return as_set, changed, changed < BETTER * as_set
