@@ -416,7 +416,8 @@ def test_a_momentum_that_blows_up_late_is_replayed_as_long_as_the_run(tk, beta_2
     then the steps grow and the loss blows up: a 100-step comparison of held-out losses cannot
     see it. The copies train at the run's batch size for as many steps as the run took to blow
     up, and half again: as set up they blow up, with ``beta_1=0.9`` they do not (confirmed, at
-    the optimizer). With a rate of 3.0 both blow up: the beta is not the cause."""
+    the optimizer). With a rate of 3.0 both blow up: the beta is not the cause, and the held-out
+    comparison that follows says so too."""
     import model_debugger
     from model_debugger.probes import run_probes
     from model_debugger.probing import build_context
@@ -442,8 +443,9 @@ def test_a_momentum_that_blows_up_late_is_replayed_as_long_as_the_run(tk, beta_2
     assert 20 < onset < 300
     [f] = run_probes(ctx, ["optimizer_settings"]).findings
     assert f.confirmed == confirmed, f.explanation
-    assert (f.evidence["setting"], f.evidence["onset_step"]) == ("beta1", onset)
-    assert f.evidence["replay_steps"] >= onset
+    assert f.evidence["setting"] == "beta1"
+    replay = f.evidence if confirmed else f.evidence["replay"]  # (else the held-out
+    assert replay["onset_step"] == onset and replay["replay_steps"] >= onset  # comparison)
     if confirmed:
         assert all(p >= 2.0 for p in f.evidence["peak_as_set"])
         assert all(p < 2.0 for p in f.evidence["peak_usual"])

@@ -11,8 +11,8 @@ held-out loss. A momentum that destabilises builds up over many steps (Adam's be
 the first moment remembers gradients the second has forgotten, and the steps grow once the
 gradients shrink), so on a run that blew up the copies train at the run's batch size for as many
 steps as the run took to blow up (and half again), on two orders of the rows: confirmed when
-the copy as set up blows up on both and the one at the usual value on neither. Located at the
-optimizer (or the clip call).
+the copy as set up blows up on both and the one at the usual value on neither (else the
+held-out comparison decides, as for any setting). Located at the optimizer (or the clip call).
 """
 
 from __future__ import annotations
@@ -87,14 +87,18 @@ class OptimizerSettings(Probe):
             suspects.pop("clip", None)
         if not suspects:
             return []
-        out = []
+        out, replayed = [], {}
         onset = blowup_step(ctx.signals) if unstable else None
         if onset is not None:
             for setting in [k for k in ("momentum", "beta1") if k in suspects]:
-                found = self._replay(ctx, tr, setting, suspects.pop(setting), settings[setting],
+                found = self._replay(ctx, tr, setting, suspects[setting], settings[setting],
                                      onset, clip_at)
-                if found is not None:
+                if found is not None and found.confirmed:
                     out.append(found)
+                    suspects.pop(setting)
+                elif found is not None:  # not settled by the replay: the held-out comparison
+                    replayed[setting] = {k: found.evidence[k] for k in (  # decides, with it
+                        "onset_step", "replay_steps", "peak_as_set", "peak_usual")}
         if not suspects:
             return out
         as_set = heldout_loss(tr, ctx)
@@ -114,7 +118,8 @@ class OptimizerSettings(Probe):
                                  or ctx.ref("optimizer") or ctx.ref("step"), setting),
                 undone=confirmed, strength=0.8 if confirmed else 0.15, setting=setting,
                 value=settings[setting], usual=USUAL[setting], heldout_as_set=as_set,
-                heldout_changed=changed))
+                heldout_changed=changed,
+                **({"replay": replayed[setting]} if setting in replayed else {})))
         return out
 
 
