@@ -3054,3 +3054,32 @@ def test_a_change_that_shows_only_after_the_copies_first_steps_is_trained_longer
     as_set, changed, got = _heldout.SettingExperiment.compare(ctx, lambda m: m)
     assert got == confirmed
     assert changed == (0.03 if confirmed else 0.118)
+
+
+def train_rate_rounded_to_zero():
+    torch.manual_seed(4)
+    X = torch.randn(512, 8)
+    y = (X[:, 0] - X[:, 1] > 0).long()
+    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    base_lr, batch_size = 0.1, 64
+    lr = base_lr * batch_size // 256  # <rate-zero>
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    for _ in range(3):
+        for i in range(0, len(X), batch_size):
+            opt.zero_grad()
+            F.cross_entropy(net(X[i:i + batch_size]), y[i:i + batch_size]).backward()
+            opt.step()
+
+
+def test_a_learning_rate_of_zero_is_the_rate_not_the_model(tmp_path):
+    """``base_lr * bs // 256`` floors the rate to 0.0: nothing trains. No multiple of 0 fits 10
+    samples, so the small-batch copies retry from the optimizer's usual rates (was: "the model
+    cannot represent the targets", architecture); the sweep's copy at a safe rate learns (was: a
+    division by zero)."""
+    ctx = captured(tmp_path, train_rate_rounded_to_zero)
+    assert ctx.trainer.lr == 0.0
+    f = confirmed_one(ctx, "overfit_small_batch", "hyperparameter")
+    assert "learning rate is 0" in f.explanation and f.evidence["working_lr"] > 0
+    f = confirmed_one(ctx, "lr_range", "hyperparameter")
+    assert "learning rate is 0" in f.explanation
+    assert_at(f, "rate-zero")  # where the rate was computed, followed from lr=lr

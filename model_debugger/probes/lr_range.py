@@ -151,9 +151,12 @@ class LRRange(Probe):
             confirmed = fast < 0.9 * slow and learned
             return [self.finding(
                 "hyperparameter", confirmed,
-                f"The learning rate {user:g} is {best_lr / user:.3g}x below the rate where the loss "
-                f"falls fastest in a sweep ({best_lr:.3g}); each update barely moves the weights, "
-                f"so the loss plateaus. Trained at {safe_lr:.3g} instead, a copy reaches a "
+                (f"The learning rate {user:g} is {best_lr / user:.3g}x below the rate where the "
+                 f"loss falls fastest in a sweep ({best_lr:.3g}); each update barely moves the "
+                 "weights, so the loss plateaus." if user > 0 else
+                 f"The learning rate is {user:g}: no update moves the weights (the loss falls "
+                 f"fastest in a sweep at {best_lr:.3g}).") +
+                f" Trained at {safe_lr:.3g} instead, a copy reaches a "
                 f"held-out loss of {fast:.4g} vs {slow:.4g} at {user:g}"
                 + ("." if confirmed else
                    f", no lower than the constant predictor's {prior:.4g}: it learns nothing "

@@ -55,15 +55,22 @@ class OverfitSmallBatch(Probe):
         tried = {}
         base_ratio = best / max(initial, 1e-12)
         up, down = (10, 100, 1000, 10000), (0.1, 0.01, 0.001)
-        for factor in (down + up) if unstable else (up + down):
+        factors, base = (down + up) if unstable else (up + down), tr.lr
+        if not tr.lr > 0:  # a rate of 0 (a floor division, a schedule at 0): no multiple of it
+            # moves a weight; the retries start at the low end of the optimizer's usual range
+            from ..pitfalls.optimization import typical_lr
+
+            base, factors = (typical_lr(tr.opt_cls.__name__) or (1e-3,))[0], (1, 10, 100, 1000)
+        for factor in factors:
             if ctx.time_left() < 5:
                 break
-            lr = tr.lr * factor
+            lr = base * factor
             i2, b2, _, _ = _fit_10(tr, lr=lr, steps=max(budget // 2, 30))
             ratio = b2 / max(i2, 1e-12)
             tried[f"{lr:g}"] = round(ratio, 4)
             if ratio <= REACHED or ratio <= 0.5 * base_ratio:
-                why = ("The learning rate is too small for this model and loss scale."
+                why = ("The learning rate is 0: no update moves the weights." if not tr.lr > 0
+                       else "The learning rate is too small for this model and loss scale."
                        if factor > 1 else "The learning rate is too large: at the user's rate "
                        "the updates overshoot" + (" and the loss blows up." if unstable else "."))
                 return [self.finding(
