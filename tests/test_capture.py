@@ -1072,6 +1072,50 @@ def test_a_stall_in_the_loop_is_measured_and_its_line_sampled():
     assert top["share"] > 0.5 and event["samples"] >= 20
 
 
+class _ValidatingTrainer:
+    """A trainer whose ``fit`` validates after every batch (``validate()`` inside the batch loop),
+    while the optimizer steps in ``training_step``."""
+
+    def __init__(self, steps: int):
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.loader = DataLoader(TensorDataset(torch.randn(steps * 8, 8),
+                                               torch.randint(0, 2, (steps * 8,))), batch_size=8)
+
+    def training_step(self, xb, yb):
+        self.opt.zero_grad()
+        F.cross_entropy(self.model(xb), yb).backward()
+        self.opt.step()
+
+    def validate(self):
+        time.sleep(0.02)  # <validate-work>
+
+    def fit(self):
+        for xb, yb in self.loader:
+            self.training_step(xb, yb)
+            self.validate()  # <validate-call>
+
+
+def test_time_spent_in_a_function_the_loop_calls_is_traced_to_the_call():
+    """The sampler counts where the time is spent (inside ``validate``) and the call the loop
+    makes to it (in ``fit``, which calls the ``training_step`` that steps); the probe locates
+    the finding at the call: doing it every step is the fault."""
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+
+    trainer = _ValidatingTrainer(60)
+    with capture(update_every=0, hist_every=0) as rec:
+        trainer.fit()
+    run = Run(events=rec.events)
+    event = run.first("step_overhead")
+    assert event["lines"][0]["line"] == line_of("validate-work")
+    assert event["loop_lines"][0]["line"] == line_of("validate-call")
+    [f] = run_probes(build_context(run, None, {}), ["step_overhead"]).findings
+    assert f.confirmed and f.location["line"] == line_of("validate-call")
+    assert f.evidence["spent_at"]["line"] == line_of("validate-work")
+
+
 def test_a_loop_without_own_work_is_not_sampled():
     from model_debugger.signals import compute
 

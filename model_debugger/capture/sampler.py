@@ -40,16 +40,19 @@ class LineSampler:
         The training thread (``threading.get_ident()`` of the thread that trains).
     idle : callable
         True while the thread is outside data loading, forward, backward and the optimizer.
-    loop_code : code object, optional
-        The code of the training loop (the user's function that steps the optimizer): each
-        sample also counts the line that function is on (``loop_counts``), the call in the loop
-        behind time spent deeper (in a helper it calls).
+    loop_code : code object or collection of code objects, optional
+        The code of the training loop: the user's function that steps the optimizer, or every
+        user function on the stack when it stepped (a ``training_step`` method called by the
+        ``fit`` that loops). Each sample also counts the line of the innermost of these its own
+        stack passes through (``loop_counts``): the call in the loop behind time spent deeper
+        (a ``validate()`` it calls every step, a helper).
     """
 
     def __init__(self, thread_id: int, idle: Callable[[], bool], loop_code=None) -> None:
         self._thread_id = thread_id
         self._idle = idle
-        self._loop_code = loop_code
+        self._loop_code = None if loop_code is None else frozenset(
+            loop_code if isinstance(loop_code, (set, frozenset, list, tuple)) else (loop_code,))
         self.loop_counts: collections.Counter = collections.Counter()
         self._stop = threading.Event()
         self.counts: collections.Counter = collections.Counter()
@@ -82,7 +85,7 @@ class LineSampler:
                     self.counts[(f.f_code.co_filename, f.f_lineno)] += 1
                     g = f
                     while g is not None and self._loop_code is not None and \
-                            g.f_code is not self._loop_code:
+                            g.f_code not in self._loop_code:
                         g = g.f_back
                     if g is not None and self._loop_code is not None:
                         self.loop_counts[(g.f_code.co_filename, g.f_lineno)] += 1
@@ -136,10 +139,13 @@ class OverheadWatch:
         self._early = None
         median = rest[len(rest) // 2]
         if median >= OVERHEAD_SECONDS and share and share[len(share) // 2] >= OVERHEAD_SHARE:
-            if thread_id is None:
-                loop = user_frame(sys._getframe())  # the user's function that steps: the loop
-                thread_id = threading.get_ident()
-                loop_code = loop.f_code if loop is not None else None
+            if thread_id is None:  # the user's functions on the stack that steps: the loop
+                thread_id, loop_code = threading.get_ident(), []
+                frame = user_frame(sys._getframe())
+                while frame is not None:
+                    loop_code.append(frame.f_code)
+                    frame = user_frame(frame.f_back)
+                del frame
             self._sampler = LineSampler(thread_id, self._idle, loop_code).start()
             self.hold(self._sampler.stop)
 

@@ -9,6 +9,8 @@ samples is where the time goes: a direct measurement, no threshold on the code.
 
 from __future__ import annotations
 
+import os
+
 from ..records import Finding
 from ..thresholds import OVERHEAD_SHARE
 from .base import Probe, ProbeContext, register
@@ -50,10 +52,19 @@ class StepOverhead(Probe):
                 + (f" (the most sampled holds {top['share']:.0%})" if top else "")
                 + ": spread over the loop, or inside a library it calls.",
                 ctx.ref("step") or ctx.ref("backward"), strength=0.4, **common)]
+        calls = sampled.get("loop_lines") or []
+        call = calls[0] if calls and calls[0]["share"] >= LINE_SHARE else None
+        via = call is not None and (call["file"], call["line"]) != (top["file"], top["line"])
+        where = call if via else top
         return [self.finding(
             "training_loop", True,
             f"{share:.0%} of each step ({ms:.1f} ms median) is spent outside data loading, "
             f"forward, backward and the optimizer step, and {top['share']:.0%} of the "
-            f"{sampled.get('samples')} samples of that time were on this line: the loop "
-            "blocks here every step.",
-            {"file": top["file"], "line": top["line"]}, strength=0.9, **common)]
+            f"{sampled.get('samples')} samples of that time were on "
+            + (f"line {top['line']} of {os.path.basename(top['file'])}, which the loop reaches "
+               f"every step through this call ({call['share']:.0%} of the samples): the loop "
+               "does that work every step." if via else
+               "this line: the loop blocks here every step."),
+            {"file": where["file"], "line": where["line"]}, strength=0.9,
+            **({"spent_at": {"file": top["file"], "line": top["line"]}} if via else {}),
+            **common)]
