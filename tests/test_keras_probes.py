@@ -346,6 +346,56 @@ def test_keras_convolutions_without_activation_chain_through_average_pools(tk):
     assert tr.linear_chains() == [("c2", "c3"), ("c4", "head")]
 
 
+def test_a_subclassed_model_with_an_adapted_normalization_is_copied(tk):
+    """A subclassed model builds its layers symbolically at its first call, so a copy's adapted
+    ``Normalization`` held its mean and variance as tensors of that scratch graph, "out of
+    scope" at the first real call: every probe that trains a copy failed. The copy standardises
+    as the user's model does at its initial weights."""
+    from model_debugger.probes import run_probes
+
+    keras = tk
+
+    class Tagger(keras.Model):
+        def __init__(self, n_out, **kwargs):
+            super().__init__(**kwargs)
+            self.norm = keras.layers.Normalization()
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.out = keras.layers.Dense(n_out)
+
+        def call(self, x, training=False):
+            return self.out(self.hidden(self.norm(x)))
+
+    rng = np.random.default_rng(0)
+    X = (rng.random((512, 10)) * 50).astype("float32")
+    y = rng.integers(0, 3, 512)
+
+    def build():
+        model = Tagger(3)
+        model.norm.adapt(X)
+        return model
+
+    ctx = _keras_context(keras, build, X, y)
+    model = ctx.trainer.model
+    copy = ctx.trainer.fresh_model()
+    assert np.allclose(np.asarray(copy.norm(X[:4])), np.asarray(model.norm(X[:4])), atol=1e-4)
+    report = run_probes(ctx, ["initialization", "lr_range"])
+    assert not [f for f in report.findings if f.evidence.get("probe_error")], report.findings
+
+
+def _keras_context(keras, build, X, y):
+    """``build()``'s model compiled and fitted one epoch under capture; its Isolate context."""
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    with model_debugger.capture() as rec:
+        model = build()
+        model.compile(optimizer="adam",
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(X, y, epochs=1, batch_size=64, verbose=0)
+    return build_context(Run(rec.events), rec.keeper, {}, budget=30.0)
+
+
 def test_a_float16_policy_without_a_gpu_is_timed_against_float32(tk, monkeypatch):
     """``mixed_float16`` on a CPU: the probe times a copy of the model under the policy against
     one whose layers compute in float32 and reveals a performance problem when float16 is

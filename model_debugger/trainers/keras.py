@@ -98,7 +98,12 @@ class KerasTrainer(SampleTrainer):
         _finalize_adapted(model)
         if (not model.built or len(model.weights) != len(self.model.weights)) and \
                 self.inputs is not None:  # (a clone after a Lambda is built only up to it)
-            model(self._x(tuple(x[:1] for x in self.inputs)))
+            first = self._x(tuple(x[:1] for x in self.inputs))
+            try:
+                model(first)
+            except Exception:  # noqa: BLE001 - a subclass builds its layers symbolically at
+                _finalize_adapted(model)  # its first call: an adapted Normalization's statistics
+                model(first)  # are then tensors of that scratch graph; derived again, eagerly
         if self.initial_state is not None:
             model.set_weights(self.initial_state)
             _finalize_adapted(model)  # the statistics just set, as the tensors the layer reads
