@@ -532,6 +532,14 @@ inp = keras.Input((3,))
 out = layers.Dense(1, activation="relu", name="y")(layers.Dense(4)(inp))  # <-
 m = keras.Model(inputs=inp, outputs=out)
 """, True),
+    ("""
+def build(widths, activation="relu"):
+    model = keras.Sequential()
+    for units in widths:
+        model.add(layers.Dense(units, activation=activation))
+    model.add(layers.Dense(1, activation=activation))  # <-
+    return model
+""", True),
     ("x = 1\n", False)])
 def test_output_layer_line_is_the_line_that_made_the_last_layer(body, marked):
     from model_debugger.pitfalls.keras_lint import output_layer_line

@@ -104,7 +104,8 @@ def output_layer_line(source: str) -> int | None:
                   or (tail(c) in ("Model", "Functional") and idx.outputs(c) is not None)]
         models += [cls for cls in idx.classes.values() if idx.is_model_class(cls)]
         lines = {layer.node.lineno for layer in map(idx.last_layer, models)
-                 if layer is not None and layer.kind != "unknown"}
+                 if layer is not None and getattr(layer.node, "lineno", None)}  # (its kind
+        # may be unknown, an activation given through a parameter: the line is still known)
     except (SyntaxError, ValueError, RecursionError):
         return None
     return lines.pop() if len(lines) == 1 else None
