@@ -382,6 +382,44 @@ def test_a_subclassed_model_with_an_adapted_normalization_is_copied(tk):
     assert not [f for f in report.findings if f.evidence.get("probe_error")], report.findings
 
 
+def _mean_square_of_the_first_column(y_true, y_pred):
+    import keras
+
+    return keras.ops.mean(keras.ops.square(y_true - y_pred[:, :1]))
+
+
+def test_a_functional_model_compiled_with_a_plain_function_loss_is_copied(tk):
+    """Keras compiles a clone of a compiled model from its compile config, and a loss written as
+    a plain function cannot be found by name there ("Could not locate function"): every probe
+    that trains a copy failed. The copy is cloned uncompiled (the trainer has its own step) and
+    the user's model stays compiled."""
+    from model_debugger.probes import run_probes
+
+    keras = tk
+    rng = np.random.default_rng(0)
+    X = rng.random((512, 4)).astype("float32")
+    y = 2 * X[:, :1]
+
+    def build():
+        inp = keras.Input((4,))
+        h = keras.layers.Dense(8, activation="relu")(inp)
+        out = keras.layers.Concatenate()([keras.layers.Dense(1)(h), keras.layers.Dense(1)(h)])
+        return keras.Model(inp, out)
+
+    import model_debugger
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    with model_debugger.capture() as rec:
+        model = build()
+        model.compile(optimizer="adam", loss=_mean_square_of_the_first_column)
+        model.fit(X, y, epochs=1, batch_size=64, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {}, budget=30.0)
+    assert ctx.trainer.fresh_model() is not None and model.compiled
+    report = run_probes(ctx, ["initialization", "lr_range"])
+    assert not [f for f in report.findings if f.evidence.get("probe_error")], report.findings
+
+
 def _keras_context(keras, build, X, y):
     """``build()``'s model compiled and fitted one epoch under capture; its Isolate context."""
     import model_debugger

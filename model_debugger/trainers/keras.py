@@ -679,10 +679,25 @@ def _clone(keras, model, dtype: str | None = None):
     Keras takes a ``clone_function`` (:func:`_clone_layer`) for those only: a subclassed model
     is cloned from its config, as before. ``dtype``: every cloned layer computes in it.
     """
-    if _graph_model(keras, model):
-        return keras.models.clone_model(
-            model, clone_function=lambda layer: _clone_layer(layer, dtype))
-    return keras.models.clone_model(model)
+    def clone():
+        if _graph_model(keras, model):
+            return keras.models.clone_model(
+                model, clone_function=lambda layer: _clone_layer(layer, dtype))
+        return keras.models.clone_model(model)
+
+    try:
+        return clone()
+    except TypeError:
+        if not getattr(model, "compiled", False):
+            raise
+    # Keras compiles a clone of a compiled model from its compile config, which names a loss
+    # or metric written as a plain function ("Could not locate function 'gaussian_nll'"):
+    # copies train with the trainer's own step, so the clone is made uncompiled
+    model.compiled = False
+    try:
+        return clone()
+    finally:
+        model.compiled = True
 
 
 def _clone_layer(layer, dtype: str | None = None):
