@@ -317,6 +317,8 @@ def test_keras_subclassed_dense_layers_without_activation_are_a_linear_stack(tk)
     [f] = run_probes(ctx, ["linear_stack"]).findings
     assert (f.check, f.root_cause, f.confirmed) == ("linear_stack", "architecture", True), f
     assert f.evidence["heldout_with_activations"] < 0.8 * f.evidence["heldout_as_built"]
+    assert not [layer for layer in ctx.trainer.model.layers if "call" in vars(layer)]
+    assert not [layer for layer in ctx.trainer.fresh_model().layers if "call" in vars(layer)]
     with_relu = _linear_stack_case(keras, lambda: _subclassed(keras, True)())
     names = [layer.name for layer in with_relu.trainer.model.layers]
     assert with_relu.trainer.linear_chains() == [(names[2], names[3])]

@@ -1520,6 +1520,15 @@ def test_convolutions_without_activation_chain_through_average_pools():
                       {"name": "cross_entropy"}, batches)
     assert tr.linear_chains() == [("2", "5"), ("7", "9")]
     assert tr.linear_layers() == ["0", "2", "5", "7", "9"]
+    # left without activation on purpose: a depthwise convolution before its pointwise one,
+    # a linear bottleneck's projection before the next expansion
+    designed = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(),
+                             nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.Conv2d(4, 8, 1),
+                             nn.ReLU(), nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4), nn.Conv2d(4, 8, 1),
+                             nn.ReLU(), nn.Flatten(), nn.Linear(512, 2))
+    tr = TorchTrainer(designed, None, {"cls": torch.optim.SGD, "hyper": {"lr": 0.1}},
+                      {"name": "cross_entropy"}, batches)
+    assert tr.linear_chains() == []
 
 
 def test_frozen_and_dropout_probes_quiet_on_a_model_that_trains_everything(healthy):
@@ -3054,6 +3063,12 @@ def test_a_change_that_shows_only_after_the_copies_first_steps_is_trained_longer
     as_set, changed, got = _heldout.SettingExperiment.compare(ctx, lambda m: m)
     assert got == confirmed
     assert changed == (0.03 if confirmed else 0.118)
+
+    def far_worse(tr, ctx, change=None, steps=_heldout.COPY_STEPS, **kw):
+        return 0.116 if change is None else (0.5 if steps <= _heldout.COPY_STEPS else 0.03)
+
+    monkeypatch.setattr(_heldout, "heldout_loss", far_worse)  # a change that makes it far
+    assert _heldout.SettingExperiment.compare(ctx, lambda m: m)[1:] == (0.5, False)  # worse
 
 
 def train_rate_rounded_to_zero():

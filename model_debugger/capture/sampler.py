@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from .codeloc import user_frame
+from .codeloc import is_user_file, user_frame
 
 INTERVAL = 0.005  # seconds between samples
 MAX_SAMPLES = 20_000  # then it stops: enough to rank the lines
@@ -83,10 +83,13 @@ class LineSampler:
                 f = user_frame(frame)
                 if f is not None:
                     self.counts[(f.f_code.co_filename, f.f_lineno)] += 1
-                    g = f
+                    g = f  # out through the user's own calls only: time in a callback a
+                    # library runs (Lightning's hooks) is not traced to the trainer.fit line
                     while g is not None and self._loop_code is not None and \
                             g.f_code not in self._loop_code:
                         g = g.f_back
+                        if g is not None and not is_user_file(g.f_code.co_filename):
+                            g = None
                     if g is not None and self._loop_code is not None:
                         self.loop_counts[(g.f_code.co_filename, g.f_lineno)] += 1
                     del g

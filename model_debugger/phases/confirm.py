@@ -86,8 +86,8 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
     onset = blowup_step(state.signals) if cls and cls.primary == "gradient_instability" else None
     if onset is not None and max_steps and onset >= max_steps:  # the re-runs must reach the
         early = _widened(state, max_steps, len(seeds), budget, onset)  # step it blew up at:
-        if early is not None:  # (shorter ones cannot show it, and the baseline is paid once)
-            horizon[:] = [early, True]
+        if early is not None:  # (shorter ones cannot show it, and the baseline is paid once;
+            horizon[0] = early  # the reproduction's own length stays open, below)
             per_run[0] = _run_seconds(state, early)
     baseline: list[dict] | None = None
     done: dict[int, Finding] = {}
@@ -144,8 +144,10 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
             if not shown and not horizon[1]:  # widen the window once rather than give up: a
                 # symptom that builds over more steps than the bounded re-runs (a blow-up late
                 # in the run) shows in re-runs as long as the reproduction, if they fit
-                widened = _widened(state, horizon[0], len(seeds), _budget_left(deadline),
-                                   onset if category == "gradient_instability" else None)
+                left = _budget_left(deadline)
+                widened = (_widened(state, horizon[0], len(seeds), left, onset)
+                           if category == "gradient_instability" else None) or \
+                    _widened(state, horizon[0], len(seeds), left)  # (else the whole length)
                 if widened is not None:
                     short = horizon[0]
                     horizon[:] = [widened, True]

@@ -184,7 +184,9 @@ class SettingExperiment(Probe):
         as_set = heldout_loss(tr, ctx, best=True)
         changed = heldout_loss(tr, ctx, change=change, best=True)
         longer_run = (ctx.signals or {}).get("steps", 0) > COPY_STEPS
-        if BETTER * as_set <= changed and (changed < as_set or longer_run):
+        if BETTER * as_set <= changed and (changed < as_set or (
+                longer_run and math.isfinite(as_set) and changed < as_set / BETTER)):
+            # (a change far worse, or copies that went non-finite, are not trained again)
             longer = {"steps": LONGER * COPY_STEPS, "seconds": LONGER * 2.0, "best": True}
             as_set = heldout_loss(tr, ctx, **longer)
             changed = heldout_loss(tr, ctx, change=change, **longer)

@@ -110,8 +110,11 @@ class ComputeSettings(Probe):
                 tf.config.list_physical_devices("GPU"):
             return []
         tr, batch = ctx.trainer, _batch(ctx)
-        half_model, full_model = tr.fresh_model(), tr.float32_copy()
-        if full_model is not None:
+        try:
+            half_model, full_model = tr.fresh_model(), tr.float32_copy()
+        except Exception:  # noqa: BLE001 - a model no copy can be made of: the products
+            half_model = full_model = None
+        if full_model is not None and half_model is not None:
             half, full = _fastest(lambda: tr.throughput(batch, model=half_model),
                                   lambda: tr.throughput(batch, model=full_model))
             gain = full / half if half > 0 else 0.0

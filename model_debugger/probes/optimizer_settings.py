@@ -129,16 +129,25 @@ class OptimizerSettings(Probe):
 
         None when the budget cannot afford that many steps (the held-out comparison decides).
         """
+        import time
+
         batch = int(ctx.train_batches[0][1].shape[0]) if ctx.train_batches else 32
-        want = min(MAX_REPLAY, int(onset * 1.5) + 20)
-        steps = tr.steps_within(want, batch_size=batch, seconds=ctx.time_left() / 6)
-        if steps < want:
+        steps = min(MAX_REPLAY, int(onset * 1.5) + 20)
+        inputs, target = tr.subset(slice(None))
+        t0 = time.perf_counter()  # a copy's set-up (a trace) and steps timed: the four
+        model = tr.fresh_model()  # replays must fit in half the time left
+        tr.fit(model, inputs, target, 2, batch_size=batch)
+        t1 = time.perf_counter()
+        tr.fit(model, inputs, target, 5, batch_size=batch)
+        per_step = (time.perf_counter() - t1) / 5
+        if 4 * ((t1 - t0) + steps * per_step) > ctx.time_left() / 2:
             return None
         usual = tr.with_settings(**{setting: USUAL[setting]})
-        inputs, target = tr.subset(slice(None))
         runs = {"as_set": [], "usual": []}
         for seed in (0, 1):
             for name, trainer in (("as_set", tr), ("usual", usual)):
+                if ctx.time_left() <= 0:
+                    return None
                 losses = trainer.fit(trainer.fresh_model(), inputs, target, steps,
                                      batch_size=batch, seed=seed)
                 runs[name].append(_peak(losses))
@@ -165,7 +174,9 @@ def _peak(losses: list[float]) -> float:
         return float("inf")
     arr = np.asarray(losses, dtype=float)
     start = float(np.median(arr[:5]))
-    return float(np.max(arr[len(arr) // 10:]) / max(start, 1e-12))
+    if start <= 0:  # (a loss that can go negative, a likelihood: no ratio to its start)
+        return 0.0
+    return float(np.max(arr[len(arr) // 10:]) / start)
 
 
 def _ratio(r: float) -> str:

@@ -413,7 +413,7 @@ class KerasTrainer(SampleTrainer):
                     break
                 tensor = single_input(made)
             if made is not layer and isinstance(made, _affine(keras)) and \
-                    _linear(made.activation) and len(made._inbound_nodes) == 1:
+                    _starts_chain(keras, made) and len(made._inbound_nodes) == 1:
                 pairs.append((made.name, layer.name))
         return list(dict.fromkeys(pairs))
 
@@ -439,16 +439,28 @@ class KerasTrainer(SampleTrainer):
                 if isinstance(layer, _affine(keras)):
                     if source is not None:
                         pairs.append((source, named[id(layer)]))
-                    if _linear(layer.activation):
+                    if _starts_chain(keras, layer):
                         made[id(out)] = named[id(layer)]
                 elif source is not None and _passes(keras, layer, passing):
                     made[id(out)] = source
                 return out
             return wrapper
 
-        for layer in leaves:
-            layer.call = traced(layer, layer.call)
-        model(self._x(tuple(x[:4] for x in self.inputs)), training=False)
+        users = {id(layer) for layer in _leaves(self.model)}
+        if any(id(layer) in users for layer in leaves):
+            return []  # the copy shares layers with the user's model (a layer given to the
+            # constructor): a wrapper on them would be on the user's model too
+        own = [(layer, vars(layer).get("call")) for layer in leaves]  # (an instance's own)
+        try:
+            for layer in leaves:
+                layer.call = traced(layer, layer.call)
+            model(self._x(tuple(x[:4] for x in self.inputs)), training=False)
+        finally:
+            for layer, call in own:
+                if call is None:
+                    vars(layer).pop("call", None)
+                else:
+                    vars(layer)["call"] = call
         return list(dict.fromkeys(pairs))
 
     def linear_layers(self) -> list[str]:
@@ -543,6 +555,21 @@ def _affine(keras) -> tuple:
     """The Keras layers that compute an affine map (before their own activation)."""
     layers = keras.layers
     return (layers.Dense, layers.Conv1D, layers.Conv2D, layers.Conv3D)
+
+
+def _starts_chain(keras, layer) -> bool:
+    """Whether an affine layer without activation is suspect (see the PyTorch trainer's).
+
+    Not a grouped convolution nor one that narrows the channels (a linear bottleneck).
+    """
+    if not _linear(layer.activation):
+        return False
+    if isinstance(layer, keras.layers.Dense):
+        return True
+    kernel = getattr(layer, "kernel", None)
+    groups = getattr(layer, "groups", 1) or 1
+    channels_in = int(kernel.shape[-2]) * groups if kernel is not None else None
+    return groups == 1 and (channels_in is None or layer.filters >= channels_in)
 
 
 def _passing(keras) -> tuple:

@@ -15,7 +15,19 @@ import torch
 
 from .base import SampleTrainer, init_outlier
 
-AFFINE = (torch.nn.Linear, torch.nn.modules.conv._ConvNd)  # layers whose output is affine
+AFFINE = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)  # affine layers
+
+
+def _starts_chain(module) -> bool:
+    """Whether an affine layer without activation after it is suspect.
+
+    Not a convolution that is grouped (a depthwise convolution before its pointwise one) or
+    that narrows the channels (a linear bottleneck's projection): designs that leave the
+    activation out on purpose.
+    """
+    if isinstance(module, torch.nn.Linear):
+        return True
+    return module.groups == 1 and module.out_channels >= module.in_channels
 
 
 def from_keeper(keeper) -> TorchTrainer | None:
@@ -331,7 +343,8 @@ class TorchTrainer(SampleTrainer):
             if isinstance(module, AFFINE):
                 if source is not None:
                     pairs.append((source, name))
-                made[id(out)] = (name, out._version)
+                if _starts_chain(module):
+                    made[id(out)] = (name, out._version)
             elif isinstance(module, passing) and source is not None:
                 made[id(out)] = (source, out._version)
 
