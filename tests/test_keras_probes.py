@@ -324,6 +324,26 @@ def test_keras_subclassed_dense_layers_without_activation_are_a_linear_stack(tk)
     assert with_relu.trainer.linear_chains() == [(names[2], names[3])]
 
 
+def test_the_trace_of_a_subclass_leaves_layers_it_shares_with_the_user_alone(tk):
+    """A subclass given a layer in its constructor is rebuilt with that same layer object: the
+    trace would wrap the user's own layer, so it reads nothing there; no ``call`` is left on
+    any layer."""
+    keras = tk
+
+    class Wrap(keras.Model):
+        def __init__(self, body, **kwargs):
+            super().__init__(**kwargs)
+            self.body = body
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x, training=False):
+            return self.head(self.body(x))
+
+    ctx = _linear_stack_case(keras, lambda: Wrap(keras.layers.Dense(8)))
+    assert ctx.trainer.linear_chains() == []
+    assert not [layer for layer in ctx.trainer.model.layers if "call" in vars(layer)]
+
+
 def test_keras_convolutions_without_activation_chain_through_average_pools(tk):
     """Conv2D layers without activation are affine too: through a batch norm and an average
     pool the chain goes on into the next convolution and the Dense head; a max pool, which is
