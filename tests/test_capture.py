@@ -1072,6 +1072,12 @@ def test_a_stall_in_the_loop_is_measured_and_its_line_sampled():
     assert top["share"] > 0.5 and event["samples"] >= 20
 
 
+class _SlowEvaluator(nn.Module):
+    def forward(self, x):
+        time.sleep(0.02)  # <validate-work>
+        return x
+
+
 class _ValidatingTrainer:
     """A trainer whose ``fit`` validates after every batch (``validate()`` inside the batch loop),
     while the optimizer steps in ``training_step``."""
@@ -1082,6 +1088,7 @@ class _ValidatingTrainer:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.loader = DataLoader(TensorDataset(torch.randn(steps * 8, 8),
                                                torch.randint(0, 2, (steps * 8,))), batch_size=8)
+        self.evaluator = _SlowEvaluator()
 
     def training_step(self, xb, yb):
         self.opt.zero_grad()
@@ -1089,7 +1096,8 @@ class _ValidatingTrainer:
         self.opt.step()
 
     def validate(self):
-        time.sleep(0.02)  # <validate-work>
+        with torch.no_grad():
+            self.evaluator(torch.zeros(2))  # (through torch's Module.__call__)
 
     def fit(self):
         for xb, yb in self.loader:

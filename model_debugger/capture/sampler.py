@@ -83,13 +83,10 @@ class LineSampler:
                 f = user_frame(frame)
                 if f is not None:
                     self.counts[(f.f_code.co_filename, f.f_lineno)] += 1
-                    g = f  # out through the user's own calls only: time in a callback a
-                    # library runs (Lightning's hooks) is not traced to the trainer.fit line
+                    g = f
                     while g is not None and self._loop_code is not None and \
                             g.f_code not in self._loop_code:
                         g = g.f_back
-                        if g is not None and not is_user_file(g.f_code.co_filename):
-                            g = None
                     if g is not None and self._loop_code is not None:
                         self.loop_counts[(g.f_code.co_filename, g.f_lineno)] += 1
                     del g
@@ -142,12 +139,15 @@ class OverheadWatch:
         self._early = None
         median = rest[len(rest) // 2]
         if median >= OVERHEAD_SECONDS and share and share[len(share) // 2] >= OVERHEAD_SHARE:
-            if thread_id is None:  # the user's functions on the stack that steps: the loop
+            if thread_id is None:  # the user's function that steps and the user's functions
+                # that called it directly: the loop (up to the first library frame: a Lightning
+                # or Hugging Face trainer's loop is no line of the user's, and time in a hook it
+                # runs is not traced to the trainer.fit line)
                 thread_id, loop_code = threading.get_ident(), []
                 frame = user_frame(sys._getframe())
-                while frame is not None:
+                while frame is not None and is_user_file(frame.f_code.co_filename):
                     loop_code.append(frame.f_code)
-                    frame = user_frame(frame.f_back)
+                    frame = frame.f_back
                 del frame
             self._sampler = LineSampler(thread_id, self._idle, loop_code).start()
             self.hold(self._sampler.stop)
