@@ -92,7 +92,7 @@ class OptimizerSettings(Probe):
         if onset is not None:
             for setting in [k for k in ("momentum", "beta1") if k in suspects]:
                 found = self._replay(ctx, tr, setting, suspects[setting], settings[setting],
-                                     onset, clip_at)
+                                     onset)
                 if found is not None and found.confirmed:
                     out.append(found)
                     suspects.pop(setting)
@@ -122,9 +122,8 @@ class OptimizerSettings(Probe):
                 **({"replay": replayed[setting]} if setting in replayed else {})))
         return out
 
-
-    def _replay(self, ctx: ProbeContext, tr, setting: str, why: str, value: float, onset: int,
-                clip_at: dict | None):
+    def _replay(self, ctx: ProbeContext, tr, setting: str, why: str, value: float,
+                onset: int):
         """Copies trained as long as the run took to blow up, as set up and with ``setting`` usual.
 
         None when the budget cannot afford that many steps (the held-out comparison decides).
@@ -162,7 +161,7 @@ class OptimizerSettings(Probe):
             f"{peaks} as set up and {usual_peaks} with {setting} {USUAL[setting]}"
             + (f": the {setting} setting makes the training unstable." if confirmed else
                ": that does not settle it."),
-            setting_location(clip_at or ctx.ref("optimizer") or ctx.ref("step"), setting),
+            setting_location(ctx.ref("optimizer") or ctx.ref("step"), setting),
             undone=confirmed, strength=0.8 if confirmed else 0.15, setting=setting, value=value,
             usual=USUAL[setting], onset_step=onset, replay_steps=steps,
             peak_as_set=runs["as_set"], peak_usual=runs["usual"])
