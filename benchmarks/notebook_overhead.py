@@ -18,6 +18,7 @@ their median). The issue's target is ``train`` at most 1.10x the bare loop.
 
     python benchmarks/notebook_overhead.py            # 6 rounds per mode
     python benchmarks/notebook_overhead.py --quick    # 2 rounds
+    python benchmarks/notebook_overhead.py --model cnn  # a small CNN (21 epochs, 1176 steps)
 """
 
 from __future__ import annotations
@@ -41,17 +42,17 @@ from sklearn.datasets import load_digits
 %load_ext model_debugger
 """
 
-TRAIN = f"""
+TRAIN_TEMPLATE = """
 import torch
 torch.manual_seed(0)
 digits = load_digits()
 X = torch.tensor(digits.data / 16.0, dtype=torch.float32)
 y = torch.tensor(digits.target)
-model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+model = MODEL
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 loss_fn = torch.nn.CrossEntropyLoss()
 t0 = time.perf_counter()
-for epoch in range({EPOCHS}):
+for epoch in range(EPOCHS):
     perm = torch.randperm(len(X))
     for i in range(0, len(X) - 31, 32):
         idx = perm[i:i + 32]
@@ -61,6 +62,17 @@ for epoch in range({EPOCHS}):
         opt.step()
 __bench_train = time.perf_counter() - t0
 """
+# the model of the issue (a per-step cost of a fraction of a millisecond), and a small CNN on the
+# same 8x8 images (about 5 ms a step on a 2-core machine: what a first notebook model costs)
+MODELS = {
+    "mlp": "torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), "
+           "torch.nn.Linear(128, 10))",
+    "cnn": "torch.nn.Sequential(torch.nn.Unflatten(1, (1, 8, 8)), "
+           "torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(), "
+           "torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), "
+           "torch.nn.Flatten(), torch.nn.Linear(64 * 16, 128), torch.nn.ReLU(), "
+           "torch.nn.Linear(128, 10))",
+}
 
 
 def _execute(client, code: str, timeout: float = 600) -> float:
@@ -97,7 +109,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--model", choices=sorted(MODELS), default="mlp",
+                        help="mlp: the issue's digits MLP (default); cnn: a small CNN")
     args = parser.parse_args()
+    epochs = EPOCHS if args.model == "mlp" else EPOCHS // 3
+    train = TRAIN_TEMPLATE.replace("MODEL", MODELS[args.model]).replace("EPOCHS", str(epochs))
     rounds = 2 if args.quick else args.rounds
 
     from jupyter_client.manager import start_new_kernel
@@ -108,15 +124,15 @@ def main() -> None:
                                                OMP_NUM_THREADS="1"))
         try:
             _execute(client, SETUP)
-            _execute(client, TRAIN)  # warm-up: imports, allocator, first %%reproduce below
-            _execute(client, "%%reproduce --seed 0 --runs 1\n" + TRAIN)
+            _execute(client, train)  # warm-up: imports, allocator, first %%reproduce below
+            _execute(client, "%%reproduce --seed 0 --runs 1\n" + train)
             times: dict[str, dict[str, list[float]]] = {
                 m: {"train": [], "cell": []} for m in ("bare", "reproduce")}
             order = []
             for r in range(rounds):
                 order += ["bare", "reproduce"] if r % 2 == 0 else ["reproduce", "bare"]
             for mode in order:
-                code = TRAIN if mode == "bare" else "%%reproduce --seed 0 --runs 1\n" + TRAIN
+                code = train if mode == "bare" else "%%reproduce --seed 0 --runs 1\n" + train
                 if mode == "reproduce":
                     _execute(client, "from model_debugger.notebook import current_session\n"
                                      "current_session().new_session()")
@@ -126,7 +142,8 @@ def main() -> None:
             client.stop_channels()
             km.shutdown_kernel(now=True)
 
-    print(f"digits MLP 64-128-10, batch 32, {EPOCHS} epochs; {rounds} rounds per mode "
+    name = "digits MLP 64-128-10" if args.model == "mlp" else "digits CNN 32-64 conv, 128 fc"
+    print(f"{name}, batch 32, {epochs} epochs; {rounds} rounds per mode "
           f"(alternated), one kernel")
     for what in ("train", "cell"):
         bare, rep = times["bare"][what], times["reproduce"][what]

@@ -560,6 +560,8 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
     if call is None:
         return None
     positional = not any(k.value is value for k in call.keywords)
+    if not positional and _literal(value):
+        return value.lineno  # written at the call: its own line of a call over several lines
     scope, before = _scope_of(tree, stmt), stmt.lineno
     for _ in range(_MAX_HOPS):
         if isinstance(value, ast.Name):
@@ -594,6 +596,15 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
         else:
             return None
     return None
+
+
+def _literal(node: ast.AST) -> bool:
+    """A value written out: a constant, a negative one, or a list or tuple of them."""
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return all(_literal(e) for e in node.elts)
+    return isinstance(node, ast.Constant)
 
 
 def _parameter_setting(tree: ast.Module, func: ast.AST, name: str) -> int | None:

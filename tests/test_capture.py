@@ -1276,6 +1276,32 @@ def test_containers_the_loop_keeps_are_looked_at_during_the_run():
     assert held["last"]["len"] == 3 * HELD_EVERY
 
 
+def test_looks_at_a_loop_of_fast_steps_are_spaced_within_their_budget():
+    """After the first looks, a look costing more than ``HELD_BUDGET`` of the steps between
+    looks waits longer (in multiples of ``HELD_EVERY``): on a model of one weight, whose
+    steps take microseconds, a look costs many steps; the growing list is still seen."""
+    from model_debugger.capture.held import HELD_EVERY, HELD_STEADY
+    from model_debugger.signals import growing_container
+
+    def train():
+        model = nn.Linear(1, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        kept = [torch.zeros(1 << 16) for _ in range(64)]  # many tensors: a look reads each
+        for _ in range(12 * HELD_EVERY):
+            kept.append(torch.zeros(1 << 16))
+            opt.zero_grad()
+            model(torch.ones(1, 1)).sum().backward()
+            opt.step()
+
+    with capture() as rec:
+        train()
+    run = Run(rec.events)
+    steps = [e["step"] for e in run.of("held")]
+    assert steps[:HELD_STEADY] == [HELD_EVERY * (k + 1) for k in range(HELD_STEADY)]
+    assert all(s % HELD_EVERY == 0 for s in steps) and len(steps) < 12  # (12 on schedule)
+    assert growing_container(run)["name"] == "kept"
+
+
 def test_the_learning_rate_trajectory_and_the_scheduler_line_are_recorded():
     """An ``lr`` event when the rate moves by 1.5x or more; the scheduler's line is a ref."""
     model = nn.Linear(3, 1)
@@ -1360,3 +1386,24 @@ def test_the_fast_event_encoder_writes_what_the_json_encoder_writes():
     loop["self"] = loop
     with pytest.raises(ValueError, match="Circular"):
         recorder._encode(loop)
+
+
+@pytest.mark.parametrize("seconds, written", [(None, [100, 450]),
+                                              (0.0, [100, 200, 300, 400, 450])])
+def test_target_statistics_are_written_at_most_once_in_a_few_seconds(monkeypatch, seconds,
+                                                                     written):
+    """Every ``hist_every`` steps, unless one was written less than ``TARGETS_SECONDS`` ago
+    (reducing and writing them costs a millisecond: a loop of fast steps would pay it every
+    hundred steps); the last statistics are always written when the capture ends."""
+    from model_debugger.capture import torch_steps
+
+    if seconds is not None:
+        monkeypatch.setattr(torch_steps, "TARGETS_SECONDS", seconds)
+    model = nn.Linear(2, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with capture() as rec:
+        for _ in range(450):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(4, 2)), torch.randint(0, 3, (4,))).backward()
+            opt.step()
+    assert [e["n"] // 4 for e in Run(rec.events).of("targets")] == written

@@ -356,6 +356,56 @@ def test_a_slow_tf_data_pipeline_in_a_custom_loop_is_data_wait(traced):
     assert loop_overhead(sig) is None
 
 
+class _SlowBatches(keras.callbacks.Callback):
+    """A callback of the user's doing 30 ms of work after every batch."""
+
+    def __init__(self):
+        super().__init__()
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.03)
+
+
+class _Epochs(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        pass
+
+
+@pytest.mark.parametrize("slow", [True, False], ids=["slow_callback", "no_batch_work"])
+def test_the_time_fit_spends_in_each_callback_is_measured(slow):
+    """``fit``'s step rows time the train step (``bz``); each of the user's callbacks with a
+    batch hook has that hook timed (a ``callbacks`` event with the line that made it), and
+    ``step_overhead`` locates the loop's own time at the callback that holds it."""
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+
+    X, y = data(16 * 40)
+    with capture(hist_every=0) as rec:
+        model = mlp()
+        model.compile(optimizer="adam", loss=ce())
+        made = _SlowBatches() if slow else _Epochs()  # <keras-callback-made>
+        model.fit(X, y, batch_size=16, epochs=1, verbose=0, callbacks=[made, _Epochs()])
+    assert "on_train_batch_end" not in vars(made)  # the timed hook is gone after fit
+    run = Run(rec.events)
+    assert all(0 < s["bz"] < s["dt"] for s in run.steps[1:])
+    if not slow:
+        assert run.of("callbacks") == []
+        assert compute(run)["step_overhead_ms"] < 10
+        return
+    (event,) = run.of("callbacks")
+    (cb,) = event["callbacks"]
+    assert event["steps"] == 40 and cb["cls"] == "_SlowBatches" and cb["calls"] == 40
+    assert 40 * 0.03 <= cb["seconds"] < 40 * 0.06
+    assert (cb["file"], cb["line"]) == (HERE, line_of("keras-callback-made"))
+    sig = compute(run)
+    assert sig["step_overhead_ms"] >= 28
+    [f] = run_probes(build_context(run, None, {}), ["step_overhead"]).findings
+    assert f.confirmed and f.root_cause == "training_loop"
+    assert (f.location["file"], f.location["line"]) == (HERE, line_of("keras-callback-made"))
+    assert f.evidence["callback"] == "_SlowBatches"
+    assert 28 <= f.evidence["callback_ms_per_step"] < 60
+
+
 def test_first_nonfinite_step_and_layer():
     X, y = data(256)
     model = mlp()

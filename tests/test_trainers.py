@@ -257,6 +257,75 @@ def test_hf_trainer_steps_norms_losses_and_logs_agree_with_its_log_history(tmp_p
         assert refs[kind]["line"] == line_of("hf_args"), (kind, refs[kind])
 
 
+# -- time in the trainers' callbacks ---------------------------------------------------------
+def _overhead_finding(run: Run):
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+
+    return run_probes(build_context(run, None, {}), ["step_overhead"]).findings
+
+
+@pytest.mark.parametrize("every", [1, 0], ids=["every_step", "at_epoch_end"])
+def test_lightning_checkpoints_saved_every_step_are_timed_to_the_callback(tmp_path, every):
+    """Each of the trainer's callbacks has its per-batch hooks timed during ``fit`` (a
+    ``callbacks`` event); a ``ModelCheckpoint`` saving every step holds the loop's own time
+    and is located where it was constructed."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    torch.manual_seed(0)
+    train, val = _loaders()
+    with capture(update_every=0, hist_every=0) as rec:
+        ckpt = ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=every or None,  # <pl_ckpt>
+                               save_top_k=-1)
+        trainer = pl.Trainer(max_epochs=4, accelerator="cpu", logger=False, callbacks=[ckpt],
+                             enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=str(tmp_path), num_sanity_val_steps=0)
+        trainer.fit(LitNet(), train, val)
+    assert "on_train_batch_end" not in vars(ckpt)  # untimed after fit
+    run = run_of(rec)
+    (event,) = run.of("callbacks")
+    assert event["steps"] == trainer.global_step == 36
+    timed = {c["cls"]: c for c in event["callbacks"]}
+    assert timed["ModelCheckpoint"]["line"] == line_of("pl_ckpt")
+    assert timed["ModelCheckpoint"]["calls"] >= 36
+    findings = _overhead_finding(run)
+    if every:
+        [f] = findings
+        assert f.confirmed and f.evidence["callback"] == "ModelCheckpoint"
+        assert f.location["line"] == line_of("pl_ckpt")
+    else:
+        assert all(f.evidence.get("callback") is None for f in findings)
+
+
+def test_hf_checkpoints_saved_every_step_are_timed_to_the_training_arguments(tmp_path):
+    """A Hugging Face trainer's own checkpoint saving is timed (``save_steps=1``: every step)
+    and located at the ``save_steps`` passed to the ``TrainingArguments`` that configure it."""
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=16, num_labels=2)
+    with capture(update_every=0, hist_every=0) as rec:
+        model = BertForSequenceClassification(cfg)
+        args = TrainingArguments(  # <hf_save_args>
+            output_dir=str(tmp_path), num_train_epochs=3, per_device_train_batch_size=8,
+            learning_rate=5e-3, save_strategy="steps", report_to=[], use_cpu=True, seed=0,
+            save_steps=1, disable_tqdm=True)  # <hf_save_steps>
+        trainer = Trainer(model=model, args=args, train_dataset=Tokens(64, 1))
+        trainer.train()
+    assert "_save_checkpoint" not in vars(trainer)
+    run = run_of(rec)
+    (event,) = run.of("callbacks")
+    saving = next(c for c in event["callbacks"] if c["cls"] == "checkpoint saving")
+    assert event["steps"] == 24 and saving["calls"] == 24
+    assert saving["line"] == line_of("hf_save_args")
+    sig = __import__("model_debugger.signals", fromlist=["compute"]).compute(run)
+    assert sig["step_overhead_share"] >= 0.5, sig["step_overhead_share"]
+    [f] = _overhead_finding(run)
+    assert f.confirmed and f.evidence["callback"] == "checkpoint saving"
+    assert f.location["line"] == line_of("hf_save_steps")  # the setting, in the call
+
+
 # -- Accelerate --------------------------------------------------------------------------------
 def test_accelerate_accumulation_records_the_users_loss():
     from accelerate import Accelerator

@@ -915,6 +915,35 @@ def _per_step_stall(p: Program) -> list[Edit]:
                                                      change=True)]
 
 
+@operator("checkpoint_every_step", "resources", "performance_issue", "training_loop",
+          "the trainer saves a checkpoint after every step (Keras ModelCheckpoint save_freq=1, "
+          "Lightning every_n_train_steps=1, Hugging Face save_steps=1)")
+def _checkpoint_every_step(p: Program) -> list[Edit]:
+    args = p.trainer_args()
+    if args is not None:  # Hugging Face: the TrainingArguments configure the trainer's saving
+        return [set_kwarg(p, args, "save_strategy", '"steps"', change=True),
+                set_kwarg(p, args, "save_steps", "1")]
+    trainers = [c for c in p.calls("Trainer") if "." in dotted(c.func)]
+    if trainers and p.is_torch:  # Lightning (``pl.Trainer``): a ModelCheckpoint callback
+        trainer = trainers[0]
+        need(keyword(trainer, "callbacks") is None, "callbacks already set")
+        pl = dotted(trainer.func).rsplit(".", 1)[0]
+        ckpt = (f"{pl}.callbacks.ModelCheckpoint(dirpath=tempfile.mkdtemp(), "
+                "every_n_train_steps=1, save_top_k=-1)")
+        edits = ensure_import(p, "tempfile") + [
+            set_kwarg(p, trainer, "callbacks", f"[{ckpt}]", change=True)]
+        if keyword(trainer, "enable_checkpointing") is not None:
+            edits.append(set_kwarg(p, trainer, "enable_checkpointing", "True"))
+        return edits
+    fits = [c for c in p.calls("fit") if not p.is_torch]
+    fit = need(fits[0] if fits else None, "no Keras fit")
+    need(keyword(fit, "callbacks") is None, "callbacks already set")
+    k = keras_prefix(p)
+    ckpt = f'{k}.callbacks.ModelCheckpoint(tempfile.mkdtemp() + "/m.keras", save_freq=1)'
+    return ensure_import(p, "tempfile") + [set_kwarg(p, fit, "callbacks", f"[{ckpt}]",
+                                                     change=True)]
+
+
 @operator("tf_function_retrace", "resources", "performance_issue", "training_loop",
           "a Python float (a timestamp) passed to the tf.function step on every call: each "
           "call traces a new graph")

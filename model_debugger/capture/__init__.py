@@ -13,8 +13,9 @@ inside functions; ``tests/test_capture_layout.py`` checks the imports and the ci
   ``torch_trainers`` (Lightning, Hugging Face, Accelerate: logged metrics, accumulation),
   ``torch_dist`` (torch.distributed: the rank, collectives, replica checksums), with
   ``torch_grads`` (norms, update ratio, histograms) and ``torch_util`` (replay, small helpers);
-- ``keras_instrument``: ``KerasInstrument``, built from ``keras_hooks`` (fit, custom loops) and
-  ``keras_steps`` (tape and optimizer apply), with ``keras_util``;
+- ``keras_instrument``: ``KerasInstrument``, built from ``keras_hooks`` (fit, custom loops),
+  ``keras_callbacks`` (the time in the user's callbacks) and ``keras_steps`` (tape and optimizer
+  apply), with ``keras_util``;
 - ``keeper``, ``keras_keeper``, ``spill``: what Isolate needs after the capture;
 - ``warned``: the framework warnings printed during the run, each kind once with the user's line;
 - ``instrument``: the base of both instruments, the owner of every undo handle;

@@ -2,7 +2,8 @@
 
 A list that gets one tensor per step (a cache never cleared, outputs kept "for later", losses
 appended without ``.item()``) is the most common way a loop leaks memory. Every
-``HELD_EVERY`` steps, on the training thread, :class:`HeldWatch` (mixed into both instruments)
+``HELD_EVERY`` steps (spaced further when looking would cost more than ``HELD_BUDGET`` of the
+training time), on the training thread, :class:`HeldWatch` (mixed into both instruments)
 looks at the variables of the user's frames on the stack (locals, and the module's globals) and
 measures the bytes of tensors and arrays each list, tuple, dict, set or deque holds (one level
 deep, plus tuples and short lists inside it; a long container is sampled; the container attributes of ``self``
@@ -18,12 +19,19 @@ Importing this module imports neither torch nor tensorflow.
 from __future__ import annotations
 
 import collections
+import math
 import sys
+import time
 
 from .codeloc import is_user_file
 
 HELD_EVERY = 50  # steps between looks
-HELD_MAX = 40  # looks at most (then every 50th step after the 2000th is not looked at)
+HELD_MAX = 40  # looks at most
+# after the first HELD_STEADY looks, the looks are spaced (in multiples of HELD_EVERY) so that
+# looking costs at most HELD_BUDGET of the training time: a loop of fast steps holding many
+# variables is looked at less often, not slowed down
+HELD_STEADY = 3
+HELD_BUDGET = 0.005
 HELD_MIN_BYTES = 1 << 20  # containers holding less are not reported ...
 HELD_MIN_GRAPHS = 3  # ... unless they hold this many tensors with autograd history
 SAMPLE = 512  # elements of a long container looked at (the rest estimated from them)
@@ -150,16 +158,35 @@ class HeldWatch:
 
     def _init_held(self) -> None:
         self._held_looks = 0
+        self._held_next = HELD_EVERY  # the step of the next look
 
-    def _look_held(self, step: int, frame=None) -> None:
-        """Look at the user's frames on the stack when ``step`` is due."""
-        if step % HELD_EVERY or step == 0 or self._held_looks >= HELD_MAX:
+    def _held_due(self, step: int) -> bool:
+        """Whether ``step`` is a step to look at (cheap: called after every step)."""
+        return step >= self._held_next and self._held_looks < HELD_MAX
+
+    def _look_held(self, step: int, frame=None, step_seconds: float | None = None) -> None:
+        """Look at the user's frames on the stack when ``step`` is due.
+
+        ``step_seconds`` is the mean duration of a step so far: with it, the next look is
+        spaced so that looking stays within :data:`HELD_BUDGET` of the training time.
+        """
+        if not self._held_due(step) or step % HELD_EVERY or step == 0:
             return
         self._held_looks += 1
+        started = time.perf_counter()
+        try:
+            self._look_frames(step, frame if frame is not None else sys._getframe(1))
+        finally:
+            every = HELD_EVERY
+            if self._held_looks >= HELD_STEADY and step_seconds:
+                cost = time.perf_counter() - started
+                every *= max(1, math.ceil(cost / (HELD_BUDGET * step_seconds * HELD_EVERY)))
+            self._held_next = step + every
+
+    def _look_frames(self, step: int, f) -> None:
         found = []
         seen: set[int] = set()
         done: set[int] = set()
-        f = frame if frame is not None else sys._getframe(1)
         depth = 0
         while f is not None and depth < 30:
             code = f.f_code

@@ -136,6 +136,7 @@ class FitHooks(BatchKeeping):
         not the model's end state. Every ``fit`` writes one (``restored`` False otherwise),
         so a later ``fit`` that trains on is not taken for the restored one.
         """
+        self._emit_callbacks(self._steps - self._fit_steps)
         stoppers = [c for c in (callbacks if isinstance(callbacks, (list, tuple)) else ())
                     if isinstance(c, self._keras.callbacks.EarlyStopping)]
         done = next((c for c in stoppers if int(getattr(c, "stopped_epoch", 0) or 0) > 0 and
@@ -193,6 +194,10 @@ class FitHooks(BatchKeeping):
         if val is not None and self.keeper.validation is None and not self.keeper.val_batches:
             self.keeper.validation = val
         callbacks = arguments.get("callbacks")
+        self._time_callbacks(callbacks)  # the user's own, before the capture's joins them
+        if self._loop is None:  # fit is the loop: its time outside the train function is
+            self._loop = (threading.get_ident(), None)  # sampled without a loop line of the user's
+        self._fit_steps = self._steps
         cb = self._callback()
         if callbacks is not None and hasattr(callbacks, "append") and \
                 type(callbacks).__name__ == "CallbackList":
@@ -285,9 +290,11 @@ class FitHooks(BatchKeeping):
             inst._data_wait += time.perf_counter() - t0
             inst.guard(inst._on_data)(data)
             inst._timed_batch = True  # kept here: the traced loss hook must not keep it again
+            inst._work_enter()  # the step's own work (the rest: callbacks, fit's bookkeeping)
             try:
                 return fn(iter((data,)))
             finally:
+                inst._work_exit()
                 inst._timed_batch = False
 
         train_function._md_timed = True

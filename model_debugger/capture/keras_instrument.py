@@ -30,6 +30,7 @@ import weakref
 from ._util import RateTrack
 from .codeloc import assignment, definition_location, frame_span, user_frame
 from .instrument import Instrument
+from .keras_callbacks import CallbackTiming
 from .keras_hooks import FitHooks, LoopHooks
 from .keras_keeper import HeadStats, KerasKeeper, LabelStats, describe_heads, describe_loss
 from .keras_steps import StepHooks
@@ -45,7 +46,7 @@ _HYPER = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "rho", "weight_
           "clipnorm", "global_clipnorm", "clipvalue", "amsgrad")
 
 
-class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
+class KerasInstrument(FitHooks, CallbackTiming, LoopHooks, StepHooks, Instrument):
     """Instruments Keras / TensorFlow training for one Recorder.
 
     Parameters
@@ -120,6 +121,8 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._init_args: dict[int, tuple] = {}  # id(model) -> (weakref, args, kwargs)
         self._gpu = None
         self._mgn_at = 0  # where the next step's window of layer norms starts (norms.py)
+        self._fit_steps = 0  # the step count when the running fit began
+        self._init_callbacks()
 
     # -- attach / close --------------------------------------------------------------------
     def attach(self, name: str) -> None:
@@ -160,6 +163,7 @@ class KerasInstrument(FitHooks, LoopHooks, StepHooks, Instrument):
         self._keras = keras
         self.patch(Trainer, "compile", self._wrap_compile)
         self.patch(TensorFlowTrainer, "fit", self._wrap_fit)
+        self._attach_callbacks()
         self.patch(TensorFlowTrainer, "make_train_function", self._wrap_make_train)
         self.patch(BaseOptimizer, "__init__", self._wrap_opt_init)
         self.patch(BaseOptimizer, "apply", lambda nxt: self._nograph(self._wrap_apply(nxt)))

@@ -393,8 +393,8 @@ class StepHooks(OverheadWatch, HeldWatch):
         self.rec.step += 1
         self._steps += 1
         self._last_drawn = None  # (kept for a replay of the first step only)
-        if not self.rec.step % HELD_EVERY:  # the containers the loop keeps (held.py)
-            self.guard(self._look_held)(self.rec.step)
+        if not self.rec.step % HELD_EVERY and self._held_due(self.rec.step):
+            self.guard(self._look_held)(self.rec.step)  # the containers the loop keeps (held.py)
         if self.cfg.hist_every and self._steps % self.cfg.hist_every == 0:
             self._emit_targets()
 

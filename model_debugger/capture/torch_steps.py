@@ -39,6 +39,8 @@ NORM_BUDGET = 0.005
 NORM_ALWAYS = 32  # the first steps always have norms (and time what they cost)
 NORM_RETUNE = 256  # steps between later re-evaluations of norm_every
 NORM_MAX_EVERY = 16
+# a ``targets`` event every ``hist_every`` steps, at most once in this many seconds
+TARGETS_SECONDS = 2.0
 UNMEASURED = "unmeasured"  # the gradient norm of a step that norm_every skipped
 
 
@@ -47,6 +49,8 @@ class StepRows(OverheadWatch, HeldWatch):
 
     def _init_step_state(self) -> None:
         self._last_step_end = None
+        self._targets_at = -math.inf  # when the last ``targets`` event was written
+        self._dt_total, self._dt_count = 0.0, 0  # the steps' durations so far (their mean)
         self._rows: list[tuple] = []  # per-step numbers not yet written (see _drain)
         self._drained = 0.0
         self._norm_auto = not self.cfg.norm_every
@@ -91,10 +95,13 @@ class StepRows(OverheadWatch, HeldWatch):
         now = time.perf_counter()
         dt = now - self._last_step_end if self._last_step_end is not None else None
         self._last_step_end = now
-        if self._norm_auto and dt is not None:
-            cost = self._norm_cost
-            cost[2] += dt
-            cost[3] += 1
+        if dt is not None:
+            self._dt_total += dt
+            self._dt_count += 1
+            if self._norm_auto:
+                cost = self._norm_cost
+                cost[2] += dt
+                cost[3] += 1
         root = self._root() if self._root else None
         cuda = None
         if self._cuda:
@@ -111,14 +118,17 @@ class StepRows(OverheadWatch, HeldWatch):
                            busy, self._dist_fields(self._last_opt) if self._multi else None))
         self._data_wait = 0.0
         self.rec.step += 1
-        if not self.rec.step % HELD_EVERY:  # the containers the loop keeps (held.py)
-            self._guarded_look_held(self.rec.step)
+        if not self.rec.step % HELD_EVERY and self._held_due(self.rec.step):
+            # the containers the loop keeps (held.py)
+            self._guarded_look_held(self.rec.step, None, self._dt_total / max(self._dt_count, 1))
         if self._norm_auto and self.rec.step >= self._retune_at:
             self._retune_norms()
         if now - self._drained >= FLUSH_SECONDS:
             self._drain()
             self.rec.flush()  # on disk now: a killed run loses at most FLUSH_SECONDS of steps
-        if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0:
+        if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0 and \
+                now - self._targets_at >= TARGETS_SECONDS:
+            self._targets_at = now  # (a killed run keeps the statistics of its last seconds)
             self.losses.emit()
 
     def _retune_norms(self) -> None:

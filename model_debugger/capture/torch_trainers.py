@@ -31,6 +31,7 @@ import importlib
 import inspect
 import sys
 
+from .callback_clock import CallbackClock, noting_init
 from .codeloc import is_user_file, user_location
 from .imports import when_imported
 
@@ -38,6 +39,13 @@ LIGHTNING = ("pytorch_lightning", "lightning.pytorch")
 # keys of HF's log dicts that are no training quantity (timings, counters)
 _HF_SKIP = ("epoch", "step", "total_flos")
 _HF_SKIP_SUFFIX = ("_runtime", "_per_second")
+# the callbacks' hooks a trainer runs around every batch (timed: ``callbacks`` event)
+PL_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward",
+            "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+HF_HOOKS = ("on_step_begin", "on_step_end", "on_substep_end", "on_pre_optimizer_step",
+            "on_optimizer_step", "on_log")
+# a Hugging Face Trainer's own periodic work, configured in TrainingArguments (save_steps, ...)
+HF_WORK = (("_save_checkpoint", "checkpoint saving"), ("_evaluate", "evaluation"))
 
 
 def _code_location(fn) -> dict | None:
@@ -86,6 +94,8 @@ class TrainerHooks:
         self._pl_logged: dict[str, tuple] = {}  # name -> (phase, on_step, on_epoch), this pass
         self._trainer_refs: dict[str, dict] = {}  # kind -> user location
         self._fit_at = None  # the user's ``trainer.fit(...)`` / ``trainer.train()`` line
+        self._clock = CallbackClock()  # the trainer's callbacks, timed during fit/train
+        self._callback_bases: list[type] = []  # Lightning's and transformers' Callback classes
 
     def _attach_trainers(self) -> None:
         """Patch the trainers when (if) the user's code imports them."""
@@ -165,7 +175,37 @@ class TrainerHooks:
                 if inst is not None and not trainer.sanity_checking:
                     inst.guard(inst._emit_pl)(trainer, "eval", step=False)
 
+        self._note_callbacks_made(callback_cls)
         self._patch_trainer(module.Trainer, "fit", ModelDebuggerCallback)
+
+    def _note_callbacks_made(self, base: type) -> None:
+        """Note where each callback of ``base``'s kind is constructed (``callbacks`` event)."""
+        self._callback_bases.append(base)
+        self.patch(base, "__init__", noting_init(self._link))
+
+    def _time_trainer(self, trainer) -> int:
+        """Time the trainer's callbacks (and a Hugging Face trainer's periodic work).
+
+        Until the run returns (:meth:`_emit_trainer_callbacks`); returns the optimizer steps so
+        far.
+        """
+        self._clock.untime()
+        handler = getattr(trainer, "callback_handler", None)
+        callbacks = list(getattr(handler, "callbacks", None) or getattr(trainer, "callbacks", None)
+                         or ())
+        for base in self._callback_bases:
+            self._clock.time([cb for cb in callbacks if isinstance(cb, base)],
+                             HF_HOOKS if handler is not None else PL_HOOKS, base)
+        if handler is not None:
+            where = self._trainer_refs.get("trainer_args")
+            for name, label in HF_WORK:
+                self._clock.time_method(trainer, name, label, where)
+        return self._opt_steps
+
+    def _emit_trainer_callbacks(self, steps_before: int) -> None:
+        out = self._clock.untime()
+        if out:
+            self.rec.emit("callbacks", steps=self._opt_steps - steps_before, callbacks=out)
 
     def _patch_trainer(self, cls, run: str, callback_cls) -> None:
         """``cls.__init__`` names the user's ``Trainer(...)`` line; ``cls.<run>`` carries a callback.
@@ -188,12 +228,16 @@ class TrainerHooks:
         def wrap_run(original):
             def run_with_callback(trainer, *args, **kwargs):
                 inst = link()
+                steps = inst.guard(inst._time_trainer)(trainer) if inst else None
                 cb = inst.guard(inst._add_callback)(trainer, callback_cls) if inst else None
                 try:
                     return original(trainer, *args, **kwargs)
                 finally:
                     if cb is not None:
                         _remove_callback(trainer, cb)
+                    inst = link()
+                    if inst is not None and steps is not None:
+                        inst.guard(inst._emit_trainer_callbacks)(steps)
 
             run_with_callback.__wrapped__ = original
             run_with_callback.__name__ = run
@@ -262,6 +306,7 @@ class TrainerHooks:
     def _patch_hf(self, module) -> None:
         callback_cls = importlib.import_module("transformers.trainer_callback").TrainerCallback
         link = self._link
+        self._note_callbacks_made(callback_cls)
 
         class ModelDebuggerCallback(callback_cls):  # noqa: D101 - see TrainerHooks
             def on_train_begin(self, args, state, control, **kwargs):

@@ -267,7 +267,7 @@ def setting_location(location: dict | None, setting: str) -> dict | None:
 
     A rate or a batch size read from a config dict, ``argparse`` or a variable is located at
     the line that set it (:func:`~model_debugger.provenance.setting_origin`); a literal keeps
-    the call's line.
+    its own line (the call's, or in a call written over several lines the keyword's).
     """
     from ..provenance import setting_origin
 

@@ -13,9 +13,14 @@ import os
 
 from ..records import Finding
 from ..thresholds import OVERHEAD_SHARE
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, register, setting_location
 
 LINE_SHARE = 0.5  # of the idle samples on one line: that line is the stall
+# the settings of a library's callbacks (and of a Hugging Face trainer's own periodic work)
+# that decide how often they run: a finding is located where the one passed was set
+FREQUENCY = {"ModelCheckpoint": ("save_freq", "every_n_train_steps"),
+             "TensorBoard": ("update_freq",), "checkpoint saving": ("save_steps", "save_strategy"),
+             "evaluation": ("eval_steps", "eval_strategy")}
 
 
 @register
@@ -39,6 +44,26 @@ class StepOverhead(Probe):
         ms = ctx.signals.get("step_overhead_ms", 0.0)
         if share < OVERHEAD_SHARE:
             return []
+        heavy = _heaviest_callback(ctx.run, ms)
+        if heavy is not None:
+            cb, per_step = heavy
+            where = {"file": cb["file"], "line": cb["line"]} if cb.get("file") else \
+                ctx.ref("fit") or ctx.ref("step")
+            for keyword in FREQUENCY.get(cb["cls"], ()):  # the setting that makes it run
+                found = setting_location(where, keyword)  # every step, where it was set
+                if found is not where:
+                    where = found
+                    break
+            return [self.finding(
+                "training_loop", True,
+                f"{share:.0%} of each step ({ms:.1f} ms median) is spent outside the model's "
+                f"work, and {per_step:.1f} ms a step of it in {cb['cls']} (measured over "
+                f"{cb['calls']} calls): it runs every step. Do it every N steps or at the end "
+                "of each epoch (Keras ModelCheckpoint save_freq='epoch', TensorBoard "
+                "update_freq='epoch'; Lightning every_n_train_steps; Hugging Face save_steps, "
+                "eval_steps, logging_steps).",
+                where, strength=0.9, callback=cb["cls"], callback_ms_per_step=round(per_step, 3),
+                step_overhead_share=share, step_overhead_ms=ms)]
         sampled = ctx.run.first("step_overhead") or {}
         lines = sampled.get("lines") or []
         common = dict(step_overhead_share=share, step_overhead_ms=ms,
@@ -68,3 +93,26 @@ class StepOverhead(Probe):
             {"file": where["file"], "line": where["line"]}, strength=0.9,
             **({"spent_at": {"file": top["file"], "line": top["line"]}} if via else {}),
             **common)]
+
+
+def _heaviest_callback(run, overhead_ms: float) -> tuple[dict, float] | None:
+    """The callback whose batch hooks hold most of the loop's own time, and its ms a step.
+
+    From the ``callbacks`` events of a trainer (Keras ``fit``, Lightning, Hugging Face: the
+    time inside each callback's per-batch hooks, and a Hugging Face trainer's checkpoints and
+    evaluations, measured directly). Only work that ran on at least half the steps can hold
+    the median step's time (an evaluation once an epoch cannot); None when none holds
+    :data:`LINE_SHARE` of ``overhead_ms``.
+    """
+    best = None
+    for event in run.of("callbacks"):
+        steps = max(int(event.get("steps") or 0), 1)
+        for cb in event.get("callbacks") or []:
+            if int(cb.get("calls") or 0) < steps / 2:
+                continue
+            per_step = 1000.0 * float(cb.get("seconds") or 0.0) / steps
+            if best is None or per_step > best[1]:
+                best = (cb, per_step)
+    if best is None or best[1] < LINE_SHARE * overhead_ms:
+        return None
+    return best
