@@ -403,15 +403,27 @@ def _ranged(lo: float, hi: float, bounds: tuple[float, float]) -> bool:
 def uninformed_loss(targets: dict | None) -> float | None:
     """The loss of an untrained model that knows nothing: uniform class scores, or zero output.
 
-    ``ln C`` (cross-entropy over C classes), ``ln 2`` (binary cross-entropy), ``mean^2 + var``
-    (MSE). A freshly initialised network starts near it; far above it, its outputs are far too
-    large. None for other losses and for summed losses (another scale).
+    ``ln C`` (cross-entropy over C classes, class weights or not: PyTorch's weighted mean),
+    ``ln 2`` (binary cross-entropy; with ``pos_weight`` w and a positive rate p,
+    ``ln 2 (w p + 1 - p)``), ``mean^2 + var`` (MSE). A freshly initialised network starts near
+    it; far above it, its outputs are far too large. None for other losses, for summed losses
+    and for losses weighted otherwise (another scale).
     """
     if not targets or targets.get("reduction") == "sum":
         return None
     loss = targets.get("loss")
+    weights = targets.get("weights", "element") if targets.get("weighted") else None
+    if weights not in (None, "class", "pos_weight"):
+        return None  # rescaled per sample or element: another scale, not known here
     if loss in ("cross_entropy", "nll_loss") and targets.get("counts"):
-        return math.log(max(len(targets["counts"]), 2))
+        return math.log(max(len(targets["counts"]), 2))  # (a class-weighted mean: the same)
+    if loss == "binary_cross_entropy_with_logits" and weights == "pos_weight":
+        mean, pos = targets.get("mean"), targets.get("pos_weight")
+        if mean is None or pos is None or not 0 <= mean <= 1:
+            return None
+        return math.log(2) * (pos * mean + 1.0 - mean)  # each positive's term counts pos times
+    if weights is not None:
+        return None
     if loss in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
         return math.log(2)
     if loss == "mse_loss" and targets.get("mean") is not None and targets.get("var") is not None:

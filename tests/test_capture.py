@@ -1276,12 +1276,17 @@ def test_containers_the_loop_keeps_are_looked_at_during_the_run():
     assert held["last"]["len"] == 3 * HELD_EVERY
 
 
-def test_looks_at_a_loop_of_fast_steps_are_spaced_within_their_budget():
+@pytest.mark.parametrize("budget", [1e-9, 1e9], ids=["over_budget", "within_budget"])
+def test_looks_at_a_loop_of_fast_steps_are_spaced_within_their_budget(monkeypatch, budget):
     """After the first looks, a look costing more than ``HELD_BUDGET`` of the steps between
-    looks waits longer (in multiples of ``HELD_EVERY``): on a model of one weight, whose
-    steps take microseconds, a look costs many steps; the growing list is still seen."""
+    looks waits longer (in multiples of ``HELD_EVERY``); within it, every ``HELD_EVERY``
+    steps. The growing list is seen either way. (The budget is set: a loaded machine's slower
+    steps would leave a look within the real one.)"""
+    from model_debugger.capture import held
     from model_debugger.capture.held import HELD_EVERY, HELD_STEADY
     from model_debugger.signals import growing_container
+
+    monkeypatch.setattr(held, "HELD_BUDGET", budget)
 
     def train():
         model = nn.Linear(1, 1)
@@ -1297,8 +1302,8 @@ def test_looks_at_a_loop_of_fast_steps_are_spaced_within_their_budget():
         train()
     run = Run(rec.events)
     steps = [e["step"] for e in run.of("held")]
-    assert steps[:HELD_STEADY] == [HELD_EVERY * (k + 1) for k in range(HELD_STEADY)]
-    assert all(s % HELD_EVERY == 0 for s in steps) and len(steps) < 12  # (12 on schedule)
+    within = budget > 1
+    assert steps == [HELD_EVERY * (k + 1) for k in range(12 if within else HELD_STEADY)]
     assert growing_container(run)["name"] == "kept"
 
 
@@ -1388,7 +1393,7 @@ def test_the_fast_event_encoder_writes_what_the_json_encoder_writes():
         recorder._encode(loop)
 
 
-@pytest.mark.parametrize("seconds, written", [(None, [100, 450]),
+@pytest.mark.parametrize("seconds, written", [(3600.0, [100, 450]),
                                               (0.0, [100, 200, 300, 400, 450])])
 def test_target_statistics_are_written_at_most_once_in_a_few_seconds(monkeypatch, seconds,
                                                                      written):
@@ -1397,8 +1402,7 @@ def test_target_statistics_are_written_at_most_once_in_a_few_seconds(monkeypatch
     hundred steps); the last statistics are always written when the capture ends."""
     from model_debugger.capture import torch_steps
 
-    if seconds is not None:
-        monkeypatch.setattr(torch_steps, "TARGETS_SECONDS", seconds)
+    monkeypatch.setattr(torch_steps, "TARGETS_SECONDS", seconds)  # (not the clock: the load)
     model = nn.Linear(2, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with capture() as rec:

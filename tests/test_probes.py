@@ -972,7 +972,7 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     assert healthy_probes == {"target_copy", "small_batches", "lint", "framework_warnings",
                               "gradients_unapplied", "minority_ignored", "data_volume",
                               "tape_kept", "hooks_accumulate", "compute_settings",
-                              "classes_as_numbers", "linear_stack"}
+                              "classes_as_numbers", "linear_stack", "loss_weights"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
@@ -3098,3 +3098,43 @@ def test_a_learning_rate_of_zero_is_the_rate_not_the_model(tmp_path):
     f = confirmed_one(ctx, "lr_range", "hyperparameter")
     assert "learning rate is 0" in f.explanation
     assert_at(f, "rate-zero")  # where the rate was computed, followed from lr=lr
+
+
+def _weighted_binary(tilted: bool):
+    """Balanced classes weighted 25 to 1, or 10% positives weighted by inverse frequency."""
+    def train():
+        torch.manual_seed(0)
+        settings = {"pos_weight": 25.0, "rate": 0.5} if tilted else {"pos_weight": 9.0, "rate": 0.1}  # noqa: E501  # <pos-weight-value>
+        rate = settings["rate"]
+        X = torch.randn(1024, 8)
+        score = X[:, 0] + X[:, 1] + 0.3 * torch.randn(1024)
+        y = (score > torch.quantile(score, 1 - rate)).float()
+        loader = DataLoader(TensorDataset(X[:768], y[:768]), batch_size=64, shuffle=True)
+        tilted_net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+        bce = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(settings["pos_weight"]))
+        opt = torch.optim.Adam(tilted_net.parameters(), lr=1e-2)
+        for _ in range(4):
+            for xb, yb in loader:
+                opt.zero_grad()
+                bce(tilted_net(xb).squeeze(1), yb).backward()
+                opt.step()
+    return train
+
+
+@pytest.mark.parametrize("tilted", [True, False], ids=["balanced_weighted_25",
+                                                      "inverse_frequency"])
+def test_loss_weights_that_tilt_balanced_classes_are_confirmed_by_copies_without(tmp_path,
+                                                                                 tilted):
+    """A positive weight of 25 on balanced labels tilts the loss 25 to 1: a copy trained
+    without it has a clearly lower plain held-out loss; negatives / positives evens an
+    imbalance out (no finding). Located where the weight's value is written."""
+    ctx = captured(tmp_path, _weighted_binary(tilted))
+    assert ctx.run.of("targets")[-1]["weights"] == "pos_weight"
+    findings = probe(ctx, "loss_weights")
+    if not tilted:
+        assert findings == []
+        return
+    f = confirmed_one(ctx, "loss_weights", "hyperparameter")
+    assert f.evidence["tilt"] == pytest.approx(25.0, rel=0.05)
+    assert f.evidence["heldout_unweighted"] < 0.8 * f.evidence["heldout_weighted"]
+    assert (f.location["file"], f.location["line"]) == (HERE, line_of("pos-weight-value"))

@@ -1817,3 +1817,21 @@ def test_a_stalled_head_is_judged_against_its_own_prior():
     # a validation set shifted from the training one: its loss alone is no verdict
     sig = compute(run(falling, flat))
     assert sig["head_floor_share"] < 0.5
+
+
+def test_the_uninformed_loss_of_a_weighted_loss_is_on_the_weighted_scale():
+    """A positive weight multiplies each positive's term: an untrained model's loss is
+    ``ln 2 (w p + 1 - p)``, not ``ln 2`` (``pos_weight=25`` on balanced labels starts near 9,
+    which is no blow-up); a class-weighted cross-entropy is a weighted mean (``ln C``); any
+    other weighting has no known scale."""
+    from model_debugger.signals import uninformed_loss
+
+    bce = {"loss": "binary_cross_entropy_with_logits", "n": 100, "mean": 0.5, "var": 0.25}
+    assert uninformed_loss(bce) == pytest.approx(math.log(2))
+    weighted = {**bce, "weighted": True, "weights": "pos_weight", "pos_weight": 25.0}
+    assert uninformed_loss(weighted) == pytest.approx(math.log(2) * 13.0)
+    assert uninformed_loss({**bce, "weighted": True, "weights": "element"}) is None
+    assert uninformed_loss({**bce, "weighted": True}) is None  # (Keras class_weight)
+    ce = {"loss": "cross_entropy", "n": 100, "counts": [50, 30, 20], "weighted": True,
+          "weights": "class"}
+    assert uninformed_loss(ce) == pytest.approx(math.log(3))

@@ -115,6 +115,27 @@ class LossStats:
                                  torch.maximum(prev[3:4], got[3:4]), prev[4:] + got[4:]])
             self.targets["inputs"] = got
 
+    def weighted(self, name: str, kwargs: dict) -> None:
+        """Note a weighted training loss: ``weighted``, and how (``weights``).
+
+        ``"class"``: ``weight=`` of a cross-entropy (a weighted mean: an untrained model's loss
+        stays ``ln C``); ``"pos_weight"`` with its mean (a binary cross-entropy's positives
+        weighted, not renormalised); ``"element"``: any other rescaling.
+        """
+        t = self.targets
+        t["weighted"] = True
+        weight, pos = kwargs.get("weight"), kwargs.get("pos_weight")
+        if weight is None and isinstance(pos, torch.Tensor) and pos.numel() and \
+                name == "binary_cross_entropy_with_logits":
+            how = ("pos_weight", float(pos.detach().float().mean()))
+        elif pos is None and name in CLASS_LOSSES:
+            how = ("class", None)
+        else:
+            how = ("element", None)
+        if t.get("weights") not in (None, how):
+            how = ("element", None)  # weighted two ways over the run: no single scale
+        t["weights"] = how
+
     def counting_all(self) -> bool:
         """Whether every training batch is still counted (see :meth:`observe`)."""
         return self._calls < _ALL_BATCHES
@@ -182,6 +203,10 @@ class LossStats:
             data["reduction"] = t["reduction"]
         if t.get("weighted"):
             data["weighted"] = True
+            kind, value = t.get("weights") or ("element", None)
+            data["weights"] = kind
+            if value is not None:
+                data["pos_weight"] = value
         if t["sampled"] < t["n"]:
             data["sampled"] = t["sampled"]  # the statistics below come from this many targets
         if t.get("inputs") is not None:
@@ -239,7 +264,7 @@ class LossHooks:
                         inst.losses.targets["reduction"] = "sum"  # not on the baselines' scale
                     if torch.is_grad_enabled() and (kwargs.get("weight") is not None or
                                                     kwargs.get("pos_weight") is not None):
-                        inst.losses.targets["weighted"] = True  # class weights: nor this
+                        inst.losses.weighted(name, kwargs)  # class weights: nor this
                     inst.losses.observe(name, input, target, out)
                     inst._keep_loss(name, input, target, args, kwargs)
                     inst._check_broadcast(name, input, target)

@@ -21,7 +21,8 @@ BETTER = 0.8  # the changed copy's held-out loss below this share of the other's
 
 
 def heldout_loss(tr, ctx, lr: float | None = None, change: Callable | None = None,
-                 steps: int = COPY_STEPS, seconds: float = 2.0, best: bool = False) -> float:
+                 steps: int = COPY_STEPS, seconds: float = 2.0, best: bool = False,
+                 judge=None) -> float:
     """Held-out loss of a fresh copy (``change(copy)`` applied first) trained at ``lr``.
 
     Parameters
@@ -42,6 +43,9 @@ def heldout_loss(tr, ctx, lr: float | None = None, change: Callable | None = Non
         The lowest held-out loss seen during training (read every eighth of it), not the
         last: what the copy could reach, stopped early, so a copy that overfits the small
         sample late is judged on what it learned first.
+    judge : Trainer, optional
+        The trainer whose loss measures the held-out rows (default ``tr``): copies trained on
+        differently weighted losses are judged on one plain loss.
 
     Returns
     -------
@@ -58,13 +62,14 @@ def heldout_loss(tr, ctx, lr: float | None = None, change: Callable | None = Non
         model = change(model)
     held = tuple(x[cut:] for x in inputs), target[cut:]
     seen: list[float] = []
+    judge = judge or tr
 
     def check(m):
-        seen.append(tr.evaluate(m, *held))
+        seen.append(judge.evaluate(m, *held))
 
     losses = tr.fit(model, tuple(x[:cut] for x in inputs), target[:cut], steps, lr=lr, seed=0,
                     check=check if best else None, every=max(steps // 8, 1))
-    value = tr.evaluate(model, *held)
+    value = judge.evaluate(model, *held)
     if best and losses and math.isfinite(losses[-1]):
         value = min([value, *seen])
     return value if math.isfinite(value) else float("inf")
