@@ -413,6 +413,8 @@ def uninformed_loss(targets: dict | None) -> float | None:
         return None
     loss = targets.get("loss")
     weights = targets.get("weights", "element") if targets.get("weighted") else None
+    if weights == "class_weight":  # Keras fit's: each row's loss times its class's weight
+        return _class_weighted(targets)
     if weights not in (None, "class", "pos_weight"):
         return None  # rescaled per sample or element: another scale, not known here
     if loss in ("cross_entropy", "nll_loss") and targets.get("counts"):
@@ -428,6 +430,25 @@ def uninformed_loss(targets: dict | None) -> float | None:
         return math.log(2)
     if loss == "mse_loss" and targets.get("mean") is not None and targets.get("var") is not None:
         return float(targets["mean"]) ** 2 + float(targets["var"])
+    return None
+
+
+def _class_weighted(targets: dict) -> float | None:
+    """The uninformed loss under Keras ``class_weight``.
+
+    Its unweighted value times the mean weight of the rows (a sum over the batch divided by
+    its size, not by the weights).
+    """
+    w = targets.get("class_weight") or []
+    plain = uninformed_loss({k: v for k, v in targets.items()
+                             if k not in ("weighted", "weights", "class_weight")})
+    counts, mean = targets.get("counts"), targets.get("mean")
+    if plain is None or not w:
+        return None
+    if counts and len(counts) <= len(w) and sum(counts):
+        return plain * sum(c * w[k] for k, c in enumerate(counts)) / sum(counts)
+    if mean is not None and 0 <= mean <= 1 and len(w) == 2:
+        return plain * (w[1] * mean + w[0] * (1.0 - mean))
     return None
 
 

@@ -1695,3 +1695,42 @@ def test_a_slow_tf_data_map_is_located_at_the_function_it_maps(tk, tmp_path):
     assert f.root_cause == "data"
     assert (f.location["file"], f.location["line"]) == (str(path), 12)
 
+
+
+@pytest.mark.parametrize("tilted", [True, False], ids=["balanced_weighted_25", "inverse_frequency"])
+def test_class_weights_that_tilt_balanced_classes_are_confirmed_by_copies_without(tk, tilted):
+    """``fit(class_weight=...)`` weighing one of two balanced classes 25 to 1: the copies train
+    with the class weights as ``fit`` did, and one without them reaches a clearly lower plain
+    held-out loss (a decisive finding where the weights are written); weights at inverse
+    frequency on 10% positives even the classes out (no finding)."""
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    keras = tk
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((1024, 8)).astype("float32")
+    score = X[:, 0] + X[:, 1] + 0.3 * rng.standard_normal(1024)
+    y = (score > np.quantile(score, 0.5 if tilted else 0.9)).astype("float32")
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        weighed = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
+                                    keras.layers.Dense(1, activation="sigmoid")])
+        weighed.compile(optimizer="adam", loss="binary_crossentropy")
+        weighed.fit(X, y, batch_size=64, epochs=4, verbose=0,
+                    class_weight={0: 1.0, 1: 25.0} if tilted else {0: 1.0, 1: 9.0})  # <cw>
+    run = Run(rec.events)
+    targets = run.of("targets")[-1]
+    assert targets["weights"] == "class_weight" and targets["class_weight"][1] in (25.0, 9.0)
+    ctx = build_context(run, rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=60.0)
+    assert ctx.trainer.loss_kwargs["class_weight"].tolist() == targets["class_weight"]
+    got = run_probes(ctx, ["loss_weights"]).findings
+    if not tilted:
+        assert not got
+        return
+    [f] = got
+    assert (f.check, f.root_cause, f.confirmed) == ("loss_weights", "hyperparameter", True)
+    assert f.evidence["tilt"] == pytest.approx(25.0, rel=0.05) and f.evidence["decisive"]
+    assert f.location == {"file": HERE, "line": line_of("cw")}

@@ -1831,7 +1831,9 @@ def test_the_uninformed_loss_of_a_weighted_loss_is_on_the_weighted_scale():
     weighted = {**bce, "weighted": True, "weights": "pos_weight", "pos_weight": 25.0}
     assert uninformed_loss(weighted) == pytest.approx(math.log(2) * 13.0)
     assert uninformed_loss({**bce, "weighted": True, "weights": "element"}) is None
-    assert uninformed_loss({**bce, "weighted": True}) is None  # (Keras class_weight)
+    assert uninformed_loss({**bce, "weighted": True}) is None  # (Keras sample_weight)
+    keras = {**bce, "weighted": True, "weights": "class_weight", "class_weight": [1.0, 25.0]}
+    assert uninformed_loss(keras) == pytest.approx(math.log(2) * 13.0)
     ce = {"loss": "cross_entropy", "n": 100, "counts": [50, 30, 20], "weighted": True,
           "weights": "class"}
     assert uninformed_loss(ce) == pytest.approx(math.log(3))

@@ -47,6 +47,17 @@ def _untimed(model):
     return undo
 
 
+def _class_weights(weights) -> list[float] | None:
+    """``fit``'s ``class_weight`` dict as a list indexed by class id (None: not such a dict)."""
+    try:
+        pairs = {int(k): float(v) for k, v in dict(weights).items()}
+    except (TypeError, ValueError):
+        return None
+    if not pairs or min(pairs) < 0 or max(pairs) > 10_000:
+        return None
+    return [pairs.get(c, 1.0) for c in range(max(pairs) + 1)]  # (Keras: 1.0 when not named)
+
+
 def _as_keywords(bound: inspect.BoundArguments) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of a bound ``fit`` call: the model positionally, the rest by name.
 
@@ -183,6 +194,9 @@ class FitHooks(BatchKeeping):
         if arguments.get("class_weight") is not None or \
                 arguments.get("sample_weight") is not None:
             self.labels.weighted = True  # the loss is on another scale than the prior's
+            self.labels.class_weight = _class_weights(arguments.get("class_weight")) \
+                if arguments.get("sample_weight") is None else None
+            self.keeper.class_weight = self.labels.class_weight
         x, y = arguments.get("x"), arguments.get("y")
         if y is None and x is not None and not hasattr(x, "shape"):
             self.keeper.train_loader = self.keeper.train_loader or x

@@ -81,6 +81,7 @@ class LabelStats:
         self.moments = np.zeros(5)
         self.outputs: dict | None = None  # the trained model's outputs on kept rows
         self.weighted = False  # fit weighted the loss (class_weight, sample_weight)
+        self.class_weight: list[float] | None = None  # fit's class_weight, by class id
         self.values: list[np.ndarray] = []  # targets under a loss the capture does not know
         self.kept = 0
         self.values_epoch: int | None = None
@@ -186,6 +187,9 @@ class LabelStats:
         data = {"loss": self.loss, "n": self.n}
         if self.weighted:
             data["weighted"] = True
+            data["weights"] = "element"  # sample_weight: per sample, no known scale
+            if self.class_weight is not None:
+                data["weights"], data["class_weight"] = "class_weight", list(self.class_weight)
         if self.counts is not None:
             data["counts"] = [int(c) for c in self.counts]
         elif self.loss != "cross_entropy":
@@ -320,6 +324,7 @@ class KerasKeeper(SpilledState):
         self.validation = None  # what fit received as validation data (materialised lazily)
         self.zero_grad_calls = 0
         self.loss_input: dict | None = None
+        self.class_weight: list[float] | None = None  # fit's class_weight, by class id
         self._samples = 0
         self._epoch: int | None = None
         self._rows: set[int] = set()  # hashes of the kept (x, y) rows

@@ -1,7 +1,7 @@
 """``loss_weights``: class weights in the loss that tilt the classes far beyond the data.
 
-A class weight (``nn.CrossEntropyLoss(weight=...)``) or a positive weight
-(``nn.BCEWithLogitsLoss(pos_weight=...)``) is there to even out an imbalance: at inverse
+A class weight (``nn.CrossEntropyLoss(weight=...)``, Keras ``fit(class_weight=...)``) or a
+positive weight (``nn.BCEWithLogitsLoss(pos_weight=...)``) is there to even out an imbalance: at inverse
 frequencies each class holds the same share of the loss. A weight copied from another dataset
 or set by hand (``pos_weight=25`` on balanced labels) tilts it instead: the model learns to
 call nearly everything the heavy class, the loss falls and the run looks healthy.
@@ -17,20 +17,19 @@ config entry, ``pos_weight=25.0``), else at the loss.
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 
 import numpy as np
 
 from . import _numpy_stats as st
-from ._heldout import BETTER, SettingExperiment, heldout_loss, source_line
+from ._heldout import BETTER, COPY_STEPS, LONGER, SettingExperiment, heldout_loss, source_line
 from .base import ProbeContext, register
 
 TILT = 3.0  # the heaviest class's share of the loss over the lightest's, at least ...
 BEYOND = 2.0  # ... and this many times the tilt the classes have without the weights
 MIN_ROWS = 64
-_KEYWORDS = ("pos_weight", "weight")
+_KEYWORDS = ("pos_weight", "weight", "class_weight")
 
 
 def tilt(tr) -> dict | None:
@@ -65,9 +64,12 @@ def tilt(tr) -> dict | None:
             return None
         return {"keyword": "pos_weight", "tilt": math.exp(best[1]),
                 "data_tilt": math.exp(best[2]), "class": int(best[3])}
-    if name in ("cross_entropy", "nll_loss") and weight is not None and pos is None:
+    class_weight = kwargs.get("class_weight")  # Keras fit's, by class id
+    if class_weight is not None or (name in ("cross_entropy", "nll_loss") and
+                                    weight is not None and pos is None):
         labels = st.as_labels(y, name)
-        w = np.asarray(st.host(weight), dtype=np.float64).reshape(-1)
+        w = np.asarray(st.host(weight if class_weight is None else class_weight),
+                       dtype=np.float64).reshape(-1)
         if labels is None or labels.ndim != 1:
             return None
         labels = labels[(labels >= 0) & (labels < len(w))]  # (ignored positions)
@@ -77,7 +79,8 @@ def tilt(tr) -> dict | None:
             return None
         shares, raw = (w * counts)[present], counts[present]
         heavy = int(np.flatnonzero(present)[np.argmax(shares)])
-        return {"keyword": "weight", "tilt": float(shares.max() / shares.min()),
+        return {"keyword": "weight" if class_weight is None else "class_weight",
+                "tilt": float(shares.max() / shares.min()),
                 "data_tilt": float(raw.max() / raw.min()), "class": heavy}
     return None
 
@@ -90,7 +93,7 @@ class LossWeights(SettingExperiment):
     cost = 2
     categories = ("healthy", "convergence_to_wrong_solution", "loss_not_decreasing")
     reveals = "convergence_to_wrong_solution"
-    frameworks = ("torch",)
+    frameworks = ("torch", "keras")
     fix = ("Set the class weights from the class frequencies of this data (inverse frequency: "
            "pos_weight = negatives / positives), or remove them.")
 
@@ -106,13 +109,14 @@ class LossWeights(SettingExperiment):
         if found is None or found["tilt"] < TILT or \
                 found["tilt"] < BEYOND * found["data_tilt"]:
             return []
-        plain = copy.copy(tr)
-        plain.loss_kwargs = {k: v for k, v in tr.loss_kwargs.items() if k not in _KEYWORDS}
-        weighted = heldout_loss(tr, ctx, best=True, judge=plain)
-        unweighted = heldout_loss(plain, ctx, best=True)
+        plain = tr.without_loss_weights()
+        weighted, unweighted = _judged(tr, plain, ctx)
+        if BETTER * weighted <= unweighted < weighted:  # better, not clearly: train longer
+            weighted, unweighted = _judged(tr, plain, ctx, steps=LONGER * COPY_STEPS,
+                                           seconds=LONGER * 2.0)
         confirmed = unweighted < BETTER * weighted
         keyword = found["keyword"]
-        written = re.compile(rf"""\b{keyword}["']?\s*[:=]\s*[-\d.(\[]""")
+        written = re.compile(rf"""\b{keyword}["']?\s*[:=]\s*[-\d.(\[{{]""")
         anywhere = re.compile(rf"\b{keyword}\s*=")
         loss_at = ctx.ref("loss_fn") or ctx.ref("backward")
         where = source_line(ctx, written, near=loss_at) or \
@@ -131,3 +135,9 @@ class LossWeights(SettingExperiment):
             keyword=keyword,
             tilt=round(found["tilt"], 3), data_tilt=round(found["data_tilt"], 3),
             heldout_weighted=weighted, heldout_unweighted=unweighted)]
+
+
+def _judged(tr, plain, ctx, **longer) -> tuple[float, float]:
+    """Held-out plain loss of a copy trained with the weights and of one trained without."""
+    return (heldout_loss(tr, ctx, best=True, judge=plain, **longer),
+            heldout_loss(plain, ctx, best=True, **longer))

@@ -8,6 +8,7 @@ compiled loss. Inputs and targets are NumPy arrays. Keras is imported when a tra
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -27,7 +28,8 @@ def from_keeper(keeper) -> KerasTrainer | None:
     try:
         return KerasTrainer(keeper.model, keeper.initial_state, keeper.optimizer, keeper.loss,
                             keeper.train_batches, keeper.val_batches,
-                            init_args=getattr(keeper, "init_args", None))
+                            init_args=getattr(keeper, "init_args", None),
+                            class_weight=getattr(keeper, "class_weight", None))
     except Exception:  # noqa: BLE001 - a model Keras cannot clone: record-only probes
         return None
 
@@ -46,12 +48,15 @@ class KerasTrainer(SampleTrainer):
     loss : dict
         :func:`~model_debugger.capture.keras_keeper.describe_loss` of the compiled loss.
     train_batches, val_batches : list of ((x, ...), y) NumPy pairs
+    class_weight : list of float, optional
+        ``fit``'s ``class_weight`` by class id: the copies train with it (``loss_kwargs``), and
+        are evaluated without it, as ``fit`` validates.
     """
 
     framework = "keras"
 
     def __init__(self, model, initial_state, optimizer, loss, train_batches, val_batches=(),
-                 init_args: tuple | None = None):
+                 init_args: tuple | None = None, class_weight: list | None = None):
         import keras
 
         self.model = model
@@ -67,7 +72,9 @@ class KerasTrainer(SampleTrainer):
         self._match_rank = isinstance(obj, (str, keras.losses.Loss))
         self.loss_name = loss.get("name")
         self.loss_fn = _named(self.loss_obj, self.loss_name)
-        self.loss_kwargs: dict = {}  # the compiled loss object carries its own options
+        # the compiled loss object carries its own options; fit's class weights are kept here
+        self.loss_kwargs: dict = {} if class_weight is None else {
+            "class_weight": np.asarray(class_weight, dtype=np.float32)}
         self.loss_input_shape = None
         self.inputs, self.targets = _stack(train_batches)
         self.val_inputs, self.val_targets = _stack(val_batches) if val_batches else (None, None)
@@ -237,7 +244,25 @@ class KerasTrainer(SampleTrainer):
         out = model(self._x(inputs), training=training)
         if self._match_rank:
             target = _same_rank(target, out)
+        weights = self.loss_kwargs.get("class_weight")
+        if training and weights is not None:  # as fit weighs each row by its class
+            ids = tf.reshape(target, (tf.shape(target)[0], -1))
+            ids = tf.argmax(ids, axis=1) if ids.shape[-1] not in (None, 1) else \
+                tf.cast(tf.round(ids[:, 0]), tf.int64)
+            rows = tf.gather(weights, tf.clip_by_value(ids, 0, len(weights) - 1))
+            if hasattr(self.loss_obj, "reduction"):  # a Loss object weighs its own rows
+                return tf.reduce_mean(self.loss_obj(target, out, sample_weight=rows))
+            values = self.loss_obj(target, out)  # a function: one value per row (or more)
+            rows = tf.reshape(rows, [-1] + [1] * (len(values.shape) - 1))
+            return tf.reduce_mean(values * tf.cast(rows, values.dtype))
         return tf.reduce_mean(self.loss_obj(target, out))
+
+    def without_loss_weights(self) -> KerasTrainer:
+        """A copy of the trainer whose copies train without ``fit``'s class weights."""
+        new = copy.copy(self)
+        new.loss_kwargs = {k: v for k, v in self.loss_kwargs.items() if k != "class_weight"}
+        new._steps = {}  # (a traced step holds the trainer it was traced for)
+        return new
 
     def _step_fn(self, model, opt):
         import tensorflow as tf

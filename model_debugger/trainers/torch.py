@@ -127,6 +127,13 @@ class TorchTrainer(SampleTrainer):
                 "beta1": betas[0] if isinstance(betas, (tuple, list)) and betas else None,
                 "clip": self.max_norm}
 
+    def without_loss_weights(self) -> TorchTrainer:
+        """A copy of the trainer whose loss has no ``weight=`` or ``pos_weight=``."""
+        new = copy.copy(self)
+        new.loss_kwargs = {k: v for k, v in self.loss_kwargs.items()
+                           if k not in ("weight", "pos_weight")}
+        return new
+
     def with_settings(self, **changes) -> TorchTrainer:
         """A copy of the trainer with some of :meth:`settings` changed (``clip=None``: no clipping)."""
         new = copy.copy(self)
