@@ -2993,6 +2993,42 @@ def test_a_loss_that_turns_finite_outputs_non_finite_at_the_first_step(tmp_path)
     assert_at(f, "rate-head")
 
 
+def _saturating_bce():
+    """A hand-written binary cross-entropy on sigmoid outputs, without a clamp: separable data
+    drives the logits past 17, where float32's sigmoid is exactly 1 and log(1 - p) is -inf."""
+    torch.manual_seed(0)
+    X = torch.randn(512, 6)
+    y = (X[:, 0] > 0).float().unsqueeze(1)
+    sure = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(sure.parameters(), lr=0.05)
+
+    def by_hand(prob, target):
+        return -(target * torch.log(prob) + (1 - target) * torch.log(1 - prob)).mean()  # <bce-log>
+
+    for _ in range(40):
+        for i in range(0, 512, 64):
+            opt.zero_grad()
+            loss = by_hand(torch.sigmoid(sure(X[i:i + 64]) * 10.0), y[i:i + 64])
+            loss.backward()
+            opt.step()
+            if not torch.isfinite(loss):
+                return
+
+
+def test_a_hand_written_loss_that_turns_saturated_outputs_non_finite_later(tmp_path):
+    """NaN after training saturated the outputs: the weights and the replayed outputs were
+    finite, and the loss's graph held a log of values <= 0 (read by the capture before backward
+    freed it): the loss code made it, located at the line writing that log."""
+    ctx = captured(tmp_path, _saturating_bce)
+    bad = ctx.run.first("nonfinite")
+    assert bad["step"] > 0 and bad["forward"] == "finite" and not bad.get("in_weights")
+    assert bad["op"]["op"] == "log" and bad["op"]["bad"] >= 1
+    assert ctx.classification.primary == "gradient_instability"
+    f = confirmed_one(ctx, "gradient_flow", "training_loop")
+    assert f.evidence["op"]["op"] == "log"
+    assert_at(f, "bce-log")
+
+
 def test_a_measurement_moves_the_probes_it_points_at_to_the_front(stubs, monkeypatch):
     """A cheap probe's shared measurement (a k-NN at chance: ``learnable``) sends the probe
     it points at ahead of the cheaper ones still waiting: the budget goes to the likely cause

@@ -43,6 +43,7 @@ from .torch_model import ModelHooks
 from .torch_optim import OptimizerHooks
 from .torch_steps import StepRows
 from .torch_trainers import TrainerHooks
+from .torch_util import nonfinite_op
 
 GRAPH_LAG = 3  # backwards after which a loss tensor still alive is kept by the user's code
 _BACKWARD_MODE_AFTER = 64  # backward() calls without an optimizer step: a loop without one
@@ -340,10 +341,12 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         if value is not None and not math.isfinite(value) and not self._nonfinite_seen:
             self._nonfinite_seen = True
             in_batch = self._nonfinite_batch()
+            op = nonfinite_op(loss)  # (before backward frees what the graph saved)
             self.rec.emit("nonfinite", step=self.rec.step, what="loss", value=str(value),
                           module=self._localize(), replay=self._replay, **self._forward,
                           **({"in_weights": True} if self._in_weights else {}),
-                          **({"in_batch": in_batch} if in_batch else {}))
+                          **({"in_batch": in_batch} if in_batch else {}),
+                          **({"op": op} if op else {}))
         if self._opt_steps and not self._pending_losses and self._mode == "optimizer":
             self._check_reset()
         if not self._backwards and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:

@@ -67,3 +67,45 @@ def replay_first_nonfinite(model, args, kwargs) -> tuple[str | None, object]:
                 if n in buffers and not torch.equal(b, buffers[n]):
                     b.copy_(buffers[n])
     return (found[0] if found else None), out
+
+
+# the graph nodes whose operation leaves the finite numbers: the saved input that was out of
+# its domain (a log of 0 or of a negative, a division by 0, a square root of a negative) or the
+# saved result that overflowed (an exponential)
+_DOMAIN = {"LogBackward0": ("log", "_saved_self", "nonpositive"),
+           "Log2Backward0": ("log", "_saved_self", "nonpositive"),
+           "Log10Backward0": ("log", "_saved_self", "nonpositive"),
+           "DivBackward0": ("division", "_saved_other", "zero"),
+           "SqrtBackward0": ("sqrt", "_saved_result", "nonfinite"),
+           "ExpBackward0": ("exp", "_saved_result", "nonfinite")}
+_GRAPH_NODES = 2000
+
+
+def nonfinite_op(loss) -> dict | None:
+    """The operation in ``loss``'s graph, nearest the loss, that left the finite numbers.
+
+    ``{"op": "log", "bad": n}``: a log whose input held ``n`` values <= 0 (``division``: a
+    denominator with zeros; ``sqrt``, ``exp``: a non-finite result). Read from the tensors the
+    graph saved for backward, before backward frees them; None when none is out of its domain.
+    """
+    seen, queue = set(), [getattr(loss, "grad_fn", None)]
+    while queue and len(seen) < _GRAPH_NODES:
+        node = queue.pop(0)
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        kind = _DOMAIN.get(type(node).__name__)
+        if kind is not None:
+            try:
+                saved = getattr(node, kind[1])
+                if isinstance(saved, torch.Tensor) and saved.is_floating_point():
+                    with torch.no_grad():
+                        bad = {"nonpositive": saved <= 0, "zero": saved == 0,
+                               "nonfinite": ~torch.isfinite(saved)}[kind[2]]
+                        count = int(bad.sum())
+                    if count:
+                        return {"op": kind[0], "bad": count}
+            except (RuntimeError, AttributeError):  # freed, or not saved under this name
+                pass
+        queue.extend(f for f, _ in node.next_functions)
+    return None

@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 
+from ._heldout import source_line
 from ._lint import summed_loss_line, undivided_accumulation
 from ._made import output_location
 from .base import Probe, ProbeContext, blown_up, register, setting_location
@@ -124,8 +125,9 @@ class GradientFlow(Probe):
                 + (" (the loss sums over the batch: reduction='sum' makes every step the "
                    "batch size times the mean's)." if summed else "."),
                 summed or setting_location(ctx.ref("optimizer"), "lr"), strength=0.7, **common)
-        if what == "loss" and step == 0 and bad.get("forward") == "finite" and \
-                bad.get("replay") != "finite" and _targets_finite(ctx):
+        if what == "loss" and (step == 0 or bad.get("op")) and not bad.get("in_weights") and \
+                bad.get("forward") == "finite" and bad.get("replay") != "finite" and \
+                _targets_finite(ctx):
             return _loss_made_it(self, ctx, bad, common)
         custom = _module_location(ctx, module) if module else None
         # weights already non-finite: an earlier update (a gradient the capture did not
@@ -219,31 +221,48 @@ def _targets_finite(ctx: ProbeContext) -> bool:
 
 
 def _loss_made_it(probe: Probe, ctx: ProbeContext, bad: dict, common: dict):
-    """The loss turned finite outputs into a non-finite value on the first step.
+    """The loss turned finite outputs into a non-finite value.
 
-    Measured by the capture: the batch that gave the first loss, replayed through the model at
-    the weights from before any update, gave finite outputs; the value came from the loss
-    computation (a log of 0, a division by 0). With outputs exactly 0 (a ReLU's floor) it is
-    located at the layer that makes the output, else at the loss.
+    Measured by the capture: the batch that gave the first non-finite loss, replayed through
+    the model at the weights of that step, gave finite outputs; the value came from the loss
+    computation. On a later step the capture also names the operation (``op``: a log of a value
+    <= 0, a division by 0), read from what the loss's graph saved: outputs that trained into a
+    bound (a sigmoid's probability rounded to exactly 1) met a loss without a guard. With
+    outputs exactly 0 (a ReLU's floor) it is the output layer (``architecture``, located
+    there); else the loss code (``training_loop``): a library loss's call, or the nearest line
+    of the user's code doing that operation (a hand-written loss).
     """
     from ..signals import FLOOR_ZEROS
 
     zeros = float(bad.get("output_zeros") or 0.0)
     floored = zeros >= FLOOR_ZEROS
-    where = (output_location(ctx) or ctx.ref("model") if floored else None) \
-        or ctx.ref("loss_fn") or ctx.ref("backward")
+    op = (bad.get("op") or {}).get("op")
+    near = ctx.ref("loss_fn") or ctx.ref("backward")
+    written = source_line(ctx, _OP_CODE[op], near=near) if op in _OP_CODE and \
+        ctx.ref("loss_fn") is None else None
+    where = (output_location(ctx) or ctx.ref("model") if floored else None) or written or near
+    step = ctx.signals.get("first_nonfinite_step", 0)
+    when = "at the first step, before any update" if not step else f"at step {step}"
+    what = {"log": "a log of a value <= 0", "division": "a division by 0",
+            "sqrt": "a square root of a negative", "exp": "an exponential that overflowed"}
     return probe.finding(
-        "architecture", True,
-        "The loss was non-finite at the first step, before any update, while the model's "
-        "outputs on that batch were finite (replayed at the initial weights): the loss "
-        "computation itself makes the value (a log of 0, a division by 0, a square root of a "
-        "negative)." + (
+        "architecture" if floored else "training_loop", True,
+        f"The loss was non-finite {when}, while the model's outputs on that batch were finite "
+        "(replayed at that step's weights): the loss computation itself makes the value ("
+        + (f"{what[op]}, {bad['op'].get('bad')} values, read from the loss's graph)." if op
+           else "a log of 0, a division by 0, a square root of a negative).") + (
             f" {zeros:.0%} of the outputs are exactly 0 (a ReLU or clamp on the output): a "
             "loss that takes their log or divides by them cannot take 0. Use an output that "
             "stays positive (softplus, exp) or add a small epsilon in the loss." if floored
             else " Guard the operation (an epsilon, a clamp) or use the library's stable form "
                  "of the loss."),
-        where, strength=0.9, decisive=True, output_zero_share=zeros, **common)
+        where, strength=0.9, decisive=True, output_zero_share=zeros,
+        **({"op": bad["op"]} if op else {}), **common)
+
+
+# where an operation is written in the user's code (a hand-written loss)
+_OP_CODE = {"log": re.compile(r"\blog(?:2|10|1p)?\("), "sqrt": re.compile(r"\bsqrt\("),
+            "exp": re.compile(r"\bexp\("), "division": re.compile(r"[\w)\]]\s*/\s*[\w(]")}
 
 
 # evidence of a classification that the loss or the gradients grew (classify.exploding, nonfinite)
