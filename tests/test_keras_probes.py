@@ -1734,3 +1734,39 @@ def test_class_weights_that_tilt_balanced_classes_are_confirmed_by_copies_withou
     assert (f.check, f.root_cause, f.confirmed) == ("loss_weights", "hyperparameter", True)
     assert f.evidence["tilt"] == pytest.approx(25.0, rel=0.05) and f.evidence["decisive"]
     assert f.location == {"file": HERE, "line": line_of("cw")}
+
+
+def test_run_eagerly_left_on_is_recorded_and_timed_against_compiled(tk, monkeypatch):
+    """``compile(run_eagerly=True)`` writes a ``debug_mode`` event; the probe times a copy's
+    steps run eagerly and compiled (restoring TensorFlow's setting) and locates the finding
+    where the mode is turned on. (The rows per second are made to depend on the mode here.)"""
+    import tensorflow as tf
+
+    import model_debugger
+    from model_debugger.probes import compute_settings as cs
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    keras = tk
+    X, y = problem()
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        eager = keras.Sequential([keras.Input((10,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(2)])
+        eager.compile(optimizer="adam", run_eagerly=True,  # <run-eagerly>
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        eager.fit(X, y, batch_size=32, epochs=1, verbose=0)
+    run = Run(rec.events)
+    assert run.first("debug_mode")["mode"] == "run_eagerly"
+    ctx = build_context(run, rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=60.0)
+    monkeypatch.setattr(cs, "MIN_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(type(ctx.trainer), "throughput",
+                        lambda self, batch, steps=20, model=None:
+                        100.0 if tf.config.functions_run_eagerly() else 1000.0)
+    [f] = run_probes(ctx, ["compute_settings"]).findings
+    assert not tf.config.functions_run_eagerly()  # (restored)
+    assert (f.root_cause, f.confirmed, f.evidence["mode"]) == ("training_loop", True,
+                                                               "run_eagerly")
+    assert f.location == {"file": HERE, "line": line_of("run-eagerly")}

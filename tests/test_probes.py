@@ -1479,6 +1479,47 @@ def test_more_threads_than_cores_is_timed_against_one_thread_per_core(healthy, m
         torch.set_num_threads(before)
 
 
+def _anomaly_on():
+    torch.manual_seed(0)
+    X, y = torch.randn(256, 6), torch.randint(0, 2, (256,))
+    watched = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(watched.parameters(), lr=0.1)
+    torch.autograd.set_detect_anomaly(True)  # <anomaly-on>
+    try:
+        for i in range(0, 256, 32):
+            opt.zero_grad()
+            F.cross_entropy(watched(X[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+    finally:
+        torch.autograd.set_detect_anomaly(False)
+
+
+def test_anomaly_detection_left_on_is_recorded_and_timed_against_off(tmp_path, monkeypatch):
+    """A run with autograd anomaly detection on writes a ``debug_mode`` event; the probe times
+    a copy's steps with the mode on and off (restoring it) and finds the mode the cause when
+    it is clearly slower, located where it is turned on. (The copies' rows per second are made
+    to depend on the mode here: a timing on a shared test machine is no assertion.)"""
+    from model_debugger.probes import compute_settings as cs
+
+    ctx = captured(tmp_path, _anomaly_on)
+    assert ctx.run.first("debug_mode") == {**ctx.run.first("debug_mode"),
+                                           "mode": "detect_anomaly"}
+    monkeypatch.setattr(cs, "MIN_RUN_SECONDS", 0.0)
+    for on_rate, found in ((300.0, True), (900.0, False)):
+        monkeypatch.setattr(type(ctx.trainer), "throughput",
+                            lambda self, batch, steps=20, r=on_rate:
+                            r if torch.is_anomaly_enabled() else 1000.0)
+        got = probe(ctx, "compute_settings")
+        assert not torch.is_anomaly_enabled()  # (restored)
+        assert bool(got) == found, got
+        if found:
+            [f] = got
+            assert (f.root_cause, f.confirmed, f.evidence["mode"]) == \
+                ("training_loop", True, "detect_anomaly")
+            assert f.evidence["gain"] == pytest.approx(1000 / 300)
+            assert_at(f, "anomaly-on")
+
+
 def test_activations_written_as_functions_break_a_linear_chain():
     """A chain is read from the tensors handed on, so an F.relu between two layers (no module
     to see) breaks it, and so does an in-place activation (the same tensor, changed: its

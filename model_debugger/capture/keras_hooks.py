@@ -179,6 +179,8 @@ class FitHooks(BatchKeeping):
 
     def _before_fit(self, model, arguments: dict, frame) -> None:
         loc = user_location(frame)
+        if getattr(model, "run_eagerly", False) or self._tf.config.functions_run_eagerly():
+            self._debug_mode()  # every step run as Python, op by op
         for kind in ("fit", "backward", "step"):
             self.ref(kind, loc)
         self._discover_from_frame(model, frame)

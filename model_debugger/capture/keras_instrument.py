@@ -122,6 +122,7 @@ class KerasInstrument(FitHooks, CallbackTiming, LoopHooks, StepHooks, Instrument
         self._gpu = None
         self._mgn_at = 0  # where the next step's window of layer norms starts (norms.py)
         self._fit_steps = 0  # the step count when the running fit began
+        self._debug_seen = False  # a debug_mode event was written
         self._init_callbacks()
 
     # -- attach / close --------------------------------------------------------------------

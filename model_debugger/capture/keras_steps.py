@@ -97,6 +97,12 @@ def _finite(y) -> bool:
 class StepHooks(OverheadWatch, HeldWatch):
     """``GradientTape.gradient`` and ``BaseOptimizer.apply``: the loss and norms of each step."""
 
+    def _debug_mode(self) -> None:
+        """A ``debug_mode`` event, once: steps run eagerly (``run_eagerly``)."""
+        if not self._debug_seen:
+            self._debug_seen = True
+            self.rec.emit("debug_mode", mode="run_eagerly")
+
     def _idle(self) -> bool:
         """Outside the model's work: no model call, ``tf.function``, gradient or apply running.
 
@@ -133,6 +139,8 @@ class StepHooks(OverheadWatch, HeldWatch):
             self._target = target
             if not self._fit_depth:
                 self.ref("backward", user_location(sys._getframe()))
+                if tf.config.functions_run_eagerly():
+                    self._debug_mode()
                 self._gradients += 1
                 if tf.is_symbolic_tensor(target):
                     self._traced_gradients += 1  # taken while a tf.function is traced

@@ -351,6 +351,8 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             self._check_reset()
         if not self._backwards and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
             self._reached = _reached_leaves(loss.grad_fn)
+            if torch.is_anomaly_enabled():  # a debugging mode left on: every op keeps a trace
+                self.rec.emit("debug_mode", mode="detect_anomaly")
         if isinstance(loss, torch.Tensor) and loss.grad_fn is not None and not discovering:
             # (discovery read the frames' locals: a function frame keeps that snapshot, and
             # with it this loss, alive; it would read as kept by the user)

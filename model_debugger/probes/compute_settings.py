@@ -1,11 +1,17 @@
 """``compute_settings``: a process-wide compute setting that makes this machine slower.
 
-Two settings that look like speed-ups and are slowdowns on the wrong hardware:
+Settings that slow the run down: two that look like speed-ups and are slowdowns on the wrong
+hardware, and debugging modes left on:
 
 - more intra-op threads than the cores the process may use (``torch.set_num_threads(32)`` on a
   2-core machine): the threads fight for the cores and every operation waits on the slowest;
 - a float16 mixed-precision policy (``keras.mixed_precision.set_global_policy("mixed_float16")``)
-  with no GPU: CPUs without native half-precision arithmetic emulate it, far slower than float32.
+  with no GPU: CPUs without native half-precision arithmetic emulate it, far slower than float32;
+- autograd anomaly detection (``torch.autograd.set_detect_anomaly(True)``: every operation
+  records a traceback) or eager execution (Keras ``compile(run_eagerly=True)``,
+  ``tf.config.run_functions_eagerly(True)``), recorded by the capture (``debug_mode``): the
+  steps of a fresh copy timed with the mode and without it, located where it is turned on
+  (``training_loop``).
 
 Measured directly, on this machine, in the run's own process: the same training steps of a
 fresh copy timed with the run's thread count and with one thread per core; for the policy, the
@@ -13,8 +19,9 @@ training steps of a fresh copy under it and of one whose layers compute in float
 Keras cannot rebuild that way: the same float16 and float32 matrix products). Each pair is
 timed :data:`ROUNDS` times, alternated, and the fastest of each kept, so that load from other
 processes slows both alike. Confirmed when the run's setting is :data:`GAIN` times slower and
-the run's steps took long enough for that to matter. The cause is
-how the code drives the hardware (``hardware``); on a run that looked healthy the finding
+the run's steps took long enough for that to matter. The cause of the first two is
+how the code drives the hardware (``hardware``), of a debugging mode the code
+(``training_loop``); on a run that looked healthy the finding
 re-classifies it ``performance_issue``. Located where the setting is made.
 """
 
@@ -32,6 +39,15 @@ MIN_RUN_SECONDS = 2.0   # the run's steps took at least this long (else not wort
 ROUNDS = 2              # each timing taken this many times, alternated; the fastest kept
 _THREADS = re.compile(r"set_num_threads\s*\(|set_intra_op_parallelism_threads\s*\(")
 _POLICY = re.compile(r"set_global_policy\s*\(|mixed_float16|[\"']float16[\"']")
+# debugging modes left on (``debug_mode`` events): what it is, where it is set, the fix
+_DEBUG = {"detect_anomaly": ("autograd anomaly detection",
+                             re.compile(r"set_detect_anomaly\s*\(\s*(?:True|1)|detect_anomaly\s*\("),
+                             "Turn it off (torch.autograd.set_detect_anomaly(False)) once the "
+                             "NaN it was hunting is found."),
+          "run_eagerly": ("eager execution (every step run op by op in Python)",
+                          re.compile(r"run_eagerly\s*=\s*True|run_functions_eagerly\s*\(\s*True"),
+                          "Remove run_eagerly=True (or tf.config.run_functions_eagerly(True)): "
+                          "fit then compiles the step.")}
 
 
 def cores() -> int:
@@ -52,8 +68,9 @@ class ComputeSettings(Probe):
     reveals = "performance_issue"
     needs_live = True
     frameworks = ("torch", "keras")
-    fix = ("Leave the thread count at its default (one per core) and use float16 mixed "
-           "precision only on a GPU that computes in it.")
+    fix = ("Leave the thread count at its default (one per core), use float16 mixed "
+           "precision only on a GPU that computes in it, and turn debugging modes off "
+           "(anomaly detection, run_eagerly) once done with them.")
 
     def run(self, ctx: ProbeContext):
         """A confirmed finding when the run's setting is clearly slower here; else nothing."""
@@ -61,6 +78,10 @@ class ComputeSettings(Probe):
         run_seconds = sig.get("steps", 0) * sig.get("step_ms", 0.0) / 1000.0
         if run_seconds < MIN_RUN_SECONDS or ctx.trainer is None:
             return []
+        mode = (ctx.run.first("debug_mode") or {}).get("mode")
+        found = self._debug(ctx, mode, run_seconds) if mode in _DEBUG else []
+        if found:
+            return found
         if ctx.framework == "torch":
             return self._threads(ctx, run_seconds)
         return self._policy(ctx, run_seconds)
@@ -138,6 +159,43 @@ class ComputeSettings(Probe):
             f"took {run_seconds:.1f} s.",
             self._where(ctx, _POLICY), strength=0.8, undone=True, decisive=True,
             policy=policy, timed=what, float16=half, float32=full, gain=gain,
+            run_step_seconds=run_seconds)]
+
+    def _debug(self, ctx: ProbeContext, mode: str, run_seconds: float):
+        """A copy's steps timed with the run's debugging mode on and off."""
+        tr, batch = ctx.trainer, _batch(ctx)
+        if mode == "detect_anomaly":
+            import torch
+
+            before = torch.is_anomaly_enabled()
+            switch = torch.autograd.set_detect_anomaly
+        else:
+            import tensorflow as tf
+
+            before = tf.config.functions_run_eagerly()
+            switch = tf.config.run_functions_eagerly
+
+        def with_mode(on: bool):
+            def rate():
+                switch(on)
+                try:
+                    return tr.throughput(batch)
+                finally:
+                    switch(before)
+            return rate
+
+        slow, fast = _fastest(with_mode(True), with_mode(False))
+        gain = fast / slow if slow > 0 else 0.0
+        if gain < GAIN:
+            return []
+        what, pattern, undo = _DEBUG[mode]
+        return [self.finding(
+            "training_loop", True,
+            f"The run trains with {what} on, a debugging mode: a fresh copy trains "
+            f"{slow:,.0f} rows/s with it and {fast:,.0f} rows/s without ({gain:.1f}x); the "
+            f"run's steps took {run_seconds:.1f} s. {undo}",
+            self._where(ctx, pattern), strength=0.8, undone=True, decisive=True, mode=mode,
+            rows_per_second=slow, rows_per_second_without=fast, gain=gain,
             run_step_seconds=run_seconds)]
 
     @staticmethod
