@@ -326,6 +326,42 @@ def test_hf_checkpoints_saved_every_step_are_timed_to_the_training_arguments(tmp
     assert f.location["line"] == line_of("hf_save_steps")  # the setting, in the call
 
 
+class _Silent(pl.LightningModule):
+    """A training_step that logs its loss and returns nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, t = batch
+        loss = F.cross_entropy(self.net(x), t)
+        self.log("train_loss", loss)  # <silent-end>
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def test_a_lightning_training_step_that_returns_nothing_is_located_at_its_end(tmp_path):
+    """Lightning skips backward when training_step returns None: no step has a gradient, and
+    the finding is located where the ``return loss`` belongs (the step's last line)."""
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+
+    torch.manual_seed(0)
+    train, _ = _loaders()
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path))
+    with capture(update_every=0, hist_every=0) as rec:
+        trainer.fit(_Silent(), train)
+    run = run_of(rec)
+    ctx = build_context(run, None, {HERE: open(HERE, encoding="utf-8").read()})
+    [f] = run_probes(ctx, ["detached_output"]).findings
+    assert f.confirmed and f.root_cause == "training_loop" and "returns nothing" in f.explanation
+    assert f.location == {"file": HERE, "line": line_of("silent-end")}
+
+
 # -- Accelerate --------------------------------------------------------------------------------
 def test_accelerate_accumulation_records_the_users_loss():
     from accelerate import Accelerator

@@ -64,6 +64,16 @@ class DetachedOutput(SettingExperiment):
             ctx.run.first("optimizer_elsewhere") is None and ctx.run.first("unapplied") is None
         where = loc(hits[0]) if hits else ctx.ref("loss_fn") or ctx.ref("backward")  # (the
         # cut lies between the model and the loss: the loss call is nearer it than backward)
+        silent = _step_returns_nothing(ctx) if measured else None
+        if silent is not None:
+            return [self.finding(
+                "training_loop", True,
+                f"In all {len(steps)} optimizer steps no parameter had a gradient, and the "
+                "LightningModule's training_step returns nothing: under automatic optimization "
+                "Lightning back-propagates the loss training_step returns, and skips the batch "
+                "when it returns None. Return the loss (return loss).",
+                silent, steps=len(steps), steps_without_gradient=no_grad, strength=0.95,
+                decisive=True)]
         if measured:
             return [self.finding(
                 "training_loop", True,
@@ -107,6 +117,27 @@ class DetachedOutput(SettingExperiment):
             sites[0], undone=confirmed, strength=0.85 if confirmed else 0.2,
             ungraded_share=before, ungraded_share_kept=after, heldout_cut=cut,
             heldout_kept=kept, detach_sites=sites[:3])]
+
+
+def _step_returns_nothing(ctx: ProbeContext) -> dict | None:
+    """The last line of a Lightning ``training_step`` that returns no value, else None."""
+    import ast
+
+    where = ctx.ref("training_step")
+    trainer = ctx.run.first("trainer") or {}
+    if trainer.get("kind") != "lightning" or not where or where.get("file") not in \
+            (ctx.source_files or {}):
+        return None
+    try:
+        tree = ast.parse(ctx.source_files[where["file"]])
+    except (SyntaxError, ValueError):
+        return None
+    fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and
+               n.name == "training_step" and n.lineno == where.get("line")), None)
+    if fn is None or any(isinstance(n, (ast.Return, ast.Yield)) and n.value is not None
+                         for n in ast.walk(fn)):
+        return None
+    return {"file": where["file"], "line": fn.body[-1].end_lineno or fn.body[-1].lineno}
 
 
 def _cut_share(tr, keep: bool) -> tuple[float, list[dict]]:
