@@ -972,7 +972,8 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
     assert healthy_probes == {"target_copy", "small_batches", "lint", "framework_warnings",
                               "gradients_unapplied", "minority_ignored", "data_volume",
                               "tape_kept", "hooks_accumulate", "compute_settings",
-                              "classes_as_numbers", "linear_stack", "loss_weights"}
+                              "classes_as_numbers", "linear_stack", "loss_weights",
+                              "ignored_class"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
@@ -3215,3 +3216,43 @@ def test_loss_weights_that_tilt_balanced_classes_are_confirmed_by_copies_without
     assert f.evidence["tilt"] == pytest.approx(25.0, rel=0.05)
     assert f.evidence["heldout_unweighted"] < 0.8 * f.evidence["heldout_weighted"]
     assert (f.location["file"], f.location["line"]) == (HERE, line_of("pos-weight-value"))
+
+
+IGNORED_ID = 0  # <skip-value>
+
+
+def _ignoring(index: int | None):
+    """Two balanced classes under ``CrossEntropyLoss(ignore_index=...)``: ``IGNORED_ID`` for
+    None, else ``index``."""
+    def train():
+        torch.manual_seed(0)
+        X = torch.randn(1024, 8)
+        y = (X[:, 0] + X[:, 1] > 0).long()
+        loader = DataLoader(TensorDataset(X[:768], y[:768]), batch_size=64, shuffle=True)
+        churn = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+        ce = nn.CrossEntropyLoss(ignore_index=IGNORED_ID) if index is None else \
+            nn.CrossEntropyLoss(ignore_index=index)
+        opt = torch.optim.Adam(churn.parameters(), lr=1e-2)
+        for _ in range(3):
+            for xb, yb in loader:
+                opt.zero_grad()
+                ce(churn(xb), yb).backward()
+                opt.step()
+    return train
+
+
+@pytest.mark.parametrize("index, found", [(None, True), (5, False), (-100, False)])
+def test_an_ignore_index_that_is_a_real_class_drops_its_rows_from_the_loss(tmp_path, index,
+                                                                          found):
+    """``ignore_index=0`` on classes 0 and 1: half the rows never reach the loss (decisive,
+    located where the value is set); an id the output has no class for (5, -100) is padding,
+    not a class: nothing."""
+    ctx = captured(tmp_path, _ignoring(index))
+    findings = run_probes(ctx, ["ignored_class"]).findings
+    if not found:
+        assert findings == ()
+        return
+    f = confirmed_one(ctx, "ignored_class", "training_loop")
+    assert f.evidence["ignored_share"] == pytest.approx(0.5, abs=0.06)
+    assert f.evidence["decisive"] and f.evidence["classes"] == 2
+    assert_at(f, "skip-value")
