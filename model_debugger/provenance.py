@@ -482,13 +482,15 @@ def setting_origin(location: dict | None, keyword: str) -> dict | None:
     A setting is often passed through a name or a config (``DataLoader(ds,
     batch_size=cfg["batch_size"])``, ``SGD(..., lr=args.lr)``): the value was made where the
     name was bound, the dict entry was written (``{"batch_size": 1}``) or the argument declared
-    (``add_argument("--lr", default=...)``). A literal at the call keeps the call's line.
+    (``add_argument("--lr", default=...)``). A literal at the call keeps its own line: the
+    call's, or in a call written over several lines the keyword's.
 
     Returns
     -------
     dict or None
-        ``{"file", "line", "used_at"}`` when the value was set on an earlier line of the same
-        file; else ``location`` unchanged.
+        ``{"file", "line", "used_at"}`` when the value was set on another line of the same
+        file (an earlier one, or the keyword's own line in the call); else ``location``
+        unchanged.
     """
     if not location or not isinstance(location.get("line"), int) or not location.get("file"):
         return location

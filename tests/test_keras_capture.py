@@ -395,7 +395,7 @@ def test_the_time_fit_spends_in_each_callback_is_measured(slow):
     (event,) = run.of("callbacks")
     (cb,) = event["callbacks"]
     assert event["steps"] == 40 and cb["cls"] == "_SlowBatches" and cb["calls"] == 40
-    assert 40 * 0.03 <= cb["seconds"] < 40 * 0.06
+    assert 40 * 0.03 <= cb["seconds"] and cb["typical_seconds"] >= 40 * 0.03
     assert (cb["file"], cb["line"]) == (HERE, line_of("keras-callback-made"))
     sig = compute(run)
     assert sig["step_overhead_ms"] >= 28
@@ -1196,3 +1196,37 @@ def test_early_stopping_that_restored_its_best_epoch_is_not_overfitting(restore)
     assert classify(sig).primary != "overfitting"
     assert classify({k: v for k, v in sig.items() if k != "restored_best"}).primary == \
         "overfitting"
+
+
+def test_callbacks_unhashable_or_raising_are_timed_and_always_restored():
+    """An unhashable callback (a dataclass) is timed like any other, and a fit that a callback
+    stops with an exception leaves no timed hook behind on the user's objects."""
+    import dataclasses
+
+    @dataclasses.dataclass(eq=True)
+    class Counting(keras.callbacks.Callback):
+        seen: int = 0
+
+        def __post_init__(self):
+            super().__init__()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen == 3 and self.fail:
+                raise RuntimeError("stop here")
+
+    X, y = data(16 * 8)
+    for fail in (False, True):
+        Counting.fail = fail
+        with capture(hist_every=0) as rec:
+            model = mlp()
+            model.compile(optimizer="adam", loss=ce())
+            counting = Counting()
+            try:
+                model.fit(X, y, batch_size=16, epochs=1, verbose=0, callbacks=[counting])
+            except RuntimeError:
+                assert fail
+        assert "on_train_batch_end" not in vars(counting)
+        (event,) = Run(rec.events).of("callbacks")
+        assert event["callbacks"][0]["cls"] == "Counting"
+        assert event["callbacks"][0]["calls"] == (3 if fail else 8)

@@ -2,8 +2,8 @@
 
 A list that gets one tensor per step (a cache never cleared, outputs kept "for later", losses
 appended without ``.item()``) is the most common way a loop leaks memory. Every
-``HELD_EVERY`` steps (spaced further when looking would cost more than ``HELD_BUDGET`` of the
-training time), on the training thread, :class:`HeldWatch` (mixed into both instruments)
+``HELD_EVERY`` steps (in PyTorch, spaced further when looking would cost more than
+``HELD_BUDGET`` of the training time), on the training thread, :class:`HeldWatch` (mixed into both instruments)
 looks at the variables of the user's frames on the stack (locals, and the module's globals) and
 measures the bytes of tensors and arrays each list, tuple, dict, set or deque holds (one level
 deep, plus tuples and short lists inside it; a long container is sampled; the container attributes of ``self``

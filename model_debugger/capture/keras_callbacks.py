@@ -22,7 +22,9 @@ class CallbackTiming:
         self._clock = CallbackClock()
 
     def _attach_callbacks(self) -> None:
-        self.patch(self._keras.callbacks.Callback, "__init__", noting_init(self._link))
+        base = self._keras.callbacks.Callback
+        self.patch(base, "__init__", noting_init(self._link, base))
+        self.hold(self._clock.untime)  # (a fit that never returned: restored at the end)
 
     def _time_callbacks(self, callbacks) -> None:
         """Time the overridden batch hooks of each callback ``fit`` received."""

@@ -193,6 +193,7 @@ class FitHooks(BatchKeeping):
                 self.keeper.loss = loss
                 self.labels.loss, self.labels.keras = loss["name"], loss["keras"]
         self._on_heads(model)
+        self.keeper.class_weight = None  # (this fit's: the copies train as the last one did)
         if arguments.get("class_weight") is not None or \
                 arguments.get("sample_weight") is not None:
             self.labels.weighted = True  # the loss is on another scale than the prior's
@@ -650,8 +651,8 @@ class LoopHooks(BatchKeeping):
 
         The line sampler needs them: a traced step's hooks run on TensorFlow's threads.
         """
-        if self._loop is None:
-            loop = user_frame(sys._getframe())
+        if self._loop is None or (self._loop[1] is None and not self._fit_depth):
+            loop = user_frame(sys._getframe())  # (a custom loop after a fit: its own code)
             self._loop = (threading.get_ident(), loop.f_code if loop is not None else None)
 
     def _wrap_loss_call(self, original):

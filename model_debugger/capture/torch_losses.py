@@ -119,15 +119,22 @@ class LossStats:
         """Note a weighted training loss: ``weighted``, and how (``weights``).
 
         ``"class"``: ``weight=`` of a cross-entropy (a weighted mean: an untrained model's loss
-        stays ``ln C``); ``"pos_weight"`` with its mean (a binary cross-entropy's positives
-        weighted, not renormalised); ``"element"``: any other rescaling.
+        stays ``ln C``); ``"pos_weight"`` with its value, one for every output column (a binary
+        cross-entropy's positives weighted, not renormalised); ``"element"``: any other
+        rescaling (per-column positive weights included). Read once per weight tensor.
         """
         t = self.targets
         t["weighted"] = True
         weight, pos = kwargs.get("weight"), kwargs.get("pos_weight")
+        key = (name, id(weight), id(pos))
+        if t.get("weights_key") == key:
+            return  # read once per weight tensor (a read is a device sync)
+        t["weights_key"] = key
         if weight is None and isinstance(pos, torch.Tensor) and pos.numel() and \
-                name == "binary_cross_entropy_with_logits":
-            how = ("pos_weight", float(pos.detach().float().mean()))
+                name == "binary_cross_entropy_with_logits" and \
+                bool((pos.detach() == pos.detach().reshape(-1)[0]).all()):
+            # one weight for every output column (per-column weights: their own scales)
+            how = ("pos_weight", float(pos.detach().reshape(-1)[0]))
         elif pos is None and name in CLASS_LOSSES:
             how = ("class", None)
         else:

@@ -40,8 +40,9 @@ LIGHTNING = ("pytorch_lightning", "lightning.pytorch")
 _HF_SKIP = ("epoch", "step", "total_flos")
 _HF_SKIP_SUFFIX = ("_runtime", "_per_second")
 # the callbacks' hooks a trainer runs around every batch (timed: ``callbacks`` event)
-PL_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward",
-            "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+# (Lightning's hooks around backward and the optimizer step run inside the step's own timed
+# work: not the loop's time)
+PL_HOOKS = ("on_train_batch_start", "on_train_batch_end")
 HF_HOOKS = ("on_step_begin", "on_step_end", "on_substep_end", "on_pre_optimizer_step",
             "on_optimizer_step", "on_log")
 # a Hugging Face Trainer's own periodic work, configured in TrainingArguments (save_steps, ...)
@@ -180,8 +181,10 @@ class TrainerHooks:
 
     def _note_callbacks_made(self, base: type) -> None:
         """Note where each callback of ``base``'s kind is constructed (``callbacks`` event)."""
+        if not self._callback_bases:
+            self.hold(self._clock.untime)  # (a run that never returned: restored at the end)
         self._callback_bases.append(base)
-        self.patch(base, "__init__", noting_init(self._link))
+        self.patch(base, "__init__", noting_init(self._link, base))
 
     def _time_trainer(self, trainer) -> int:
         """Time the trainer's callbacks (and a Hugging Face trainer's periodic work).
@@ -202,9 +205,9 @@ class TrainerHooks:
                 self._clock.time_method(trainer, name, label, where)
         return self._opt_steps
 
-    def _emit_trainer_callbacks(self, steps_before: int) -> None:
+    def _emit_trainer_callbacks(self, steps_before: int | None) -> None:
         out = self._clock.untime()
-        if out:
+        if out and steps_before is not None:
             self.rec.emit("callbacks", steps=self._opt_steps - steps_before, callbacks=out)
 
     def _patch_trainer(self, cls, run: str, callback_cls) -> None:
@@ -236,7 +239,7 @@ class TrainerHooks:
                     if cb is not None:
                         _remove_callback(trainer, cb)
                     inst = link()
-                    if inst is not None and steps is not None:
+                    if inst is not None:  # (the hooks restored even when timing failed)
                         inst.guard(inst._emit_trainer_callbacks)(steps)
 
             run_with_callback.__wrapped__ = original
@@ -263,7 +266,7 @@ class TrainerHooks:
         k = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
         self._scaled_for_accumulation(k if automatic else 1, "lightning accumulate_grad_batches")
         self.rec.emit("trainer", kind="lightning", module=cls.__name__, accumulate=k,
-                      fit=self._fit_at, refs=dict(self._trainer_refs))
+                      automatic=bool(automatic), fit=self._fit_at, refs=dict(self._trainer_refs))
 
     def _emit_pl(self, trainer, phase: str, step: bool) -> None:
         """Metrics the user logged in this pass, as Lightning reduced them."""

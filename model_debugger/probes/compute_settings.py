@@ -41,7 +41,8 @@ _THREADS = re.compile(r"set_num_threads\s*\(|set_intra_op_parallelism_threads\s*
 _POLICY = re.compile(r"set_global_policy\s*\(|mixed_float16|[\"']float16[\"']")
 # debugging modes left on (``debug_mode`` events): what it is, where it is set, the fix
 _DEBUG = {"detect_anomaly": ("autograd anomaly detection",
-                             re.compile(r"set_detect_anomaly\s*\(\s*(?:True|1)|detect_anomaly\s*\("),
+                             re.compile(r"set_detect_anomaly\s*\(\s*(?:mode\s*=\s*)?(?:True|1)\b"
+                                        r"|(?<!set_)\bdetect_anomaly\s*\(|\bdetect_anomaly\s*=\s*True"),
                              "Turn it off (torch.autograd.set_detect_anomaly(False)) once the "
                              "NaN it was hunting is found."),
           "run_eagerly": ("eager execution (every step run op by op in Python)",
@@ -167,8 +168,13 @@ class ComputeSettings(Probe):
         if mode == "detect_anomaly":
             import torch
 
-            before = torch.is_anomaly_enabled()
-            switch = torch.autograd.set_detect_anomaly
+            before = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+
+            def switch(on):  # (no NaN check while timing: a copy's NaN must not raise)
+                if isinstance(on, tuple):
+                    torch.autograd.set_detect_anomaly(on[0], check_nan=on[1])
+                else:
+                    torch.autograd.set_detect_anomaly(on, check_nan=False)
         else:
             import tensorflow as tf
 
@@ -184,7 +190,10 @@ class ComputeSettings(Probe):
                     switch(before)
             return rate
 
-        slow, fast = _fastest(with_mode(True), with_mode(False))
+        try:
+            slow, fast = _fastest(with_mode(True), with_mode(False))
+        except RuntimeError:  # a copy that cannot train here: nothing measured
+            return []
         gain = fast / slow if slow > 0 else 0.0
         if gain < GAIN:
             return []

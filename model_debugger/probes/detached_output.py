@@ -125,19 +125,33 @@ def _step_returns_nothing(ctx: ProbeContext) -> dict | None:
 
     where = ctx.ref("training_step")
     trainer = ctx.run.first("trainer") or {}
-    if trainer.get("kind") != "lightning" or not where or where.get("file") not in \
-            (ctx.source_files or {}):
-        return None
+    if trainer.get("kind") != "lightning" or not trainer.get("automatic", True) or not where \
+            or where.get("file") not in (ctx.source_files or {}):
+        return None  # (under manual optimization returning nothing is how it is written)
     try:
         tree = ast.parse(ctx.source_files[where["file"]])
     except (SyntaxError, ValueError):
         return None
     fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and
                n.name == "training_step" and n.lineno == where.get("line")), None)
-    if fn is None or any(isinstance(n, (ast.Return, ast.Yield)) and n.value is not None
-                         for n in ast.walk(fn)):
+    if fn is None or any(isinstance(n, (ast.Return, ast.Yield)) and n.value is not None and
+                         not (isinstance(n.value, ast.Constant) and n.value.value is None)
+                         for n in _own_nodes(fn)):
         return None
     return {"file": where["file"], "line": fn.body[-1].end_lineno or fn.body[-1].lineno}
+
+
+def _own_nodes(fn):
+    """The nodes of a function's body, not those of the functions and lambdas inside it."""
+    import ast
+
+    stack = list(fn.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                                 ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
 
 
 def _cut_share(tr, keep: bool) -> tuple[float, list[dict]]:

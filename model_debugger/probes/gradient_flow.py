@@ -261,8 +261,13 @@ def _loss_made_it(probe: Probe, ctx: ProbeContext, bad: dict, common: dict):
 
 
 # where an operation is written in the user's code (a hand-written loss)
-_OP_CODE = {"log": re.compile(r"\blog(?:2|10|1p)?\("), "sqrt": re.compile(r"\bsqrt\("),
-            "exp": re.compile(r"\bexp\("), "division": re.compile(r"[\w)\]]\s*/\s*[\w(]")}
+# (a math library's function, or a tensor's method; not a logger's ``self.log(``/``wandb.log(``;
+# a division by something other than a number written out)
+_LIB = r"(?:\b(?:torch|np|numpy|math|F|tf|tf\.math|K|ops)\.|(?<![\w.]))"
+_OP_CODE = {"log": re.compile(rf"{_LIB}log(?:2|10|1p)?\(|\.log(?:2|10|1p)?\(\s*\)"),
+            "sqrt": re.compile(rf"{_LIB}sqrt\(|\.sqrt\(\s*\)"),
+            "exp": re.compile(rf"{_LIB}exp\(|\.exp\(\s*\)"),
+            "division": re.compile(r"[\w)\]]\s*/\s*(?![\d.]+\b)[A-Za-z_(]")}
 
 
 # evidence of a classification that the loss or the gradients grew (classify.exploding, nonfinite)

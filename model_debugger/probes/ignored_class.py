@@ -1,12 +1,13 @@
 """``ignored_class``: a cross-entropy told to ignore a class the targets really hold.
 
 ``ignore_index`` marks padding or unlabelled positions (PyTorch's default is -100, no class).
-Set to a real class id (``ignore_index=0`` where 0 is "no churn", or a padding id that is also a
-token), every row of that class is dropped from the loss: the model never pays for calling
+Set to a real class id (``ignore_index=0`` where 0 is "no churn"), every row of that class is
+dropped from the loss: the model never pays for calling
 such a row anything else, and learns to name the other classes everywhere. The loss falls,
 toward zero even, while the metric sits at a wrong solution.
 
-Measured directly on the kept training targets: the share of rows whose class is the ignored
+Measured directly on the kept training targets, one class per row (token or pixel targets,
+where an ignored id marks padding, are not read): the share of rows whose class is the ignored
 id, among the class ids the model's output has (``0 <= ignore_index < C``). A share of at
 least :data:`MIN_SHARE` of a class that the output names is decisive: those rows are not in the
 loss, by definition. Located where the value is set (``IGNORE_INDEX = 0``), else where it is
@@ -58,9 +59,10 @@ class IgnoredClass(Probe):
             out = tr.predict(tr.model, tuple(x[:2] for x in tr.inputs))
         except Exception:  # noqa: BLE001 - a model the probe cannot call on these rows
             return []
-        classes = int(np.asarray(out).reshape(len(out), -1).shape[1]) if np.ndim(out) > 1 else 0
-        if y.dtype.kind not in "iu" or not 0 <= index < classes or not y.size:
-            return []
+        out = np.asarray(out)
+        classes = int(out.shape[1]) if out.ndim == 2 else 0  # one score per class and row
+        if y.ndim != 1 or y.dtype.kind not in "iu" or not 0 <= index < classes or not y.size:
+            return []  # (token or pixel targets: an ignored id there is padding, by design)
         share = float((y == index).mean())
         if share < MIN_SHARE:
             return []

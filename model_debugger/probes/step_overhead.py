@@ -101,8 +101,10 @@ def _heaviest_callback(run, overhead_ms: float) -> tuple[dict, float] | None:
     From the ``callbacks`` events of a trainer (Keras ``fit``, Lightning, Hugging Face: the
     time inside each callback's per-batch hooks, and a Hugging Face trainer's checkpoints and
     evaluations, measured directly). Only work that ran on at least half the steps can hold
-    the median step's time (an evaluation once an epoch cannot); None when none holds
-    :data:`LINE_SHARE` of ``overhead_ms``.
+    the median step's time (an evaluation once an epoch cannot), and a hook is judged by its
+    median call (``typical_seconds``: a checkpoint saved every hundred batches from a hook
+    called every batch is not a save every batch); None when none holds :data:`LINE_SHARE`
+    of ``overhead_ms``.
     """
     best = None
     for event in run.of("callbacks"):
@@ -110,7 +112,8 @@ def _heaviest_callback(run, overhead_ms: float) -> tuple[dict, float] | None:
         for cb in event.get("callbacks") or []:
             if int(cb.get("calls") or 0) < steps / 2:
                 continue
-            per_step = 1000.0 * float(cb.get("seconds") or 0.0) / steps
+            per_step = 1000.0 * float(cb.get("typical_seconds", cb.get("seconds")) or 0.0) \
+                / steps
             if best is None or per_step > best[1]:
                 best = (cb, per_step)
     if best is None or best[1] < LINE_SHARE * overhead_ms:

@@ -246,9 +246,9 @@ class KerasTrainer(SampleTrainer):
             target = _same_rank(target, out)
         weights = self.loss_kwargs.get("class_weight")
         if training and weights is not None:  # as fit weighs each row by its class
-            ids = tf.reshape(target, (tf.shape(target)[0], -1))
-            ids = tf.argmax(ids, axis=1) if ids.shape[-1] not in (None, 1) else \
-                tf.cast(tf.round(ids[:, 0]), tf.int64)
+            onehot = target.shape.rank == 2 and target.shape[-1] not in (None, 1)  # static
+            ids = tf.argmax(target, axis=1) if onehot else \
+                tf.cast(tf.round(tf.reshape(target, [-1])), tf.int64)
             rows = tf.gather(weights, tf.clip_by_value(ids, 0, len(weights) - 1))
             if hasattr(self.loss_obj, "reduction"):  # a Loss object weighs its own rows
                 return tf.reduce_mean(self.loss_obj(target, out, sample_weight=rows))
