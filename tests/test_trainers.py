@@ -293,8 +293,7 @@ def test_lightning_checkpoints_saved_every_step_are_timed_to_the_callback(tmp_pa
         [f] = findings
         assert f.confirmed and f.evidence["callback"] == "ModelCheckpoint"
         assert f.location["line"] == line_of("pl_ckpt")
-    else:  # (saved once an epoch: a hook called every batch, its median call is no save)
-        assert timed["ModelCheckpoint"]["typical_seconds"] < timed["ModelCheckpoint"]["seconds"]
+    else:  # (saved once an epoch, not in a batch hook)
         assert not [f for f in findings if f.evidence.get("callback")]
 
 

@@ -3,7 +3,7 @@
 expect-category: gradient_instability
 expect-root-cause: hyperparameter
 expect-check: lr_range|overfit_small_batch|dead_units|gradient_flow
-expect-line: TrainingArguments(
+expect-line: TrainingArguments(|learning_rate=5.0
 expect-backward: TrainingArguments(
 """
 import tempfile

@@ -3,7 +3,7 @@
 expect-category: loss_not_decreasing
 expect-root-cause: hyperparameter
 expect-check: optimizer_settings
-expect-line: torch.optim.SGD(
+expect-line: torch.optim.SGD(|weight_decay=2.0
 fault: hyperparameter (weight_decay=2.0 with SGD + momentum)
 """
 import numpy as np
