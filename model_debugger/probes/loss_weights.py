@@ -52,8 +52,11 @@ def tilt(tr) -> dict | None:
     pos, weight = kwargs.get("pos_weight"), kwargs.get("weight")
     if name == "binary_cross_entropy_with_logits" and pos is not None and weight is None:
         y = y.reshape(len(y), -1).astype(np.float64)
-        w = np.broadcast_to(np.asarray(st.host(pos), dtype=np.float64).reshape(-1),
-                            (y.shape[1],))
+        try:
+            w = np.broadcast_to(np.asarray(st.host(pos), dtype=np.float64).reshape(-1),
+                                (y.shape[1],))
+        except ValueError:  # weights for another layout of the targets: not read here
+            return None
         p = y.mean(axis=0)
         best = None
         for c in range(y.shape[1]):
