@@ -1770,3 +1770,62 @@ def test_run_eagerly_left_on_is_recorded_and_timed_against_compiled(tk, monkeypa
     assert (f.root_cause, f.confirmed, f.evidence["mode"]) == ("training_loop", True,
                                                                "run_eagerly")
     assert f.location == {"file": HERE, "line": line_of("run-eagerly")}
+
+
+def _dropping(keras, passed: bool):
+    class Wide(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(256, activation="relu")
+            self.drop = keras.layers.Dropout(0.5)
+            self.head = keras.layers.Dense(3)
+
+        def call(self, x, training=False):
+            h = self.hidden(x)
+            if passed:
+                h = self.drop(h, training=training)
+            else:
+                self.drop(h, training=training)  # <keras-dropped>
+            return self.head(h)
+
+    return Wide()
+
+
+def test_a_dropout_whose_output_call_drops_is_found_and_confirmed_on_an_overfitting_run(tk):
+    """``self.drop(h, training=training)`` without ``h =``: the subclassed model trains with
+    no dropout and overfits. One traced pass of a copy finds the layer (the model's output
+    reaches its input, not its output), located at the call; a copy with the output passed
+    on ends at a clearly lower held-out loss; the same model that uses the output has none."""
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    keras = tk
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((2000, 30)).astype("float32")
+    y = (X[:, :3] @ np.array([1.0, -1.0, 0.5]) > 0).astype("int64") + \
+        (X[:, 3] > 0.8).astype("int64")
+    y = np.where(rng.random(2000) < 0.25, rng.integers(0, 3, 2000), y)  # noisy labels
+    contexts = {}
+    for passed in (False, True):
+        with model_debugger.capture() as rec:
+            keras.utils.set_random_seed(0)
+            wide = _dropping(keras, passed)
+            wide.compile(optimizer=keras.optimizers.Adam(3e-3),
+                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            wide.fit(X[:1500], y[:1500], validation_data=(X[1500:], y[1500:]), batch_size=32,
+                     epochs=20, verbose=0)
+        contexts[passed] = build_context(Run(rec.events), rec.keeper,
+                                         {HERE: open(HERE, encoding="utf-8").read()},
+                                         budget=90.0)
+    ctx = contexts[False]
+    assert ctx.classification.primary == "overfitting", ctx.classification
+    [dropped] = ctx.trainer.discarded_outputs()
+    assert dropped["layer"] == ctx.trainer.model.drop.name and dropped["kind"] == "Dropout"
+    assert contexts[True].trainer.discarded_outputs() == []
+    [f] = run_probes(ctx, ["unused_output"]).findings
+    assert (f.check, f.root_cause, f.confirmed) == ("unused_output", "architecture", True), f
+    assert f.location == {"file": HERE, "line": line_of("keras-dropped")}
+    assert f.evidence["heldout_passed_on"] < 0.8 * f.evidence["heldout_as_written"]
+    assert not [layer for layer in ctx.trainer.fresh_model().layers if "call" in vars(layer)]

@@ -595,6 +595,32 @@ def train_linear_forward():
             opt.step()
 
 
+class DroppedActivation(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.widen = nn.Linear(2, 64)
+        self.act = nn.Tanh()
+        self.narrow = nn.Linear(64, 2)
+
+    def forward(self, x):
+        h = self.widen(x)
+        self.act(h)  # <dropped-activation>
+        return self.narrow(h)
+
+
+def train_dropped_activation():
+    torch.manual_seed(9)
+    X = torch.randn(1024, 2)
+    y = (X[:, 0] * X[:, 1] > 0).long()
+    dropping_net = DroppedActivation()
+    opt = torch.optim.Adam(dropping_net.parameters(), lr=1e-2)
+    for _epoch in range(6):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            F.cross_entropy(dropping_net(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+
+
 class ScrambledConv(nn.Module):
     def __init__(self):
         super().__init__()
@@ -1393,6 +1419,80 @@ def test_linear_stack_is_located_where_the_activation_goes(tmp_path, framework, 
     tr = SimpleNamespace(framework=framework, linear_layers=lambda: names)
     ctx = SimpleNamespace(source_files={path: source}, ref=lambda kind: model, trainer=tr)
     assert _where(ctx, first)["line"] == line
+
+
+def test_an_activation_whose_output_forward_drops_is_confirmed_by_passing_it_on(tmp_path):
+    """``self.act(h)`` without ``h =``: the model is linear. The pass finds the module whose
+    output reaches nothing while its input goes on; a copy that passes the output on learns XOR
+    clearly better. Located at the call."""
+    ctx = captured(tmp_path, train_dropped_activation)
+    [dropped] = ctx.trainer.discarded_outputs()
+    assert (dropped["layer"], dropped["kind"]) == ("act", "Tanh")
+    f = confirmed_one(ctx, "unused_output", "architecture")
+    assert_at(f, "dropped-activation")
+    ev = f.evidence
+    assert ev["layers"] == ["act"]
+    assert ev["heldout_passed_on"] < 0.8 * ev["heldout_as_written"]
+
+
+class _Uses(nn.Module):
+    """Modules whose outputs are used in ways other than the next module's input."""
+
+    def __init__(self, style):
+        super().__init__()
+        self.style = style
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.drop, self.act = nn.Dropout(0.5), nn.ReLU()
+        self.rnn = nn.LSTM(4, 4, batch_first=True)
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if self.style == "functional":  # consumed by torch.cat and a product, not a module
+            h = torch.cat([self.a(x), self.b(x)], 1)[:, :4] * self.act(x)
+        elif self.style == "recurrent":  # (out, (h, c)): only out is read
+            out, _state = self.rnn(x.unsqueeze(1))
+            h = out[:, -1]
+        elif self.style == "twice":  # one call of two is thrown away
+            self.drop(x)
+            h = self.drop(x)
+        elif self.style == "residual":
+            h = x + self.block(x)
+        elif self.style == "dropped_block":
+            self.block(x)
+            h = x
+        return self.head(h)
+
+
+@pytest.mark.parametrize("style,found", [
+    ("functional", []), ("recurrent", []), ("twice", []), ("residual", []),
+    ("dropped_block", ["block.0"]),  # (the block's first module: where the path leaves it)
+])
+def test_discarded_outputs_are_only_outputs_nothing_returned_depends_on(style, found):
+    from model_debugger.trainers.torch import TorchTrainer
+
+    model = _Uses(style)
+    X, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    tr = TorchTrainer(model, None, {"cls": torch.optim.SGD, "hyper": {"lr": 0.1}},
+                      {"name": "cross_entropy", "kwargs": {}}, [((X,), y)], [])
+    assert [d["layer"] for d in tr.discarded_outputs()] == found
+
+
+def test_passing_on_gives_later_modules_the_dropped_output():
+    """The copy's later modules get the named module's output for the tensor it was given."""
+    from model_debugger.trainers.torch import TorchTrainer
+
+    model = _Uses("dropped_block")
+    X, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    tr = TorchTrainer(model, None, {"cls": torch.optim.SGD, "hyper": {"lr": 0.1}},
+                      {"name": "cross_entropy", "kwargs": {}}, [((X,), y)], [])
+    passed = tr.passing_on({"block"})(tr.fresh_model())
+    with torch.no_grad():
+        want = model.head(model.block(X))
+        assert torch.allclose(passed(X), want)
+        assert not torch.allclose(model(X), want)
+    with pytest.raises(ValueError):
+        tr.passing_on({"nothing"})(tr.fresh_model())
 
 
 def test_a_view_that_reorders_axes_is_confirmed_by_a_permuting_copy(tmp_path):

@@ -395,6 +395,42 @@ def _keras_all_dense(p: Program, name: str, value: str) -> list[Edit]:
     return [dataclasses.replace(edits[0], change=True)] + edits[1:]
 
 
+def _self_call(node: ast.AST) -> bool:
+    """``self.<layer>(...)`` with a first argument."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+        isinstance(node.func.value, ast.Name) and node.func.value.id == "self" and \
+        bool(node.args)
+
+
+@operator("layer_output_discarded", "model", "loss_not_decreasing", "architecture",
+          "a layer called in forward/call whose result is thrown away (`self.layer(h)` "
+          "where `h = self.layer(h)` was meant): the path goes around it")
+def _layer_output_discarded(p: Program) -> list[Edit]:
+    methods = [f for f in ast.walk(p.tree)
+               if isinstance(f, ast.FunctionDef) and f.name in ("forward", "call")]
+    for stmt in (s for f in methods for s in ast.walk(f)):  # h = self.layer(h, ...)
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
+                isinstance(stmt.targets[0], ast.Name) and _self_call(stmt.value) and \
+                isinstance(stmt.value.args[0], ast.Name) and \
+                stmt.value.args[0].id == stmt.targets[0].id:
+            return [replace(p, stmt, p.text(stmt.value), change=True)]
+    for outer in (c for f in methods for c in ast.walk(f)):  # self.a(self.layer(...))
+        if _self_call(outer) and _self_call(outer.args[0]):
+            return _discard_nested(p, p.statement(outer), outer.args[0])
+    raise NotApplicable("no layer call in forward/call to discard")
+
+
+def _discard_nested(p: Program, stmt: ast.stmt, inner: ast.Call) -> list[Edit]:
+    """``self.a(self.layer(x))`` becomes ``kept = x``, ``self.layer(kept)``, ``self.a(kept)``."""
+    ind, (start, _), (a, b) = p.indent(stmt), p.span(inner), p.span(inner.args[0])
+    text = p.text(inner)
+    code = f"{ind}kept = {p.text(inner.args[0])}\n"
+    call = f"{ind}{text[:a - start]}kept{text[b - start:]}\n"
+    pos = p.line_start(stmt.lineno)
+    return [Edit(pos, pos, code, aux=True), Edit(pos, pos, call, change=True),
+            Edit(*p.span(inner), "kept", aux=True)]
+
+
 @operator("init_huge_weights", "model", "gradient_instability", "architecture",
           "weights initialised 25x too large")
 def _init_huge(p: Program) -> list[Edit]:

@@ -97,6 +97,32 @@ class SampleTrainer:
         return min(batch_size, int(target.shape[0])) * done / took
 
 
+def dropped_calls(calls: list[tuple], reached: set[int]) -> list[dict]:
+    """The layers whose every call's output the returned values do not depend on, though its input.
+
+    Parameters
+    ----------
+    calls : list of (name, kind, inputs, outputs, where)
+        Each layer call of one forward pass, in order: the float tensors it got and gave (that
+        carry gradients) and the user's line that called it.
+    reached : set of int
+        ids of the tensors the gradient of what the model returned reaches.
+
+    Returns
+    -------
+    list of dict
+        ``{"layer", "kind", "where"}`` per layer, in the order the pass met them: a layer with
+        one call whose output is used is used.
+    """
+    found: dict[str, dict | None] = {}
+    for name, kind, ins, outs, where in calls:
+        if any(id(t) in reached for t in outs) or not any(id(t) in reached for t in ins):
+            found[name] = None
+        elif name not in found:
+            found[name] = {"layer": name, "kind": kind, "where": where}
+    return [f for f in found.values() if f is not None]
+
+
 def init_outlier(value: np.ndarray, default: np.ndarray) -> dict | None:
     """How an initial weight departs from a default-initialised one, or None when it does not.
 

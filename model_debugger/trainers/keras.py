@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .base import SampleTrainer, init_outlier
+from .base import SampleTrainer, dropped_calls, init_outlier
 
 _CLIPS = ("clipnorm", "global_clipnorm", "clipvalue")
 
@@ -488,6 +488,127 @@ class KerasTrainer(SampleTrainer):
                     vars(layer)["call"] = call
         return list(dict.fromkeys(pairs))
 
+    def discarded_outputs(self) -> list[dict]:
+        """Layers whose output ``call`` throws away while their input goes on.
+
+        ``self.drop(x, training=training)`` written without ``x =``. A Sequential or
+        functional model holds only the layers on its graph; a subclassed one is read from
+        one forward pass of a fresh copy in training mode on a few rows, under a gradient
+        tape: the gradient of every tensor the model returns reaches a layer's input but
+        none of its outputs, at every call (see the PyTorch trainer's).
+
+        Returns
+        -------
+        list of dict
+            ``{"layer": the user's layer name, "kind": its class, "where": the user's line
+            that called it, or None}``.
+        """
+        import keras
+        import tensorflow as tf
+
+        from ..capture.codeloc import user_location
+
+        if _graph_model(keras, self.model):
+            return []
+        model = self.fresh_model()
+        leaves, own = _leaves(model), [layer.name for layer in _leaves(self.model)]
+        users = {id(layer) for layer in _leaves(self.model)}
+        if len(leaves) != len(own) or any(id(layer) in users for layer in leaves):
+            return []  # (see _traced_chains)
+        named = {id(layer): name for layer, name in zip(leaves, own, strict=True)}
+        calls: list[tuple[str, str, list, list, dict | None]] = []
+
+        def floats(value):
+            return [t for t in tf.nest.flatten(value)
+                    if tf.is_tensor(t) and t.dtype.is_floating]
+
+        with tf.GradientTape(persistent=True) as tape:
+            def traced(layer, call):
+                def wrapper(*args, **kwargs):
+                    ins = floats((args, kwargs))
+                    tape.watch(ins)
+                    out = call(*args, **kwargs)
+                    outs = [t for t in floats(out) if not any(t is i for i in ins)]
+                    if outs:
+                        tape.watch(outs)
+                        calls.append((named[id(layer)], type(layer).__name__, ins, outs,
+                                      user_location()))
+                    return out
+                return wrapper
+
+            kept = [(layer, vars(layer).get("call")) for layer in leaves]
+            try:
+                for layer in leaves:
+                    layer.call = traced(layer, layer.call)
+                rows = [tf.convert_to_tensor(x[:4]) for x in self.inputs]
+                tape.watch(floats(rows))
+                returned = floats(model(self._x(tuple(rows)), training=True))
+            finally:
+                for layer, call in kept:
+                    if call is None:
+                        vars(layer).pop("call", None)
+                    else:
+                        vars(layer)["call"] = call
+            total = tf.add_n([tf.reduce_sum(tf.cast(t, "float32")) for t in returned]) \
+                if returned else None
+        watched = list({id(t): t for c in calls for t in (*c[2], *c[3])}.values())
+        if total is None or not watched:
+            return []
+        grads = tape.gradient(total, watched)
+        return dropped_calls(calls, {id(t) for t, g in zip(watched, grads, strict=True)
+                                     if g is not None})
+
+    def passing_on(self, names):
+        """``change(model)``: the output of each layer named in ``names`` is passed on.
+
+        What ``x = self.drop(x)`` would do for a ``call`` that writes ``self.drop(x)``: every
+        layer called later in the pass with the very tensor such a layer was given gets that
+        layer's output instead. The layers are found in the copy at the positions the user's
+        model holds them; raises ValueError when the copy does not hold each of them.
+        """
+        held = self._held_at(names)
+
+        def change(model):
+            leaves, found = _leaves(model), held(model)
+            targets = {id(layer) for layer in found}
+            given: list[tuple] = []  # (the tensor a named layer got, what it gave)
+
+            def wrapped(layer, call):
+                def wrapper(*args, **kwargs):
+                    if id(layer) in targets:
+                        out = call(*args, **kwargs)
+                        if args:
+                            given.append((args[0], out))
+                        return out
+                    if args:
+                        for was, out in given:
+                            if args[0] is was:
+                                args = (out, *args[1:])
+                                break
+                    return call(*args, **kwargs)
+                return wrapper
+
+            for layer in leaves:
+                layer.call = wrapped(layer, layer.call)
+            return model
+        return change
+
+    def _held_at(self, names):
+        """``held(model)``: the layers of a copy at the positions the user's model holds ``names``.
+
+        A subclass built again names its layers anew. ``held`` raises ValueError when the copy
+        does not hold each of them (nothing would change).
+        """
+        at = [i for i, layer in enumerate(_leaves(self.model)) if layer.name in names]
+
+        def held(model):
+            leaves = _leaves(model)
+            found = [leaves[i] for i in at if i < len(leaves)]
+            if len(at) != len(names) or len(found) != len(names):
+                raise ValueError(f"the clone has {len(found)} of the layers {sorted(names)}")
+            return found
+        return held
+
     def linear_layers(self) -> list[str]:
         """The names of the model's affine layers (``Dense``, ``Conv*D``), in definition order."""
         import keras
@@ -502,16 +623,12 @@ class KerasTrainer(SampleTrainer):
         subclass built again names its layers anew). Raises ValueError when the copy does not
         hold each of them (nothing would change).
         """
-        at = [i for i, layer in enumerate(_leaves(self.model)) if layer.name in names]
+        held = self._held_at(names)
 
         def change(model):
             import keras
 
-            leaves = _leaves(model)
-            found = [leaves[i] for i in at if i < len(leaves)]
-            if len(at) != len(names) or len(found) != len(names):
-                raise ValueError(f"the clone has {len(found)} of the layers {sorted(names)}")
-            for layer in found:
+            for layer in held(model):
                 layer.activation = keras.activations.relu
             return model
         return change

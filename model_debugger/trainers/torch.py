@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from .base import SampleTrainer, init_outlier
+from .base import SampleTrainer, dropped_calls, init_outlier
 
 AFFINE = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)  # affine layers
 
@@ -365,6 +365,88 @@ class TorchTrainer(SampleTrainer):
                 h.remove()
         return list(dict.fromkeys(pairs))
 
+    def discarded_outputs(self) -> list[dict]:
+        """Modules whose output the forward pass throws away while their input goes on.
+
+        ``self.drop(x)`` written without ``x =``: the module runs, and the path to the model's
+        output takes its input around it. Read from one forward pass of a fresh copy in train
+        mode (dropout makes a new tensor) on a few rows: the gradient of every tensor the
+        model returns reaches a module's input but none of its outputs, at every call. A
+        module's outputs that reach nothing feed no returned value (a dead branch whose
+        input is dead too is not this).
+
+        Returns
+        -------
+        list of dict
+            ``{"layer": module name, "kind": its class, "where": the user's line that
+            called it, or None}``, in the order the pass met them.
+        """
+        from ..capture.codeloc import user_location
+
+        model = self.fresh_model()
+        calls: list[tuple[str, str, list, list, dict | None]] = []
+
+        def hook(module, inp, out, name):
+            ins = [t for t in _tensors(inp) if t.requires_grad]
+            outs = [t for t in _tensors(out) if t.requires_grad and
+                    not any(t is i for i in ins)]
+            if outs:
+                calls.append((name, type(module).__name__, ins, outs, user_location()))
+
+        handles = [m.register_forward_hook(lambda m, i, o, name=name: hook(m, i, o, name))
+                   for name, m in model.named_modules() if name and not list(m.children())]
+        rows = tuple(x[:4].detach().clone().requires_grad_(x.is_floating_point())
+                     for x in self.inputs)
+        try:
+            returned = [t for t in _tensors(self.forward(model, rows))
+                        if t.requires_grad and t.is_floating_point()]
+        finally:
+            for h in handles:
+                h.remove()
+        watched = list({id(t): t for c in calls for t in (*c[2], *c[3])}.values())
+        if not returned or not watched:
+            return []
+        total = sum(t.float().sum() for t in returned)
+        grads = torch.autograd.grad(total, watched, allow_unused=True)
+        return dropped_calls(calls, {id(t) for t, g in zip(watched, grads, strict=True)
+                                     if g is not None})
+
+    @staticmethod
+    def passing_on(names):
+        """``change(model)``: the output of each module named in ``names`` is passed on.
+
+        What ``x = self.drop(x)`` would do for a forward that writes ``self.drop(x)``: every
+        module called later in the pass with the very tensor such a module was given gets
+        that module's output instead. Raises ValueError when the copy does not hold every one of them.
+        """
+        def change(model):
+            found = [(n, m) for n, m in model.named_modules() if n in names]
+            if len(found) != len(names):
+                raise ValueError(f"the copy has {len(found)} of the layers {sorted(names)}")
+            given: list[tuple] = []  # (the tensor a named module got, what it gave)
+            targets = {id(m) for _, m in found}
+
+            def gave(module, inp, out):
+                if inp and isinstance(inp[0], torch.Tensor) and isinstance(out, torch.Tensor):
+                    given.append((inp[0], out))
+
+            def takes(module, inp):
+                if id(module) in targets or not given or not inp:
+                    return None
+                for was, out in given:
+                    if inp[0] is was:
+                        return (out, *inp[1:])
+                return None
+
+            model.register_forward_pre_hook(lambda *_: given.clear())
+            for _, m in found:
+                m.register_forward_hook(gave)
+            for n, m in model.named_modules():
+                if n and not list(m.children()):
+                    m.register_forward_pre_hook(takes)
+            return model
+        return change
+
     def linear_layers(self) -> list[str]:
         """The names of the model's affine modules (``nn.Linear``, ``nn.Conv*d``), in definition order."""
         return [name for name, m in self.model.named_modules() if isinstance(m, AFFINE)]
@@ -516,3 +598,14 @@ def _main_output(out, shape):
     if not tensors:
         raise TypeError(f"the model returned {type(out).__name__} without tensors")
     return tensors[0]
+
+
+def _tensors(value) -> list:
+    """The tensors in a module's inputs or outputs (tuples, lists, dicts, model outputs)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
