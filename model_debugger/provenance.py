@@ -16,6 +16,7 @@ import contextvars
 import copy
 import functools
 import os
+import re
 
 # functions that only wrap data made elsewhere: the trace follows their first argument (the
 # pairing ones: every argument, inputs first, targets last)
@@ -235,6 +236,44 @@ def mapped_function(location: dict | None) -> dict | None:
             line = defs[-1].lineno if name and defs else call.func.end_lineno or call.lineno
             return {"file": location["file"], "line": line}
     return None
+
+
+_DATA_BASES = re.compile(r"(Dataset|Sequence|DataModule|DataLoader|Sampler)$")
+_DATA_HANDS = ("collate_fn", "transform", "target_transform", "worker_init_fn")
+
+
+def in_data_pipeline(location: dict | None) -> bool:
+    """Whether ``location`` lies in the code that makes the batches, not in the loop.
+
+    A method of a class that is a dataset (a base named ``...Dataset``, ``...Sequence``,
+    ``...DataModule``, a sampler or loader, or a ``__getitem__`` of its own); or a function of
+    the file handed to the data (``collate_fn=``, ``transform=``) or mapped over a
+    ``tf.data`` pipeline (``.map(fn)``).
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return False
+    line = location["line"]
+
+    def inside(node) -> bool:
+        return node.lineno <= line <= (node.end_lineno or node.lineno)
+
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and inside(n)):
+        bases = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+                 for b in cls.bases]
+        if any(_DATA_BASES.search(b or "") for b in bases) or any(
+                isinstance(f, ast.FunctionDef) and f.name == "__getitem__" for f in cls.body):
+            return True
+    funcs = {n.name for n in ast.walk(tree)
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and inside(n)}
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        handed = [k.value for k in call.keywords if k.arg in _DATA_HANDS]
+        if isinstance(call.func, ast.Attribute) and call.func.attr in (
+                "map", "filter", "flat_map") and call.args:
+            handed.append(call.args[0])
+        if any(isinstance(h, ast.Name) and h.id in funcs for h in handed):
+            return True
+    return False
 
 
 def fit_call_at(location: dict | None) -> bool:

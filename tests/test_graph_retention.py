@@ -210,3 +210,60 @@ def test_a_container_a_nested_layer_of_the_model_fills_is_looked_at(tmp_path):
     found = [f for f in run_probes(ctx, ["graph_retention"]).findings if f.confirmed]
     assert found and found[0].evidence["variable"] == "model.block.maps"
     assert found[0].location["line"] == line_of("block-keeps")
+
+
+class _DecodingSet(torch.utils.data.Dataset):
+    """A dataset that caches each decoded sample under its index: the sampler's indices are
+    0-d tensors, which hash by identity, so the cache never hits and grows every step."""
+
+    def __init__(self, n: int):
+        self.codes = torch.randint(0, 255, (n, 8))
+        self.labels = torch.randint(0, 2, (n,))
+        self.decoded = {}
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, idx):
+        if idx not in self.decoded:
+            self.decoded[idx] = self.codes[idx].float().repeat(4096) / 255  # <decoded-cache>
+        return self.decoded[idx][:8], self.labels[idx]
+
+
+def _train_decoding():
+    torch.manual_seed(0)
+    data = _DecodingSet(512)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for _epoch in range(6):
+        for order in torch.randperm(len(data)).split(32):
+            rows = [data[i] for i in order]  # (0-d tensor indices)
+            xb, yb = torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+
+
+def test_a_cache_the_dataset_fills_is_the_datas_where_it_grows(tmp_path, monkeypatch):
+    """A cache of plain tensors that a dataset adds to for every sample it makes: the memory
+    grows in the data pipeline, so the root cause is ``data``, located at the line that adds
+    to it (a cache the loop fills stays ``training_loop``)."""
+    from model_debugger.capture import held as held_mod
+    from model_debugger.capture import torch_steps
+
+    for module in (held_mod, torch_steps):  # a look every 10 steps, whatever it costs
+        monkeypatch.setattr(module, "HELD_EVERY", 10)
+    monkeypatch.setattr(held_mod, "HELD_BUDGET", 1.0)
+    path = str(tmp_path / "record.jsonl")
+    rec = model_debugger.capture(path)
+    with rec:
+        _train_decoding()
+    run = Run.load(path)
+    ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 60.0)
+    ctx.classification = types.SimpleNamespace(primary="memory_issue", secondary=[],
+                                               evidence=[])
+    assert len(run.of("held")) >= 3
+    ctx.signals = {**ctx.signals, "held_share": 1.0}  # (RSS in a test process reuses freed memory)
+    [f] = run_probes(ctx, ["graph_retention"]).findings
+    assert (f.root_cause, f.confirmed) == ("data", True), f
+    assert f.location["line"] == line_of("decoded-cache"), f.location

@@ -1315,3 +1315,51 @@ def test_fit_call_at_reads_a_fit_not_a_loss_on_a_slice(tmp_path):
     path.write_text("model.fit(X[:24], y[:24])\nloss = F.cross_entropy(out[:-1], y[1:])\n")
     assert fit_call_at({"file": str(path), "line": 1})
     assert not fit_call_at({"file": str(path), "line": 2})
+
+
+@pytest.mark.parametrize("source,inside", [
+    ("""
+     from torch.utils.data import Dataset
+     class Images(Dataset):
+         def load(self, i):
+             self.cache[i] = i  # <at>
+     """, True),                                  # a method of a Dataset subclass
+    ("""
+     class Rows:
+         def __len__(self):
+             return 3
+         def __getitem__(self, i):
+             self.seen.append(i)  # <at>
+     """, True),                                  # a class that indexes like a dataset
+    ("""
+     def collate(batch):
+         kept.append(batch)  # <at>
+         return batch
+     loader = DataLoader(ds, batch_size=4, collate_fn=collate)
+     """, True),                                  # handed to the loader
+    ("""
+     def augment(x, y):
+         seen.append(x)  # <at>
+         return x, y
+     ds = tf.data.Dataset.from_tensor_slices((X, Y)).map(augment)
+     """, True),                                  # mapped over a tf.data pipeline
+    ("""
+     class Trainer:
+         def fit(self):
+             for xb in loader:
+                 self.history.append(xb)  # <at>
+     """, False),                                 # the loop's own object
+    ("""
+     for xb, yb in loader:
+         kept.append(xb)  # <at>
+     """, False),
+])
+def test_in_data_pipeline_tells_the_code_that_makes_batches_from_the_loop(tmp_path, source,
+                                                                          inside):
+    from model_debugger.provenance import in_data_pipeline
+
+    source = textwrap.dedent(source)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "# <at>" in text)
+    assert in_data_pipeline({"file": str(path), "line": line}) is inside

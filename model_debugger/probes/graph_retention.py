@@ -124,6 +124,7 @@ class GraphRetention(Probe):
 
     id = "graph_retention"
     categories = ("memory_issue",)
+    traces_origin = False  # a cache's line is where it grows, wherever its data came from
     fix = ("Store losses with .item() (or .detach()) so tensors that carry autograd history are "
            "not kept across steps.")
 
@@ -252,15 +253,16 @@ class GraphRetention(Probe):
             return None
         held = growing_container(ctx.run)
         name, last = held["name"], held["last"]
+        where = _growing_line(ctx, name) or {"file": held["file"], "line": held["line"]}
+        owner = _owner(where)
         return self.finding(
-            "training_loop", True,
+            owner, True,
             f"'{name}' grew by {held['mb_per_step']:.3g} MB per step while the run was looked "
             f"at ({last['len']} items, {last['bytes'] / 2**20:.1f} MB at the last look), "
-            f"{min(share, 1.0):.0%} of the memory growth measured: a cache the loop adds to "
-            "every step and never clears.",
-            _growing_line(ctx, name) or {"file": held["file"], "line": held["line"]},
-            variable=name, items=last["len"], tensor_bytes=last["bytes"],
-            held_mb_per_step=held["mb_per_step"], held_share=share, strength=0.85)
+            f"{min(share, 1.0):.0%} of the memory growth measured: a cache "
+            + _OWNERS[owner], where, variable=name, items=last["len"],
+            tensor_bytes=last["bytes"], held_mb_per_step=held["mb_per_step"], held_share=share,
+            strength=0.85)
 
 
 def _evaluation_feeding(ctx: ProbeContext, grows: dict | None) -> dict | None:
@@ -300,14 +302,28 @@ def _evaluation_feeding(ctx: ProbeContext, grows: dict | None) -> dict | None:
 CACHE_SHARE = 0.5  # of the memory growth measured, held by one container of tensors
 
 
+# who adds to a cache of plain tensors that is never cleared, by the root cause it makes
+_OWNERS = {"training_loop": "the loop adds to every step and never clears.",
+           "data": "the data pipeline (a dataset, a transform, a collate function) adds to "
+                   "for every sample it makes and never clears."}
+
+
+def _owner(where: dict | None) -> str:
+    """``data`` when the line adding to a cache is in the code that makes the batches."""
+    from ..provenance import in_data_pipeline
+
+    return "data" if in_data_pipeline(where) else "training_loop"
+
+
 def _cache_finding(probe, ctx, name, count, size, growth_mb, line):
+    where = line or ctx.ref("backward")
+    owner = _owner(line)
     return probe.finding(
-        "training_loop", True,
+        owner, True,
         f"'{name}' holds {count} tensors ({size / 2**20:.1f} MB), at least half of the "
-        f"{growth_mb:.1f} MB the process grew by during the run: a cache the loop adds to "
-        "every step and never clears.",
-        line or ctx.ref("backward"), variable=name, tensors=count, tensor_bytes=size,
-        rss_growth_mb=growth_mb, strength=0.85)
+        f"{growth_mb:.1f} MB the process grew by during the run: a cache " + _OWNERS[owner],
+        where, variable=name, tensors=count, tensor_bytes=size, rss_growth_mb=growth_mb,
+        strength=0.85)
 
 
 def _line(ctx: ProbeContext, hit) -> str:
