@@ -1014,6 +1014,21 @@ def _tiny_batches(p: Program) -> list[Edit]:
     return _set_batch_size(p, "4")
 
 
+@operator("dataset_cache_grows", "resources", "memory_issue", "data",
+          "the dataset keeps 64 KB of every sample it makes (a cache that is never cleared)")
+def _dataset_cache_grows(p: Program) -> list[Edit]:
+    need(p.is_torch, "PyTorch only")
+    classes = [c for c in ast.walk(p.tree) if isinstance(c, ast.ClassDef)]
+    methods = {(c.name, f.name): f for c in classes for f in c.body
+               if isinstance(f, ast.FunctionDef)}
+    owner = need([c.name for c in classes if (c.name, "__getitem__") in methods
+                  and (c.name, "__init__") in methods], "no dataset class")[0]
+    init, get = methods[(owner, "__init__")], methods[(owner, "__getitem__")]
+    return ensure_import(p, "torch") + [
+        insert_after(p, init.body[-1], "self.made = []"),
+        insert_before(p, get.body[0], "self.made.append(torch.ones(1 << 14))", change=True)]
+
+
 @operator("oom_batch", "resources", "memory_issue", "hyperparameter",
           "from the 20th step on, a batch far beyond memory")
 def _oom_batch(p: Program) -> list[Edit]:
