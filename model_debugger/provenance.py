@@ -28,6 +28,7 @@ _PAIRING = {"TensorDataset", "from_tensor_slices", "from_tensors", "zip"}
 _SPLITS = {"train_test_split"}
 ROWS = "rows"  # a role: which rows the inputs hold (a split or slice made them), not their values
 VALIDATION = "validation"  # a role: the validation inputs a ``fit`` call is given
+VALIDATION_TARGETS = "validation_targets"  # ... and its validation targets
 # methods that only re-wrap their receiver: the trace follows the receiver, not the arguments
 # (``xb.to(device)``, ``ds.shuffle(BUF).batch(BATCH)``)
 _DATA_METHODS = {"batch", "shuffle", "prefetch", "repeat", "cache", "to", "cuda", "cpu", "astype",
@@ -69,12 +70,13 @@ def data_origin(location: dict | None, role: str | None = None) -> dict | None:
     ----------
     location : dict or None
         ``{"file", "line"}`` where the capture saw the data used (a loss call, a ``fit`` call).
-    role : {"inputs", "targets", ROWS, VALIDATION}, optional
+    role : {"inputs", "targets", ROWS, VALIDATION, VALIDATION_TARGETS}, optional
         Which half of the data the finding is about: where a wrapper or a ``fit`` call takes
         inputs and targets together (``TensorDataset(X, y)``), the trace follows the first
         for inputs and the last for targets; without a role it follows each and keeps the
         most recent line. :data:`ROWS`: the inputs' rows (a split); :data:`VALIDATION`: the
-        inputs of a ``fit`` call's ``validation_data`` (elsewhere, the inputs).
+        inputs of a ``fit`` call's ``validation_data`` (elsewhere, the inputs);
+        :data:`VALIDATION_TARGETS`: its targets (elsewhere, the targets).
 
     Returns
     -------
@@ -845,13 +847,15 @@ def _origin_line(tree: ast.Module, line: int, role: str | None) -> int | None:
 def _statement_origin(tree: ast.Module, stmt: ast.stmt, line: int,
                       role: str | None) -> int | None:
     scope = _scope_of(tree, stmt)
-    if role == VALIDATION:  # ``fit(..., validation_data=(X_val, y_val))``: X_val's origin;
-        held = _validation_inputs(stmt)  # elsewhere (an evaluation forward) the inputs'
+    if role in (VALIDATION, VALIDATION_TARGETS):  # ``fit(..., validation_data=(X_val,
+        # y_val))``: X_val's (y_val's) origin; elsewhere (an evaluation) the inputs' (targets')
+        half = "inputs" if role == VALIDATION else "targets"
+        held = _validation_inputs(stmt, half)
         if held:
-            found = [o for o in (_trace(tree, scope, n, stmt.lineno, "inputs")[0]
+            found = [o for o in (_trace(tree, scope, n, stmt.lineno, half)[0]
                                  for n in dict.fromkeys(held)) if o is not None]
             return max(found) if found else None
-        role = "inputs"
+        role = half
     fit, inputs, targets = _data_arguments(stmt, scope)
     if fit and "" in (inputs + targets if role is None else
                       inputs if role in ("inputs", ROWS) else targets):
@@ -891,11 +895,12 @@ def validation_binding(location: dict | None) -> dict | None:
     return None
 
 
-def _validation_inputs(stmt: ast.stmt) -> list[str]:
-    """The names of the inputs in a ``fit`` call's ``validation_data=`` (none: no such call).
+def _validation_inputs(stmt: ast.stmt, half: str = "inputs") -> list[str]:
+    """The names of the inputs (or targets) in a ``fit`` call's ``validation_data=``.
 
-    ``(X_val, y_val)`` gives ``X_val``; a dict of named inputs gives each; one name (a
-    dataset carrying inputs and targets) gives that name.
+    ``(X_val, y_val)`` gives ``X_val`` (``y_val`` for the targets); a dict of named inputs
+    gives each; one name (a dataset carrying inputs and targets) gives that name. None
+    without such a call.
     """
     for call in ast.walk(stmt):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and
@@ -903,7 +908,7 @@ def _validation_inputs(stmt: ast.stmt) -> list[str]:
             continue
         held = next((k.value for k in call.keywords if k.arg == "validation_data"), None)
         if isinstance(held, (ast.Tuple, ast.List)) and held.elts:
-            held = held.elts[0]
+            held = held.elts[0] if half == "inputs" or len(held.elts) < 2 else held.elts[1]
         parts = held.values if isinstance(held, ast.Dict) else \
             held.elts if isinstance(held, (ast.Tuple, ast.List)) else [held]
         return [r for r in (_root(p) for p in parts if p is not None) if r]
