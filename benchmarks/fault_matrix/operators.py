@@ -777,6 +777,63 @@ def _val_inputs_scaled(p: Program) -> list[Edit]:
     return [wrap(p, call.args[0], "{x} * 10.0")]
 
 
+@operator("val_labels_renumbered", "data", "convergence_to_wrong_solution", "data",
+          "validation labels numbered otherwise than training's (each class id moved one on, "
+          "as an encoder fitted on the validation split alone would)")
+def _val_labels_renumbered(p: Program) -> list[Edit]:
+    classification(p)
+    need(p.task_loss() not in ("binary_crossentropy", "bce", "bce_with_logits",
+                               "binary_cross_entropy", "binary_cross_entropy_with_logits",
+                               "BCELoss", "BCEWithLogitsLoss"), "one output for two classes")
+    if p.is_torch:
+        target = _val_target(p)
+        step = next((f for f in ast.walk(p.tree) if isinstance(f, ast.FunctionDef)
+                     and f.name == "validation_step"), None)
+        if step is not None and isinstance(target, ast.Name):  # every use in the step
+            name = target.id
+            first = next(s for s in step.body if not isinstance(s, ast.Expr)
+                         or not isinstance(s.value, ast.Constant))
+            return [insert_after(p, first, f"{name} = ({name} + 1) % ({name}.max() + 1)",
+                                 change=True)]
+    else:
+        fit = need(p.calls("fit"), "no fit")[0]
+        held = need(keyword(fit, "validation_data"), "no validation_data").value
+        need(isinstance(held, ast.Tuple) and len(held.elts) == 2, "validation_data not (x, y)")
+        target = held.elts[1]
+    one_hot = p.task_loss() in ("categorical_crossentropy",)
+    template = "np.roll({x}, 1, axis=-1)" if one_hot else "({x} + 1) % ({x}.max() + 1)"
+    edits = [wrap(p, target, template, change=True)]
+    return edits + (ensure_import(p, "numpy", "np") if one_hot else [])
+
+
+def _val_target(p: Program) -> ast.expr:
+    """The validation labels where an evaluation uses them (PyTorch).
+
+    The target of a loss inside ``no_grad`` beside the validation forward, or of a loss in a
+    ``validation_step``; else the labels an accuracy compares the validation predictions with
+    (``(model(X_val).argmax(1) == y_val)``).
+    """
+    steps = [f for f in ast.walk(p.tree)
+             if isinstance(f, ast.FunctionDef) and f.name == "validation_step"]
+    in_step = [c for f in steps for c in ast.walk(f) if isinstance(c, ast.Call)
+               and p.loss_kind(c) is not None and len(c.args) >= 2]
+    if in_step:
+        return in_step[0].args[1]
+    val = need(p.val_model_call(), "no validation forward")
+    losses = [c for c in p.calls() if p.loss_kind(c) is not None and p.in_no_grad(c)
+              and len(c.args) >= 2 and p.loop_of(c) is p.loop_of(val)]
+    if losses:
+        return losses[0].args[1]
+    made = {t.id for n in ast.walk(p.tree) if isinstance(n, ast.Assign)
+            and any(v is val for v in ast.walk(n.value)) for t in n.targets
+            if isinstance(t, ast.Name)}  # val_logits = model(val_tokens)
+    compares = [c for c in ast.walk(p.tree) if isinstance(c, ast.Compare) and p.in_no_grad(c)
+                and len(c.ops) == 1 and isinstance(c.ops[0], ast.Eq)
+                and any(n is val or isinstance(n, ast.Name) and n.id in made
+                        for n in ast.walk(c.left))]
+    return need(compares, "no validation loss or accuracy")[0].comparators[0]
+
+
 @operator("sorted_no_shuffle", "data", "loss_not_decreasing", "data",
           "training set sorted by target and never shuffled")
 def _sorted_no_shuffle(p: Program) -> list[Edit]:
