@@ -513,6 +513,27 @@ def wrong_solution(sig: dict):
     return None
 
 
+def trivial_validation(sig: dict):
+    """``convergence_to_wrong_solution``: training fitted, validation trivial at every look.
+
+    The training accuracy (or its bound) clearly above the majority rate, 15 points above
+    validation's, and the validation accuracy at the majority rate (or below) at each of three
+    or more evaluations: nothing learned carries over, as when the validation labels do not
+    mean what the training labels do. After the gap's rules: alone, or secondary to
+    ``overfitting``, so a confirmed cause can make it primary.
+    """
+    majority = sig.get("majority_rate")
+    train = sig.get("train_acc_final", sig.get("train_acc_bound"))
+    if majority is None or train is None or sig.get("val_acc_points", 0) < 3 or \
+            sig.get("acc_gap", 0) < ACC_GAP or train <= majority + TRIVIAL_METRIC_MARGIN or \
+            sig.get("val_acc_max", 1.0) > majority + TRIVIAL_METRIC_MARGIN:
+        return None
+    return "convergence_to_wrong_solution", [
+        _ev(sig, "val_acc_max", f"'{sig['val_acc_name']}' at its best"),
+        _ev(sig, "majority_rate", "accuracy of always predicting the majority class"),
+        _ev(sig, "acc_gap", "training accuracy above validation's")]
+
+
 def vanishing(sig: dict):
     """``gradient_instability`` when first-layer gradients are far below the last layer's.
 
@@ -739,6 +760,7 @@ def gpu_idle(sig: dict):
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, oom, rank_hang, loss_without_metric, broadcast_loss, exploding, memory_growth,
     rank_desync, bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
+    trivial_validation,
     not_decreasing, stalled_head, vanishing, rank_straggler, slow_data, loop_overhead, retraced, gpu_idle,
     plateau,
 )

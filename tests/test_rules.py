@@ -72,7 +72,8 @@ def test_rule_table_is_the_one_these_tests_cover():
                      "exploding", "memory_growth",
                      "rank_desync", "bounded_output", "below_zero",
                      "one_value_targets",
-                     "overfitting", "wrong_solution", "generalisation_gap", "not_decreasing", "stalled_head",
+                     "overfitting", "wrong_solution", "generalisation_gap", "trivial_validation",
+                     "not_decreasing", "stalled_head",
                      "vanishing",
                      "rank_straggler", "slow_data", "loop_overhead", "retraced", "gpu_idle",
                      "plateau"]
@@ -1837,3 +1838,20 @@ def test_the_uninformed_loss_of_a_weighted_loss_is_on_the_weighted_scale():
     ce = {"loss": "cross_entropy", "n": 100, "counts": [50, 30, 20], "weighted": True,
           "weights": "class"}
     assert uninformed_loss(ce) == pytest.approx(math.log(3))
+
+
+def test_a_validation_accuracy_trivial_at_every_look_beside_a_fitted_training_set_is_both():
+    """Training fitted (99%), validation at the majority rate at every evaluation: nothing
+    learned carries over. The gap rule fires first (overfitting stays primary), and the wrong
+    solution is measured too, so a confirmed cause (validation labels numbered otherwise) can
+    make it primary. A validation accuracy that was above trivial once is the gap alone."""
+    never = _gap_run(0.001, train_acc=0.99, counts=(60, 40))
+    never.events.append(syn.metric("val_acc", [0.59, 0.6, 0.58, 0.6, 0.59]))
+    never = syn.make_run(*never.events)
+    sig, cls = fires(C.trivial_validation, never, "convergence_to_wrong_solution",
+                     {"val_acc_max", "majority_rate", "acc_gap"}, primary=False)
+    assert sig["val_acc_max"] <= sig["majority_rate"] + C.TRIVIAL_METRIC_MARGIN
+    assert cls.primary == "overfitting" and "convergence_to_wrong_solution" in cls.secondary
+    once = syn.make_run(*[e for e in never.events if e.get("name") != "val_acc"],
+                        syn.metric("val_acc", [0.59, 0.75, 0.58, 0.6, 0.59]))
+    quiet(C.trivial_validation, once)
