@@ -950,7 +950,8 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
     holds a model's output, gives the inputs; the other names are the targets. A step function
     of the file called with data (``train_step(xb, yb)``) takes the inputs first. A line with one
     call of one or more arguments and no loss (``out = model(xb)``, an evaluation forward) gives
-    the inputs.
+    the inputs. A call given ``labels=`` (a Hugging Face model computing its own loss) gives
+    those as the targets, its ``input_ids=`` (or first argument) as the inputs.
     """
     calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
     for call in calls:
@@ -965,8 +966,18 @@ def _data_arguments(stmt: ast.stmt, scope: list[ast.AST]) -> tuple[bool, list[st
             return True, names[0] if names else [], names[1] if len(names) > 1 else []
     inputs: list[str] = []
     targets: list[str] = []
+    for call in calls:  # a model that computes its own loss: model(input_ids=..., labels=...)
+        labels = [k.value for k in call.keywords if k.arg == "labels"]
+        if labels:
+            given = [k.value for k in call.keywords if k.arg in ("input_ids", "inputs_embeds",
+                                                                 "pixel_values", "x")]
+            return False, [r for r in map(_root, [*call.args[:1], *given]) if r], \
+                [r for r in map(_root, labels) if r]
     loss_call = next((c for c in calls if len(c.args) >= 2), None)  # outermost: the loss
     for a in loss_call.args if loss_call is not None else ():
+        while isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and \
+                a.func.attr in _DATA_METHODS:  # targets.reshape(-1), model(x).view(-1, V)
+            a = a.func.value
         inline = _called(a)
         if inline is not None:  # the model called inline: its argument is the input
             inputs += [r for r in map(_root, inline.args) if r]

@@ -248,6 +248,7 @@ class LossHooks:
         self._last_loss_call = None
         self._steady_loss = None  # the training loss's name once there is nothing left to keep
         self._broadcast_seen: set[str] = set()
+        self._offset_seen = False
         self._pairing_steps: set[int] = set()
 
     def _let_go_loss(self) -> None:
@@ -275,6 +276,7 @@ class LossHooks:
                     inst.losses.observe(name, input, target, out)
                     inst._keep_loss(name, input, target, args, kwargs)
                     inst._check_broadcast(name, input, target)
+                    inst._check_offset(name, input, target, kwargs)
             except Exception:  # noqa: BLE001 - observation must never break training
                 pass
             return out
@@ -304,6 +306,44 @@ class LossHooks:
         self.rec.emit("loss_broadcast", loss=name, input=list(input.shape),
                       target=list(target.shape), shape=list(shape),
                       factor=terms / max(input.numel(), target.numel(), 1),
+                      location=user_location(sys._getframe()))
+
+    def _check_offset(self, name, input, target, kwargs) -> None:
+        """A ``target_offset`` event (once) for a token loss over the model's own input tokens.
+
+        The first training cross-entropy whose targets hold a row of ``T`` class ids per row of
+        an integer ``(B, T)`` model input (token ids): the share of the counted targets
+        (``ignore_index`` left out) equal to the input token ``s`` positions on, for ``s`` in
+        0-3. Next-token prediction pairs each position with the token after it (``s = 1``,
+        after any shift the model itself does); ``0`` asks for the token it is given, ``2``
+        for the one after next (labels shifted twice).
+        """
+        if self._offset_seen or name not in ("cross_entropy", "nll_loss") or \
+                not torch.is_grad_enabled() or self._last_input is None or \
+                target.is_floating_point() or target.dim() == 0:
+            return
+        args, kw = self._last_input
+        named = [kw.get("input_ids")] + list(args) + [v for k, v in kw.items() if k != "labels"]
+        tokens = next((t for t in named if isinstance(t, torch.Tensor) and t.dim() == 2
+                       and not t.is_floating_point() and t.shape[1] >= 4), None)
+        if tokens is None or target.numel() != tokens.numel():
+            return
+        self._offset_seen = True
+        ignore = kwargs.get("ignore_index", -100)
+        with torch.no_grad():
+            t, x = target.detach().reshape(tokens.shape), tokens.detach()
+            length = x.shape[1]
+            counted = t != ignore
+            matches = {}
+            for s in range(4):
+                kept = counted[:, :length - s]
+                n = int(kept.sum())
+                if length - s < 2 or not n:
+                    break
+                matches[str(s)] = float(((t[:, :length - s] == x[:, s:]) & kept).sum()) / n
+        self.rec.emit("target_offset", loss=name, rows=int(x.shape[0]), length=int(length),
+                      classes=int(input.shape[-1]) if input.dim() >= 2 else None,
+                      counted=int(counted.sum()), matches=matches,
                       location=user_location(sys._getframe()))
 
     def _watch_pairing(self, out: torch.Tensor) -> None:
