@@ -81,6 +81,7 @@ def build_context(run: Run, keeper=None, sources: dict | None = None,
         ctx.val_batches = keeper.validation_batches() if hasattr(
             keeper, "validation_batches") else keeper.val_batches
         ctx.namespace, ctx.train_loader = keeper.namespace, keeper.train_loader
+        ctx.train_dataset = getattr(keeper, "train_dataset", None)
         ctx.trainer = trainer_for(keeper)
     return ctx
 

@@ -46,6 +46,9 @@ class Keeper(SpilledState):
     input_names : tuple of str or None
         The keywords of the trailing ``inputs`` (empty for a model called positionally).
     train_loader : DataLoader or None
+    train_dataset : object or None
+        The training loader's dataset, kept also when the loader was made inline and is gone
+        (``for xb, yb in DataLoader(ds, ...)``).
     zero_grad_calls : int
     """
 
@@ -69,6 +72,7 @@ class Keeper(SpilledState):
         self._stride = {"train": 1, "val": 1}
         self._kept_at: dict[str, list[int]] = {"train": [], "val": []}  # their positions
         self.train_loader = None
+        self.train_dataset = None
         # the training loop leaves each pass over its loader early: a pass is not the data, so
         # training batches are kept past the first one
         self.cut_passes = False
@@ -142,7 +146,7 @@ class Keeper(SpilledState):
         """Let go of the model, the batches, the loader and the initial weights (file too)."""
         self._drop_spill()
         self._initial_state = None
-        self.model = self.namespace = self.train_loader = None
+        self.model = self.namespace = self.train_loader = self.train_dataset = None
         self.train_batches, self.val_batches = [], []
         self.input_names = None
 

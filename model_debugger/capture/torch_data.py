@@ -70,6 +70,7 @@ class DataHooks:
         self._train_loaders: set[int] = set()
         self._active_loader = None
         self._loader_refs: dict[int, weakref.ref] = {}
+        self._datasets: dict[int, object] = {}  # id of a loader -> its dataset (the last few)
         self._loaders_made: dict[int, tuple] = {}  # id -> (location, batch size, weakref)
         self._passes = Passes()  # batches drawn per pass over each loader
 
@@ -86,6 +87,8 @@ class DataHooks:
             ref = self._loader_refs.get(self._active_loader)
             if self.keeper.train_loader is None and ref is not None:
                 self.keeper.train_loader = ref()
+            if self.keeper.train_dataset is None:
+                self.keeper.train_dataset = self._datasets.get(self._active_loader)
             made = self._loaders_made.get(self._active_loader)
             alive = ref() if ref is not None else None
             if first and made is not None and made[0] is not None and alive is not None \
@@ -128,6 +131,9 @@ class DataHooks:
 
     def _on_loader_iter(self, loader) -> None:
         self._loader_refs[id(loader)] = weakref.ref(loader)
+        self._datasets[id(loader)] = getattr(loader, "dataset", None)
+        while len(self._datasets) > 8:  # (an evaluation loader made every epoch)
+            self._datasets.pop(next(iter(self._datasets)))
         cut, _ = self._passes.begin(id(loader), loader, user_location(sys._getframe()),
                                     _length(loader))
         if cut:

@@ -66,6 +66,8 @@ class ProbeContext:
     train_loader : object or None
         What the training loop iterated (a DataLoader, a Keras dataset), for the throughput
         probe.
+    train_dataset : object or None
+        The PyTorch training loader's dataset (kept when the loader itself is gone).
     lint : list or None
         The static lint hits of ``source_files``, computed once (see ``probes._lint``).
     deadline : float
@@ -89,6 +91,7 @@ class ProbeContext:
     trainer: Trainer | None = None
     namespace: dict | None = None
     train_loader: Any = None
+    train_dataset: Any = None
     lint: list | None = field(default=None, repr=False)
     deadline: float = float("inf")
 
