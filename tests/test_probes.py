@@ -999,14 +999,14 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
                               "gradients_unapplied", "minority_ignored", "data_volume",
                               "tape_kept", "hooks_accumulate", "compute_settings",
                               "classes_as_numbers", "linear_stack", "loss_weights",
-                              "ignored_class", "target_offset"}
+                              "ignored_class", "target_offset", "grads_cleared"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
     assert set(report.probe_seconds) <= {"target_copy", "lint", "minority_ignored",
                                          "data_volume", "compute_settings",
                                          "classes_as_numbers", "linear_stack",
-                                         "target_offset"}
+                                         "target_offset", "grads_cleared"}
     assert {"target_copy", "lint"} <= set(report.probe_seconds)
 
 

@@ -88,6 +88,9 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self.keeper = Keeper()
         self._pending_losses: list[float] = []  # losses of backward() calls since the last step
         self._backwards = 0
+        self._bwd_at_step = 0  # backward() calls before the last optimizer step
+        self._clear_pending: dict | None = None  # a zero_grad() since a backward, before a step
+        self._cleared = [0, None]  # steps whose gradients were cleared first; the first line
         self._in_backward = False
         self._sites: dict[tuple, bool] = {}  # backward()/step() call sites: called by the user?
         self._chains: set[tuple] = set()  # call chains of library callers already located
@@ -173,6 +176,9 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                               outputs_checked=outputs[1], outputs_alive=outputs[2],
                               lag=GRAPH_LAG)
             self._emit_hooks(self._opt_steps)
+            if self._cleared[0]:
+                self.rec.emit("grads_cleared", steps=self._cleared[0], of=self._opt_steps,
+                              location=self._cleared[1])
             self.rec.emit("calls", zero_grad=self.keeper.zero_grad_calls,
                           backward=self._backwards, optimizer_steps=self._opt_steps,
                           optimizers_built=self._optimizers_built, most_built_at=built_at)
@@ -269,6 +275,9 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                 inst.keeper.zero_grad_calls += 1
                 if inst.keeper.zero_grad_calls == 1:  # where gradients are cleared (once)
                     inst.guard(inst.ref)("zero_grad", user_location(sys._getframe()))
+                if inst._backwards > inst._bwd_at_step and inst._clear_pending is None and \
+                        not inst._in_backward:  # gradients taken, not yet applied: cleared
+                    inst._clear_pending = user_location(sys._getframe()) or {}
             return original(obj, *args, **kwargs)
 
         zero_grad.__wrapped__ = original

@@ -147,6 +147,11 @@ class OptimizerHooks:
             nest[2] += 1  # a subclass's step() calling super().step(): both are hooked
             return
         self._nest = [opt, self._backwards, 1]  # a step that raised leaves a stale one: fine
+        if self._clear_pending is not None:  # zero_grad() between backward() and this step
+            self._cleared[0] += 1
+            self._cleared[1] = self._cleared[1] or self._clear_pending or None
+            self._clear_pending = None
+        self._bwd_at_step = self._backwards
         self._busy_enter()  # left in _post_step (or reset with the step's row)
         self._site("step")
         if self._multi and not self._opt_steps:

@@ -22,6 +22,8 @@ LIFT = 0.25    # relabelling lifts validation accuracy by at least this much ...
 NEAR = 0.8     # ... to at least this share of the training rows' accuracy
 PER_CLASS = 5  # validation rows per class at least
 ROWS = 4096
+LEARNED = 0.2  # training accuracy this far above the majority rate: the model learned them
+TRAIN_SLACK = 0.05  # no renumbering of the training labels does better than this
 
 
 @register
@@ -46,8 +48,6 @@ class LabelMapping(Probe):
 
     def run(self, ctx: ProbeContext):
         """One decisive finding when a relabelling of validation restores its accuracy."""
-        from scipy.optimize import linear_sum_assignment
-
         tr = ctx.trainer
         val = _classes(tr, ctx.model, tr.val_inputs, tr.val_targets)
         train = _classes(tr, ctx.model, tr.inputs, tr.targets)
@@ -56,15 +56,16 @@ class LabelMapping(Probe):
         (pred, truth, k), (tpred, ttruth, _) = val, train
         if len(truth) < PER_CLASS * k:
             return []
-        confusion = np.zeros((k, k))
-        np.add.at(confusion, (truth, pred), 1)
-        rows, cols = linear_sum_assignment(-confusion)
+        rows, cols, relabelled = _best_renumbering(pred, truth, k)
         as_labelled = float(np.mean(pred == truth))
-        relabelled = float(confusion[rows, cols].sum() / len(truth))
         on_train = float(np.mean(tpred == ttruth))
+        majority = float(np.bincount(ttruth, minlength=k).max() / len(ttruth))
+        _, _, train_relabelled = _best_renumbering(tpred, ttruth, k)
         moved = {int(r): int(c) for r, c in zip(rows, cols) if r != c}
-        if not moved or relabelled < as_labelled + LIFT or relabelled < NEAR * on_train:
-            return []
+        if not moved or relabelled < as_labelled + LIFT or relabelled < NEAR * on_train or \
+                on_train < majority + LEARNED or train_relabelled > on_train + TRAIN_SLACK:
+            return []  # (a model that learned the training labels as numbered, and only
+            # the validation labels need renumbering)
         pairs = ", ".join(f"{r} -> {c}" for r, c in sorted(moved.items())[:8])
         return [self.finding(
             "data", True,
@@ -76,6 +77,16 @@ class LabelMapping(Probe):
             _where(ctx), strength=0.95, decisive=True, undone=True, mapping=moved,
             val_accuracy=as_labelled, val_accuracy_relabelled=relabelled,
             train_accuracy=on_train, rows=len(truth))]
+
+
+def _best_renumbering(pred: np.ndarray, truth: np.ndarray, k: int) -> tuple:
+    """``(rows, cols, accuracy)``: the one-to-one class renumbering agreeing best with ``pred``."""
+    from scipy.optimize import linear_sum_assignment
+
+    confusion = np.zeros((k, k))
+    np.add.at(confusion, (truth, pred), 1)
+    rows, cols = linear_sum_assignment(-confusion)
+    return rows, cols, float(confusion[rows, cols].sum() / len(truth))
 
 
 def _classes(tr, model, inputs, targets) -> tuple | None:

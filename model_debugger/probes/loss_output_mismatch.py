@@ -114,10 +114,12 @@ class LossOutputMismatch(Probe):
             return []
         where = loc(hits[0]) if hits else output_location(ctx) \
             or ctx.ref("model") or ctx.ref("loss_fn")
+        owner = _owner(ctx, where)
         if measured:  # made at the loss call (``crit(torch.softmax(out, 1), y)``), or the model
             where = _squashed_at_loss(ctx, _PROBABILITIES) or where
+            owner = _owner(ctx, where)
             return [self.finding(
-                "architecture", True,
+                owner, True,
                 f"{name.replace('_on_probabilities', '')} expects {_EXPECTED[name]} but "
                 f"receives {kind.replace('_', ' ')} (measured: min {seen.get('min'):.3g}, max "
                 f"{seen.get('max'):.3g}"
@@ -140,7 +142,7 @@ class LossOutputMismatch(Probe):
         if len(measured_steps) > 1 and all(st["gn"] == 0 for st in measured_steps):
             # what the lint predicts, measured: the output cannot move (one softmax unit is 1.0)
             return [self.finding(
-                "architecture", True, hits[0].message + f" Measured: the gradient was exactly 0 "
+                owner, True, hits[0].message + f" Measured: the gradient was exactly 0 "
                 f"in all {len(measured_steps)} optimizer steps recorded (the weights get "
                 "gradients, all zero): the output does not depend on them.", where,
                 strength=0.9, decisive=True, zero_gradient_steps=len(measured_steps))]
@@ -150,7 +152,7 @@ class LossOutputMismatch(Probe):
                 (ctx.signals.get("constant_predictor_loss") or 0) > 0:
             # measured: the loss never changed while the weights did, and the targets vary
             return [self.finding(
-                "architecture", True, hits[0].message + f" Measured: the loss read "
+                _owner(ctx, loc(hits[0])), True, hits[0].message + f" Measured: the loss read "
                 f"{losses.pop():.4g} at every one of the {readings} steps recorded, while "
                 "always predicting the label prior would score "
                 f"{ctx.signals['constant_predictor_loss']:.4g}: it does not depend on what "
@@ -158,11 +160,11 @@ class LossOutputMismatch(Probe):
                 constant_loss_steps=readings)]
         if kind == "constant":  # what the lint predicts, measured on the model as built
             return [self.finding(
-                "architecture", True, hits[0].message + f" Measured: the model as built "
+                _owner(ctx, loc(hits[0])), True, hits[0].message + f" Measured: the model as built "
                 f"outputs {seen.get('min'):.4g} for every one of the kept rows, whatever their "
                 "inputs: the output does not depend on them.", loc(hits[0]),
                 strength=0.9, decisive=True, output_value=seen.get("min"))]
-        return [self.finding("architecture", False, hits[0].message + " (the loss input was not "
+        return [self.finding(owner, False, hits[0].message + " (the loss input was not "
                              "measured)", where, strength=0.4)]
 
     def _floored(self, ctx: ProbeContext, seen: dict):
@@ -216,7 +218,7 @@ class LossOutputMismatch(Probe):
         lo, hi = seen.get("min"), seen.get("max")
         shown = f"min {lo:.3g}" + (f", max {hi:.3g}" if isinstance(hi, (int, float)) else "")
         return self.finding(
-            "architecture", True,
+            _owner(ctx, where), True,
             f"{said} receives outputs confined to {bound} ({shown}, "
             f"{seen.get('zero_share') or 0:.0%} exactly 0), but {why}. The model converges to "
             "the best answer its output range allows, not the right one. Remove the activation "
@@ -243,8 +245,9 @@ def _targets_outside(probe: Probe, ctx: ProbeContext):
     if share < OUTSIDE_SHARE:
         return None
     mean = t.get("mean")
+    where = output_location(ctx) or ctx.ref("loss_fn") or ctx.ref("model")
     return probe.finding(
-        "architecture", True,
+        _owner(ctx, where), True,
         f"{name} reads its targets as probabilities in [0, 1], but {share:.0%} of the training "
         "targets lie outside that range"
         + (f" (their mean is {mean:.3g}: class indices?)" if isinstance(mean, float) else "")
@@ -252,12 +255,34 @@ def _targets_outside(probe: Probe, ctx: ProbeContext):
         "the output is pushed to one end, and the model learns that instead of the classes. "
         "Use a categorical loss (sparse categorical cross-entropy) with one output per class, "
         "or scale the targets to [0, 1].",
-        output_location(ctx) or ctx.ref("loss_fn") or ctx.ref("model"), loss=name,
+        where, loss=name,
         targets_outside=share, targets_mean=mean, strength=0.95, decisive=True)
 
 
 _BINARY = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
 OUTSIDE_SHARE = 0.01  # targets outside [0, 1] under a binary cross-entropy: its domain left
+
+
+_LOSS_LINE = re.compile(r"loss|crossentropy|cross_entropy|from_logits|nll|bce", re.IGNORECASE)
+
+
+def _owner(ctx: ProbeContext, where: dict | None) -> str:
+    """The root cause of an output/loss mismatch, by where it is fixed.
+
+    ``training_loop`` when the line is the loss's (its construction or call, ``compile(loss=
+    ...)``, a squash at the loss call): the loss was chosen or set up for another output.
+    ``architecture`` when it is the model's (the output layer): the output was built for
+    another loss.
+    """
+    if not where or where == output_location(ctx):
+        return "architecture"
+    same = [r for r in (ctx.ref("loss_fn"), ctx.ref("compile")) if r]
+    if any((r.get("file"), r.get("line")) == (where.get("file"), where.get("line"))
+           for r in same):
+        return "training_loop"
+    text = _line(ctx, where)
+    return "training_loop" if text is not None and _LOSS_LINE.search(text) and \
+        not re.search(r"\b(Dense|Linear|Sequential|Model)\(", text) else "architecture"
 
 
 def _squashed_at_loss(ctx: ProbeContext, pattern: re.Pattern) -> dict | None:
