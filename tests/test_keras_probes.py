@@ -1829,3 +1829,34 @@ def test_a_dropout_whose_output_call_drops_is_found_and_confirmed_on_an_overfitt
     assert f.location == {"file": HERE, "line": line_of("keras-dropped")}
     assert f.evidence["heldout_passed_on"] < 0.8 * f.evidence["heldout_as_written"]
     assert not [layer for layer in ctx.trainer.fresh_model().layers if "call" in vars(layer)]
+
+
+def test_a_plateau_callback_that_cuts_the_rate_is_the_schedule_where_it_was_made(tk):
+    """``ReduceLROnPlateau`` watching validation accuracy with ``mode="min"`` cuts the rate at
+    every patience: the learning rate collapses. The callback is the run's ``scheduler``
+    reference, so the schedule finding is located where it was made, not at the optimizer."""
+    import model_debugger
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+    from model_debugger.records import Run
+
+    keras = tk
+    X, y = problem()
+    Xv, yv = problem(256, seed=1)
+    with model_debugger.capture() as rec:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        cut = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", mode="max",  # <plateau>
+                                                factor=0.05, patience=0, min_lr=1e-9)
+        model.fit(X, y, batch_size=64, epochs=8, verbose=0, validation_data=(Xv, yv),
+                  callbacks=[cut])
+    run = Run(rec.events)
+    assert run.refs()["scheduler"] == {"file": HERE, "line": line_of("plateau")}
+    ctx = build_context(run, rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=60.0)
+    findings = [f for f in run_probes(ctx, ["lr_schedule"]).findings
+                if not f.evidence.get("probe_error")]
+    assert findings and findings[0].location["line"] == line_of("plateau"), findings

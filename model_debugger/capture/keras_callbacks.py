@@ -16,7 +16,11 @@ BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "
 
 
 class CallbackTiming:
-    """Times the batch hooks of the callbacks a ``fit`` receives; notes where each was made."""
+    """Times the batch hooks of the callbacks a ``fit`` receives; notes where each was made.
+
+    A callback that sets the learning rate (``ReduceLROnPlateau``, ``LearningRateScheduler``)
+    is the ``scheduler`` reference, at the line that made it.
+    """
 
     def _init_callbacks(self) -> None:
         self._clock = CallbackClock()
@@ -33,6 +37,11 @@ class CallbackTiming:
             callbacks = getattr(callbacks, "callbacks", None)
         if isinstance(callbacks, (list, tuple)):
             self._clock.time(callbacks, BATCH_HOOKS, self._keras.callbacks.Callback)
+            rates = (self._keras.callbacks.ReduceLROnPlateau,
+                     self._keras.callbacks.LearningRateScheduler)
+            for cb in callbacks:  # a callback that sets the rate: where the schedule is made
+                if isinstance(cb, rates):
+                    self.ref("scheduler", self._clock.where(cb), cls=type(cb).__name__)
 
     def _emit_callbacks(self, steps: int) -> None:
         """The ``callbacks`` event of the ``fit`` that just returned; the hooks are restored."""
