@@ -267,3 +267,52 @@ def test_a_cache_the_dataset_fills_is_the_datas_where_it_grows(tmp_path, monkeyp
     [f] = run_probes(ctx, ["graph_retention"]).findings
     assert (f.root_cause, f.confirmed) == ("data", True), f
     assert f.location["line"] == line_of("decoded-cache"), f.location
+
+
+class _HandNorm(nn.Module):
+    """Running statistics written by hand; ``detached`` decides whether they keep a graph."""
+
+    def __init__(self, dim: int, detached: bool):
+        super().__init__()
+        self.detached = detached
+        self.register_buffer("running_mean", torch.zeros(dim))
+
+    def forward(self, x):
+        if not self.training:
+            return x - self.running_mean
+        mean = x.mean(dim=0)
+        kept = mean.detach() if self.detached else mean
+        self.running_mean = 0.9 * self.running_mean + 0.1 * kept  # <hand-norm>
+        return x - mean
+
+
+def _train_hand_norm(detached: bool):
+    torch.manual_seed(0)
+    X, y = torch.randn(320, 8), torch.randint(0, 2, (320,))
+    net = nn.Sequential(nn.Linear(8, 16), _HandNorm(16, detached), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for i in range(0, 320, 32):
+        opt.zero_grad()
+        F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_a_buffer_assigned_from_the_graph_is_the_layers_state_keeping_it(tmp_path, detached):
+    """A hand-written norm layer assigns its running mean from the batch's graph: the buffer
+    carries autograd history, each step's built on the last. Read on the live model, decisive,
+    ``architecture``, located at the assignment; detached, nothing is kept."""
+    path = str(tmp_path / "record.jsonl")
+    rec = model_debugger.capture(path)
+    with rec:
+        _train_hand_norm(detached)
+    run = Run.load(path)
+    ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 60.0)
+    findings = [f for f in run_probes(ctx, ["graph_retention"]).findings if f.confirmed]
+    if detached:
+        assert findings == []
+        return
+    [f] = findings
+    assert (f.root_cause, f.evidence["state"], f.evidence["module"]) == \
+        ("architecture", ["running_mean"], "1")
+    assert f.location["line"] == line_of("hand-norm"), f.location

@@ -134,6 +134,9 @@ class GraphRetention(Probe):
         Or when the record measured past steps' losses kept alive (``graphs_kept``, >= 90%),
         located at the lint's line when it has one. Else each lint hit is a hypothesis.
         """
+        kept_by_model = _model_state_with_history(ctx)
+        if kept_by_model is not None:
+            return [kept_by_model]
         hits = lint_hits(ctx, "graph_retention")
         namespace = ctx.namespace
         held = retained(namespace) if namespace else {}
@@ -263,6 +266,61 @@ class GraphRetention(Probe):
             + _OWNERS[owner], where, variable=name, items=last["len"],
             tensor_bytes=last["bytes"], held_mb_per_step=held["mb_per_step"], held_share=share,
             strength=0.85)
+
+
+def _model_state_with_history(ctx: ProbeContext):
+    """A finding when the trained model keeps a tensor with autograd history as its state.
+
+    A buffer (or a tensor attribute) a module assigns from its own computation without
+    ``detach()`` (``self.running_mean = (1 - m) * self.running_mean + m * x.mean(0)``) holds
+    that step's graph, and the next step's value is computed from it: the graphs of every
+    step stay chained and alive. Read on the live model after the run (decisive); located at
+    the module's ``self.<name> = ...``; the layer's code: ``architecture``.
+    """
+    import torch
+
+    from ..capture.codeloc import definition_location
+    from ._made import attribute_line
+
+    model = ctx.model
+    if not isinstance(model, torch.nn.Module):
+        return None
+    for qual, module in model.named_modules():
+        state = {**dict(module.named_buffers(recurse=False)),
+                 **{k: v for k, v in vars(module).items()
+                    if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)}}
+        kept = [name for name, t in state.items()
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        if not kept:
+            continue
+        made = definition_location(module) or _class_line(ctx, type(module).__name__)
+        line = attribute_line(ctx.source_files.get(made["file"], "") if made else "",
+                              made["line"] if made else None, kept[0])
+        where = {**made, "line": line} if made and line else made or ctx.ref("model")
+        return GraphRetention().finding(
+            "architecture", True,
+            f"The module '{qual or type(module).__name__}' keeps {', '.join(kept[:3])} as a "
+            "tensor that still carries autograd history after the run: it is assigned from "
+            "the step's computation without detach(), so each step's value, and the graph "
+            "behind it, is built on the last one's and every step's graph stays alive. Assign "
+            "it under torch.no_grad() or from .detach()ed values.",
+            where, module=qual, state=kept, strength=0.95, decisive=True)
+    return None
+
+
+def _class_line(ctx: ProbeContext, name: str) -> dict | None:
+    """Where the user's sources define a class ``name`` (one definition only), or None."""
+    import ast
+
+    found = []
+    for path, text in (ctx.source_files or {}).items():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        found += [{"file": path, "line": n.lineno} for n in ast.walk(tree)
+                  if isinstance(n, ast.ClassDef) and n.name == name]
+    return found[0] if len(found) == 1 else None
 
 
 def _evaluation_feeding(ctx: ProbeContext, grows: dict | None) -> dict | None:
