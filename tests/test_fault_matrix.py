@@ -199,3 +199,18 @@ def test_rows_lists_exactly_the_jobs_of_an_earlier_results_file(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["healthy keras_fit - 1", "fault torch_loop lr_too_high 0",
                                         "2 jobs"]
+
+
+def test_the_symptom_aware_category_accepts_only_what_the_operator_documents():
+    """``few_samples`` lists ``loss_not_decreasing`` (a fixed number of epochs over 24 rows is
+    a handful of steps); other categories, and other operators, are not accepted."""
+    from benchmarks.fault_matrix.run import symptom_hit
+
+    def row(op, primary):
+        return {"category_hit": False, "operator": op, "got": {"primary": primary},
+                "bare_tail": ["epoch 3 loss 0.6"], "bare_error": None}
+
+    assert symptom_hit(row("few_samples", "loss_not_decreasing"))
+    assert not symptom_hit(row("few_samples", "healthy"))
+    assert not symptom_hit(row("lr_too_low", "overfitting"))
+    assert all(set(op.also) <= set(CATEGORIES) for op in OPERATORS.values())

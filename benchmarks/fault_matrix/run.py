@@ -334,13 +334,19 @@ def symptom_hit(row: dict) -> bool:
     An operator's category is the taxonomy's usual reading of the fault; on a given program the
     same fault may show another symptom. Only the unambiguous one is accepted here: a bare run
     that printed a non-finite number (or failed on one) shows ``gradient_instability``,
-    whatever the operator expected. The strict hit is always reported beside this one.
+    whatever the operator expected; so does a category the operator lists in ``also`` with
+    its reason (too little data trained for a fixed number of epochs: a handful of steps, a
+    loss that hardly falls). The strict hit is always reported beside this one.
     """
     import re
 
     if row["category_hit"]:
         return True
-    if (row.get("got") or {}).get("primary") != "gradient_instability":
+    primary = (row.get("got") or {}).get("primary")
+    op = OPERATORS.get(row.get("operator") or "")
+    if op is not None and primary in op.also:  # a symptom the operator documents
+        return True
+    if primary != "gradient_instability":
         return False
     printed = " ".join([*(row.get("bare_tail") or []), row.get("bare_error") or ""])
     return re.search(r"(?<![a-z])(nan|inf|infinity)(?![a-z])", printed, re.IGNORECASE) is not None
