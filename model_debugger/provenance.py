@@ -278,6 +278,36 @@ def in_data_pipeline(location: dict | None) -> bool:
     return False
 
 
+def item_origin(location: dict | None, keyword: str = "labels") -> dict | None:
+    """Where a dataset item makes the value passed as ``keyword=`` at ``location``, or None.
+
+    ``model(input_ids=batch["input_ids"], labels=batch["labels"])`` over a loader's batches:
+    the ``__getitem__`` of the file's dataset class that returns a dict with that key
+    (``return {"input_ids": s[:-1], "labels": s[1:]}``), one such return only.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    key = None
+    for node in _nodes_at(location):
+        if isinstance(node, ast.keyword) and node.arg == keyword and \
+                isinstance(node.value, ast.Subscript) and \
+                isinstance(node.value.slice, ast.Constant) and \
+                isinstance(node.value.slice.value, str):
+            key = node.value.slice.value
+    if key is None:
+        return None
+    returns = [r for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+               and f.name == "__getitem__" for r in ast.walk(f)
+               if isinstance(r, ast.Return) and isinstance(r.value, ast.Dict)
+               and any(isinstance(k, ast.Constant) and k.value == key for k in r.value.keys)]
+    if len(returns) != 1:
+        return None
+    value = next(v for k, v in zip(returns[0].value.keys, returns[0].value.values, strict=True)
+                 if isinstance(k, ast.Constant) and k.value == key)
+    return {"file": location["file"], "line": value.lineno}
+
+
 def fit_call_at(location: dict | None) -> bool:
     """Whether the statement at ``location`` calls a ``fit`` (``model.fit(X[:24], y[:24])``)."""
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and

@@ -1363,3 +1363,27 @@ def test_in_data_pipeline_tells_the_code_that_makes_batches_from_the_loop(tmp_pa
     path.write_text(source)
     line = next(i for i, text in enumerate(source.splitlines(), 1) if "# <at>" in text)
     assert in_data_pipeline({"file": str(path), "line": line}) is inside
+
+
+def test_labels_from_a_dict_batch_are_made_in_the_datasets_getitem(tmp_path):
+    from model_debugger.provenance import item_origin
+
+    source = textwrap.dedent("""
+        class Pairs(Dataset):
+            def __getitem__(self, i):
+                s = self.rows[i]
+                return {"input_ids": s[:-1],
+                        "labels": s[1:]}  # <made>
+
+        for batch in DataLoader(Pairs(), batch_size=8):
+            out = model(input_ids=batch["input_ids"], labels=batch["labels"])  # <use>
+            other = model(input_ids=batch["input_ids"], labels=batch["targets"])  # <none>
+    """)
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    at = {tag: next(i for i, text in enumerate(lines, 1) if f"# <{tag}>" in text)
+          for tag in ("made", "use", "none")}
+    assert item_origin({"file": str(path), "line": at["use"]}) == \\
+        {"file": str(path), "line": at["made"]}
+    assert item_origin({"file": str(path), "line": at["none"]}) is None

@@ -27,6 +27,7 @@ class TargetOffset(Probe):
     categories = ("convergence_to_wrong_solution", "loss_not_decreasing", "overfitting",
                   "healthy")
     reveals = "convergence_to_wrong_solution"  # a copy task's loss falls to ~0: looks healthy
+    symptom = "convergence_to_wrong_solution"  # the loss falls, the next-token metric does not
     frameworks = ("torch",)
     traces_origin = False  # located at the targets' origin below
     fix = ("Pair each position with the next token once: either shift the targets yourself "
@@ -104,7 +105,11 @@ def _logits(out):
 
 
 def _where(ctx: ProbeContext, used: dict | None) -> dict | None:
-    """Where the targets given at ``used`` (the model or loss call) were made."""
-    from ..provenance import data_origin
+    """Where the targets given at ``used`` (the model or loss call) were made.
 
-    return data_origin(used, "targets") or used
+    Followed back in the file; a ``labels=batch["labels"]`` over a loader's batches is made
+    in the dataset's ``__getitem__`` that returns that key.
+    """
+    from ..provenance import data_origin, item_origin
+
+    return item_origin(used) or data_origin(used, "targets") or used
