@@ -1384,6 +1384,6 @@ def test_labels_from_a_dict_batch_are_made_in_the_datasets_getitem(tmp_path):
     lines = source.splitlines()
     at = {tag: next(i for i, text in enumerate(lines, 1) if f"# <{tag}>" in text)
           for tag in ("made", "use", "none")}
-    assert item_origin({"file": str(path), "line": at["use"]}) == \\
+    assert item_origin({"file": str(path), "line": at["use"]}) == \
         {"file": str(path), "line": at["made"]}
     assert item_origin({"file": str(path), "line": at["none"]}) is None
