@@ -119,10 +119,13 @@ class DataHooks:
         link = self._link
 
         def __iter__(loader):
-            it = original(loader)
+            t0 = time.perf_counter()
+            it = original(loader)  # (starting worker processes: the loop waits for data)
             inst = link()
             if inst is None:
                 return it
+            if id(loader) in inst._train_loaders or not inst._train_loaders:
+                inst._data_wait += time.perf_counter() - t0
             inst.guard(inst._on_loader_iter)(loader)
             return TimedIterator(it, link, id(loader))
 

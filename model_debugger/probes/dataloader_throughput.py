@@ -40,11 +40,13 @@ class DataloaderThroughput(Probe):
         tr = ctx.trainer
         if loader is None or tr is None or tr.n == 0:
             return []
+        t0 = time.perf_counter()
         it = iter(loader)
         try:
             next(it)
         except StopIteration:  # a generator that fit already exhausted
             return []
+        start_ms = 1000 * (time.perf_counter() - t0)  # (worker processes started every pass)
         t0 = time.perf_counter()
         got = 0
         for _ in range(BATCHES):
@@ -60,6 +62,9 @@ class DataloaderThroughput(Probe):
         t0 = time.perf_counter()
         tr.fit(model, inputs, target, BATCHES)
         step_ms = 1000 * (time.perf_counter() - t0) / BATCHES
+        started = _restarted_workers(ctx, loader, start_ms, load_ms, step_ms)
+        if started is not None:
+            return [started]
         if load_ms <= step_ms:
             return []
         collate = getattr(loader, "collate_fn", None)
@@ -86,6 +91,67 @@ class DataloaderThroughput(Probe):
             "the loop, vectorise the collate, or use worker processes.",
             where, load_ms=load_ms, step_ms=step_ms, num_workers=workers,
             strength=min(0.95, 0.5 + 0.1 * load_ms / max(step_ms, 1e-6)))]
+
+
+def _restarted_workers(ctx: ProbeContext, loader, start_ms: float, load_ms: float,
+                       step_ms: float):
+    """A finding when the loader's worker processes cost more than loading in the process.
+
+    A batch through ``num_workers`` processes costs its load plus, without
+    ``persistent_workers``, their start at every pass spread over the pass's batches. Tested
+    by experiment: the same dataset, batch size and collate loaded in the training process
+    (``num_workers=0``). Confirmed when that is under half the cost and the workers' cost is
+    more than a step. More workers than CPU cores is the machine's limit (``hardware``); else
+    the loader's setting (``data``). Located where ``num_workers`` is set.
+    """
+    import os
+
+    from torch.utils.data import DataLoader
+
+    from .base import setting_location
+
+    workers = getattr(loader, "num_workers", 0)
+    batches = len(loader) if hasattr(loader, "__len__") else 0
+    if not isinstance(loader, DataLoader) or not isinstance(workers, int) or workers <= 0 or \
+            batches <= 0:
+        return None
+    restart = 0.0 if getattr(loader, "persistent_workers", False) else \
+        max(start_ms - load_ms, 0.0) / batches
+    with_workers = load_ms + restart
+    try:
+        inline = DataLoader(loader.dataset, batch_size=loader.batch_size,
+                            collate_fn=loader.collate_fn, num_workers=0)
+        it = iter(inline)
+        next(it)
+        t0 = time.perf_counter()
+        got = 0
+        for _ in range(BATCHES):
+            try:
+                next(it)
+            except StopIteration:
+                break
+            got += 1
+        in_process = 1000 * (time.perf_counter() - t0) / max(got, 1)
+    except Exception:  # noqa: BLE001 - a dataset the process cannot load alone: no experiment
+        return None
+    if with_workers <= step_ms or in_process >= 0.5 * with_workers:
+        return None
+    cores = os.cpu_count() or 1
+    made = ctx.ref("loader")
+    return DataloaderThroughput().finding(
+        "hardware" if workers > cores else "data", True,
+        f"Through the loader's {workers} worker processes a batch costs {with_workers:.1f} ms "
+        + (f"({restart:.1f} ms of it their start at every pass over the data) "
+           if restart else "")
+        + f"against a training step's {step_ms:.1f} ms; loaded in the training process the "
+        f"same batches take {in_process:.1f} ms"
+        + (f". {workers} workers on {cores} CPU cores compete with training" if workers > cores
+           else "")
+        + ": use num_workers=0 for data held in memory, fewer workers, or "
+        "persistent_workers=True.",
+        setting_location(made, "num_workers") if made else None, start_ms=start_ms,
+        restart_ms=restart, load_ms=load_ms, in_process_ms=in_process, step_ms=step_ms,
+        num_workers=workers, cores=cores, strength=0.9, undone=True)
 
 
 def _pipeline_map(ctx: ProbeContext) -> dict | None:
