@@ -2668,7 +2668,7 @@ def test_an_output_floored_at_zero_cannot_reach_negative_targets(tmp_path):
     assert targets["input_min"] == 0.0 and targets["input_zero_share"] > 0.05
     assert 0.3 < ctx.signals["output_range_unreachable"] < 0.7  # about half the targets
     assert ctx.classification.primary == "convergence_to_wrong_solution"
-    f = confirmed_one(ctx, "loss_output_mismatch", "architecture")
+    f = confirmed_one(ctx, "loss_output_mismatch", "training_loop")  # (fixed at the loss call)
     assert_at(f, "floored-output")  # the ReLU is applied at the loss call
     assert f.evidence["input_kind"] == "bounded" and "ReLU" in f.evidence["output_range"]
 
@@ -2687,7 +2687,7 @@ def test_a_sigmoid_output_cannot_reach_targets_beyond_one(tmp_path):
     assert "sigmoid" in ctx.signals["output_range"]
     assert ctx.signals["output_range_unreachable"] > 0.5
     assert ctx.classification.primary == "convergence_to_wrong_solution"
-    f = confirmed_one(ctx, "loss_output_mismatch", "architecture")
+    f = confirmed_one(ctx, "loss_output_mismatch", "training_loop")
     assert_at(f, "floored-output")
 
 

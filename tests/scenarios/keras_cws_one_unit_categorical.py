@@ -3,10 +3,11 @@
 Keras normalises the predictions over the last axis; over one unit that is always 1.0, so
 the loss is exactly 0 whatever the model outputs, while training accuracy stays at the class
 prior. The loss curve looks perfect; the metric shows the model learned nothing. The cause is
-the loss chosen for a one-unit output, measured as a loss that never moved.
+the loss chosen for a one-unit output, measured as a loss that never moved; it is fixed where
+the loss is chosen, so the cause is the training setup's (training_loop), not the model's.
 
 expect-category: convergence_to_wrong_solution
-expect-root-cause: architecture
+expect-root-cause: training_loop
 expect-check: loss_output_mismatch
 expect-line: categorical_crossentropy
 expect-backward: fit(
