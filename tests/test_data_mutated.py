@@ -55,6 +55,13 @@ class Readings(Dataset):
         elif self.style == "cached":
             self.cache[i] = (self.rows[i] - self.mean) / self.std
             x = self.cache[i]
+        elif self.style == "copied":
+            self.cache[i].copy_((self.rows[i] - self.mean) / self.std)
+            x = self.cache[i].clone()
+        elif self.style == "numpy_view":
+            x = torch.from_numpy(self.values[i])
+            x.sub_(self.mean)  # <numpy-view>
+            x = x / self.std
         else:
             x = (self.rows[i] - self.mean) / self.std
         return x, self.labels[i]
@@ -75,7 +82,9 @@ def train(style: str) -> Readings:
 
 @pytest.mark.parametrize("style,tag", [("torch_in_place", "torch-in-place"),
                                        ("numpy_in_place", "numpy-in-place"),
-                                       ("cached", None), ("out_of_place", None)])
+                                       ("numpy_view", "numpy-view"),
+                                       ("cached", None), ("copied", None),
+                                       ("out_of_place", None)])
 def test_a_dataset_that_changes_its_stored_rows_is_found_at_the_in_place_line(tmp_path, style,
                                                                              tag):
     path = str(tmp_path / "record.jsonl")
@@ -94,3 +103,23 @@ def test_a_dataset_that_changes_its_stored_rows_is_found_at_the_in_place_line(tm
     [f] = findings
     assert (f.root_cause, f.confirmed, f.evidence["decisive"]) == ("data", True, True), f
     assert f.location["line"] == line_of(tag), f.location
+
+
+def test_a_loader_over_a_plain_tensor_is_not_read(tmp_path):
+    """``DataLoader(X)`` (an autoencoder's inputs): the dataset is a tensor, whose truth value
+    is ambiguous; the probe does not apply and nothing fails."""
+    path = str(tmp_path / "record.jsonl")
+    rec = model_debugger.capture(path)
+    with rec:
+        torch.manual_seed(0)
+        X = torch.randn(128, 6)
+        net = nn.Sequential(nn.Linear(6, 3), nn.Linear(3, 6))
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        for xb in DataLoader(X, batch_size=32, shuffle=True):
+            opt.zero_grad()
+            F.mse_loss(net(xb), xb).backward()
+            opt.step()
+    run = Run.load(path)
+    ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 60.0)
+    report = run_probes(ctx, ["data_mutated"])
+    assert report.findings == () and "data_mutated" not in report.probe_seconds

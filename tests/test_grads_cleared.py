@@ -1,7 +1,8 @@
 """``grads_cleared``: the capture sees ``zero_grad()`` between ``backward()`` and the step.
 
 A loop that clears the gradients it just took is found, located at that ``zero_grad()``; the
-usual order, accumulation over micro-batches and two optimizers taking turns are not.
+usual order, accumulation over micro-batches, two optimizers taking turns or interleaved, a
+SAM-like second backward after clearing, and LBFGS's closure are not.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def train(order: str):
     net, other = nn.Linear(4, 2), nn.Linear(4, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     opt_other = torch.optim.SGD(other.parameters(), lr=0.1)
+    lbfgs = torch.optim.LBFGS(net.parameters(), lr=0.1, max_iter=4)
     for i in range(0, 256, 16):
         xb, yb = X[i:i + 16], y[i:i + 16]
         if order == "cleared":
@@ -43,6 +45,27 @@ def train(order: str):
             opt.zero_grad()
             F.cross_entropy(net(xb), yb).backward()
             opt.step()
+        elif order == "two_losses":  # each optimizer clears its own before its backward
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt_other.zero_grad()
+            F.cross_entropy(other(xb), yb).backward()
+            opt.step()
+            opt_other.step()
+        elif order == "sam":  # a first step, the gradients cleared, taken again, the step
+            F.cross_entropy(net(xb), yb).backward()
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+            opt.zero_grad()
+        elif order == "lbfgs":
+            def closure():
+                lbfgs.zero_grad()
+                loss = F.cross_entropy(net(xb), yb)
+                loss.backward()
+                return loss
+
+            lbfgs.step(closure)
         elif order == "accumulated":
             F.cross_entropy(net(xb), yb).backward()
             if i % 64 == 48:
@@ -57,7 +80,8 @@ def train(order: str):
             opt_other.step()
 
 
-@pytest.mark.parametrize("order", ["cleared", "usual", "accumulated", "two_optimizers"])
+@pytest.mark.parametrize("order", ["cleared", "usual", "accumulated", "two_optimizers",
+                                   "two_losses", "sam", "lbfgs"])
 def test_gradients_cleared_before_the_step_are_found_at_the_zero_grad(tmp_path, order):
     path = str(tmp_path / "record.jsonl")
     rec = model_debugger.capture(path)

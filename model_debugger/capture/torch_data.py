@@ -70,7 +70,8 @@ class DataHooks:
         self._train_loaders: set[int] = set()
         self._active_loader = None
         self._loader_refs: dict[int, weakref.ref] = {}
-        self._datasets: dict[int, object] = {}  # id of a loader -> its dataset (the last few)
+        self._datasets: dict[int, weakref.ref] = {}  # id of a loader -> its dataset (the last
+        # few; weakly: only the training loader's is kept, by the keeper)
         self._loaders_made: dict[int, tuple] = {}  # id -> (location, batch size, weakref)
         self._passes = Passes()  # batches drawn per pass over each loader
 
@@ -87,8 +88,9 @@ class DataHooks:
             ref = self._loader_refs.get(self._active_loader)
             if self.keeper.train_loader is None and ref is not None:
                 self.keeper.train_loader = ref()
-            if self.keeper.train_dataset is None:
-                self.keeper.train_dataset = self._datasets.get(self._active_loader)
+            held = self._datasets.get(self._active_loader)
+            if self.keeper.train_dataset is None and held is not None:
+                self.keeper.train_dataset = held()
             made = self._loaders_made.get(self._active_loader)
             alive = ref() if ref is not None else None
             if first and made is not None and made[0] is not None and alive is not None \
@@ -134,7 +136,10 @@ class DataHooks:
 
     def _on_loader_iter(self, loader) -> None:
         self._loader_refs[id(loader)] = weakref.ref(loader)
-        self._datasets[id(loader)] = getattr(loader, "dataset", None)
+        try:
+            self._datasets[id(loader)] = weakref.ref(loader.dataset)
+        except (AttributeError, TypeError):  # no dataset, or one that takes no weak reference
+            pass
         while len(self._datasets) > 8:  # (an evaluation loader made every epoch)
             self._datasets.pop(next(iter(self._datasets)))
         cut, _ = self._passes.begin(id(loader), loader, user_location(sys._getframe()),

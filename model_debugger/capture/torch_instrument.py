@@ -367,6 +367,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             # with it this loss, alive; it would read as kept by the user)
             self._watch_graph(loss)
         self._backwards += 1
+        self._clear_pending = None  # gradients taken again after the clearing: they count
         if self._mode == "backward":
             self._emit_step(value, None)
         else:

@@ -148,8 +148,9 @@ class OptimizerHooks:
             return
         self._nest = [opt, self._backwards, 1]  # a step that raised leaves a stale one: fine
         if self._clear_pending is not None:  # zero_grad() between backward() and this step
-            self._cleared[0] += 1
-            self._cleared[1] = self._cleared[1] or self._clear_pending or None
+            if _no_gradient(opt):  # (another model's zero_grad leaves this one's alone)
+                self._cleared[0] += 1
+                self._cleared[1] = self._cleared[1] or self._clear_pending or None
             self._clear_pending = None
         self._bwd_at_step = self._backwards
         self._busy_enter()  # left in _post_step (or reset with the step's row)
@@ -381,3 +382,19 @@ class OptimizerHooks:
         self._step_norms = (None, None)
         clipped, self._step_clipped, self._clip = self._step_clipped, None, None
         self._emit_step(loss, gn, parts, ratio, clipped)
+
+
+def _no_gradient(opt) -> bool:
+    """Whether every parameter ``opt`` steps holds no gradient, or an all-zero one (read once)."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    g = p.grad
+                    if g is not None and g.numel() and bool(g.detach().abs().max() > 0):
+                        return False
+    except (RuntimeError, TypeError, AttributeError, KeyError):  # (sparse gradients...)
+        return False
+    return True

@@ -12,6 +12,7 @@ Decisive: reading an item must not change the data.
 
 from __future__ import annotations
 
+import ast
 import copy
 
 import numpy as np
@@ -37,10 +38,14 @@ class DataMutated(Probe):
            "(x = (x - mean) / std).")
 
     def applies(self, ctx: ProbeContext) -> bool:
-        """With the training ``DataLoader``'s map-style dataset."""
+        """With the training ``DataLoader``'s map-style dataset (one that stores its data)."""
+        if not super().applies(ctx):
+            return False
         dataset = _dataset(ctx)
-        return super().applies(ctx) and callable(getattr(dataset, "__getitem__", None)) and \
-            callable(getattr(dataset, "__len__", None))
+        return not hasattr(dataset, "shape") and hasattr(dataset, "__dict__") and \
+            callable(getattr(dataset, "__getitem__", None)) and \
+            callable(getattr(dataset, "__len__", None))  # (an array or tensor stores nothing
+        # it could write to apart from itself)
 
     def run(self, ctx: ProbeContext):
         """One decisive finding when reading items of a copy changed its stored data."""
@@ -66,7 +71,8 @@ class DataMutated(Probe):
 
 def _dataset(ctx: ProbeContext):
     """The training loader's dataset (kept by the capture when the loader is gone)."""
-    return getattr(ctx.train_loader, "dataset", None) or ctx.train_dataset
+    found = getattr(ctx.train_loader, "dataset", None)
+    return ctx.train_dataset if found is None else found
 
 
 def _stored(obj, depth: int = 0):
@@ -99,20 +105,32 @@ def _read(dataset, n: int) -> tuple[set[str], dict | None]:
     from ..capture.codeloc import traceback_location, user_location
 
     stored = list(_stored(dataset))
-    arrays = [(name, a) for name, a in stored if isinstance(a, np.ndarray) and a.flags.writeable]
-    tensors = [(name, t, t._version) for name, t in stored if isinstance(t, torch.Tensor)]
-    storages = {t.untyped_storage().data_ptr() for _, t, _ in tensors if t.numel()}
+    arrays = [(name, a) for name, a in stored if isinstance(a, np.ndarray) and a.flags.writeable
+              and a.dtype.kind == "f"]
+    tensors = [(name, t, t._version) for name, t in stored
+               if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    spans = [(name, t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+             for name, t, _ in tensors if t.numel()]
+    spans += [(name, a.ctypes.data, a.nbytes) for name, a in arrays if a.size]  # (a tensor
+    # made with torch.from_numpy shares an array's memory, whatever its read-only flag)
     found: list[dict] = []
+    hit: set[str] = set()
+
+    def owner(t) -> str | None:
+        at = t.data_ptr()
+        return next((name for name, lo, n in spans if lo <= at < lo + n), None)
 
     class InPlace(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             name = getattr(func, "__name__", "")
-            arithmetic = name in _IN_PLACE or name.endswith("_") and not name.endswith("__")
-            if arithmetic and args and isinstance(args[0], torch.Tensor) and \
-                    args[0].numel() and args[0].untyped_storage().data_ptr() in storages:
-                where = user_location(sys._getframe(1))
-                if where is not None:
-                    found.append(where)
+            if name in _IN_PLACE and args and isinstance(args[0], torch.Tensor) and \
+                    args[0].numel() and args[0].is_floating_point():
+                stored_as = owner(args[0])
+                if stored_as is not None:
+                    hit.add(stored_as)
+                    where = user_location(sys._getframe(1))
+                    if where is not None:
+                        found.append(where)
             return func(*args, **(kwargs or {}))
 
     changed: set[str] = set()
@@ -126,7 +144,7 @@ def _read(dataset, n: int) -> tuple[set[str], dict | None]:
                 except ValueError as exc:  # a read-only array refused an in-place write
                     where = traceback_location(exc.__traceback__)
                     if "read-only" in str(exc) and _arithmetic_at(where):
-                        changed.add(next((name for name, _ in arrays), "an array"))
+                        changed.add(_written(where, arrays))
                         found.append(where)
                         break
                     return set(), None  # (a cache filled by item assignment is no drift)
@@ -138,15 +156,26 @@ def _read(dataset, n: int) -> tuple[set[str], dict | None]:
                 a.flags.writeable = True
             except ValueError:
                 pass
-    if found:  # an in-place arithmetic operation on the stored tensors (not a cache filled
-        # by item assignment, which bumps the version counter too)
-        changed |= {name for name, t, version in tensors if t._version != version}
+    changed |= hit  # in-place arithmetic on the stored data (a cache filled by copy_ or item
+    # assignment is not counted)
     return changed, next((f for f in found if f), None)
 
 
-# in-place operators a transform writes as ``x -= mean`` (torch calls these)
-_IN_PLACE = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__",
-             "__imod__"}
+# in-place arithmetic a transform applies to a value (``x.sub_(m)``, ``x -= m``): not a copy
+# into a buffer (``copy_``, ``fill_``, ``index_put_``)
+_IN_PLACE = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__", "__ipow__",
+             "add_", "sub_", "mul_", "div_", "true_divide_", "pow_", "neg_", "abs_", "exp_",
+             "log_", "sqrt_", "rsqrt_", "clamp_", "clip_", "addcmul_", "addcdiv_", "lerp_",
+             "sigmoid_", "tanh_", "relu_", "reciprocal_", "square_", "floor_", "round_"}
+
+
+def _written(where: dict | None, arrays: list) -> str:
+    """The stored array the statement at ``where`` writes to, by the name it reads it by."""
+    from ..provenance import _nodes_at
+
+    names = {n.attr for n in _nodes_at(where) if isinstance(n, ast.Attribute)} if where else set()
+    return next((name for name, _ in arrays if name.split(".")[-1] in names),
+                arrays[0][0] if arrays else "an array")
 
 
 def _arithmetic_at(where: dict | None) -> bool:
@@ -155,8 +184,6 @@ def _arithmetic_at(where: dict | None) -> bool:
     An augmented assignment (``x -= mean``) or an in-place method (``np.subtract(x, m,
     out=x)``, ``x.clip(0, 1, out=x)``), not an item assignment (``self.cache[i] = v``).
     """
-    import ast
-
     from ..provenance import _nodes_at
 
     nodes = list(_nodes_at(where)) if where else []
