@@ -517,17 +517,20 @@ def trivial_validation(sig: dict):
     """``convergence_to_wrong_solution``: training fitted, validation trivial at every look.
 
     The training accuracy (or its bound) clearly above the majority rate, 15 points above
-    validation's, and the validation accuracy at the majority rate (or below) at each of three
-    or more evaluations: nothing learned carries over, as when the validation labels do not
+    validation's, and the validation accuracy at guessing level (within 3 points of the lower
+    of the training majority rate and one in k classes) at each of three or more evaluations:
+    nothing learned carries over, as when the validation labels do not
     mean what the training labels do. After the gap's rules: alone, or secondary to
     ``overfitting``, so a confirmed cause can make it primary.
     """
     majority = sig.get("majority_rate")
     train = sig.get("train_acc_final", sig.get("train_acc_bound"))
+    chance = 1.0 / sig["class_count"] if sig.get("class_count") else majority
     if majority is None or train is None or sig.get("val_acc_points", 0) < 3 or \
             sig.get("acc_gap", 0) < ACC_GAP or train <= majority + TRIVIAL_METRIC_MARGIN or \
-            sig.get("val_acc_max", 1.0) > majority + TRIVIAL_METRIC_MARGIN:
-        return None
+            sig.get("val_acc_max", 1.0) > min(majority, chance) + 2 * TRIVIAL_METRIC_MARGIN:
+        return None  # (validation at guessing level at every look, the lower of the training
+        # majority's and one in k: a validation split may be balanced otherwise)
     return "convergence_to_wrong_solution", [
         _ev(sig, "val_acc_max", f"'{sig['val_acc_name']}' at its best"),
         _ev(sig, "majority_rate", "accuracy of always predicting the majority class"),

@@ -51,6 +51,7 @@ SIGNALS: dict[str, str] = {
                          "make it worse than knowing nothing (inputs or outputs far too large)",
     "constant_predictor_loss": "loss of the best input-independent predictor (label prior/mean)",
     "majority_rate": "share of the most frequent class in the training targets",
+    "class_count": "classes the training targets count (a class-id loss)",
     "loss_weighted": "1: the training loss weights classes or samples (weight=, class_weight)",
     "first_nonfinite_step": "first step with a non-finite loss, gradient or weight",
     "nonfinite_what": "what went non-finite first (loss, gradient, weights)",
@@ -652,6 +653,9 @@ def compute(run: Run) -> dict:
         s["loss_kind"], s["loss_below_zero"] = kind, s["loss_min"]
     s["constant_predictor_loss"], s["majority_rate"] = constant_predictor(
         targets[-1] if targets else None)
+    counts = (targets[-1] if targets else {}).get("counts")
+    if counts and s["majority_rate"] is not None:
+        s["class_count"] = len(counts)
     if targets and targets[-1].get("weighted"):
         s["loss_weighted"] = 1
     if s["constant_predictor_loss"] and "loss_final" in s:

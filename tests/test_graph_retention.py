@@ -297,6 +297,40 @@ def _train_hand_norm(detached: bool):
         opt.step()
 
 
+class _AuxLoss(nn.Module):
+    """A layer keeping its step's auxiliary loss as an attribute (read by the loop): one
+    step's graph, on purpose; not a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.aux = torch.zeros(())
+
+    def forward(self, x):
+        out = self.proj(x)
+        self.aux = out.pow(2).mean()
+        return out
+
+
+def test_a_plain_attribute_holding_one_steps_graph_is_not_a_buffer_kept(tmp_path):
+    path = str(tmp_path / "record.jsonl")
+    rec = model_debugger.capture(path)
+    with rec:
+        torch.manual_seed(0)
+        X, y = torch.randn(320, 8), torch.randint(0, 2, (320,))
+        aux = _AuxLoss()
+        net = nn.Sequential(nn.Linear(8, 16), aux, nn.ReLU(), nn.Linear(16, 2))
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        for i in range(0, 320, 32):
+            opt.zero_grad()
+            (F.cross_entropy(net(X[i:i + 32]), y[i:i + 32]) + 0.01 * aux.aux).backward()
+            opt.step()
+    run = Run.load(path)
+    ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 60.0)
+    assert not [f for f in run_probes(ctx, ["graph_retention"]).findings
+                if f.evidence.get("state")]
+
+
 @pytest.mark.parametrize("detached", [False, True])
 def test_a_buffer_assigned_from_the_graph_is_the_layers_state_keeping_it(tmp_path, detached):
     """A hand-written norm layer assigns its running mean from the batch's graph: the buffer

@@ -1467,7 +1467,7 @@ class _Uses(nn.Module):
 
 @pytest.mark.parametrize("style,found", [
     ("functional", []), ("recurrent", []), ("twice", []), ("residual", []),
-    ("dropped_block", ["block.0"]),  # (the block's first module: where the path leaves it)
+    ("dropped_block", ["block"]),  # (the whole block, given the input the path goes on with)
 ])
 def test_discarded_outputs_are_only_outputs_nothing_returned_depends_on(style, found):
     from model_debugger.trainers.torch import TorchTrainer
@@ -1487,7 +1487,8 @@ def test_passing_on_gives_later_modules_the_dropped_output():
     X, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
     tr = TorchTrainer(model, None, {"cls": torch.optim.SGD, "hyper": {"lr": 0.1}},
                       {"name": "cross_entropy", "kwargs": {}}, [((X,), y)], [])
-    passed = tr.passing_on({"block"})(tr.fresh_model())
+    names = {d["layer"] for d in tr.discarded_outputs()}  # (what the probe passes on)
+    passed = tr.passing_on(names)(tr.fresh_model())
     with torch.no_grad():
         want = model.head(model.block(X))
         assert torch.allclose(passed(X), want)

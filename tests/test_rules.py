@@ -1845,13 +1845,17 @@ def test_a_validation_accuracy_trivial_at_every_look_beside_a_fitted_training_se
     learned carries over. The gap rule fires first (overfitting stays primary), and the wrong
     solution is measured too, so a confirmed cause (validation labels numbered otherwise) can
     make it primary. A validation accuracy that was above trivial once is the gap alone."""
-    never = _gap_run(0.001, train_acc=0.99, counts=(60, 40))
-    never.events.append(syn.metric("val_acc", [0.59, 0.6, 0.58, 0.6, 0.59]))
+    never = _gap_run(0.001, train_acc=0.99, counts=(22, 20, 20, 19, 19))
+    never.events.append(syn.metric("val_acc", [0.19, 0.2, 0.18, 0.21, 0.19]))
     never = syn.make_run(*never.events)
     sig, cls = fires(C.trivial_validation, never, "convergence_to_wrong_solution",
                      {"val_acc_max", "majority_rate", "acc_gap"}, primary=False)
     assert sig["val_acc_max"] <= sig["majority_rate"] + C.TRIVIAL_METRIC_MARGIN
     assert cls.primary == "overfitting" and "convergence_to_wrong_solution" in cls.secondary
     once = syn.make_run(*[e for e in never.events if e.get("name") != "val_acc"],
-                        syn.metric("val_acc", [0.59, 0.75, 0.58, 0.6, 0.59]))
+                        syn.metric("val_acc", [0.19, 0.45, 0.18, 0.21, 0.19]))
     quiet(C.trivial_validation, once)
+    skewed = _gap_run(0.001, train_acc=0.99, counts=(90, 10))  # a balanced validation split
+    balanced = syn.make_run(*skewed.events, syn.metric("val_acc", [0.7, 0.75, 0.72]))
+    sig, _ = quiet(C.trivial_validation, balanced)  # 0.75: not guessing, whatever 0.9 says
+    assert sig["val_acc_max"] < sig["majority_rate"] and sig["class_count"] == 2

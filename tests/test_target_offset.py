@@ -58,19 +58,19 @@ def train_hf_shifted_twice():
 
 
 class TinyLM(nn.Module):
-    def __init__(self):
+    def __init__(self, both_ways: bool = False):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, 16)
-        self.rnn = nn.GRU(16, 32, batch_first=True)
-        self.head = nn.Linear(32, VOCAB)
+        self.rnn = nn.GRU(16, 32, batch_first=True, bidirectional=both_ways)
+        self.head = nn.Linear(64 if both_ways else 32, VOCAB)
 
     def forward(self, ids):
         return self.head(self.rnn(self.embed(ids))[0])
 
 
-def train_gru(shift: int):
+def train_gru(shift: int, both_ways: bool = False):
     torch.manual_seed(0)
-    lm = TinyLM()
+    lm = TinyLM(both_ways)
     opt = torch.optim.Adam(lm.parameters(), lr=3e-3)
     data = markov(128)
     for i in range(0, 128, 16):
@@ -112,3 +112,11 @@ def test_targets_that_are_the_inputs_are_found_and_next_tokens_are_not(tmp_path,
     [f] = findings
     assert (f.confirmed, f.evidence["offset"]) == (True, 0)
     assert f.location["line"] == line_of("gru-targets"), f.location
+
+
+def test_a_model_reading_the_whole_sequence_may_pair_a_position_with_itself(tmp_path):
+    """A bidirectional tagger (or an autoencoder) whose targets are its inputs: not a causal
+    model, so the same position is no copy of the future; nothing is reported."""
+    run, findings = _findings(tmp_path, train_gru, 0, True)
+    assert run.first("target_offset")["matches"]["0"] == 1.0
+    assert findings == ()

@@ -341,8 +341,10 @@ class LossHooks:
                 if length - s < 2 or not n:
                     break
                 matches[str(s)] = float(((t[:, :length - s] == x[:, s:]) & kept).sum()) / n
+        classes = input.shape[1] if input.dim() > 2 and target.dim() == input.dim() - 1 \
+            else input.shape[-1] if input.dim() >= 2 else None  # ((N, C, T) or (N*T, C))
         self.rec.emit("target_offset", loss=name, rows=int(x.shape[0]), length=int(length),
-                      classes=int(input.shape[-1]) if input.dim() >= 2 else None,
+                      classes=int(classes) if classes is not None else None,
                       counted=int(counted.sum()), matches=matches,
                       location=user_location(sys._getframe()))
 

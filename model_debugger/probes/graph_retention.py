@@ -269,9 +269,9 @@ class GraphRetention(Probe):
 
 
 def _model_state_with_history(ctx: ProbeContext):
-    """A finding when the trained model keeps a tensor with autograd history as its state.
+    """A finding when the trained model keeps a buffer with autograd history.
 
-    A buffer (or a tensor attribute) a module assigns from its own computation without
+    A registered buffer a module assigns from its own computation without
     ``detach()`` (``self.running_mean = (1 - m) * self.running_mean + m * x.mean(0)``) holds
     that step's graph, and the next step's value is computed from it: the graphs of every
     step stay chained and alive. Read on the live model after the run (decisive); located at
@@ -286,11 +286,10 @@ def _model_state_with_history(ctx: ProbeContext):
     if not isinstance(model, torch.nn.Module):
         return None
     for qual, module in model.named_modules():
-        state = {**dict(module.named_buffers(recurse=False)),
-                 **{k: v for k, v in vars(module).items()
-                    if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)}}
-        kept = [name for name, t in state.items()
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        kept = [name for name, t in module.named_buffers(recurse=False)
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None]  # (a buffer is state
+        # meant to carry no gradient; a plain attribute may hold one step's graph on purpose:
+        # a weight-normed weight, an auxiliary loss)
         if not kept:
             continue
         made = definition_location(module) or _class_line(ctx, type(module).__name__)
@@ -299,8 +298,9 @@ def _model_state_with_history(ctx: ProbeContext):
         where = {**made, "line": line} if made and line else made or ctx.ref("model")
         return GraphRetention().finding(
             "architecture", True,
-            f"The module '{qual or type(module).__name__}' keeps {', '.join(kept[:3])} as a "
-            "tensor that still carries autograd history after the run: it is assigned from "
+            f"The module '{qual or type(module).__name__}' keeps its buffer "
+            f"{', '.join(kept[:3])} as a tensor that still carries autograd history after the "
+            "run: it is assigned from "
             "the step's computation without detach(), so each step's value, and the graph "
             "behind it, is built on the last one's and every step's graph stays alive. Assign "
             "it under torch.no_grad() or from .detach()ed values.",

@@ -80,13 +80,41 @@ class LabelMapping(Probe):
 
 
 def _best_renumbering(pred: np.ndarray, truth: np.ndarray, k: int) -> tuple:
-    """``(rows, cols, accuracy)``: the one-to-one class renumbering agreeing best with ``pred``."""
-    from scipy.optimize import linear_sum_assignment
+    """``(rows, cols, accuracy)``: the one-to-one class renumbering agreeing best with ``pred``.
 
+    The assignment problem on the confusion matrix (SciPy's solver when installed; else
+    every permutation up to 7 classes, a greedy matching beyond).
+    """
     confusion = np.zeros((k, k))
     np.add.at(confusion, (truth, pred), 1)
-    rows, cols = linear_sum_assignment(-confusion)
+    try:
+        from scipy.optimize import linear_sum_assignment
+    except ImportError:  # (SciPy is not a dependency of the core package)
+        rows, cols = _assign(confusion)
+    else:
+        rows, cols = linear_sum_assignment(-confusion)
     return rows, cols, float(confusion[rows, cols].sum() / len(truth))
+
+
+def _assign(confusion: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The matching of rows to columns with the largest total, without SciPy."""
+    import itertools
+
+    k = len(confusion)
+    rows = np.arange(k)
+    if k <= 7:
+        best = max(itertools.permutations(range(k)),
+                   key=lambda perm: confusion[rows, list(perm)].sum())
+        return rows, np.array(best)
+    cols = np.full(k, -1)
+    free_rows, free_cols = set(range(k)), set(range(k))
+    for flat in np.argsort(-confusion, axis=None):
+        r, c = divmod(int(flat), k)
+        if r in free_rows and c in free_cols:
+            cols[r] = c
+            free_rows.discard(r)
+            free_cols.discard(c)
+    return rows, cols
 
 
 def _classes(tr, model, inputs, targets) -> tuple | None:

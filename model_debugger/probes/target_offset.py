@@ -6,10 +6,11 @@ reads the first training cross-entropy whose targets are a row of token ids per 
 positions on. Labels shifted by hand and then given to a model that shifts them again
 (``labels=ids[:, 1:]`` into a Hugging Face causal LM) pair each position with the token after
 next (offset 2); targets not shifted at all ask for the token the position is given (offset
-0), which any model copies. Whether the model sees later positions is measured on a copy: a
-token changed further on leaves the earlier outputs alone in a causal model. Offset 0 is wrong
-for every model, 2 or more for a causal one, 1 for one that sees the whole sequence (the
-target is in its input). Decisive; located where the targets were made.
+0), which it copies. Whether the model sees later positions is measured on a copy: a token
+changed further on leaves the earlier outputs alone in a causal model. Any offset but 1 is
+wrong for a causal model; 1 for one that sees the whole sequence (the target is in its
+input). An encoder-decoder, or a model whose causality cannot be measured, is not judged.
+Decisive; located where the targets were made.
 """
 
 from __future__ import annotations
@@ -43,10 +44,14 @@ class TargetOffset(Probe):
         offset = max(matches, key=matches.get)
         if matches[offset] < PAIRED:
             return []
+        config = getattr(ctx.model, "config", None)
+        if getattr(config, "is_encoder_decoder", False):
+            return []  # (labels read against the encoder's input: another sequence)
         causal = _causal(ctx.model, seen.get("length"), seen.get("classes")) \
             if ctx.live else None
-        if not (offset == 0 or offset >= 2 and causal is True or offset == 1 and causal is False):
-            return []
+        if not (causal is True and offset != 1 or causal is False and offset == 1):
+            return []  # (a model that reads the whole sequence pairs positions as it likes,
+            # an autoencoder its input with itself)
         what = {0: "the token each position is given: the model learns to copy its input",
                 1: "the next token, which a model that reads the whole sequence sees in its "
                    "input",

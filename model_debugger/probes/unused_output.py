@@ -41,8 +41,8 @@ class UnusedOutput(SettingExperiment):
         names = {d["layer"] for d in dropped}
         try:
             as_written, used, confirmed = self._compare(ctx, tr.passing_on(names))
-        except ValueError:  # the copy does not hold those layers: no experiment to run
-            return []
+        except (ValueError, RuntimeError):  # the copy does not hold those layers, or their
+            return []  # output does not fit where its input went: no experiment to run
         listed = ", ".join(f"'{d['layer']}' ({d['kind']})" for d in dropped)
         how = "last" if ctx.classification.primary == "overfitting" else "best"
         return [self.finding(

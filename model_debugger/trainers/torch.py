@@ -393,8 +393,16 @@ class TorchTrainer(SampleTrainer):
             if outs:
                 calls.append((name, type(module).__name__, ins, outs, user_location()))
 
+        given: dict[str, int] = {}  # a module -> the id of the first tensor it was given
+
+        def took(module, inp, name):
+            if inp and isinstance(inp[0], torch.Tensor):
+                given.setdefault(name, id(inp[0]))
+
         handles = [m.register_forward_hook(lambda m, i, o, name=name: hook(m, i, o, name))
                    for name, m in model.named_modules() if name and not list(m.children())]
+        handles += [m.register_forward_pre_hook(lambda m, i, name=name: took(m, i, name))
+                    for name, m in model.named_modules() if name and list(m.children())]
         rows = tuple(x[:4].detach().clone().requires_grad_(x.is_floating_point())
                      for x in self.inputs)
         try:
@@ -408,8 +416,17 @@ class TorchTrainer(SampleTrainer):
             return []
         total = sum(t.float().sum() for t in returned)
         grads = torch.autograd.grad(total, watched, allow_unused=True)
-        return dropped_calls(calls, {id(t) for t, g in zip(watched, grads, strict=True)
-                                     if g is not None})
+        found = dropped_calls(calls, {id(t) for t, g in zip(watched, grads, strict=True)
+                                      if g is not None})
+        by_input = {name: c[2][0] for c in calls for name in [c[0]] if c[2]}
+        for f in found:  # a block dropped whole: the outermost module given the same input
+            tensor = by_input.get(f["layer"])
+            outer = [n for n, at in given.items() if tensor is not None and at == id(tensor)
+                     and f["layer"].startswith(n + ".")]
+            if outer:
+                f["layer"] = min(outer, key=len)
+                f["kind"] = type(dict(model.named_modules())[f["layer"]]).__name__
+        return found
 
     @staticmethod
     def passing_on(names):
