@@ -59,7 +59,7 @@ def train(order: str):
             opt.step()
             opt.zero_grad()
         elif order == "lbfgs":
-            def closure():
+            def closure(xb=xb, yb=yb):
                 lbfgs.zero_grad()
                 loss = F.cross_entropy(net(xb), yb)
                 loss.backward()
