@@ -999,14 +999,16 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
                               "gradients_unapplied", "minority_ignored", "data_volume",
                               "tape_kept", "hooks_accumulate", "compute_settings",
                               "classes_as_numbers", "linear_stack", "loss_weights",
-                              "ignored_class", "target_offset", "grads_cleared"}
+                              "ignored_class", "target_offset", "grads_cleared",
+                              "unused_output"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
     assert set(report.probe_seconds) <= {"target_copy", "lint", "minority_ignored",
                                          "data_volume", "compute_settings",
                                          "classes_as_numbers", "linear_stack",
-                                         "target_offset", "grads_cleared"}
+                                         "target_offset", "grads_cleared",
+                                         "unused_output"}
     assert {"target_copy", "lint"} <= set(report.probe_seconds)
 
 
@@ -2669,7 +2671,7 @@ def test_an_output_floored_at_zero_cannot_reach_negative_targets(tmp_path):
     assert targets["input_min"] == 0.0 and targets["input_zero_share"] > 0.05
     assert 0.3 < ctx.signals["output_range_unreachable"] < 0.7  # about half the targets
     assert ctx.classification.primary == "convergence_to_wrong_solution"
-    f = confirmed_one(ctx, "loss_output_mismatch", "training_loop")  # (fixed at the loss call)
+    f = confirmed_one(ctx, "loss_output_mismatch", "architecture")  # (the output's activation)
     assert_at(f, "floored-output")  # the ReLU is applied at the loss call
     assert f.evidence["input_kind"] == "bounded" and "ReLU" in f.evidence["output_range"]
 
@@ -2688,7 +2690,7 @@ def test_a_sigmoid_output_cannot_reach_targets_beyond_one(tmp_path):
     assert "sigmoid" in ctx.signals["output_range"]
     assert ctx.signals["output_range_unreachable"] > 0.5
     assert ctx.classification.primary == "convergence_to_wrong_solution"
-    f = confirmed_one(ctx, "loss_output_mismatch", "training_loop")
+    f = confirmed_one(ctx, "loss_output_mismatch", "architecture")
     assert_at(f, "floored-output")
 
 

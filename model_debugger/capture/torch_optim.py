@@ -147,8 +147,10 @@ class OptimizerHooks:
             nest[2] += 1  # a subclass's step() calling super().step(): both are hooked
             return
         self._nest = [opt, self._backwards, 1]  # a step that raised leaves a stale one: fine
+        stepped_closure = callable(args[1] if len(args) > 1 else kwargs.get("closure"))
         if self._clear_pending is not None:  # zero_grad() between backward() and this step
-            if _no_gradient(opt):  # (another model's zero_grad leaves this one's alone)
+            if not stepped_closure and _no_gradient(opt):  # (a closure takes the gradients
+                # again inside the step; another model's zero_grad leaves these alone)
                 self._cleared[0] += 1
                 self._cleared[1] = self._cleared[1] or self._clear_pending or None
             self._clear_pending = None

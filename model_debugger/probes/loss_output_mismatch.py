@@ -116,8 +116,9 @@ class LossOutputMismatch(Probe):
             or ctx.ref("model") or ctx.ref("loss_fn")
         owner = _owner(ctx, where)
         if measured:  # made at the loss call (``crit(torch.softmax(out, 1), y)``), or the model
-            where = _squashed_at_loss(ctx, _PROBABILITIES) or where
-            owner = _owner(ctx, where)
+            squashed = _squashed_at_loss(ctx, _PROBABILITIES)
+            where = squashed or where
+            owner = "architecture" if squashed else _owner(ctx, where)
             return [self.finding(
                 owner, True,
                 f"{name.replace('_on_probabilities', '')} expects {_EXPECTED[name]} but "
@@ -218,7 +219,7 @@ class LossOutputMismatch(Probe):
         lo, hi = seen.get("min"), seen.get("max")
         shown = f"min {lo:.3g}" + (f", max {hi:.3g}" if isinstance(hi, (int, float)) else "")
         return self.finding(
-            _owner(ctx, where), True,
+            "architecture", True,
             f"{said} receives outputs confined to {bound} ({shown}, "
             f"{seen.get('zero_share') or 0:.0%} exactly 0), but {why}. The model converges to "
             "the best answer its output range allows, not the right one. Remove the activation "
@@ -269,16 +270,17 @@ _LOSS_LINE = re.compile(r"loss|crossentropy|cross_entropy|from_logits|nll|bce", 
 def _owner(ctx: ProbeContext, where: dict | None) -> str:
     """The root cause of an output/loss mismatch, by where it is fixed.
 
-    ``training_loop`` when the line is the loss's (its construction or call, ``compile(loss=
-    ...)``, a squash at the loss call): the loss was chosen or set up for another output.
-    ``architecture`` when it is the model's (the output layer): the output was built for
+    ``training_loop`` when the line sets the loss up (its construction, ``compile(loss=
+    ...)``, ``from_logits``): the loss was chosen or configured for another output.
+    ``architecture`` for the model's output, also when its activation is written at the
+    loss call (``loss(torch.relu(pred), y)``; the callers say so): the output was built for
     another loss.
     """
     if not where or where == output_location(ctx):
         return "architecture"
-    same = [r for r in (ctx.ref("loss_fn"), ctx.ref("compile")) if r]
-    if any((r.get("file"), r.get("line")) == (where.get("file"), where.get("line"))
-           for r in same):
+    compiled = ctx.ref("compile")
+    if compiled and (compiled.get("file"), compiled.get("line")) == \
+            (where.get("file"), where.get("line")):
         return "training_loop"
     text = _line(ctx, where)
     return "training_loop" if text is not None and _LOSS_LINE.search(text) and \

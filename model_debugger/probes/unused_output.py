@@ -25,7 +25,9 @@ class UnusedOutput(SettingExperiment):
     id = "unused_output"
     cost = 2
     categories = ("overfitting", "loss_not_decreasing", "convergence_to_wrong_solution",
-                  "gradient_instability")
+                  "gradient_instability", "healthy")
+    reveals = "loss_not_decreasing"  # a layer dropped from the path: a loss held above what
+    # the model as meant reaches, on a run that looked healthy
     fix = ("Assign the layer's result where it is called (x = self.dropout(x), not "
            "self.dropout(x)): a layer whose output is not used does nothing.")
 
