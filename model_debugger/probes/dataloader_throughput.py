@@ -47,15 +47,7 @@ class DataloaderThroughput(Probe):
         except StopIteration:  # a generator that fit already exhausted
             return []
         start_ms = 1000 * (time.perf_counter() - t0)  # (worker processes started every pass)
-        t0 = time.perf_counter()
-        got = 0
-        for _ in range(BATCHES):
-            try:
-                next(it)
-            except StopIteration:
-                break
-            got += 1
-        load_ms = 1000 * (time.perf_counter() - t0) / max(got, 1)
+        load_ms = _batch_ms(it)
         model = tr.fresh_model()
         inputs, target = tr.subset(slice(0, getattr(loader, "batch_size", None) or 32))
         tr.fit(model, inputs, target, 1)
@@ -131,15 +123,7 @@ def _restarted_workers(ctx: ProbeContext, loader, start_ms: float, load_ms: floa
                        collate_fn=loader.collate_fn, num_workers=0)
         it = iter(inline)
         next(it)
-        t0 = time.perf_counter()
-        got = 0
-        for _ in range(BATCHES):
-            try:
-                next(it)
-            except StopIteration:
-                break
-            got += 1
-        in_process = 1000 * (time.perf_counter() - t0) / max(got, 1)
+        in_process = _batch_ms(it)
     except Exception:  # noqa: BLE001 - a dataset the process cannot load alone: no experiment
         return None
     if with_workers <= step_ms or in_process >= 0.5 * with_workers:
@@ -160,6 +144,19 @@ def _restarted_workers(ctx: ProbeContext, loader, start_ms: float, load_ms: floa
         setting_location(made, "num_workers") if made else None, start_ms=start_ms,
         restart_ms=restart, load_ms=load_ms, in_process_ms=in_process, step_ms=step_ms,
         num_workers=workers, cores=cores, strength=0.9, undone=True)
+
+
+def _batch_ms(it) -> float:
+    """Milliseconds per batch drawn from ``it`` over the next ``BATCHES`` (fewer at its end)."""
+    t0 = time.perf_counter()
+    got = 0
+    for _ in range(BATCHES):
+        try:
+            next(it)
+        except StopIteration:
+            break
+        got += 1
+    return 1000 * (time.perf_counter() - t0) / max(got, 1)
 
 
 def _pipeline_map(ctx: ProbeContext) -> dict | None:
