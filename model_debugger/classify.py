@@ -703,9 +703,15 @@ def _update_size(sig: dict) -> list[Evidence]:
 
 
 def slow_data(sig: dict):
-    """``performance_issue`` when waiting for data takes a large share of each step."""
+    """``performance_issue`` when waiting for data takes a large share of each step.
+
+    Over the whole run the wait must cost at least :data:`SLOW_TOTAL_S`, as for
+    :func:`loop_overhead`: the few steps of a full-batch run can wait most of their time for a
+    loader and still lose a fraction of a second, less than a loaded machine's noise.
+    """
     if sig.get("data_wait_fraction", 0) < DATA_WAIT_FRACTION or \
-            sig.get("data_wait_ms", 0) < DATA_WAIT_MS:
+            sig.get("data_wait_ms", 0) < DATA_WAIT_MS or \
+            sig.get("data_wait_s", SLOW_TOTAL_S) < SLOW_TOTAL_S:
         return None
     return "performance_issue", [
         _ev(sig, "data_wait_fraction", f"share of step time waiting for data (>= {DATA_WAIT_FRACTION})"),

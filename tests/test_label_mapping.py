@@ -127,3 +127,109 @@ def test_keras_validation_labels_from_a_lookup_adapted_again_are_found():
     assert (f.root_cause, f.confirmed) == ("data", True), f
     assert f.location["line"] == line_of("keras-val-labels"), f.location
     assert run_probes(contexts[1], ["label_mapping"]).findings == ()
+
+
+# -- validation scored by hand: no loss names the labels, the comparison does -----------------
+def _acc_argmax(net, xv, yv):
+    return (net(xv).argmax(1) == yv).float().mean()
+
+
+def _acc_max_indices(net, xv, yv):
+    return net(xv).max(1)[1].eq(yv).sum() / len(yv)
+
+
+def _acc_softmax_labels_first(net, xv, yv):
+    return (yv == torch.argmax(F.softmax(net(xv), dim=-1), dim=-1)).double().mean()
+
+
+def _acc_batched(net, xv, yv):
+    correct = 0
+    for xb, yb in torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xv, yv),
+                                              batch_size=64):
+        _, pred = torch.max(net(xb), dim=1)
+        correct += (pred == yb).sum().item()  # <batch-compare>
+    return correct / len(yv)
+
+
+def train_scored_by_hand(apart: bool, score):
+    torch.manual_seed(0)
+    X, names, Xv, val_names = species(1)
+    mapping = by_frequency(names)
+    y = torch.as_tensor(encode_shared(names, mapping))
+    encode = encode_apart if apart else encode_shared
+    yv = torch.as_tensor(encode(val_names, mapping))  # <hand-val-labels>
+    X, Xv = torch.as_tensor(X), torch.as_tensor(Xv)
+    net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _epoch in range(6):
+        net.train()
+        for i in range(0, 900, 32):
+            out = net(X[i:i + 32])
+            opt.zero_grad()
+            F.cross_entropy(out, y[i:i + 32]).backward()
+            opt.step()
+            (out.argmax(1) == y[i:i + 32]).float().mean()  # a training score: not validation
+        net.eval()
+        with torch.no_grad():
+            print(f"val_acc {float(score(net, Xv, yv)):.3f}")
+
+
+@pytest.mark.parametrize("score", [_acc_argmax, _acc_max_indices, _acc_softmax_labels_first,
+                                   _acc_batched])
+def test_validation_scored_by_hand_keeps_its_labels_and_finds_a_renumbering(tmp_path, score):
+    """The comparison of the predicted classes with the labels names the labels; the twin whose
+    labels share the training mapping gets no finding."""
+    for apart in (True, False):
+        path = str(tmp_path / f"record{apart}.jsonl")
+        rec = model_debugger.capture(path)
+        with rec:
+            train_scored_by_hand(apart, score)
+        assert torch.overrides._get_current_function_mode() is None  # the watch is gone
+        kept = rec.keeper.val_batches
+        assert kept and rec.keeper.val_source == "compare"
+        # the same validation tensor is kept once; batches made anew by an evaluation loader
+        # are kept again each time (the epochs of a loop without a training loader are not
+        # seen), within the keeper's bounds
+        assert sum(len(t) for _, t in kept) <= (1800 if score is _acc_batched else 300)
+        assert all(x[0].shape == (len(t), 6) for x, t in kept)
+        run = Run.load(path)
+        ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 60.0)
+        findings = run_probes(ctx, ["label_mapping"]).findings
+        if not apart:
+            assert findings == ()
+            continue
+        [f] = findings
+        assert (f.root_cause, f.confirmed) == ("data", True)
+        assert f.evidence["val_accuracy"] < 0.5 < 0.9 < f.evidence["val_accuracy_relabelled"]
+        # where the labels were assigned; a batch a loader collated anew is no tensor of the
+        # caller's, and its name is a loop's: the comparison
+        tag = "batch-compare" if score is _acc_batched else "hand-val-labels"
+        assert f.location["line"] == line_of(tag), f.location
+
+
+def test_a_validation_loss_outranks_the_comparison(tmp_path):
+    """A loop that computes a validation loss and an accuracy keeps the loss's batches only."""
+    rec = model_debugger.capture(str(tmp_path / "record.jsonl"))
+    with rec:
+        torch.manual_seed(0)
+        X, names, Xv, val_names = species(1)
+        mapping = by_frequency(names)
+        y = torch.as_tensor(encode_shared(names, mapping))
+        yv = torch.as_tensor(encode_shared(val_names, mapping))
+        X, Xv = torch.as_tensor(X), torch.as_tensor(Xv)
+        net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _epoch in range(2):
+            for i in range(0, 900, 100):
+                opt.zero_grad()
+                F.cross_entropy(net(X[i:i + 100]), y[i:i + 100]).backward()
+                opt.step()
+            with torch.no_grad():
+                for j in range(0, 300, 100):
+                    out = net(Xv[j:j + 100])
+                    acc = (out.argmax(1) == yv[j:j + 100]).float().mean()  # first: kept, then
+                    F.cross_entropy(out, yv[j:j + 100])  # replaced by the loss's batches
+                    del acc
+    kept = rec.keeper.val_batches
+    assert rec.keeper.val_source == "loss"
+    assert [len(t) for _, t in kept] == [100, 100, 100]

@@ -1520,7 +1520,8 @@ def test_a_slow_loop_or_loader_must_cost_real_seconds_over_the_run(steps, want):
     """26 ms a step of the loop's own work (or of waiting for data) over 60 steps is 1.4 s
     worth saving; over the dozen steps of a full-batch run it is 0.3 s, and on a loaded
     machine it is noise."""
-    for dw, bz, signal in ((0.0, 0.004, "step_overhead_share"),):
+    for dw, bz, signal in ((0.0, 0.004, "step_overhead_share"),
+                           (0.025, 0.0, "data_wait_fraction")):
         sig = compute(_timed(steps, 0.030, dw, bz))
         cls = classify_and_check(sig)
         assert cls.primary == want, (sig.get("step_overhead_s"), sig.get("data_wait_s"))

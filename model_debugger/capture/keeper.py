@@ -78,6 +78,9 @@ class Keeper(SpilledState):
         self.cut_passes = False
         self.zero_grad_calls = 0
         self.loss_input: dict | None = None
+        # what named the kept validation targets: a loss call ("loss"), or a hand-written
+        # score comparing predictions with them ("compare", :meth:`on_eval_labels`)
+        self.val_source: str | None = None
 
     def on_model(self, model, namespace: dict | None) -> None:
         """Keep the first model seen, its namespace and a CPU copy of its initial state.
@@ -224,17 +227,54 @@ class Keeper(SpilledState):
             if extra_args:
                 self.loss["kwargs"].update(_positional(name, extra_args))
             out = self.loss_input = describe_loss_input(name, input)
+        if not training and self.val_source != "loss":
+            if self.val_source == "compare":  # a validation loss names its targets surely
+                self._reset("val")
+            self.val_source = "loss"
+        self._keep(split, model_input, target, epoch)
+        return out
+
+    def wants_eval_labels(self, epoch: int) -> bool:
+        """Whether :meth:`on_eval_labels` may keep something now (no validation loss did)."""
+        return self.val_source != "loss" and self.model is not None and \
+            self.sampling(False, epoch)
+
+    def on_eval_labels(self, model_input, target, epoch: int = 0) -> None:
+        """Keep a validation batch whose labels a hand-written score compared predictions with.
+
+        ``(model(xv).argmax(1) == yv).float().mean()`` computes no loss, so :meth:`on_loss`
+        never sees ``yv``; the capture found it in the comparison. A validation loss, when the
+        loop also computes one, replaces these batches (it names its targets surely).
+        """
+        if self.val_source == "loss":
+            return
+        self.val_source = "compare"
+        self._keep("val", model_input, target, epoch)
+
+    def _reset(self, split: str) -> None:
+        (self.train_batches if split == "train" else self.val_batches).clear()
+        self._samples[split] = self._offered[split] = 0
+        self._stride[split] = 1
+        self._kept_at[split] = []
+        self._epoch.pop(split, None)
+
+    def _keep(self, split: str, model_input, target, epoch: int) -> None:
+        """Keep ``(model_input, target)`` of ``split`` when the sampling admits it."""
+        training = split == "train"
         first = self._epoch.setdefault(split, epoch)
         if model_input is None or epoch != first and not (training and self.cut_passes):
-            return out
+            return
         at = self._offered[split]
         self._offered[split] += 1
         if not self._admits(split, at):
-            return out
+            return
         kept = _batch_tensors(model_input, target)
         if kept is None:
-            return out
+            return
         tensors, names = kept
+        if not training and any(same_memory(tensors[0], b[0][0]) for b in self.val_batches):
+            return  # the same validation tensor evaluated again (a loop whose epochs are not
+            # seen): its rows are kept already
         if self.input_names is None:
             self.input_names = names
         if names == self.input_names:  # one call signature for every kept batch
@@ -242,7 +282,6 @@ class Keeper(SpilledState):
                 (tensors, target.detach().cpu()))
             self._kept_at[split].append(at)
             self._samples[split] += int(target.shape[0])
-        return out
 
     def _admits(self, split: str, at: int) -> bool:
         """Whether the batch at position ``at`` of the sampling epoch is kept.
@@ -271,6 +310,18 @@ class Keeper(SpilledState):
         self._stride[split] = stride
         return (at - HEAD) % stride == 0 and self._samples[split] < MAX_SAMPLES and \
             len(batches) < MAX_BATCHES
+
+
+def same_memory(a, b) -> bool:
+    """Whether tensors ``a`` and ``b`` are the same rows in memory.
+
+    A kept tensor's storage is alive, so its address cannot have been reused.
+    """
+    try:
+        return a.device == b.device and a.shape == b.shape and a.dtype == b.dtype and \
+            a.stride() == b.stride() and a.data_ptr() == b.data_ptr()
+    except (RuntimeError, AttributeError):
+        return False
 
 
 def same_values(a, b) -> bool:

@@ -20,6 +20,9 @@ What is patched while a capture is active (and restored afterwards), and where i
 - ``zero_grad`` of optimizers and modules (here): counted for the ``calls`` event;
 - Lightning's and Hugging Face's ``Trainer`` (:mod:`.torch_trainers`), once imported: a callback
   for the metrics they log, their sanity checks and their accumulation's loss scale;
+- after an evaluation forward, until the next one, a ``TorchFunctionMode``
+  (:mod:`.torch_eval_labels`): the labels a hand-written validation score compares the
+  predictions with;
 - ``torch.distributed``'s ``init_process_group`` and collectives (:mod:`.torch_dist`): the rank,
   time inside collectives, replica checksums, where a waiting rank waits.
 """
@@ -37,6 +40,7 @@ from .instrument import Instrument
 from .keeper import Keeper, same_values
 from .torch_data import DataHooks
 from .torch_dist import DistHooks
+from .torch_eval_labels import EvalLabelHooks
 from .torch_hooks import UserHooks
 from .torch_losses import BINARY_LOSSES, CLASS_LOSSES, REG_LOSSES, LossHooks
 from .torch_model import ModelHooks
@@ -67,7 +71,7 @@ def _call_chain(frame) -> tuple:
 
 
 class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks, TrainerHooks,
-                      DistHooks, UserHooks, Instrument):
+                      DistHooks, UserHooks, EvalLabelHooks, Instrument):
     """Instruments PyTorch training for one Recorder.
 
     Parameters
@@ -102,6 +106,9 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._init_trainer_state()
         self._init_dist_state()
         self._init_hooks_state()
+        self._init_eval_label_state()
+        self._guarded_eval_output = self.guard(self._eval_output)
+        self._guarded_unwatch = self.guard(self._eval_unwatch)
         self._guarded_before_backward = self.guard(self._before_backward)
         self._reset_checked = self._reset_stale = 0  # steps checked / gradients found not reset
         self._reset_param = None
@@ -139,6 +146,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         self._attach_trainers()
         self._attach_dist()
         self._attach_hooks()
+        self._attach_eval_labels()
 
     def _let_go(self) -> None:
         """After every hook is gone, let go of the user's objects.

@@ -248,6 +248,7 @@ class LossHooks:
         self._last_loss_call = None
         self._steady_loss = None  # the training loss's name once there is nothing left to keep
         self._broadcast_seen: set[str] = set()
+        self._in_loss = False  # inside a wrapped loss call (a mode re-dispatches it)
         self._offset_seen = False
         self._pairing_steps: set[int] = set()
 
@@ -258,10 +259,14 @@ class LossHooks:
         link = self._link
 
         def loss_fn(input, target, *args, **kwargs):
-            out = original(input, target, *args, **kwargs)
             inst = link()
-            if inst is None:
-                return out
+            if inst is None or inst._in_loss:  # (a TorchFunctionMode dispatches the call
+                return original(input, target, *args, **kwargs)  # to the module's name: here)
+            inst._in_loss = True
+            try:
+                out = original(input, target, *args, **kwargs)
+            finally:
+                inst._in_loss = False
             try:
                 if inst._steady_loss == name and torch.is_grad_enabled():
                     # nothing left to keep: the replay's loss call, and the targets counted

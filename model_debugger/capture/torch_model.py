@@ -107,6 +107,8 @@ class ModelHooks:
 
     # -- non-finite values ------------------------------------------------------------------
     def _keep_input(self, module, args, kwargs):
+        if self._eval_watch is not None:  # the model runs again: its own ops are not watched
+            self._guarded_unwatch()
         self._last_input = (args, kwargs)
         if not self._eval_seen and self._opt_steps and \
                 not (torch.is_grad_enabled() and module.training):
@@ -131,6 +133,8 @@ class ModelHooks:
             if first is not None and first.grad_fn is not None:
                 self._watch_graph(first, outputs=True)  # predictions kept step after step
                 self._watch_pairing(first)  # the gradient the loss gives each prediction
+        if not torch.is_grad_enabled() and self._opt_steps:
+            self._guarded_eval_output(module, out)  # labels a hand-written score compares with
 
     def _localize(self) -> str | None:
         """Name the first module holding non-finite weights or producing non-finite output.

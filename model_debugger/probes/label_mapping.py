@@ -144,9 +144,16 @@ def _classes(tr, model, inputs, targets) -> tuple | None:
 
 
 def _where(ctx: ProbeContext) -> dict | None:
-    """Where the validation labels were made: ``validation_data``'s targets, else the eval's."""
+    """Where the validation labels were made: ``validation_data``'s targets, else the eval's.
+
+    A hand-written score's labels: where the name they were compared under was assigned, else
+    traced from the comparison that used them.
+    """
     from ..provenance import VALIDATION_TARGETS, data_origin
     from . import _numpy_stats as st
 
-    used = ctx.ref("eval_forward") or st.data_location(ctx)
+    labels = next((e for e in ctx.run.of("ref") if e.get("kind") == "eval_labels"), None)
+    if labels is not None and labels.get("made"):
+        return {"file": labels["file"], "line": labels["line"]}
+    used = ctx.ref("eval_labels") or ctx.ref("eval_forward") or st.data_location(ctx)
     return data_origin(used, VALIDATION_TARGETS) or used
