@@ -53,6 +53,8 @@ from .thresholds import (  # noqa: F401 - re-exported for tests
     TRIVIAL_ERROR_SHARE,
     TRIVIAL_F1,
     TRIVIAL_METRIC_MARGIN,
+    UNBOUNDED_LOSS,
+    UNBOUNDED_RATIO,
     UNREACHABLE_SHARE,
     UNTRAINED_SHARE,
     UPDATE_RATIO_HIGH,
@@ -444,6 +446,22 @@ def one_value_targets(sig: dict):
     return "convergence_to_wrong_solution", ev
 
 
+def unbounded_below(sig: dict):
+    """``gradient_instability`` when the training loss fell without bound.
+
+    Below -``UNBOUNDED_LOSS`` and ``UNBOUNDED_RATIO`` times the untrained model's loss in size:
+    the objective has no minimum to converge to (a sign error: a log-likelihood maximised as
+    a loss, ``-criterion(...)``), so every step drives the weights further and the values
+    overflow, as a rate too high does, whatever the rate.
+    """
+    if "loss_unbounded" not in sig:
+        return None
+    return "gradient_instability", [
+        _ev(sig, "loss_first", "the untrained model's loss"),
+        _ev(sig, "loss_unbounded", f"lowest loss (<= -{UNBOUNDED_LOSS:g} and "
+            f"{UNBOUNDED_RATIO:g}x the first in size: no minimum to reach)")]
+
+
 def below_zero(sig: dict):
     """``convergence_to_wrong_solution`` when a loss that cannot be negative went below 0.
 
@@ -767,7 +785,7 @@ def gpu_idle(sig: dict):
 
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
-    nonfinite, oom, rank_hang, loss_without_metric, broadcast_loss, exploding, memory_growth,
+    nonfinite, unbounded_below, oom, rank_hang, loss_without_metric, broadcast_loss, exploding, memory_growth,
     rank_desync, bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
     trivial_validation,
     not_decreasing, stalled_head, vanishing, rank_straggler, slow_data, loop_overhead, retraced, gpu_idle,

@@ -11,7 +11,15 @@ import math
 import numpy as np
 
 from .records import Run, ranks_at_half
-from .thresholds import DIVERGE_RATIO, MIN_STEPS, UNPAIRED_CORR, UNPAIRED_READS, WINDOW_ROWS
+from .thresholds import (
+    DIVERGE_RATIO,
+    MIN_STEPS,
+    UNBOUNDED_LOSS,
+    UNBOUNDED_RATIO,
+    UNPAIRED_CORR,
+    UNPAIRED_READS,
+    WINDOW_ROWS,
+)
 
 # every signal compute() produces, with its meaning (names are public: rules, findings and
 # Verify cite them)
@@ -29,6 +37,8 @@ SIGNALS: dict[str, str] = {
     "loss_final": "median loss over the last ~10% of readings",
     "loss_min": "lowest finite loss",
     "loss_below_zero": "lowest loss of a loss that cannot be negative, when it went below 0",
+    "loss_unbounded": "lowest loss, when it fell below -1e6 and 1e4x the untrained model's "
+                      "|loss|: an objective without a minimum (a sign error)",
     "loss_kind": "the loss function the capture saw (its name)",
     "loss_max": "highest finite loss",
     "loss_spike": "highest finite loss after a 10% warm-up",
@@ -648,6 +658,9 @@ def compute(run: Run) -> dict:
             over = np.nonzero(fl[1:] >= DIVERGE_RATIO * s["loss_first"])[0]
             if over.size and s.get("loss_source") != "epochs":
                 s["loss_blowup_step"] = int((over[0] + 1) * max(k, 1)) + int(stage or 0)
+    if s.get("loss_first") is not None and \
+            s["loss_min"] <= -max(UNBOUNDED_LOSS, UNBOUNDED_RATIO * abs(s["loss_first"])):
+        s["loss_unbounded"] = s["loss_min"]
     kind = (targets[-1] if targets else {}).get("loss")
     if kind in NONNEGATIVE_LOSSES and s.get("loss_min", 0.0) < -1e-6:
         s["loss_kind"], s["loss_below_zero"] = kind, s["loss_min"]

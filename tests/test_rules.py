@@ -68,7 +68,7 @@ def classify_and_check(sig: dict) -> Classification:
 
 def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
-    assert names == ["nonfinite", "oom", "rank_hang", "loss_without_metric", "broadcast_loss",
+    assert names == ["nonfinite", "unbounded_below", "oom", "rank_hang", "loss_without_metric", "broadcast_loss",
                      "exploding", "memory_growth",
                      "rank_desync", "bounded_output", "below_zero",
                      "one_value_targets",

@@ -132,3 +132,68 @@ def undivided_accumulation(ctx: ProbeContext) -> dict | None:
         return None  # loss /= k, loss = crit(...) / k (or * 1 / k): divided
     return {"file": where["file"], "line": line, "backwards": int(acc["backwards"])}
 
+
+
+def objective_line(ctx: ProbeContext) -> dict | None:
+    """The line that computes the value the loop differentiates.
+
+    ``loss = ...`` before ``loss.backward()`` or ``tape.gradient(loss, ...)``: the last
+    assignment of that name above the call, in the function that makes it. The call is the one
+    on the capture's ``backward`` line, else the only one in a method named ``train_step`` (a
+    Keras model that trains itself, where the capture sees only ``fit``), else the file's only
+    one. None when no such call or assignment is found.
+    """
+    import ast
+
+    used = ctx.ref("backward") if hasattr(ctx, "ref") else None
+    calls = []  # (path, function node, call line, differentiated name)
+    for path, text in (getattr(ctx, "source_files", None) or {}).items():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        scopes = [tree] + [n for n in ast.walk(tree)
+                           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for scope in scopes:
+            for node in _own_nodes(scope):
+                name = _differentiated(node)
+                if name is not None:
+                    calls.append((path, scope, node.lineno, name))
+    chosen = [c for c in calls if used and c[0] == used.get("file") and
+              c[2] == used.get("line")] or \
+        [c for c in calls if getattr(c[1], "name", "") == "train_step"] or calls
+    if len(chosen) != 1 and not (chosen and used and chosen[0][2] == used.get("line")):
+        return None
+    path, scope, line, name = chosen[0]
+    made = [n.lineno for n in _own_nodes(scope) if isinstance(n, (ast.Assign, ast.AnnAssign,
+                                                                   ast.AugAssign))
+            and n.lineno <= line and any(isinstance(t, ast.Name) and t.id == name
+                                         for t in (n.targets if isinstance(n, ast.Assign)
+                                                   else [n.target]))]
+    return {"file": path, "line": max(made)} if made else None
+
+
+def _own_nodes(scope):
+    """The nodes of ``scope`` outside the functions and classes nested in it."""
+    import ast
+
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _differentiated(node) -> str | None:
+    """``loss`` of ``loss.backward()`` or ``tape.gradient(loss, ...)``, else None."""
+    import ast
+
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return None
+    if node.func.attr == "backward" and isinstance(node.func.value, ast.Name):
+        return node.func.value.id
+    if node.func.attr == "gradient" and node.args and isinstance(node.args[0], ast.Name):
+        return node.args[0].id
+    return None

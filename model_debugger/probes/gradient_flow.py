@@ -117,14 +117,18 @@ class GradientFlow(Probe):
                     {"file": accumulated["file"], "line": accumulated["line"]}, strength=0.75,
                     backwards_per_step=k, **common)
             summed = summed_loss_line(ctx)
+            unbounded = ctx.signals.get("loss_unbounded") is not None
             return self.finding(
-                "hyperparameter", True,
+                "hyperparameter", not unbounded,
                 f"Non-finite {what} first at step {step} in {where}, after the gradient norm "
                 f"grew {growth:.3g}x: updates grow until values overflow, the signature of a "
                 "learning rate too high for the scale of inputs and weights"
                 + (" (the loss sums over the batch: reduction='sum' makes every step the "
-                   "batch size times the mean's)." if summed else "."),
-                summed or setting_location(ctx.ref("optimizer"), "lr"), strength=0.7, **common)
+                   "batch size times the mean's)." if summed else ".")
+                + (" But the loss fell without bound before it overflowed (unbounded_loss): an "
+                   "objective without a minimum overflows at any rate." if unbounded else ""),
+                summed or setting_location(ctx.ref("optimizer"), "lr"),
+                strength=0.3 if unbounded else 0.7, **common)
         if what == "loss" and (step == 0 or bad.get("op")) and not bad.get("in_weights") and \
                 bad.get("forward") == "finite" and bad.get("replay") != "finite" and \
                 _targets_finite(ctx):
