@@ -653,7 +653,7 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
             if positional and isinstance(value, ast.Call):
                 return None  # computed (``clip = hyper.pop("clip")``): a guess at best
             if not isinstance(value, (ast.Name, ast.Subscript, ast.Attribute)):
-                return before
+                return _returned_line(tree, value) or before
         elif isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) and \
                 isinstance(value.slice.value, str):
             entry = _dict_entry(tree, value.slice.value, before,
@@ -669,6 +669,41 @@ def _setting_line(tree: ast.Module, line: int, keyword: str) -> int | None:
         else:
             return None
     return None
+
+
+_TENSOR_WRAPPERS = {"tensor", "as_tensor", "from_numpy", "array", "asarray", "constant",
+                    "convert_to_tensor", "FloatTensor", "Tensor"}
+
+
+def _returned_line(tree: ast.Module, value: ast.AST) -> int | None:
+    """Where a function of this file made what it returns, for ``value = that_function(...)``.
+
+    ``w = class_weights(y)`` computes ``w`` inside ``class_weights``: the line there that made
+    the returned name (``w = counts / counts.sum()`` for ``return torch.tensor(w)``: wrappers
+    of one value are looked through), else its ``return`` line. None for any other value.
+    """
+    if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
+        return None
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and
+               n.name == value.func.id), None)
+    returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None] \
+        if fn is not None else []
+    if len(returns) != 1:
+        return None  # (several exits: which one made it is the run's business)
+    out = returns[0].value
+    while isinstance(out, ast.Call) and out.args and (
+            _call_name(out) in _TENSOR_WRAPPERS or isinstance(out.func, ast.Attribute) and
+            out.func.attr in _DATA_METHODS):
+        out = out.args[0] if _call_name(out) in _TENSOR_WRAPPERS else out.func.value
+    if isinstance(out, ast.Attribute) and out.attr in _DATA_METHODS:
+        out = out.value
+    if isinstance(out, ast.Name):
+        made = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Assign) and
+                n.lineno < returns[0].lineno and any(
+                    isinstance(t, ast.Name) and t.id == out.id for t in n.targets)]
+        if made:
+            return max(made)
+    return returns[0].lineno
 
 
 def _literal(node: ast.AST) -> bool:

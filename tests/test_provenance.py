@@ -1387,3 +1387,41 @@ def test_labels_from_a_dict_batch_are_made_in_the_datasets_getitem(tmp_path):
     assert item_origin({"file": str(path), "line": at["use"]}) == \
         {"file": str(path), "line": at["made"]}
     assert item_origin({"file": str(path), "line": at["none"]}) is None
+
+
+MADE_BY_A_FUNCTION = """
+    import numpy as np
+    import torch
+
+
+    def class_weights(y):
+        counts = np.bincount(y).astype(float)
+        w = counts / counts.sum()  # <made w>
+        return torch.tensor(w, dtype=torch.float32)
+
+
+    def warm_rate(cfg):
+        if cfg["warm"]:
+            return cfg["lr"] / 10
+        return cfg["lr"]
+
+
+    def decay():
+        return 0.01 * 3  # <made decay>
+
+
+    w = class_weights(labels)
+    rate = warm_rate(CONFIG)  # <two exits>
+    wd = decay()
+    loss_fn = torch.nn.CrossEntropyLoss(weight=w)  # <use weight>
+    opt = torch.optim.AdamW(params, lr=rate, weight_decay=wd)  # <use lr>
+"""
+
+
+def test_a_setting_made_by_a_function_of_the_file_is_located_where_it_computes_it(tmp_path):
+    """``w = class_weights(y)``: the line in ``class_weights`` that made what it returns
+    (through ``torch.tensor(w)``), or its one ``return``; a function with two exits: the call."""
+    line_of, origin, _ = _settings(tmp_path, MADE_BY_A_FUNCTION)
+    assert origin("<use weight>", "weight") == line_of("<made w>")
+    assert origin("<use lr>", "weight_decay") == line_of("<made decay>")
+    assert origin("<use lr>", "lr") == line_of("<two exits>")

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _numpy_stats as st
 from ._heldout import BETTER, COPY_STEPS, LONGER, SettingExperiment, heldout_loss, source_line
-from .base import ProbeContext, register
+from .base import ProbeContext, register, setting_location
 
 TILT = 5.0  # the heaviest class's share of the loss over the lightest's, at least ...
 BEYOND = 3.0  # ... and this many times the tilt the classes have without the weights
@@ -126,7 +126,7 @@ class LossWeights(SettingExperiment):
         anywhere = re.compile(rf"\b{keyword}\s*=")
         loss_at = ctx.ref("loss_fn") or ctx.ref("backward")
         where = source_line(ctx, written, near=loss_at) or \
-            source_line(ctx, anywhere, near=loss_at) or loss_at
+            setting_location(source_line(ctx, anywhere, near=loss_at), keyword) or loss_at
         heavy = (f"the positives and negatives of output {found['class']}"
                  if keyword == "pos_weight" else f"class {found['class']} and the lightest class")
         return [self.finding(
