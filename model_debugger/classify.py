@@ -462,6 +462,22 @@ def unbounded_below(sig: dict):
             f"{UNBOUNDED_RATIO:g}x the first in size: no minimum to reach)")]
 
 
+def restored_wrong_way(sig: dict):
+    """``convergence_to_wrong_solution`` when the weights the run ends with are its worst epoch's.
+
+    An ``EarlyStopping`` restoring its "best" weights by a mode that runs against the monitored
+    quantity (a loss watched with ``mode="max"``): whatever the curves show, the model left is
+    the one they show at its worst.
+    """
+    if "restored_wrong_way" not in sig:
+        return None
+    return "convergence_to_wrong_solution", [
+        _ev(sig, "restored_epoch", f"the epoch whose weights the run ends with "
+            f"('{sig['restored_monitor']}' judged the wrong way)"),
+        _ev(sig, "restored_value", f"'{sig['restored_monitor']}' at that epoch"),
+        _ev(sig, "restored_best_value", "its best value in the fit")]
+
+
 def below_zero(sig: dict):
     """``convergence_to_wrong_solution`` when a loss that cannot be negative went below 0.
 
@@ -786,7 +802,7 @@ def gpu_idle(sig: dict):
 
 RULES: tuple[Callable[[dict], tuple | None], ...] = (
     nonfinite, unbounded_below, oom, rank_hang, loss_without_metric, broadcast_loss, exploding, memory_growth,
-    rank_desync, bounded_output, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
+    rank_desync, bounded_output, restored_wrong_way, below_zero, one_value_targets, overfitting, wrong_solution, generalisation_gap,
     trivial_validation,
     not_decreasing, stalled_head, vanishing, rank_straggler, slow_data, loop_overhead, retraced, gpu_idle,
     plateau,

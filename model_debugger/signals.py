@@ -149,6 +149,13 @@ SIGNALS: dict[str, str] = {
     "val_loss_min_index": "reading at which the validation loss was lowest",
     "val_loss_final": "last validation loss",
     "val_loss_rise": "(val_loss_final - val_loss_min) / |val_loss_min|",
+    "restored_wrong_way": "1: the last fit's EarlyStopping restored the weights of the epoch "
+                          "its mode judged best, the worst by the monitored quantity's own "
+                          "direction (a loss watched with mode='max')",
+    "restored_value": "the monitored quantity at the restored epoch",
+    "restored_best_value": "its best value over the fit, by its own direction",
+    "restored_epoch": "the epoch whose weights were restored (0-based)",
+    "restored_monitor": "the quantity the EarlyStopping watched",
     "restored_best": "1: the last fit's EarlyStopping, watching the validation loss, stopped "
                      "it and restored its best epoch's weights (the rise after it is the wait)",
     "train_loss_at_val_min": "training loss (per epoch) when validation was best",
@@ -811,7 +818,8 @@ def compute(run: Run) -> dict:
             float(v[-1])
         s["val_loss_rise"] = float((v[-1] - v[best]) / max(abs(v[best]), 1e-12))
         stopped = run.of("early_stopped")  # the last fit's: restored to the best val loss?
-        if stopped and stopped[-1].get("restored") and stopped[-1].get("monitor") == val[0]:
+        if stopped and stopped[-1].get("restored") and stopped[-1].get("monitor") == val[0] \
+                and stopped[-1].get("direction") in (None, "min"):
             s["restored_best"] = 1.0
         t = train_ep[np.isfinite(train_ep)] if len(train_ep) else train_ep
         if len(t) >= len(v) >= 3:
@@ -837,11 +845,49 @@ def compute(run: Run) -> dict:
             s[f"{split}_{kind}_points"] = len(values)
     _accuracy_gap(s, None if scaled else targets[-1] if targets else None)
     _error_baseline(s, run)
+    _restored_wrong_way(s, run)
     if run.ranks:
         from .ranks import signals as rank_signals
 
         s.update(rank_signals(run))
     return s
+
+
+def natural_direction(name: str) -> str | None:
+    """``"min"`` for a loss or an error, ``"max"`` for a score, None when the name says neither."""
+    low = name.lower()
+    if any(k in low for k in ("loss", "error", "mae", "mse", "rmse", "mape", "perplexity")):
+        return "min"
+    if any(k in low for k in ("acc", "auc", "precision", "recall", "f1", "r2", "iou", "dice")):
+        return "max"
+    return None
+
+
+def _restored_wrong_way(s: dict, run: Run) -> None:
+    """``restored_wrong_way`` when the weights kept were the worst epoch's, not the best's.
+
+    An ``EarlyStopping(restore_best_weights=True)`` whose mode runs against its monitored
+    quantity (``monitor="val_loss", mode="max"``) keeps the weights of the epoch with the
+    highest loss: the model the run ends with is not the one its curves show.
+    """
+    stopped = [e for e in run.of("early_stopped") if e.get("restores")]
+    if not stopped:
+        return
+    e = stopped[-1]
+    monitor, epoch = e.get("monitor") or "", e.get("best_epoch")
+    natural = natural_direction(monitor)
+    values = [v for _, _, v in run.metrics().get(monitor, [])]
+    if natural is None or e.get("direction") in (None, natural) or not isinstance(epoch, int) \
+            or not 0 <= epoch < len(values) or len(values) < 2:
+        return
+    finite = [v for v in values if np.isfinite(v)]
+    best = min(finite) if natural == "min" else max(finite)
+    kept = values[epoch]
+    if not np.isfinite(kept) or abs(kept - best) < 0.05 * max(abs(best), 1e-12):
+        return  # (the epoch kept is as good as the best: nothing lost)
+    s["restored_wrong_way"] = 1.0
+    s["restored_value"], s["restored_best_value"] = float(kept), float(best)
+    s["restored_epoch"], s["restored_monitor"] = int(epoch), monitor
 
 
 def _error_baseline(s: dict, run: Run) -> None:

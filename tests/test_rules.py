@@ -70,7 +70,7 @@ def test_rule_table_is_the_one_these_tests_cover():
     names = [r.__name__ for r in C.RULES]
     assert names == ["nonfinite", "unbounded_below", "oom", "rank_hang", "loss_without_metric", "broadcast_loss",
                      "exploding", "memory_growth",
-                     "rank_desync", "bounded_output", "below_zero",
+                     "rank_desync", "bounded_output", "restored_wrong_way", "below_zero",
                      "one_value_targets",
                      "overfitting", "wrong_solution", "generalisation_gap", "trivial_validation",
                      "not_decreasing", "stalled_head",

@@ -150,17 +150,22 @@ class FitHooks(BatchKeeping):
         self._emit_callbacks(self._steps - self._fit_steps)
         stoppers = [c for c in (callbacks if isinstance(callbacks, (list, tuple)) else ())
                     if isinstance(c, self._keras.callbacks.EarlyStopping)]
-        done = next((c for c in stoppers if int(getattr(c, "stopped_epoch", 0) or 0) > 0 and
-                     getattr(c, "restore_best_weights", False) and
-                     getattr(c, "best_weights", None) is not None), None)
-        if done is None:
+        restoring = [c for c in stoppers if getattr(c, "restore_best_weights", False) and
+                     getattr(c, "best_weights", None) is not None]
+        done = next((c for c in restoring if int(getattr(c, "stopped_epoch", 0) or 0) > 0), None)
+        keeps = done or next(iter(restoring), None)  # (Keras restores when it did not stop too)
+        if keeps is None:
             self.rec.emit("early_stopped", restored=False)
             return
-        best = getattr(done, "best_epoch", None)
-        self.rec.emit("early_stopped", monitor=str(getattr(done, "monitor", "")),
-                      patience=int(getattr(done, "patience", 0) or 0),
-                      stopped_epoch=int(done.stopped_epoch),
-                      best_epoch=int(best) if isinstance(best, int) else None, restored=True)
+        best = getattr(keeps, "best_epoch", None)
+        op = getattr(getattr(keeps, "monitor_op", None), "__name__", "")
+        direction = "min" if "less" in op else "max" if "greater" in op else None
+        self.rec.emit("early_stopped", monitor=str(getattr(keeps, "monitor", "")),
+                      patience=int(getattr(keeps, "patience", 0) or 0),
+                      stopped_epoch=int(getattr(keeps, "stopped_epoch", 0) or 0),
+                      best_epoch=int(best) if isinstance(best, int) else None,
+                      restored=done is not None, restores=True, direction=direction,
+                      location=self._clock.where(keeps))
 
     def _fit_signature(self, original) -> inspect.Signature:
         """The signature of Keras' own ``fit``, whatever wraps it.
