@@ -686,24 +686,38 @@ def _returned_line(tree: ast.Module, value: ast.AST) -> int | None:
         return None
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and
                n.name == value.func.id), None)
-    returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None] \
-        if fn is not None else []
+    own = list(_own_walk(fn)) if fn is not None else []
+    returns = [n for n in own if isinstance(n, ast.Return) and n.value is not None]
     if len(returns) != 1:
         return None  # (several exits: which one made it is the run's business)
     out = returns[0].value
-    while isinstance(out, ast.Call) and out.args and (
-            _call_name(out) in _TENSOR_WRAPPERS or isinstance(out.func, ast.Attribute) and
-            out.func.attr in _DATA_METHODS):
-        out = out.args[0] if _call_name(out) in _TENSOR_WRAPPERS else out.func.value
+    while isinstance(out, ast.Call):
+        if _call_name(out) in _TENSOR_WRAPPERS and out.args:
+            out = out.args[0]
+        elif isinstance(out.func, ast.Attribute) and out.func.attr in _DATA_METHODS:
+            out = out.func.value  # (``w.float()``, ``torch.tensor(w).to("cpu")``)
+        else:
+            break
     if isinstance(out, ast.Attribute) and out.attr in _DATA_METHODS:
         out = out.value
     if isinstance(out, ast.Name):
-        made = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Assign) and
+        made = [n.lineno for n in own if isinstance(n, ast.Assign) and
                 n.lineno < returns[0].lineno and any(
                     isinstance(t, ast.Name) and t.id == out.id for t in n.targets)]
         if made:
             return max(made)
     return returns[0].lineno
+
+
+def _own_walk(fn: ast.AST):
+    """The nodes of function ``fn`` outside the functions and classes nested in it."""
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
 
 
 def _literal(node: ast.AST) -> bool:

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .records import Run, ranks_at_half
+from .records import METRIC_SOURCES, Run, as_float, ranks_at_half
 from .thresholds import (
     DIVERGE_RATIO,
     MIN_STEPS,
@@ -853,14 +853,23 @@ def compute(run: Run) -> dict:
     return s
 
 
+_LOWER = {"loss", "error", "mae", "mse", "rmse", "mape", "perplexity", "nll"}
+_HIGHER = {"acc", "accuracy", "auc", "precision", "recall", "f1", "r2", "iou", "dice"}
+
+
 def natural_direction(name: str) -> str | None:
-    """``"min"`` for a loss or an error, ``"max"`` for a score, None when the name says neither."""
-    low = name.lower()
-    if any(k in low for k in ("loss", "error", "mae", "mse", "rmse", "mape", "perplexity")):
-        return "min"
-    if any(k in low for k in ("acc", "auc", "precision", "recall", "f1", "r2", "iou", "dice")):
-        return "max"
-    return None
+    """``"min"`` for a loss or an error, ``"max"`` for a score, None when the name says neither.
+
+    Read from the name's words (``val_loss``, ``val_sparse_categorical_accuracy``): a name
+    with words of both kinds or of neither (``rmse_skill_score``) says nothing.
+    """
+    import re
+
+    words = set(re.split(r"[^a-z0-9]+", name.lower())) - {""}
+    if words & {"score", "skill"}:
+        return None
+    low, high = bool(words & _LOWER), bool(words & _HIGHER)
+    return "min" if low and not high else "max" if high and not low else None
 
 
 def _restored_wrong_way(s: dict, run: Run) -> None:
@@ -876,7 +885,15 @@ def _restored_wrong_way(s: dict, run: Run) -> None:
     e = stopped[-1]
     monitor, epoch = e.get("monitor") or "", e.get("best_epoch")
     natural = natural_direction(monitor)
-    values = [v for _, _, v in run.metrics().get(monitor, [])]
+    # the last fit's epochs only: its metrics come after the fit before it ended
+    ends = [i for i, ev in enumerate(run.events) if ev.get("t") == "early_stopped"]
+    start = ends[-2] if len(ends) >= 2 else -1
+    points = [ev for ev in run.events[start + 1:ends[-1]]
+              if ev.get("t") == "metric" and ev.get("name") == monitor]
+    rank = {src: i for i, src in enumerate(METRIC_SOURCES)}
+    best_source = min((rank.get(ev.get("source"), len(rank)) for ev in points), default=0)
+    values = [as_float(ev["value"]) for ev in points  # (one source: a callback's, not both
+              if rank.get(ev.get("source"), len(rank)) == best_source]  # it and stdout's)
     if natural is None or e.get("direction") in (None, natural) or not isinstance(epoch, int) \
             or not 0 <= epoch < len(values) or len(values) < 2:
         return

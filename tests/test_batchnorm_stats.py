@@ -87,3 +87,31 @@ def test_batch_norm_on_batches_of_one_row_is_found(tmp_path, case):
     assert ev["val_loss_batch_statistics"] < 0.75 * ev["val_loss_eval_mode"]
     assert np.isfinite(ev["val_loss_eval_mode"])
     assert f.location["line"] == line_of("loader"), f.location
+
+
+def test_validation_shifted_from_training_is_not_blamed_on_batch_norm(tmp_path):
+    """Batches of 8 rows, validation inputs not standardised like training's (``3x + 2``):
+    batch statistics renormalise the shift away on validation, but the training rows score as
+    well in eval mode (the control), so batch norm is not what differs."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 10, generator=g)
+    y = (x[:, :3].sum(1) > 0).long()
+    rec = model_debugger.capture(str(tmp_path / "record.jsonl"))
+    with rec:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
+        opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+        loader = DataLoader(TensorDataset(x[:400], y[:400]), batch_size=8, shuffle=True)
+        for _epoch in range(4):
+            net.train()
+            for xb, yb in loader:
+                opt.zero_grad()
+                nn.functional.cross_entropy(net(xb), yb).backward()
+                opt.step()
+            net.eval()
+            with torch.no_grad():
+                nn.functional.cross_entropy(net(x[400:] * 3 + 2), y[400:])
+    run = Run.load(str(tmp_path / "record.jsonl"))
+    ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 60.0)
+    assert ctx.trainer.val_targets is not None
+    assert run_probes(ctx, ["batchnorm_stats"]).findings == ()

@@ -42,8 +42,10 @@ def test_a_loss_watched_with_mode_max_keeps_the_worst_epoch(mode):
                       metrics=["accuracy"])
         stop = keras.callbacks.EarlyStopping(monitor="val_loss", mode=mode,  # <callback>
                                              patience=3, restore_best_weights=True)
-        model.fit(x[:900], y[:900], validation_data=(x[900:], y[900:]), epochs=12,
-                  batch_size=32, callbacks=[stop], verbose=0)
+        model.fit(x[:900], y[:900], validation_data=(x[900:], y[900:]), epochs=2,
+                  batch_size=32, verbose=0)  # an earlier fit: its epochs are not the last's
+        history = model.fit(x[:900], y[:900], validation_data=(x[900:], y[900:]), epochs=12,
+                            batch_size=32, callbacks=[stop], verbose=0).history
     ctx = build_context(Run(rec.events), rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
                         budget=60.0)
     findings = run_probes(ctx, ["early_stopping_mode"]).findings
@@ -54,5 +56,18 @@ def test_a_loss_watched_with_mode_max_keeps_the_worst_epoch(mode):
     [f] = findings
     assert (f.root_cause, f.confirmed, f.evidence["decisive"]) == ("hyperparameter", True, True)
     assert f.evidence["restored_value"] > 1.05 * f.evidence["best_value"]
+    assert f.evidence["restored_value"] == pytest.approx(
+        history["val_loss"][f.evidence["restored_epoch"]], rel=1e-4)
+    assert f.evidence["best_value"] == pytest.approx(min(history["val_loss"]), rel=1e-4)
     assert f.location["line"] == line_of("callback"), f.location
     assert ctx.classification.primary == "convergence_to_wrong_solution"
+
+
+@pytest.mark.parametrize("name,direction", [
+    ("val_loss", "min"), ("loss", "min"), ("val_mae", "min"), ("val_accuracy", "max"),
+    ("val_sparse_categorical_accuracy", "max"), ("val_auc", "max"), ("rmse_skill_score", None),
+    ("val_custom", None)])
+def test_the_direction_a_monitored_name_says(name, direction):
+    from model_debugger.signals import natural_direction
+
+    assert natural_direction(name) == direction

@@ -1410,9 +1410,20 @@ MADE_BY_A_FUNCTION = """
         return 0.01 * 3  # <made decay>
 
 
+    def momentum_of(cfg):
+        m = 1 - cfg["beta"]  # <made momentum>
+
+        def unused():
+            return 0
+
+        return torch.tensor(m).float()
+
+
     w = class_weights(labels)
     rate = warm_rate(CONFIG)  # <two exits>
     wd = decay()
+    beta = momentum_of(CONFIG)
+    sgd = torch.optim.SGD(params, lr=0.1, momentum=beta)  # <use momentum>
     loss_fn = torch.nn.CrossEntropyLoss(weight=w)  # <use weight>
     opt = torch.optim.AdamW(params, lr=rate, weight_decay=wd)  # <use lr>
 """
@@ -1425,3 +1436,5 @@ def test_a_setting_made_by_a_function_of_the_file_is_located_where_it_computes_i
     assert origin("<use weight>", "weight") == line_of("<made w>")
     assert origin("<use lr>", "weight_decay") == line_of("<made decay>")
     assert origin("<use lr>", "lr") == line_of("<two exits>")
+    # through ``torch.tensor(m).float()``; a nested function's return is not the function's
+    assert origin("<use momentum>", "momentum") == line_of("<made momentum>")

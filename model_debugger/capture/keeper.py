@@ -10,6 +10,8 @@ then, or until it is dropped itself).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .spill import Spill, SpilledState, open_spill, threshold_bytes
@@ -81,6 +83,7 @@ class Keeper(SpilledState):
         # what named the kept validation targets: a loss call ("loss"), or a hand-written
         # score comparing predictions with them ("compare", :meth:`on_eval_labels`)
         self.val_source: str | None = None
+        self._val_sources: list = []  # weak references to the validation inputs kept
 
     def on_model(self, model, namespace: dict | None) -> None:
         """Keep the first model seen, its namespace and a CPU copy of its initial state.
@@ -150,7 +153,7 @@ class Keeper(SpilledState):
         self._drop_spill()
         self._initial_state = None
         self.model = self.namespace = self.train_loader = self.train_dataset = None
-        self.train_batches, self.val_batches = [], []
+        self.train_batches, self.val_batches, self._val_sources = [], [], []
         self.input_names = None
 
     def arrays(self) -> tuple:
@@ -253,6 +256,8 @@ class Keeper(SpilledState):
 
     def _reset(self, split: str) -> None:
         (self.train_batches if split == "train" else self.val_batches).clear()
+        if split == "val":
+            self._val_sources = []
         self._samples[split] = self._offered[split] = 0
         self._stride[split] = 1
         self._kept_at[split] = []
@@ -272,9 +277,16 @@ class Keeper(SpilledState):
         if kept is None:
             return
         tensors, names = kept
-        if not training and any(same_memory(tensors[0], b[0][0]) for b in self.val_batches):
+        source = _first_tensor(model_input)
+        if not training and (any(r() is source for r in self._val_sources) or any(
+                same_memory(tensors[0], b[0][0]) for b in self.val_batches)):
             return  # the same validation tensor evaluated again (a loop whose epochs are not
-            # seen): its rows are kept already
+            # seen): its rows are kept already (the user's tensor itself, or a CPU view of it)
+        if not training and source is not None:
+            try:
+                self._val_sources.append(weakref.ref(source))
+            except TypeError:
+                pass
         if self.input_names is None:
             self.input_names = names
         if names == self.input_names:  # one call signature for every kept batch
@@ -310,6 +322,15 @@ class Keeper(SpilledState):
         self._stride[split] = stride
         return (at - HEAD) % stride == 0 and self._samples[split] < MAX_SAMPLES and \
             len(batches) < MAX_BATCHES
+
+
+def _first_tensor(model_input):
+    """The first positional tensor the model was called with (None without one)."""
+    try:
+        args = model_input[0]
+        return args[0] if args and hasattr(args[0], "data_ptr") else None
+    except (TypeError, IndexError):
+        return None
 
 
 def same_memory(a, b) -> bool:

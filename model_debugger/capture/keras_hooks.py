@@ -153,7 +153,9 @@ class FitHooks(BatchKeeping):
         restoring = [c for c in stoppers if getattr(c, "restore_best_weights", False) and
                      getattr(c, "best_weights", None) is not None]
         done = next((c for c in restoring if int(getattr(c, "stopped_epoch", 0) or 0) > 0), None)
-        keeps = done or next(iter(restoring), None)  # (Keras restores when it did not stop too)
+        always = int(str(getattr(self._keras, "__version__", "3")).split(".")[0]) >= 3
+        keeps = done or (next(iter(restoring), None) if always else None)  # (Keras 3 restores
+        # when it did not stop too; tf.keras 2 only when it stopped)
         if keeps is None:
             self.rec.emit("early_stopped", restored=False)
             return

@@ -13,7 +13,10 @@ forward's inputs (:meth:`~.keeper.Keeper.on_eval_labels`), with an ``eval_labels
 where they were assigned, or to the comparison. Nothing is intercepted outside those stretches,
 nor inside the model's own forward (the next forward's pre-hook ends the watch before it runs).
 A mode re-dispatches a call to a patched function through its module name, so the patched
-losses and ``backward`` observe only their outermost call.
+losses and ``backward`` observe only their outermost call. The watch starts only on an empty
+mode stack (never beside a user's mode or a ``torch.device`` context), is taken off the stack
+wherever it sits when it ends, follows at most :data:`MAX_OPS` calls and lets go of every
+tensor once it found the labels; under ``torch.compile`` it follows nothing.
 
 Mixed into ``TorchInstrument``.
 """
@@ -41,6 +44,7 @@ _ID_KEEP = frozenset({"squeeze", "unsqueeze", "view", "reshape", "flatten", "det
                       "cuda", "to", "long", "int", "float", "type", "contiguous", "clone",
                       "__getitem__", "select"})
 _EQ = frozenset({"eq", "__eq__"})
+MAX_OPS = 2000  # calls followed after one evaluation forward at most
 
 
 class _Watch(TorchFunctionMode):
@@ -53,15 +57,24 @@ class _Watch(TorchFunctionMode):
         self.scores = {id(output): output}  # strong references: the ids stay meaningful
         self.ids: dict[int, torch.Tensor] = {}
         self.done = False
+        self.ops = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not self.done:
+        if not self.done and not torch.compiler.is_compiling():  # (nothing to trace into)
+            self.ops += 1
             try:
                 self._follow(getattr(func, "__name__", ""), args, out)
             except Exception:  # noqa: BLE001 - observation must never break the user's code
-                self.done = True
+                self.finish()
+            if self.ops >= MAX_OPS:
+                self.finish()
         return out
+
+    def finish(self) -> None:
+        """Stop following: let go of every tensor (the mode stays until the next forward)."""
+        self.done = True
+        self.scores, self.ids, self.model_input = {}, {}, None
 
     def _follow(self, name: str, args, out) -> None:
         first = args[0] if args else None
@@ -70,9 +83,10 @@ class _Watch(TorchFunctionMode):
                 if id(mine) in self.ids and isinstance(other, torch.Tensor) and \
                         id(other) not in self.ids and id(other) not in self.scores and \
                         other.numel() == mine.numel() and other.dim() >= 1 and \
-                        not other.requires_grad:
-                    self.done = True
-                    self.owner._eval_labels_found(self.model_input, other)
+                        not other.requires_grad and other.dtype != torch.bool:
+                    model_input = self.model_input
+                    self.finish()
+                    self.owner._eval_labels_found(model_input, other)
                     return
             return
         if not isinstance(first, torch.Tensor):
@@ -105,8 +119,9 @@ class EvalLabelHooks:
         """After an evaluation forward: watch its output when validation is still sampled."""
         self._eval_unwatch()
         if not self._opt_steps or torch.is_grad_enabled() or \
-                self._last_input is None or not self.keeper.wants_eval_labels(self.rec.epoch):
-            return
+                self._last_input is None or not self.keeper.wants_eval_labels(self.rec.epoch) \
+                or torch._C._len_torch_function_stack() or torch.compiler.is_compiling():
+            return  # (under another mode, the user's or a device context: never beside it)
         if not isinstance(out, torch.Tensor):
             logits = out.get("logits") if hasattr(out, "get") else None
             out = logits if isinstance(logits, torch.Tensor) else next(
@@ -124,11 +139,8 @@ class EvalLabelHooks:
         watch, self._eval_watch = self._eval_watch, None
         if watch is None:
             return
-        watch.done = True
-        from torch.overrides import _get_current_function_mode
-
-        if _get_current_function_mode() is watch:  # (a mode the user entered since stays)
-            watch.__exit__(None, None, None)
+        watch.finish()
+        _remove_mode(watch)
 
     def _eval_labels_found(self, model_input, labels: torch.Tensor) -> None:
         """The comparison named the labels: keep them with the forward's inputs.
@@ -137,14 +149,14 @@ class EvalLabelHooks:
         holding the labels under a name assigned them (``yv = ...`` in the loop that calls an
         ``evaluate(net, xv, yv)``; ``made``), else the comparison's line (where they are used).
         """
+        target = _as_training_targets(labels.detach(), self.keeper.train_batches)
+        if target is None:
+            return
         if not self._eval_labels_noted:
             self._eval_labels_noted = True
             frame = sys._getframe()
             made = _made_at(labels, frame)
             self.ref("eval_labels", made or user_location(frame), made=made is not None)
-        target = labels.detach()
-        if target.dim() > 1 and target.numel() == target.shape[0]:
-            target = target.reshape(-1)  # a (B, 1) column of class ids
         self.keeper.on_eval_labels(model_input, target, self.rec.epoch)
 
 
@@ -163,3 +175,40 @@ def _made_at(labels: torch.Tensor, frame) -> dict | None:
                     break
         f, depth = f.f_back, depth + 1
     return found
+
+
+def _as_training_targets(labels: torch.Tensor, train_batches: list) -> torch.Tensor | None:
+    """``labels`` shaped as the kept training targets, or None when they cannot be targets.
+
+    Integer class ids against integer targets, floats against floats (a binary task's
+    ``(B, 1)`` column kept as one): what a comparison finds is a target only when it is what
+    the training loss was given.
+    """
+    ref = next((b[1] for b in train_batches), None)
+    if ref is None or labels.is_floating_point() != ref.is_floating_point() or \
+            labels.dim() < 1:
+        return None
+    rows = labels.shape[0]
+    tail = tuple(ref.shape[1:])
+    if tuple(labels.shape[1:]) == tail:
+        return labels
+    size = 1
+    for n in tail:
+        size *= n
+    return labels.reshape(rows, *tail) if labels.numel() == rows * size else None
+
+
+def _remove_mode(mode) -> None:
+    """Take ``mode`` off torch's function-mode stack wherever it sits (modes above it stay)."""
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
+
+    if not any(m is mode for m in _get_current_function_mode_stack()):
+        return
+    above = []
+    while True:
+        top = _pop_mode()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        _push_mode(m)

@@ -133,7 +133,6 @@ def undivided_accumulation(ctx: ProbeContext) -> dict | None:
     return {"file": where["file"], "line": line, "backwards": int(acc["backwards"])}
 
 
-
 def objective_line(ctx: ProbeContext) -> dict | None:
     """The line that computes the value the loop differentiates.
 

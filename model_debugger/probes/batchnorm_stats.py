@@ -8,7 +8,9 @@ nothing is memorised. The experiment, on a copy of the trained model: its valida
 eval mode, then with its batch-norm layers normalising each validation batch of the training
 batch size by its own statistics, as in training (the other layers in eval mode). When that
 lowers the validation loss by at least :data:`GAIN` of it (and lifts an accuracy by
-:data:`ACC_LIFT`), the model depends on batch statistics its running averages do not give.
+:data:`ACC_LIFT`), and does as much on the kept training rows (the control: validation rows
+shifted from training's, an affine shift batch statistics renormalise away, improve alone),
+the model depends on batch statistics its running averages do not give.
 With training batches of at most :data:`SMALL` rows the batch size is the cause (a
 hyperparameter, located where it is set: decisive); otherwise a hypothesis on the layers.
 """
@@ -46,41 +48,21 @@ class BatchNormStats(Probe):
 
     def run(self, ctx: ProbeContext):
         """One finding when batch statistics, as in training, close much of the gap."""
-        import torch
-
         from ..trainers.torch import copy_model
 
         tr = ctx.trainer
         if not ctx.train_batches:
             return []
         batch = int(np.median([int(b[1].shape[0]) for b in ctx.train_batches]))
-        n = min(len(tr.val_targets), MAX_ROWS)
-        val = tuple(x[:n] for x in tr.val_inputs), tr.val_targets[:n]
         model = copy_model(ctx.model).to("cpu")
-        before = tr.evaluate(model, *val)
-        acc_before = _accuracy(tr, model, *val)
-        model.eval()
-        for _, m in _norms(model):
-            m.train()  # normalise by each batch's own statistics, as training did
-            m.momentum = 0.0  # (and leave the copy's running averages as they are)
-        losses, hits, rows = [], [], 0
-        with torch.no_grad():
-            for i in range(0, n, batch):
-                chunk = tuple(x[i:i + batch] for x in val[0])
-                if len(chunk[0]) < min(batch, 2):
-                    break  # (a last row alone: a variance of one value)
-                target = val[1][i:i + batch]
-                losses.append(float(tr.loss(model, chunk, target)) * len(target))
-                acc = _accuracy(tr, model, chunk, target, train_mode=True)
-                hits.append(None if acc is None else acc * len(target))
-                rows += len(target)
-        if not rows:
+        before, acc_before, after, acc_after = _both_ways(tr, model, tr.val_inputs,
+                                                          tr.val_targets, batch)
+        if not _relies(before, acc_before, after, acc_after):
             return []
-        after = sum(losses) / rows
-        acc_after = None if None in hits else sum(hits) / rows
-        if not (np.isfinite(before) and np.isfinite(after)) or after > (1 - GAIN) * before or \
-                acc_before is not None and acc_after is not None and \
-                acc_after - acc_before < ACC_LIFT:
+        # the control: the training rows lose as much in eval mode (else the validation rows
+        # are what differs, a shift batch statistics renormalise away, not the batch norm)
+        train = _both_ways(tr, copy_model(ctx.model).to("cpu"), tr.inputs, tr.targets, batch)
+        if not _relies(*train):
             return []
         small = batch <= SMALL
         where = setting_location(ctx.ref("loader") or ctx.ref("fit"), "batch_size") \
@@ -97,8 +79,49 @@ class BatchNormStats(Probe):
                 "norm: raise the batch size." if small else ""),
             where, strength=0.85, undone=True, val_loss_eval_mode=before,
             val_loss_batch_statistics=after, val_accuracy_eval_mode=acc_before,
-            val_accuracy_batch_statistics=acc_after, batch_size=batch,
+            val_accuracy_batch_statistics=acc_after, train_loss_eval_mode=train[0],
+            train_loss_batch_statistics=train[2], batch_size=batch,
             norm_layers=[name for name, _ in _norms(model)][:8])]
+
+
+def _both_ways(tr, model, inputs, targets, batch: int) -> tuple:
+    """``(loss, accuracy)`` of ``model`` on the rows in eval mode, then with batch statistics.
+
+    With batch statistics: its batch norms normalise each batch of ``batch`` rows by its own
+    statistics. An accuracy is None when the output is not class scores.
+    """
+    import torch
+
+    n = min(len(targets), MAX_ROWS)
+    rows_in, rows_y = tuple(x[:n] for x in inputs), targets[:n]
+    before = tr.evaluate(model, rows_in, rows_y)
+    acc_before = _accuracy(tr, model, rows_in, rows_y)
+    model.eval()
+    for _, m in _norms(model):
+        m.train()  # normalise by each batch's own statistics, as training did
+        m.momentum = 0.0  # (and leave the copy's running averages as they are)
+    losses, hits, rows = [], [], 0
+    with torch.no_grad():
+        for i in range(0, n, batch):
+            chunk = tuple(x[i:i + batch] for x in rows_in)
+            if len(chunk[0]) < min(batch, 2):
+                break  # (a last row alone: a variance of one value)
+            target = rows_y[i:i + batch]
+            losses.append(float(tr.loss(model, chunk, target)) * len(target))
+            acc = _accuracy(tr, model, chunk, target, train_mode=True)
+            hits.append(None if acc is None else acc * len(target))
+            rows += len(target)
+    if not rows:
+        return before, acc_before, float("nan"), None
+    return before, acc_before, sum(losses) / rows, \
+        None if None in hits else sum(hits) / rows
+
+
+def _relies(before, acc_before, after, acc_after) -> bool:
+    """Batch statistics lower the loss by :data:`GAIN` of it (and lift an accuracy)."""
+    return bool(np.isfinite(before) and np.isfinite(after) and after <= (1 - GAIN) * before
+                and (acc_before is None or acc_after is None or
+                     acc_after - acc_before >= ACC_LIFT))
 
 
 def _norms(model) -> list:

@@ -39,8 +39,10 @@ class PaddingMask(SettingExperiment):
 
     def applies(self, ctx: ProbeContext) -> bool:
         """A PyTorch model with attention modules that were given a boolean padding mask."""
-        return super().applies(ctx) and bool(_outermost(ctx.trainer.model)) and \
-            _masked_share(ctx) is not None
+        if not (super().applies(ctx) and _outermost(ctx.trainer.model)):
+            return False
+        share = _masked_share(ctx)
+        return share is not None and share > 0  # (a mask that hides nothing: no padding)
 
     def run(self, ctx: ProbeContext):
         """One finding; confirmed when the inverted mask trains clearly better."""
