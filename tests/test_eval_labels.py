@@ -119,3 +119,16 @@ def test_binary_targets_keep_their_shape_and_a_sign_agreement_is_no_target():
     with model_debugger.capture() as rec:
         train(sign_agreement, binary=True)
     assert not rec.keeper.val_batches
+
+
+def test_a_score_of_the_training_rows_is_not_validation():
+    """``(model(X).argmax(1) == y)`` over the training set under ``no_grad`` (a training
+    score): not kept as validation, so no leak of validation into training is reported."""
+    def on_training_rows(net, xv, yv):
+        x, y = data()[:2]
+        with torch.no_grad():
+            return (net(x).argmax(1) == y).float().mean()
+
+    with model_debugger.capture() as rec:
+        train(on_training_rows)
+    assert not rec.keeper.val_batches and rec.keeper.val_source is None

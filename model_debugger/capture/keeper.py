@@ -247,12 +247,23 @@ class Keeper(SpilledState):
 
         ``(model(xv).argmax(1) == yv).float().mean()`` computes no loss, so :meth:`on_loss`
         never sees ``yv``; the capture found it in the comparison. A validation loss, when the
-        loop also computes one, replaces these batches (it names its targets surely).
+        loop also computes one, replaces these batches (it names its targets surely). A batch
+        whose rows are mostly kept training rows is a score of the training set, not
+        validation: not kept.
         """
         if self.val_source == "loss":
             return
+        kept = _batch_tensors(model_input, target)
+        if kept is None or self._over_training_rows(kept[0]):
+            return  # a score of the training rows (a training F1 computed under no_grad)
         self.val_source = "compare"
         self._keep("val", model_input, target, epoch)
+
+    def _over_training_rows(self, tensors) -> bool:
+        """Whether most rows of a batch's first input are among the kept training rows."""
+        train = _row_keys(self.train_batches)
+        rows = _row_keys([(tensors, np.zeros(len(tensors[0])))])
+        return bool(train) and bool(rows) and len(rows & train) >= TRAIN_PASS * len(rows)
 
     def _reset(self, split: str) -> None:
         (self.train_batches if split == "train" else self.val_batches).clear()
