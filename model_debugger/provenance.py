@@ -686,7 +686,7 @@ def _returned_line(tree: ast.Module, value: ast.AST) -> int | None:
         return None
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and
                n.name == value.func.id), None)
-    own = list(_own_walk(fn)) if fn is not None else []
+    own = list(own_walk(fn)) if fn is not None else []
     returns = [n for n in own if isinstance(n, ast.Return) and n.value is not None]
     if len(returns) != 1:
         return None  # (several exits: which one made it is the run's business)
@@ -709,7 +709,7 @@ def _returned_line(tree: ast.Module, value: ast.AST) -> int | None:
     return returns[0].lineno
 
 
-def _own_walk(fn: ast.AST):
+def own_walk(fn: ast.AST):
     """The nodes of function ``fn`` outside the functions and classes nested in it."""
     todo = list(ast.iter_child_nodes(fn))
     while todo:

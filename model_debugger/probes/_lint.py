@@ -144,6 +144,8 @@ def objective_line(ctx: ProbeContext) -> dict | None:
     """
     import ast
 
+    from ..provenance import own_walk
+
     used = ctx.ref("backward") if hasattr(ctx, "ref") else None
     calls = []  # (path, function node, call line, differentiated name)
     for path, text in (getattr(ctx, "source_files", None) or {}).items():
@@ -154,7 +156,7 @@ def objective_line(ctx: ProbeContext) -> dict | None:
         scopes = [tree] + [n for n in ast.walk(tree)
                            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for scope in scopes:
-            for node in _own_nodes(scope):
+            for node in own_walk(scope):
                 name = _differentiated(node)
                 if name is not None:
                     calls.append((path, scope, node.lineno, name))
@@ -164,25 +166,12 @@ def objective_line(ctx: ProbeContext) -> dict | None:
     if len(chosen) != 1 and not (chosen and used and chosen[0][2] == used.get("line")):
         return None
     path, scope, line, name = chosen[0]
-    made = [n.lineno for n in _own_nodes(scope) if isinstance(n, (ast.Assign, ast.AnnAssign,
+    made = [n.lineno for n in own_walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign,
                                                                    ast.AugAssign))
             and n.lineno <= line and any(isinstance(t, ast.Name) and t.id == name
                                          for t in (n.targets if isinstance(n, ast.Assign)
                                                    else [n.target]))]
     return {"file": path, "line": max(made)} if made else None
-
-
-def _own_nodes(scope):
-    """The nodes of ``scope`` outside the functions and classes nested in it."""
-    import ast
-
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        todo.extend(ast.iter_child_nodes(node))
 
 
 def _differentiated(node) -> str | None:
