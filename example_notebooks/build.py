@@ -150,14 +150,14 @@ for epoch in range(40):
 from torch import nn
 
 torch.manual_seed(11)
-rows = [[float(v) for v in torch.randn(64)] for _ in range(512)]
+rows = [[float(v) for v in torch.randn(256)] for _ in range(1024)]
 labels = [int(r[0] > 0) for r in rows]""",
-        model="model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 2))",
+        model="model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 2))",
         loop="""from torch.utils.data import DataLoader
 
 
 def collate(batch):
-    xs = torch.zeros(len(batch), 64)
+    xs = torch.zeros(len(batch), 256)
     for i, (row, _) in enumerate(batch):
         for j, v in enumerate(row):
             xs[i, j] = v
@@ -171,7 +171,7 @@ for epoch in range(2):
         opt.zero_grad()
         nn.functional.cross_entropy(model(xb), yb).backward()
         opt.step()""",
-        fix=("""    xs = torch.zeros(len(batch), 64)
+        fix=("""    xs = torch.zeros(len(batch), 256)
     for i, (row, _) in enumerate(batch):
         for j, v in enumerate(row):
             xs[i, j] = v
