@@ -430,7 +430,7 @@ def test_token_ids_looked_up_by_an_embedding_are_no_features_to_scale():
 
     from torch import nn
 
-    from model_debugger.probes.feature_scaling import _token_ids
+    from model_debugger.probes._layers import token_ids as _token_ids
 
     ids = np.random.default_rng(0).integers(0, 9000, size=(64, 20))
     embed = nn.Sequential(nn.Embedding(9000, 8), nn.Flatten(), nn.Linear(160, 1))

@@ -359,6 +359,16 @@ class _HoistableRows(_RankedRows):
         return torch.cat([row, q.float() / len(ranked)]), self.y[i]
 
 
+class _WholeArrayRows(_RankedRows):
+    def __getitem__(self, i):
+        return torch.cat([self._standardise(self.x)[i], self.x[i, :1]]), self.y[i]  # <whole>
+
+    def _standardise(self, table):
+        """Statistics of the whole table, computed again for every item it is indexed for."""
+        ranked = torch.sort(table.repeat(8, 1), dim=0).values
+        return (table - ranked.mean(0)) / ranked.std(0)
+
+
 def _ranked_table(table):
     """The same for every item: a helper __getitem__ calls without the item (defined below
     it: the helper's lines come after __getitem__'s)."""
@@ -370,6 +380,7 @@ def train_slow_getitem(transform: bool | str = False):
     feats = torch.randn(2000, 4)
     labels = (feats[:, 0] > 0).long()
     data = _HoistableRows(feats, labels) if transform == "hoistable" else \
+        _WholeArrayRows(feats, labels) if transform == "whole" else \
         _TransformedRows(feats, labels, _RankAgainst(feats)) if transform else \
         _RankedRows(feats, labels)
     loader = DataLoader(data, batch_size=32)
@@ -1219,12 +1230,14 @@ def test_a_slow_collate_is_located_at_itself_not_where_the_data_was_made(tmp_pat
 
 
 @pytest.mark.parametrize("transform,tag", [(False, "slow-getitem"), (True, "slow-transform"),
-                                           ("hoistable", "hoistable")])
+                                           ("hoistable", "hoistable"), ("whole", "whole")])
 def test_a_slow_getitem_is_located_at_its_slowest_line(tmp_path, transform, tag):
     """Of the lines of ``__getitem__``, the one that sorts a table for every item takes the
     time: the finding is there (it was the ``def`` line); inside the user's transform when
     ``__getitem__`` only calls it (it was the call's line); at the call when the helper does
-    not read the item (the same work for every item: hoist it)."""
+    not read the item (the same work for every item: hoist it), also when the statement then
+    indexes the helper's result with the item (``self.normalize(self.X)[i]``: it was the
+    helper's line)."""
     ctx = captured(tmp_path, lambda: train_slow_getitem(transform))
     f = confirmed_one(ctx, "dataloader_throughput", "data")
     assert_at(f, tag)

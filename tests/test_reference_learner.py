@@ -49,6 +49,22 @@ def test_the_neighbours_score_the_same_rows_the_model_learned_little_from():
     assert ReferenceLearner().run(_ctx(_trainer(noise=False), None)) == []  # no own score
 
 
+def test_ids_an_embedding_looks_up_have_no_neighbours():
+    """Token ids are categories: id 41 is no nearer to 40 than to 3, so a k-NN on them scores
+    nothing about the data (it sent the label probe's many fits ahead of the probes of an
+    end-padded sequence model that learned nothing)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 50, size=(600, 12))
+    y = (ids[:, 0] > 25).astype(np.int64)
+    tr = _trainer(noise=False)
+    plain = ReferenceLearner().run(types.SimpleNamespace(
+        **vars(_ctx(tr, 0.5)), train_xy=(ids, y), model=tr.model)).learnable
+    assert plain is not None  # integers into a model without an embedding: features
+    embedded = nn.Sequential(nn.Embedding(50, 4), nn.Flatten(), nn.Linear(48, 2))
+    assert ReferenceLearner().run(types.SimpleNamespace(
+        **vars(_ctx(tr, 0.5)), train_xy=(ids, y), model=embedded)) == []
+
+
 def _tentative(tmp_path) -> DebugSession:
     s = DebugSession.create(str(tmp_path / "root"))
     s.record_artifact(ArtifactInfo("script", script="/nonexistent/train.py", seed=0))

@@ -438,6 +438,23 @@ def _discard_nested(p: Program, stmt: ast.stmt, inner: ast.Call) -> list[Edit]:
             Edit(*p.span(inner), "kept", aux=True)]
 
 
+@operator("padding_unmasked", "model", "loss_not_decreasing", "architecture",
+          "the padding of variable-length sequences no longer masked (Keras mask_zero=True "
+          "dropped, PyTorch pack_padded_sequence skipped): the recurrent layer steps through "
+          "it")
+def _padding_unmasked(p: Program) -> list[Edit]:
+    edits = []
+    for c in p.calls():
+        name = call_name(c)
+        kw = keyword(c, "mask_zero")
+        if name == "Embedding" and kw is not None and p.text(kw.value) == "True":
+            edits.append(replace(p, kw.value, "False"))
+        elif name == "pack_padded_sequence" and c.args:
+            edits.append(replace(p, c, p.text(c.args[0])))
+    need(edits, "no masked or packed padding")
+    return [dataclasses.replace(edits[0], change=True)] + edits[1:]
+
+
 @operator("init_huge_weights", "model", "gradient_instability", "architecture",
           "weights initialised 25x too large")
 def _init_huge(p: Program) -> list[Edit]:

@@ -248,12 +248,14 @@ def _hottest_line(fn, call) -> dict | None:
 
 
 def _sample_free(code, line: int) -> bool:
-    """Whether ``fn``'s statement at ``line`` reads none of its locals but ``self``.
+    """Whether ``fn``'s statement at ``line`` calls a helper of the file on no sample's data.
 
-    ``mu, sd = stats(self.ref_X)`` inside ``__getitem__(self, i)`` does the same work for every
-    sample: the fix is to hoist that call (compute it once), so it is the line to name, not the
-    helper's lines where the time goes. A statement reading the item or anything made from it
-    in ``fn`` (a local: ``rank(row, self.x)`` after ``row = self.x[i]``) is per-item work.
+    ``mu, sd = stats(self.ref_X)`` or ``x = self.normalize(self.X)[i]`` inside
+    ``__getitem__(self, i)`` does the same work for every sample (the helper is given the whole
+    array, whatever is done with its result): the fix is to hoist that call (compute it once),
+    so it is the line to name, not the helper's lines where the time goes. A call given the
+    item or anything made from it in ``fn`` (a local: ``rank(row, self.x)`` after
+    ``row = self.x[i]``) is per-item work.
     """
     import ast
 
@@ -263,11 +265,20 @@ def _sample_free(code, line: int) -> bool:
             tree = ast.parse(fh.read())
     except (OSError, SyntaxError, ValueError):
         return False
+    helpers = {n.name for n in ast.walk(tree)
+               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line]
-    if not stmts:
-        return False
-    return all(not local & {x.id for x in ast.walk(st) if isinstance(x, ast.Name) and
-                            isinstance(x.ctx, ast.Load)} for st in stmts)
+
+    def helper_call(node) -> bool:
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) and isinstance(
+            func.value, ast.Name) and func.value.id == "self" else \
+            func.id if isinstance(func, ast.Name) else None
+        return name in helpers and not local & {
+            x.id for x in ast.walk(node) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Load)}
+
+    return any(isinstance(node, ast.Call) and helper_call(node)
+               for st in stmts for node in ast.walk(st))
 
 
 def _own(path: str) -> bool:

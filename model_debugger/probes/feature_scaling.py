@@ -22,6 +22,7 @@ import numpy as np
 
 from ..records import Finding
 from . import _numpy_stats as st
+from ._layers import keras_layers, token_ids
 from .base import Probe, ProbeContext, register
 
 RATIO = 100.0       # spread disparity between features
@@ -54,7 +55,7 @@ class FeatureScaling(Probe):
 
     def applies(self, ctx: ProbeContext) -> bool:
         """When training input arrays are available and are features, not token ids."""
-        return super().applies(ctx) and ctx.train_xy is not None and not _token_ids(ctx)
+        return super().applies(ctx) and ctx.train_xy is not None and not token_ids(ctx)
 
     def run(self, ctx: ProbeContext) -> list[Finding]:
         """One confirmed finding, naming the worst features, when a criterion above holds.
@@ -251,7 +252,7 @@ def _normalised_inside(ctx: ProbeContext) -> tuple | None:
         import keras
 
         first = model.inputs[0]
-        layers = [layer for layer in _keras_layers(model)
+        layers = [layer for layer in keras_layers(model)
                   if isinstance(layer, keras.layers.Normalization) and not layer.invert
                   and any(node.input_tensors and node.input_tensors[0] is first
                           for node in getattr(layer, "_inbound_nodes", []))]
@@ -278,40 +279,3 @@ def _layer_line(ctx: ProbeContext, layer) -> dict | None:
     from ._heldout import source_line
 
     return source_line(ctx, re.compile(rf"\b{type(layer).__name__}\s*\("), near=ctx.ref("model"))
-
-
-def _token_ids(ctx: ProbeContext) -> bool:
-    """Whether the inputs are integer ids an embedding looks up (their scale means nothing).
-
-    Integer inputs (or integral floats) to a model holding an embedding layer: a vocabulary
-    index of 9000 is no feature 9000 times another's. Integer inputs of a model without one
-    (counts, prices read as ``int64``) are features and are judged.
-    """
-    x = ctx.train_xy[0] if ctx.train_xy is not None else None
-    if x is None or ctx.model is None:
-        return False
-    try:  # integral values (a framework may hand them over as floats)
-        values = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
-        integer = np.issubdtype(values.dtype, np.integer) or (
-            np.issubdtype(values.dtype, np.floating) and np.isfinite(values).all()
-            and bool((values == np.round(values)).all()))
-    except (TypeError, ValueError):
-        return False
-    if not integer:
-        return False
-    modules = ctx.model.modules() if hasattr(ctx.model, "modules") and \
-        callable(ctx.model.modules) else _keras_layers(ctx.model)
-    return any(type(m).__name__ in _EMBEDDINGS for m in modules)
-
-
-_EMBEDDINGS = ("Embedding", "EmbeddingBag")  # torch's and Keras' lookup layers (not PatchEmbedding)
-
-
-def _keras_layers(model) -> list:
-    """Every layer of a Keras model, nested ones too."""
-    out, stack = [], list(getattr(model, "layers", []))
-    while stack:
-        layer = stack.pop()
-        out.append(layer)
-        stack.extend(getattr(layer, "layers", []))
-    return out

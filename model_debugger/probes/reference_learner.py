@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _numpy_stats as st
+from ._layers import token_ids
 from .base import Probe, ProbeContext, register
 from .report import ProbeResult
 
@@ -36,11 +37,12 @@ class ReferenceLearner(Probe):
         """``learnable``: the neighbours' and the model's scores.
 
         Nothing when either is unknown (no kept rows of one flat numeric input, no score of
-        the run's own).
+        the run's own), or when the inputs are ids an embedding looks up (a token id is no
+        nearer to the next id than to any other: neighbours on ids measure nothing).
         """
         tr = ctx.trainer
-        if tr is None or tr.n < MIN_ROWS:
-            return []
+        if tr is None or tr.n < MIN_ROWS or token_ids(ctx):
+            return []  # (ids an embedding looks up have no distance: no neighbours)
         inputs, target = tr.subset(np.arange(tr.n))
         if len(inputs) != 1:
             return []
