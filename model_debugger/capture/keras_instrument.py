@@ -24,6 +24,7 @@ a capture is active, and where it is handled:
 
 from __future__ import annotations
 
+import math
 import sys
 import weakref
 
@@ -63,6 +64,7 @@ class KerasInstrument(FitHooks, CallbackTiming, LoopHooks, StepHooks, Instrument
         self._tf = None
         self._keras = None
         self._opt_locs: dict[int, dict] = {}
+        self._opt_built: dict[int, float] = {}  # the rate an optimizer was built with (a number)
         self._opts: dict[int, weakref.ref] = {}
         self._models: dict[int, weakref.ref] = {}
         self._root = None
@@ -331,6 +333,9 @@ class KerasInstrument(FitHooks, CallbackTiming, LoopHooks, StepHooks, Instrument
                 loc = user_location(sys._getframe())
                 if loc is not None:
                     inst._opt_locs[id(opt)] = loc
+                    rate = kwargs.get("learning_rate", args[0] if args else None)
+                    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+                        inst._opt_built[id(opt)] = float(rate)  # (not a schedule)
 
         __init__.__wrapped__ = original
         return __init__
@@ -343,6 +348,10 @@ class KerasInstrument(FitHooks, CallbackTiming, LoopHooks, StepHooks, Instrument
         self._rate_of = self._opts[id(opt)]
         loc = self._opt_locs.get(id(opt)) or fallback
         hyper, config = self._hyper(opt)
+        built = self._opt_built.get(id(opt))
+        if built is not None and hyper.get("lr") is not None and \
+                not math.isclose(built, hyper["lr"], rel_tol=1e-6):
+            hyper["lr_built"] = built  # a rate written by hand before the first step
         self.keeper.on_optimizer(opt, hyper, config)
         self.ref("optimizer", loc, cls=type(opt).__name__)
         self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper, location=loc,

@@ -94,7 +94,7 @@ class LrSchedule(Probe):
             + (f" Its {_scheduler_cls(ctx)}, sized in epochs, is stepped "
                "after every batch (here): step it once per epoch." if per_batch else ""),
             per_batch or _decay_origin(ctx.ref("scheduler")) or
-            rate_written(ctx.source_files) or ctx.ref("optimizer"), undone=confirmed,
+            rate_written(ctx.source_files, ctx.ref("optimizer")) or ctx.ref("optimizer"), undone=confirmed,
             strength=0.8 if confirmed else 0.15, lr_peak=peak, lr_median=typical,
             lr_collapsed_share=share, heldout_median_lr=held, heldout_peak_lr=at_peak)]
 
@@ -111,7 +111,7 @@ class LrSchedule(Probe):
             f"{own:.4g} at the optimizer's rate and {high:.4g} at the raised one"
             + (": the schedule's rise, not the base rate, drove it unstable." if confirmed else
                ": not clearly worse, so the rise is not what made it unstable."),
-            _decay_origin(ctx.ref("scheduler")) or rate_written(ctx.source_files) or
+            _decay_origin(ctx.ref("scheduler")) or rate_written(ctx.source_files, ctx.ref("optimizer")) or
             ctx.ref("optimizer"), undone=confirmed, strength=0.85 if confirmed else 0.15,
             lr_base=base, lr_reached=reached, at_step=step, heldout_base_lr=own,
             heldout_reached_lr=high)]
@@ -122,6 +122,8 @@ class LrSchedule(Probe):
         held = heldout_loss(ctx.trainer, ctx, lr=typical, best=True)
         own = heldout_loss(ctx.trainer, ctx, lr=base, best=True)
         confirmed = own < BETTER * held
+        again = restarts(rate_per_step(ctx.run.of("lr"), steps))  # (where the rate is written
+        # then: the step it is computed from starts again, not the warm-up's length)
         return [self.finding(
             "hyperparameter", confirmed,
             f"The schedule kept the learning rate below {STARVED:.0%} of the optimizer's own "
@@ -130,11 +132,15 @@ class LrSchedule(Probe):
             f"copies trained on the same rows reach a held-out loss of {own:.4g} at the "
             f"optimizer's rate and {held:.4g} at the median one"
             + (": the schedule never lets the model train." if confirmed else
-               ": no clearly better, so the schedule is not what holds the loss up."),
-            _warmup_origin(ctx) or _decay_origin(ctx.ref("scheduler")) or
-            rate_written(ctx.source_files) or ctx.ref("optimizer"), undone=confirmed,
-            strength=0.8 if confirmed else 0.15, lr_base=base, lr_median=typical,
-            lr_starved_share=share, heldout_base_lr=own, heldout_median_lr=held)]
+               ": no clearly better, so the schedule is not what holds the loss up.")
+            + (f" The rate fell back to its start {again} times: the schedule is computed "
+               "from a step that starts again (the batch's index within the epoch), not the "
+               "global step." if again >= 2 else ""),
+            (rate_written(ctx.source_files, ctx.ref("optimizer")) if again >= 2 else None) or _warmup_origin(ctx) or
+            _decay_origin(ctx.ref("scheduler")) or rate_written(ctx.source_files, ctx.ref("optimizer")) or
+            ctx.ref("optimizer"), undone=confirmed, strength=0.8 if confirmed else 0.15,
+            lr_base=base, lr_median=typical, lr_starved_share=share, heldout_base_lr=own,
+            heldout_median_lr=held, restarts=again)]
 
 
 STARVED = 0.1  # a rate below this share of the optimizer's own ...
@@ -228,16 +234,40 @@ def _per_batch(ctx: ProbeContext) -> dict | None:
 def _own_rate(ctx: ProbeContext) -> tuple[float, np.ndarray] | None:
     """The optimizer's own rate and the first group's rate at every step, or None.
 
-    None for a Keras optimizer (its rate is the schedule: no rate of its own), schedules that
-    set their own peak, and a run without a trainer.
+    A Keras optimizer's own rate is the number it was built with, when the loop wrote another
+    before its first step (``optimizer.learning_rate.assign(...)``); None for other Keras
+    optimizers (their rate is the schedule: no rate of their own), schedules that set their
+    own peak, and a run without a trainer.
     """
-    if ctx.framework != "torch" or _scheduler_cls(ctx) in OWN_PEAK or ctx.trainer is None:
+    if _scheduler_cls(ctx) in OWN_PEAK or ctx.trainer is None:
         return None
+    key = "lr" if ctx.framework == "torch" else "lr_built"
     try:
-        base = float(ctx.trainer.hyper["lr"])
+        base = float(ctx.trainer.hyper[key])
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
     return base, rate_per_step(ctx.run.of("lr"), len(ctx.run.steps))
+
+
+RESTART = 4.0  # a rate this many times its first that falls back to it restarts its schedule
+
+
+def restarts(rates: np.ndarray) -> int:
+    """How many times the rate, having risen ``RESTART``-fold over its first value, fell back.
+
+    A warm-up indexed by the step within the epoch (``enumerate(batches)``) instead of the
+    global step starts again every epoch: a saw-tooth that never reaches the rate it ramps to.
+    """
+    rates = rates[np.isfinite(rates) & (rates > 0)]
+    if len(rates) < 3:
+        return 0
+    first, count, high = rates[0], 0, False
+    for r in rates[1:]:
+        if r >= RESTART * first:
+            high = True
+        elif high and r <= 1.5 * first:
+            count, high = count + 1, False
+    return count
 
 
 def _raised(ctx: ProbeContext) -> tuple[float, float, int] | None:
@@ -308,26 +338,44 @@ def _schedule_function(location: dict | None) -> dict | None:
     return None
 
 
-def rate_written(sources: dict) -> dict | None:
+def rate_written(sources: dict, near: dict | None = None) -> dict | None:
     """The user's line that writes the learning rate into the optimizer, when no scheduler does.
 
-    ``g["lr"] = g["lr"] * warm`` over ``opt.param_groups``, or a Keras callback's
-    ``self.model.optimizer.learning_rate = lr * factor``: a schedule written by hand is set
-    there, not where the optimizer was built. The first such assignment of the code.
+    ``g["lr"] = g["lr"] * warm`` over ``opt.param_groups``, a Keras callback's
+    ``self.model.optimizer.learning_rate = lr * factor``, ``optimizer.learning_rate.assign(r)``
+    or ``K.set_value(optimizer.lr, r)``: a schedule written by hand is set there, not where the
+    optimizer was built. The first such write after ``near`` (where the optimizer was built) in
+    its file, else the first of the code.
     """
     import ast
 
+    def rate(t, owner: str = "opt") -> bool:
+        return isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and \
+            t.slice.value in ("lr", "learning_rate") or \
+            isinstance(t, ast.Attribute) and t.attr in ("lr", "learning_rate") and \
+            owner in ast.unparse(t.value) and ast.unparse(t.value) != "self"
+
+    def writes(node) -> bool:
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            return any(rate(t) for t in (node.targets if isinstance(node, ast.Assign)
+                                         else [node.target]))
+        if not isinstance(node, ast.Call):
+            return False
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "assign":
+            return rate(func.value, "")  # opt.learning_rate.assign(r): a variable's write
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        return name == "set_value" and bool(node.args) and rate(node.args[0], "")
+
+    found = []
     for path, text in (sources or {}).items():
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
-        for node in sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))),
-                           key=lambda n: n.lineno):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and
-                   t.slice.value in ("lr", "learning_rate") or
-                   isinstance(t, ast.Attribute) and t.attr in ("lr", "learning_rate") and
-                   "optimizer" in ast.unparse(t.value) for t in targets):
-                return {"file": path, "line": node.lineno}
-    return None
+        found += [(path, n.lineno) for n in sorted((n for n in ast.walk(tree) if writes(n)),
+                                                   key=lambda n: n.lineno)]
+    if near and isinstance(near.get("line"), int):
+        after = [w for w in found if w[0] == near.get("file") and w[1] > near["line"]]
+        found = after or found
+    return {"file": found[0][0], "line": found[0][1]} if found else None
