@@ -58,7 +58,7 @@ class UnmaskedPadding(Probe):
             return False
         if not _recurrent(ctx.model, tr.framework) or _keras_masks(ctx.model, tr.framework):
             return False
-        return padding(tr.inputs[0]) is not None
+        return padding(tr.inputs[0]) is not None and not _packs(tr)
 
     def run(self, ctx: ProbeContext):
         """One finding; confirmed when the front-padded copy is clearly better."""
@@ -171,6 +171,36 @@ def _recurrent(model, framework: str) -> list[str]:
             return []
     return [layer.name for layer in keras_layers(model)
             if type(layer).__name__ in _KERAS_RNN]
+
+
+def _packs(tr) -> bool:
+    """Whether a PyTorch model hands its recurrent layers packed sequences (one forward).
+
+    ``pack_padded_sequence`` gives the layer each row's true length: it never steps through
+    the padding, wherever it stands.
+    """
+    if tr.framework != "torch":
+        return False
+    import torch
+    from torch.nn.utils.rnn import PackedSequence
+
+    model = tr.fresh_model()
+    packed: list[bool] = []
+
+    def look(_module, args):
+        packed.append(bool(args) and isinstance(args[0], PackedSequence))
+
+    handles = [m.register_forward_pre_hook(look) for m in model.modules()
+               if type(m).__name__ in _TORCH_RNN]
+    try:
+        with torch.no_grad():
+            tr.forward(model.eval(), tuple(x[:16] for x in tr.inputs))
+    except Exception:  # noqa: BLE001 - a batch the copy cannot take: judged by the experiment
+        return False
+    finally:
+        for h in handles:
+            h.remove()
+    return any(packed)
 
 
 def _keras_masks(model, framework: str) -> bool:
