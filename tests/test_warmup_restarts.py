@@ -5,9 +5,10 @@ again every epoch: the rate saw-tooths below a few percent of the optimizer's an
 moves. The twin computes it from the global step and reaches the rate. ``lr_schedule`` must
 confirm the first (a copy at the optimizer's own rate learns clearly better), located where the
 rate is written (not where the warm-up's length is set), in PyTorch (``param_groups``) and in a
-Keras ``GradientTape`` loop (``optimizer.learning_rate.assign``, where the rate the optimizer was
-built with is only known from its construction: the capture keeps it as ``lr_built``); and leave
-the twin alone.
+Keras ``GradientTape`` loop (``optimizer.learning_rate.assign``) and a ``fit`` callback
+(``self.model.optimizer.learning_rate = ...``), where the rate the optimizer was built with is
+only known from its construction (the capture keeps it as ``lr_built``); and leave the twin
+alone.
 """
 
 from __future__ import annotations
@@ -89,6 +90,27 @@ def train_keras(per_epoch: bool):
             seen += 1
 
 
+def train_keras_fit(per_epoch: bool):
+    import keras
+
+    x, y = data()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=PEAK, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    class WarmUp(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            rate = warm(batch if per_epoch else self.seen)
+            self.model.optimizer.learning_rate = rate  # <keras_fit-write>
+            self.seen += 1
+
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[WarmUp()], verbose=0)
+
+
 def context(tmp_path, train):
     path = str(tmp_path / "record.jsonl")
     rec = model_debugger.capture(path)
@@ -98,15 +120,15 @@ def context(tmp_path, train):
     return build_context(run, rec.keeper, {HERE: open(HERE, encoding="utf-8").read()}, 120.0)
 
 
-@pytest.mark.parametrize("framework", ["torch", "keras"])
+@pytest.mark.parametrize("framework", ["torch", "keras", "keras_fit"])
 @pytest.mark.parametrize("per_epoch", [True, False], ids=["per_epoch", "global"])
 def test_a_warm_up_that_starts_again_every_epoch(tmp_path, framework, per_epoch):
-    if framework == "keras":
+    if framework != "torch":
         pytest.importorskip("tensorflow")
-    train = train_torch if framework == "torch" else train_keras
+    train = {"torch": train_torch, "keras": train_keras, "keras_fit": train_keras_fit}[framework]
     ctx = context(tmp_path, lambda: train(per_epoch))
-    if framework == "keras":
-        assert ctx.trainer.hyper["lr_built"] == PEAK  # (the loop wrote another before step 1)
+    if framework != "torch":
+        assert ctx.trainer.hyper["lr_built"] == PEAK  # (the number it was built with)
     if not per_epoch:
         assert _starved(ctx) is None  # it reaches the optimizer's rate
         return
@@ -126,13 +148,32 @@ def test_restarts_count_the_rate_falling_back_to_its_start():
 
 @pytest.mark.parametrize("code,written", [
     ("optimizer.learning_rate.assign(rate)", True),
-    ("opt.lr.assign(rate)", True),
+    ("opt = SGD(0.1)\nopt.lr.assign(rate)", True),  # by the name it was built under
     ("K.set_value(model.optimizer.lr, rate)", True),
     ("self.model.optimizer.learning_rate = rate", True),
     ("for g in opt.param_groups:\n    g['lr'] = rate", True),
+    ("opt.param_groups[0]['lr'] = rate", True),
     ("self.lr = 0.1", False),  # a module's own attribute
     ("self.learning_rate.assign(rate)", False),
     ("lr.assign(rate)", False),
+    ("opt = parser.parse_args()\nopt.lr = opt.lr * 2", False),  # argparse, not an optimizer
+    ("cfg.optim.lr = 3e-4", False),
+    ("options.learning_rate = 0.1", False),
+    ("schedule_state.lr.assign(rate)", False),
+    ("stats['lr'] = opt.param_groups[0]['lr']", False),  # a log of the rate
 ])
 def test_the_lines_that_write_a_rate_into_an_optimizer(code, written):
-    assert (rate_written({"f.py": code}) is not None) is written
+    built = {"file": "f.py", "line": 1} if "SGD(" in code else None
+    assert (rate_written({"f.py": code}, built) is not None) is written
+
+
+def test_the_write_after_the_optimizer_is_built_is_the_one_named():
+    code = ("def adjust(opt, rate):\n"
+            "    for g in opt.param_groups:\n"
+            "        g['lr'] = rate\n"
+            "opt = SGD(0.1)\n"
+            "stats = {'lr': opt.param_groups[0]['lr']}\n"
+            "optimizer.learning_rate = 0.3\n")
+    assert rate_written({"f.py": code}, {"file": "f.py", "line": 4})["line"] == 6
+    assert rate_written({"f.py": code[:code.index("optimizer.")]},
+                        {"file": "f.py", "line": 4})["line"] == 3  # (none after it)

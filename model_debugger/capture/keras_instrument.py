@@ -24,7 +24,6 @@ a capture is active, and where it is handled:
 
 from __future__ import annotations
 
-import math
 import sys
 import weakref
 
@@ -334,7 +333,8 @@ class KerasInstrument(FitHooks, CallbackTiming, LoopHooks, StepHooks, Instrument
                 if loc is not None:
                     inst._opt_locs[id(opt)] = loc
                     rate = kwargs.get("learning_rate", args[0] if args else None)
-                    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+                    if isinstance(rate, (int, float)) and not isinstance(rate, bool) and \
+                            type(opt).__name__ != "LossScaleOptimizer":  # (its own 0.0)
                         inst._opt_built[id(opt)] = float(rate)  # (not a schedule)
 
         __init__.__wrapped__ = original
@@ -349,9 +349,8 @@ class KerasInstrument(FitHooks, CallbackTiming, LoopHooks, StepHooks, Instrument
         loc = self._opt_locs.get(id(opt)) or fallback
         hyper, config = self._hyper(opt)
         built = self._opt_built.get(id(opt))
-        if built is not None and hyper.get("lr") is not None and \
-                not math.isclose(built, hyper["lr"], rel_tol=1e-6):
-            hyper["lr_built"] = built  # a rate written by hand before the first step
+        if built is not None:  # what a rate written by hand later (a callback, an assign in
+            hyper["lr_built"] = built  # the loop, maybe before the first step) departs from
         self.keeper.on_optimizer(opt, hyper, config)
         self.ref("optimizer", loc, cls=type(opt).__name__)
         self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper, location=loc,

@@ -8,10 +8,10 @@ EMBEDDINGS = ("Embedding", "EmbeddingBag")  # torch's and Keras' lookup layers (
 
 
 def keras_layers(model) -> list:
-    """Every layer of a Keras model, nested ones too."""
+    """Every layer of a Keras model, nested ones too (outer ones first, in order)."""
     out, stack = [], list(getattr(model, "layers", None) or [])
     while stack:
-        layer = stack.pop()
+        layer = stack.pop(0)
         out.append(layer)
         stack.extend(getattr(layer, "layers", None) or [])
     return out

@@ -197,6 +197,7 @@ def _hottest_line(fn, call) -> dict | None:
     at: list = [None, 0.0, None]  # the (file, line) running in the innermost user frame, since
     # when, and fn's own line then
     inside = [0]  # user frames of fn's call on the stack
+    callees: dict[int, set] = {}  # fn's line -> names of the user functions it called there
 
     def charge(key) -> None:
         now = time.perf_counter()
@@ -219,6 +220,9 @@ def _hottest_line(fn, call) -> dict | None:
 
     def calls(frame, event, arg):
         if frame.f_code is code or inside[0] and _own(frame.f_code.co_filename):
+            back = frame.f_back
+            if back is not None and back.f_code is code and frame.f_code is not code:
+                callees.setdefault(back.f_lineno, set()).add(frame.f_code.co_name)
             inside[0] += 1
             charge(None)
             return local
@@ -242,20 +246,22 @@ def _hottest_line(fn, call) -> dict | None:
               default=code.co_firstlineno)
     if outer and not (file == code.co_filename and code.co_firstlineno <= line <= end):
         caller = max(outer.items(), key=lambda kv: kv[1])[0]  # fn's line that reached a helper
-        if _sample_free(code, caller):
+        if _sample_free(code, caller, callees.get(caller, set())):
             return {"file": code.co_filename, "line": caller}
     return {"file": file, "line": line}
 
 
-def _sample_free(code, line: int) -> bool:
-    """Whether ``fn``'s statement at ``line`` calls a helper of the file on no sample's data.
+def _sample_free(code, line: int, callees: set) -> bool:
+    """Whether ``fn``'s statement at ``line`` reaches the slow helper on no sample's data.
 
     ``mu, sd = stats(self.ref_X)`` or ``x = self.normalize(self.X)[i]`` inside
     ``__getitem__(self, i)`` does the same work for every sample (the helper is given the whole
     array, whatever is done with its result): the fix is to hoist that call (compute it once),
     so it is the line to name, not the helper's lines where the time goes. A call given the
     item or anything made from it in ``fn`` (a local: ``rank(row, self.x)`` after
-    ``row = self.x[i]``) is per-item work.
+    ``row = self.x[i]``) is per-item work. ``callees``: the names of the user functions the
+    statement was seen calling; only those calls are judged (a cheap call beside them on the
+    line does not count). Without them, the whole statement is.
     """
     import ast
 
@@ -265,20 +271,23 @@ def _sample_free(code, line: int) -> bool:
             tree = ast.parse(fh.read())
     except (OSError, SyntaxError, ValueError):
         return False
-    helpers = {n.name for n in ast.walk(tree)
-               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line]
+    if not stmts:
+        return False
 
-    def helper_call(node) -> bool:
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) and isinstance(
-            func.value, ast.Name) and func.value.id == "self" else \
-            func.id if isinstance(func, ast.Name) else None
-        return name in helpers and not local & {
-            x.id for x in ast.walk(node) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Load)}
+    def free(node) -> bool:
+        return not local & {x.id for x in ast.walk(node)
+                            if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Load)}
 
-    return any(isinstance(node, ast.Call) and helper_call(node)
-               for st in stmts for node in ast.walk(st))
+    def name(call: ast.Call) -> str | None:
+        func = call.func
+        return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+    reaching = [n for st in stmts for n in ast.walk(st)
+                if isinstance(n, ast.Call) and name(n) in callees]
+    if reaching:
+        return all(free(n) for n in reaching)
+    return all(free(st) for st in stmts)
 
 
 def _own(path: str) -> bool:

@@ -9,8 +9,10 @@ model or the data, holds the loss up). A rise: on an unstable run, the schedule 
 rate to at least ``RAISED`` times the optimizer's own rate when the first non-finite value
 appeared (or at its peak); confirmed when a copy at the optimizer's rate trains where one at
 the raised rate diverges or ends clearly worse (a warm-up that climbs to the optimizer's rate
-is no rise). PyTorch schedules, and a Keras optimizer's ``learning_rate`` (a schedule or a
-callback that writes it).
+is no rise). A warm-up that never reached the optimizer's own rate (in Keras, the number it
+was built with): a copy at that rate against one at the run's median; located where the rate is
+written when the rate fell back to its start every epoch. PyTorch schedules, and a Keras
+optimizer's ``learning_rate`` (a schedule, a callback or a loop that writes it).
 """
 
 from __future__ import annotations
@@ -133,10 +135,11 @@ class LrSchedule(Probe):
             f"optimizer's rate and {held:.4g} at the median one"
             + (": the schedule never lets the model train." if confirmed else
                ": no clearly better, so the schedule is not what holds the loss up.")
-            + (f" The rate fell back to its start {again} times: the schedule is computed "
-               "from a step that starts again (the batch's index within the epoch), not the "
-               "global step." if again >= 2 else ""),
-            (rate_written(ctx.source_files, ctx.ref("optimizer")) if again >= 2 else None) or _warmup_origin(ctx) or
+            + (f" The rate fell back to its start {again} times: the schedule starts again "
+               "(computed from the batch's index within the epoch, or built again every "
+               "epoch), not from the global step." if again >= 2 else ""),
+            (rate_written(ctx.source_files, ctx.ref("optimizer"))
+             if again >= 2 and ctx.ref("scheduler") is None else None) or _warmup_origin(ctx) or
             _decay_origin(ctx.ref("scheduler")) or rate_written(ctx.source_files, ctx.ref("optimizer")) or
             ctx.ref("optimizer"), undone=confirmed, strength=0.8 if confirmed else 0.15,
             lr_base=base, lr_median=typical, lr_starved_share=share, heldout_base_lr=own,
@@ -152,8 +155,8 @@ def _starved(ctx: ProbeContext) -> tuple[float, float, float] | None:
     When the schedule rose towards the optimizer's own rate and never reached
     :data:`STARVED` of it, below it for at least :data:`COLLAPSED` of the steps (a warm-up of
     10000 steps in a run of 400); None otherwise: a decay from the optimizer's rate, a group
-    given a lower rate of its own, schedules that set their own peak, a Keras optimizer (whose
-    rate is the schedule).
+    given a lower rate of its own, schedules that set their own peak, a Keras optimizer built
+    with a schedule (its rate is the schedule: no number of its own).
     """
     own = _own_rate(ctx)
     if own is None:
@@ -344,28 +347,38 @@ def rate_written(sources: dict, near: dict | None = None) -> dict | None:
     ``g["lr"] = g["lr"] * warm`` over ``opt.param_groups``, a Keras callback's
     ``self.model.optimizer.learning_rate = lr * factor``, ``optimizer.learning_rate.assign(r)``
     or ``K.set_value(optimizer.lr, r)``: a schedule written by hand is set there, not where the
-    optimizer was built. The first such write after ``near`` (where the optimizer was built) in
-    its file, else the first of the code.
+    optimizer was built. The optimizer is an object named ``optimizer`` (``self.optimizer``,
+    ``model.optimizer``) or by the name it was given where it was built (``near``); a group is
+    a subscript of ``param_groups`` or a loop variable over them (``stats["lr"] = ...`` and an
+    argparse ``args.lr`` are not the optimizer). The first such write after ``near`` in its
+    file, else the first of the code.
     """
     import ast
 
-    def rate(t, owner: str = "opt") -> bool:
-        return isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and \
-            t.slice.value in ("lr", "learning_rate") or \
-            isinstance(t, ast.Attribute) and t.attr in ("lr", "learning_rate") and \
-            owner in ast.unparse(t.value) and ast.unparse(t.value) != "self"
+    owners = {"optimizer", "optimiser"}
+    built = _assigned_name(sources, near)
+    if built:
+        owners.add(built)
 
-    def writes(node) -> bool:
+    def rate(t, groups: set) -> bool:
+        if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and \
+                t.slice.value in ("lr", "learning_rate"):
+            return isinstance(t.value, ast.Name) and t.value.id in groups or \
+                "param_groups" in ast.unparse(t.value)
+        return isinstance(t, ast.Attribute) and t.attr in ("lr", "learning_rate") and \
+            ast.unparse(t.value).split(".")[-1] in owners
+
+    def writes(node, groups: set) -> bool:
         if isinstance(node, (ast.Assign, ast.AugAssign)):
-            return any(rate(t) for t in (node.targets if isinstance(node, ast.Assign)
-                                         else [node.target]))
+            return any(rate(t, groups) for t in (node.targets if isinstance(node, ast.Assign)
+                                                 else [node.target]))
         if not isinstance(node, ast.Call):
             return False
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "assign":
-            return rate(func.value, "")  # opt.learning_rate.assign(r): a variable's write
+            return rate(func.value, groups)  # optimizer.learning_rate.assign(r)
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        return name == "set_value" and bool(node.args) and rate(node.args[0], "")
+        return name == "set_value" and bool(node.args) and rate(node.args[0], groups)
 
     found = []
     for path, text in (sources or {}).items():
@@ -373,9 +386,33 @@ def rate_written(sources: dict, near: dict | None = None) -> dict | None:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
-        found += [(path, n.lineno) for n in sorted((n for n in ast.walk(tree) if writes(n)),
-                                                   key=lambda n: n.lineno)]
+        groups = {n.target.id for n in ast.walk(tree)  # ``for g in opt.param_groups:``
+                  if isinstance(n, (ast.For, ast.comprehension)) and
+                  isinstance(n.target, ast.Name) and "param_groups" in ast.unparse(n.iter)}
+        found += [(path, n.lineno) for n in sorted(
+            (n for n in ast.walk(tree) if writes(n, groups)), key=lambda n: n.lineno)]
     if near and isinstance(near.get("line"), int):
         after = [w for w in found if w[0] == near.get("file") and w[1] > near["line"]]
         found = after or found
     return {"file": found[0][0], "line": found[0][1]} if found else None
+
+
+def _assigned_name(sources: dict, at: dict | None) -> str | None:
+    """The name (or attribute) assigned on the line ``at`` (``opt = Adam(...)``: ``opt``)."""
+    import ast
+
+    text = (sources or {}).get((at or {}).get("file"))
+    if not isinstance(text, str) or not isinstance(at.get("line"), int):
+        return None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and node.lineno == at["line"]:
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    return t.id
+                if isinstance(t, ast.Attribute):
+                    return t.attr
+    return None

@@ -23,7 +23,7 @@ import re
 import numpy as np
 
 from ._heldout import BETTER, as_is, heldout_variants, prior_loss, source_line
-from ._layers import keras_layers
+from ._layers import EMBEDDINGS, keras_layers, parts
 from ._made import attribute_line
 from .base import Probe, ProbeContext, register
 
@@ -45,7 +45,7 @@ class UnmaskedPadding(Probe):
     cost = 2
     needs_live = True
     frameworks = ("torch", "keras")
-    categories = ("loss_not_decreasing", "convergence_to_wrong_solution", "overfitting")
+    categories = ("loss_not_decreasing", "convergence_to_wrong_solution")
     fix = ("Keep the recurrent layer from reading the padding: mask it (Keras: "
            "Embedding(..., mask_zero=True) or a Masking layer; PyTorch: "
            "nn.utils.rnn.pack_padded_sequence with the true lengths), or pad at the front "
@@ -58,7 +58,13 @@ class UnmaskedPadding(Probe):
             return False
         if not _recurrent(ctx.model, tr.framework) or _keras_masks(ctx.model, tr.framework):
             return False
-        return padding(tr.inputs[0]) is not None and not _packs(tr)
+        first, target = tr.inputs[0], tr.targets
+        if getattr(target, "ndim", 0) >= 2 and tuple(target.shape[:2]) == tuple(first.shape[:2]):
+            return False  # a target per step (a tagger): each output is read where it stands
+        if getattr(first, "ndim", 0) == 2 and not any(
+                type(m).__name__ in EMBEDDINGS for m in parts(ctx.model)):
+            return False  # integer steps that no embedding looks up: zeros may be data
+        return padding(first) is not None and not _packs(tr)
 
     def run(self, ctx: ProbeContext):
         """One finding; confirmed when the front-padded copy is clearly better."""
@@ -140,23 +146,32 @@ def _trailing(pad: np.ndarray) -> np.ndarray:
 
 
 def front_padded(inputs, target, cut):
-    """The variant whose first input's rows carry their padding at the front (same steps)."""
+    """The variant whose rows carry their padding at the front (same steps).
+
+    The first input's trailing padding decides each row's shift; every input with the same
+    ``(rows, steps)`` leading axes (a mask, per-step features) is moved with it.
+    """
     x = inputs[0]
     pad = _pad_steps(x)
     shift = _trailing(pad)
     steps = pad.shape[1]
     source = (np.arange(steps)[None, :] - shift[:, None]) % steps  # a roll right by ``shift``
-    if hasattr(x, "detach"):
+    lead = tuple(x.shape[:2])
+    return tuple(_moved(a, source) if getattr(a, "ndim", 0) >= 2 and
+                 tuple(a.shape[:2]) == lead else a for a in inputs), target
+
+
+def _moved(a, source: np.ndarray):
+    """``a`` (rows, steps, ...) with each row's steps taken from ``source``'s positions."""
+    if hasattr(a, "detach"):
         import torch
 
-        index = torch.as_tensor(source, device=x.device)
-        if x.ndim == 3:
-            index = index[:, :, None].expand(-1, -1, x.shape[2])
-        moved = torch.gather(x, 1, index)
-    else:
-        index = source if x.ndim == 2 else np.repeat(source[:, :, None], x.shape[2], axis=2)
-        moved = np.take_along_axis(np.asarray(x), index, axis=1)
-    return (moved, *inputs[1:]), target
+        index = torch.as_tensor(source, dtype=torch.long, device=a.device)
+        index = index.reshape(*index.shape, *([1] * (a.ndim - 2))).expand(a.shape)
+        return torch.gather(a, 1, index)
+    a = np.asarray(a)
+    index = source.reshape(*source.shape, *([1] * (a.ndim - 2)))
+    return np.take_along_axis(a, np.broadcast_to(index, a.shape), axis=1)
 
 
 def _recurrent(model, framework: str) -> list[str]:
