@@ -1061,6 +1061,19 @@ def test_overfit_small_batch_bounded_output_is_architecture(tmp_path):
     assert f.evidence["tried"] and f.evidence["best_over_initial"] > 0.5
 
 
+def test_overfit_small_batch_without_time_for_other_rates_confirms_nothing(tmp_path):
+    """A copy that cannot fit the samples blames the model only once the other rates were
+    tried: a budget that ends first leaves a hypothesis (a rate 1e-7 LSTM was blamed on its
+    architecture with none tried)."""
+    from model_debugger.probes.overfit_small_batch import OverfitSmallBatch
+
+    ctx = captured(tmp_path, train_bounded_output)
+    ctx.time_left = lambda: 1.0  # (the probe's first fit runs whatever is left)
+    [f] = OverfitSmallBatch().run(ctx)
+    assert (f.root_cause, f.confirmed) == ("architecture", False)
+    assert f.evidence["tried"] == {} and "not ruled out" in f.explanation
+
+
 def test_dead_units_dead_at_init_is_architecture(tmp_path):
     ctx = captured(tmp_path, train_dead_relu)
     f = confirmed_one(ctx, "dead_units", "architecture")

@@ -81,6 +81,15 @@ class OverfitSmallBatch(Probe):
                     setting_location(ctx.ref("optimizer"), "lr"), lr=tr.lr, working_lr=lr,
                     unstable=unstable, lever=True,
                     best_over_initial=best / initial, tried=tried, strength=0.75)]
+        if len(tried) < len(factors):  # the budget ended before the rates were ruled out
+            return [self.finding(
+                "architecture", False,
+                f"A fresh copy of the model cannot fit {SAMPLES} samples: loss {initial:.4g} -> "
+                f"{best:.4g} in {steps} steps. Only {len(tried)} of {len(factors)} other "
+                f"learning rates could be tried within the time left ({tried or 'none'}), so a "
+                "rate is not ruled out.",
+                ctx.ref("model") or ctx.ref("loss_fn"), lr=tr.lr,
+                best_over_initial=best / initial, tried=tried, strength=0.3)]
         return [self.finding(
             "architecture", True,
             f"A fresh copy of the model cannot fit {SAMPLES} samples: loss {initial:.4g} -> "
