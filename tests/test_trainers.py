@@ -498,3 +498,24 @@ def test_an_epoch_sized_schedule_lightning_steps_every_batch_is_a_loop_finding(t
     [f] = [f for f in run_probes(ctx, ["lr_schedule"]).findings if f.confirmed]
     assert f.root_cause == "training_loop"
     assert (f.location["file"], f.location["line"]) == (HERE, line_of("interval"))
+
+
+def test_batches_padded_each_to_its_own_longest_row_are_stacked_whole():
+    """A ``collate_fn`` with ``pad_sequence`` pads each batch to its own length: the kept
+    batches of token ids differ in their steps and stacked only where they matched the first
+    (40 rows of a run's 160). Padded at the end with 0, they are padded to the longest; ids
+    of another shape, or shorter rows that do not end with 0, are not guessed at."""
+    from model_debugger.trainers.torch import _stack
+
+    def batch(width, pad=True, rows=4):
+        ids = torch.randint(1, 9, (rows, width))
+        if pad:
+            ids[1:, -1] = 0  # the longest row fills the batch, the others end padded
+        return (ids, torch.full((rows,), width)), torch.arange(rows)
+
+    inputs, target = _stack([batch(5), batch(7), batch(3)])
+    assert inputs[0].shape == (12, 7) and len(target) == 12
+    assert bool((inputs[0][:4, 5:] == 0).all()) and bool((inputs[0][8:, 3:] == 0).all())
+    assert inputs[1].tolist() == [5] * 4 + [7] * 4 + [3] * 4  # other inputs as they were
+    inputs, target = _stack([batch(5), batch(7), batch(3, pad=False)])
+    assert inputs[0].shape == (4, 5)  # a shorter batch not ended by 0: only the first shape

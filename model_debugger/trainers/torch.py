@@ -573,6 +573,7 @@ def _stack(batches):
     batches = [(i, t) for i, t in batches if isinstance(t, torch.Tensor) and t.dim() > 0]
     if not batches:
         return None, None
+    batches = _padded_alike(batches)
     first_in, first_t = batches[0]
     keep = [(i, t) for i, t in batches
             if len(i) == len(first_in) and t.shape[1:] == first_t.shape[1:]
@@ -581,6 +582,43 @@ def _stack(batches):
     inputs = tuple(torch.cat([i[k].detach() for i, _ in keep]) for k in range(len(first_in)))
     target = torch.cat([t.detach() for _, t in keep])
     return _finite_rows(inputs, target)
+
+
+def _padded_alike(batches):
+    """``batches`` whose integer sequence inputs are padded at the end to one length.
+
+    A ``collate_fn`` with ``pad_sequence`` pads each batch to its own longest row: token ids
+    of shape (rows, steps) whose steps differ from batch to batch. Such an input (integer, the
+    same shape but for its steps, each shorter batch ending with id 0 in some row: padded at
+    the end with 0) is padded with 0 to the longest; the batches then stack, where only those
+    of the first one's length would (a handful of rows). Other inputs and the targets are left
+    as they are.
+    """
+    first_in = batches[0][0]
+    widths: dict[int, int] = {}
+    for k, a in enumerate(first_in):
+        if not (isinstance(a, torch.Tensor) and a.dim() >= 2 and not a.is_floating_point()
+                and a.dtype != torch.bool):
+            continue
+        same = [i[k] for i, _ in batches if len(i) == len(first_in) and
+                isinstance(i[k], torch.Tensor) and i[k].dim() == a.dim() and
+                i[k].dtype == a.dtype and i[k].shape[2:] == a.shape[2:]]
+        longest = max(x.shape[1] for x in same)
+        if len({x.shape[1] for x in same}) > 1 and all(
+                x.shape[1] == longest or bool((x[:, -1] == 0).any()) for x in same):
+            widths[k] = longest
+    if not widths:
+        return batches
+
+    def pad(a, k):
+        if k not in widths or not isinstance(a, torch.Tensor) or a.dim() < 2 or \
+                a.shape[1] >= widths[k] or a.dtype != first_in[k].dtype:
+            return a
+        shape = (a.shape[0], widths[k] - a.shape[1], *a.shape[2:])
+        return torch.cat([a, a.new_zeros(shape)], dim=1)
+
+    return [(tuple(pad(a, k) for k, a in enumerate(i)) if len(i) == len(first_in) else i, t)
+            for i, t in batches]
 
 
 PREDICT_ROWS = 256  # rows per forward when predicting
