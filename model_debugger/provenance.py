@@ -129,6 +129,33 @@ def discarded_scaling(location: dict | None) -> dict | None:
     return {**location, "line": max(found)[1], "used_at": before}
 
 
+def scaled_copy_unused(location: dict | None) -> dict | None:
+    """The use line, when a scaled copy of the array used there was made and not used, or None.
+
+    ``X_train_s = scaler.transform(X_train)`` and then ``model.fit(X_train, ...)``: the
+    scaling happened, under another name, and the raw array trains. The fix is the argument
+    at the use line (``used_at``), not the line that made the raw array.
+    """
+    tree = _tree_of(location)
+    used = (location or {}).get("used_at")
+    if tree is None or not isinstance(used, int):
+        return None
+    read = {n.id for st in _statements_at(tree, used) for n in ast.walk(st)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and node.lineno < used and
+                isinstance(node.value, ast.Call) and node.value.args):
+            continue
+        func = node.value.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        source = node.value.args[0]
+        made = {t.id for t in node.targets if isinstance(t, ast.Name)}
+        if name in _SCALING and isinstance(source, ast.Name) and source.id in read and \
+                made and not made & read and source.id not in made:
+            return {**location, "line": used}
+    return None
+
+
 def scaling_pipeline(location: dict | None) -> dict | None:
     """The preprocessing object that made the data at ``location``, when it left it unscaled.
 

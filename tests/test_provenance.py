@@ -677,6 +677,25 @@ def test_a_scaling_whose_result_is_thrown_away_is_where_unscaled_data_was_made(t
         assert got == {"file": str(path), "line": 3, "used_at": 5}
 
 
+@pytest.mark.parametrize("passed,found", [("X_tr_s", False), ("X_tr", True)])
+def test_a_scaled_copy_made_and_not_trained_on_is_found_at_the_use(tmp_path, passed, found):
+    """``X_tr_s = scaler.transform(X_tr)`` then ``fit(X_tr, ...)``: the scaling was done under
+    another name and the raw array trains; the fix is the argument where it is used."""
+    from model_debugger.provenance import scaled_copy_unused
+
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(f"""\
+        X_tr, X_te, y_tr, y_te = split(X, y)
+        scaler = StandardScaler().fit(X_tr)
+        X_tr_s = scaler.transform(X_tr)
+        X_te_s = scaler.transform(X_te)
+        model.fit({passed}, y_tr,
+                  validation_data=(X_te_s, y_te))
+        """))
+    got = scaled_copy_unused({"file": str(path), "line": 1, "used_at": 5})
+    assert got == ({"file": str(path), "line": 5, "used_at": 5} if found else None)
+
+
 def test_an_evaluation_forward_is_traced_to_the_validation_dataset(tmp_path):
     """``out = model(xb)`` (one call, no loss on the line: where the capture saw the first
     evaluation forward) gives the inputs, traced through the loop and the loader to the
