@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model_debugger  # noqa: E402
 from model_debugger.capture.keeper import MAX_BATCHES  # noqa: E402
 from model_debugger.capture.torch_losses import _ALL_BATCHES  # noqa: E402
-from model_debugger.capture.torch_steps import NORM_ALWAYS  # noqa: E402
+from model_debugger.capture.torch_steps import DETAIL_WARMUP  # noqa: E402
 
 
 def mlp_setup():
@@ -97,9 +97,9 @@ def train(model, opt, loader, steps: int) -> list[float]:
 
 
 WARM = 2  # steps per round that carry the one-off costs
-# a capture's start: it keeps sample batches for Isolate, counts every target and measures
-# gradient norms at every step (to time them: norm_every) this long
-START = WARM + max(MAX_BATCHES, _ALL_BATCHES, NORM_ALWAYS)
+# a capture's start: it keeps sample batches for Isolate, counts every target and records full
+# detail (gradient norms, the step's time split, ...) at every step (its warm-up) this long
+START = WARM + max(MAX_BATCHES, _ALL_BATCHES, DETAIL_WARMUP)
 
 
 def bench(name: str, setup, rounds: int, steps: int, tmp: str) -> dict:

@@ -1,8 +1,10 @@
-"""Gradient norms every k-th optimizer step: fixed (``norm_every=k``) or automatic (a time budget).
+"""Gradient norms every k-th optimizer step: fixed (``norm_every=k``) or automatic.
 
-Every recorded norm is checked against ``torch.linalg.vector_norm`` over the gradients the
-test's own loop sees just before ``step()``. The automatic choice is driven through its budget
-(``NORM_BUDGET``), so the tests do not depend on how fast this machine is.
+Automatic: the norms are measured on the steps with full detail (``torch_steps``: every step of
+the warm-up, then every k-th, k within a time budget). Every recorded norm is checked against
+``torch.linalg.vector_norm`` over the gradients the test's own loop sees just before ``step()``.
+The automatic choice is driven through its budget (``DETAIL_BUDGET``), so the tests do not
+depend on how fast this machine is.
 """
 
 from __future__ import annotations
@@ -78,26 +80,26 @@ def test_histograms_keep_their_own_schedule():
 
 
 def test_automatic_norm_every_over_budget_thins_out_after_the_start(monkeypatch):
-    """Norms that cost more than the budget: every k-th step after the first NORM_ALWAYS."""
-    monkeypatch.setattr(ti, "NORM_BUDGET", 1e-9)  # any measurable cost is over it
-    events, refs = train(ti.NORM_ALWAYS + 40)
-    [event] = [e for e in events if e["t"] == "norm_every"]
-    assert event["step"] == ti.NORM_ALWAYS and event["share"] > 0
+    """Detail that costs more than the budget: norms every k-th step after the warm-up."""
+    monkeypatch.setattr(ti, "DETAIL_BUDGET", 1e-9)  # any measurable cost is over it
+    events, refs = train(ti.DETAIL_WARMUP + 40)
+    [event] = [e for e in events if e["t"] == "detail_every"]
+    assert event["step"] == ti.DETAIL_WARMUP and event["share"] > 0
     k = event["every"]
-    assert k == min(ti.NORM_MAX_EVERY, max(1, math.ceil(event["share"] / 1e-9))) == \
-        ti.NORM_MAX_EVERY
-    after = [i for i in range(ti.NORM_ALWAYS, ti.NORM_ALWAYS + 40) if i % k == 0]
-    assert measured(events) == list(range(ti.NORM_ALWAYS)) + after
+    assert k == min(ti.DETAIL_MAX_EVERY, max(1, math.ceil(event["share"] / 1e-9))) == \
+        ti.DETAIL_MAX_EVERY
+    after = [i for i in range(ti.DETAIL_WARMUP, ti.DETAIL_WARMUP + 40) if i % k == 0]
+    assert measured(events) == list(range(ti.DETAIL_WARMUP)) + after
     by_step = {e["i"]: e for e in events if e["t"] == "step"}
     for i in measured(events):
         assert by_step[i]["gn"] == pytest.approx(refs[i], rel=1e-5)
 
 
 def test_automatic_norm_every_within_budget_measures_every_step(monkeypatch):
-    monkeypatch.setattr(ti, "NORM_BUDGET", 1e9)
-    events, _ = train(ti.NORM_ALWAYS + 20)
-    assert measured(events) == list(range(ti.NORM_ALWAYS + 20))
-    assert not [e for e in events if e["t"] == "norm_every"]
+    monkeypatch.setattr(ti, "DETAIL_BUDGET", 1e9)
+    events, _ = train(ti.DETAIL_WARMUP + 20)
+    assert measured(events) == list(range(ti.DETAIL_WARMUP + 20))
+    assert not [e for e in events if e["t"] == "detail_every"]
 
 
 def test_a_nan_gradient_on_an_unmeasured_step_is_still_found_with_its_module():
@@ -205,17 +207,18 @@ def test_an_optimizer_rebuilt_every_step_keeps_the_schedule():
     (1, 2.5, 3),   # over budget: the smallest k within it
     (4, 2.5, 4),   # 3 would be within budget, but only just: stays
     (4, 1.5, 2),   # well within at 2
-    (3, 50, ti.NORM_MAX_EVERY),
+    (3, 50, ti.DETAIL_MAX_EVERY),
     (2, 0.1, 1)])
 def test_retuning_lowers_k_only_with_a_margin(current, budgets, expected):
-    """``budgets``: what measuring the norms on one step costs, in units of the budget."""
+    """``budgets``: what full detail on one step costs, in units of the budget."""
     from model_debugger.capture.recorder import Recorder
 
     inst = torch_instrument.TorchInstrument(Recorder(None))
-    inst._norm_every = current
-    share = budgets * ti.NORM_BUDGET
-    inst._norm_cost = [share * 0.01, 1, 0.01, 1]  # one measured step, one 10 ms step
-    inst._retune_norms()
-    assert inst._norm_every == expected
-    events = [e for e in inst.rec.events if e["t"] == "norm_every"]
+    inst._detail_every = current
+    share = budgets * ti.DETAIL_BUDGET
+    # own seconds: a detailed step, two lean ones (1 ms over them); two 10 ms steps
+    inst._own_times = ([share * 0.01 + 0.001], [0.001, 0.001], [0.01, 0.01])
+    inst._retune_detail()
+    assert inst._detail_every == expected
+    events = [e for e in inst.rec.events if e["t"] == "detail_every"]
     assert [e["every"] for e in events] == ([expected] if expected != current else [])

@@ -98,12 +98,12 @@ class CaptureConfig:
         Parse printed ``name=value`` lines as metrics.
     norm_every : int
         PyTorch: measure gradient norms every this many optimizer steps. 0 (the default) is
-        automatic: every step, unless reading every gradient costs more than 0.5% of a step (a
-        model that is large against its batch on CPU), then every k-th step, the smallest k
-        that keeps within 0.5%, at most 16 (a ``norm_every`` event says so). The first 32 steps
-        are always measured, and every step when a gradient is not on the CPU. A step without
-        a measurement has no ``gn`` and no ``rss`` (process memory is read on the same steps).
-        Keras measures every step.
+        automatic: on the steps with full detail (steady-state thinning, see
+        :mod:`.torch_steps`): every step of the first 64, then every k-th, the smallest k that
+        keeps full detail within 1% of a step, at most 16 (a ``detail_every`` event says so);
+        every step when a gradient is not on the CPU. A step without a measurement has no
+        ``gn`` and no ``rss`` (process memory is read on the same steps). Keras measures every
+        step.
     """
 
     hist_every: int = 100
@@ -187,6 +187,22 @@ class Recorder:
             self._queue.append(event)
             self.flush()
         return event
+
+    def emit_steps(self, events: list[dict]) -> None:
+        """Append ``step`` events built whole (``{"t": "step", ...}``), as :meth:`emit` would.
+
+        The step rows' batch (:meth:`~.torch_steps.StepRows._drain`) in one call: queued for
+        the next :meth:`flush` (which the caller makes), or kept in :attr:`events` without a
+        file.
+        """
+        if self._fh is not None:  # the hot path: no lock (see flush)
+            self._queue.extend(events)
+            return
+        with self._lock:
+            self.events.extend(events)
+            if self._closed and events:  # after the block: appended at once
+                with open(self.path, "a", encoding="utf-8") as fh:  # this run's own file
+                    fh.write("".join([_encode(e) + "\n" for e in events]))
 
     def _file_closed(self) -> None:
         self._fh = None

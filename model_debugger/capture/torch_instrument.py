@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 import weakref
 
 import torch
@@ -196,13 +197,10 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
 
         Read on the first backward of a step, before it adds anything: a parameter the last
         step updated still holding a non-zero gradient means the new gradient is added to the
-        old one. One small parameter is read (a bias, say), on the first 32 steps and then
-        every 8th: the measurement ``missing_zero_grad`` and Classify use, however the loop
-        clears (``zero_grad``, ``p.grad = None``, ``p.grad.zero_()``) or fails to.
+        old one. One small parameter is read (a bias, say), on the steps with full detail
+        (:mod:`.torch_steps`): the measurement ``missing_zero_grad`` and Classify use, however
+        the loop clears (``zero_grad``, ``p.grad = None``, ``p.grad.zero_()``) or fails to.
         """
-        step = self.rec.step
-        if step >= 32 and step % 8:
-            return
         probe = self._reset_probe() if self._reset_param is None else self._reset_param()
         if probe is None:
             return
@@ -218,7 +216,9 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         activation it saved); one that keeps it (``losses.append(loss)``,
         ``preds.append(model(x))``) keeps them all. Each backward's tensor, and each training
         forward's output, is held by weak reference and looked at again :data:`GRAPH_LAG`
-        backwards (forwards) later: a trainer may keep the last one or two.
+        backwards (forwards) later: a trainer may keep the last one or two. Only the steps
+        with full detail are watched (:mod:`.torch_steps`), so after the warm-up the lag is
+        :data:`GRAPH_LAG` of those.
         """
         counts = self._graph_counts["outputs" if outputs else "losses"]
         refs = counts[0]
@@ -278,7 +278,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         link = self._link
 
         def zero_grad(obj, *args, **kwargs):
-            inst = link()
+            inst = link.target
             if inst is not None:
                 inst.keeper.zero_grad_calls += 1
                 if inst.keeper.zero_grad_calls == 1:  # where gradients are cleared (once)
@@ -323,7 +323,7 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         link = self._link
 
         def backward(*args, **kwargs):
-            inst = link()
+            inst = link.target  # (an attribute: read on every call)
             # the tensor: self of Tensor.backward, or autograd.backward's ``tensors``
             tensor = args[0] if args else kwargs.get("tensors")
             # Tensor.backward calls torch.autograd.backward: observe the outer call only.
@@ -333,6 +333,8 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
             inst._in_backward = True
             try:
                 inst._guarded_before_backward(tensor)
+                if not inst._detail:  # a lean step: its backward is not timed apart
+                    return original(*args, **kwargs)
                 inst._busy_enter()
                 try:
                     return original(*args, **kwargs)
@@ -345,17 +347,30 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         return backward
 
     def _before_backward(self, loss) -> None:
-        self.losses.flush_eval()
+        """The loss of every backward (every step's); on the steps with full detail, more.
+
+        A lean step (:mod:`.torch_steps`) records the loss and counts the backward; a
+        non-finite loss turns its step, and the steps after it, to full detail.
+        """
+        t0 = time.perf_counter()
+        if self.losses.eval_losses:
+            self.losses.flush_eval()
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             value = loss.item()
         else:
             value = None
-        self._site("backward")
-        self._note_train_loader()
+        finite = value is None or math.isfinite(value)
+        if not finite:
+            self._full_detail()
+        detail = self._detail
+        if detail:
+            self._site("backward")
+        if self._active_loader is not None:
+            self._note_train_loader()
         discovering = not self._models
         if discovering:
             self._discover(sys._getframe(), None)
-        if value is not None and not math.isfinite(value) and not self._nonfinite_seen:
+        if not finite and not self._nonfinite_seen:
             self._nonfinite_seen = True
             in_batch = self._nonfinite_batch()
             op = nonfinite_op(loss)  # (before backward frees what the graph saved)
@@ -364,18 +379,21 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
                           **({"in_weights": True} if self._in_weights else {}),
                           **({"in_batch": in_batch} if in_batch else {}),
                           **({"op": op} if op else {}))
-        if self._opt_steps and not self._pending_losses and self._mode == "optimizer":
+        if detail and self._opt_steps and not self._pending_losses and \
+                self._mode == "optimizer":
             self._check_reset()
         if not self._backwards and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
             self._reached = _reached_leaves(loss.grad_fn)
             if torch.is_anomaly_enabled():  # a debugging mode left on: every op keeps a trace
                 self.rec.emit("debug_mode", mode="detect_anomaly")
-        if isinstance(loss, torch.Tensor) and loss.grad_fn is not None and not discovering:
+        if detail and isinstance(loss, torch.Tensor) and loss.grad_fn is not None and \
+                not discovering:
             # (discovery read the frames' locals: a function frame keeps that snapshot, and
             # with it this loss, alive; it would read as kept by the user)
             self._watch_graph(loss)
         self._backwards += 1
         self._clear_pending = None  # gradients taken again after the clearing: they count
+        self._own += time.perf_counter() - t0  # (the step's row times its own part)
         if self._mode == "backward":
             self._emit_step(value, None)
         else:

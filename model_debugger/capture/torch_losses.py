@@ -259,7 +259,7 @@ class LossHooks:
         link = self._link
 
         def loss_fn(input, target, *args, **kwargs):
-            inst = link()
+            inst = link.target  # (an attribute: read on every call)
             if inst is None or inst._in_loss:  # (a TorchFunctionMode dispatches the call
                 return original(input, target, *args, **kwargs)  # to the module's name: here)
             inst._in_loss = True

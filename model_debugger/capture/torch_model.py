@@ -110,31 +110,37 @@ class ModelHooks:
         if self._eval_watch is not None:  # the model runs again: its own ops are not watched
             self._guarded_unwatch()
         self._last_input = (args, kwargs)
-        if not self._eval_seen and self._opt_steps and \
-                not (torch.is_grad_enabled() and module.training):
+        grad = torch.is_grad_enabled()
+        if not self._eval_seen and self._opt_steps and not (grad and module.training):
             self._eval_seen = True  # where validation inputs enter the model (``eval_forward``)
             self.ref("eval_forward", user_location(sys._getframe()))
-        if torch.is_grad_enabled():  # a training forward: part of the step's own work
-            if not self._fwd_open:
-                self._forward_started()
+        if grad:  # a training forward: part of the step's own work
+            if self._detail:  # (timed on the steps with full detail: torch_steps)
+                if not self._fwd_open:
+                    self._forward_started()
+                self._busy_enter()
             self._fwd_open += 1
-            self._busy_enter()
 
     def _forward_done(self, module, args, out):
         if self._fwd_open:
             self._fwd_open -= 1
-            if not self._fwd_open:
-                self._forward_ended()
-            self._busy_exit()
-            first = out if isinstance(out, torch.Tensor) else next(
-                (v for v in (out.values() if isinstance(out, dict) else
-                             out if isinstance(out, (tuple, list)) else ())
-                 if isinstance(v, torch.Tensor)), None)
-            if first is not None and first.grad_fn is not None:
-                self._watch_graph(first, outputs=True)  # predictions kept step after step
-                self._watch_pairing(first)  # the gradient the loss gives each prediction
+            if self._detail:  # (see _keep_input; a lean step watches no output)
+                self._training_output(out)
         if not torch.is_grad_enabled() and self._opt_steps:
             self._guarded_eval_output(module, out)  # labels a hand-written score compares with
+
+    def _training_output(self, out) -> None:
+        """A training forward ended on a step with full detail: its time, its output watched."""
+        if not self._fwd_open:
+            self._forward_ended()
+        self._busy_exit()
+        first = out if isinstance(out, torch.Tensor) else next(
+            (v for v in (out.values() if isinstance(out, dict) else
+                         out if isinstance(out, (tuple, list)) else ())
+             if isinstance(v, torch.Tensor)), None)
+        if first is not None and first.grad_fn is not None:
+            self._watch_graph(first, outputs=True)  # predictions kept step after step
+            self._watch_pairing(first)  # the gradient the loss gives each prediction
 
     def _localize(self) -> str | None:
         """Name the first module holding non-finite weights or producing non-finite output.

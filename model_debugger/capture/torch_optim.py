@@ -5,17 +5,20 @@ What they record:
 - ``Optimizer.__init__``: an ``optimizer`` event (class, hyperparameters, the line that built
   it; at most three per line, a loop may build one every step) and its ``ref``; an optimizer
   built before the capture gets its event at its first step;
-- the global step pre-hook: the ``step`` call site (``ref``), on the steps that
-  ``norm_every``/``hist_every``/``update_every`` pick, the gradient norms (global and per
-  module; a non-finite gradient norm is a ``nonfinite`` event with ``what="grad"``), ``hist``
-  events and a copy of the weights; for ``step(closure)`` (Lightning, LBFGS) all of this
+- the global step pre-hook: on the steps with full detail (:mod:`.torch_steps`) the ``step``
+  call site (``ref``); on the steps that ``norm_every`` (automatic: those with full detail),
+  ``hist_every`` and ``update_every`` pick, the gradient norms (global and per module; a
+  non-finite gradient norm is a ``nonfinite`` event with ``what="grad"``), ``hist`` events and a
+  copy of the weights; after the warm-up, histograms are spaced (a multiple of ``hist_every``)
+  so that they cost at most :data:`HIST_BUDGET` of the training time; for ``step(closure)`` (Lightning, LBFGS) all of this
   happens once the closure has run its backward;
 - ``clip_grad_norm_`` (through ``_clip_grads_with_norm_``): the clip's coefficient, so that the
   norms recorded are those before the clip (the clipped total is the row's ``gnc``) and one
   ``clip`` event per ``max_norm`` (at most three);
-- ``LRScheduler.__init__``: a ``scheduler`` ``ref`` (where the first schedule was built); every
-  step, the first parameter group's learning rate, as an ``lr`` event when it moved by 1.5x or
-  more since the last one (at most ``LR_EVENTS``: the schedule's trajectory);
+- ``LRScheduler.__init__``: a ``scheduler`` ``ref`` (where the first schedule was built); on
+  every step with full detail, the first parameter group's learning rate, as an ``lr`` event
+  when it moved by 1.5x or more since the last one (at most ``LR_EVENTS``: the schedule's
+  trajectory);
 - the first step of each optimizer: a ``trained`` event (the model's parameter count and how
   many of them the optimizers' steps so far updated: frozen layers, an optimizer over part of
   the model, a branch cut from the graph all leave parameters without a gradient);
@@ -44,11 +47,14 @@ from .torch_grads import (
     ratio_stride,
     update_ratio,
 )
-from .torch_steps import UNMEASURED
+from .torch_steps import DETAIL_WARMUP, UNMEASURED
 from .torch_util import hyper
 
 _OPTIMIZER_EVENTS = 3  # ``optimizer`` events per line that builds one (a loop may build many)
 HIST_PARAMS = 64  # gradients histogrammed per step, at most
+# after the warm-up (torch_steps.DETAIL_WARMUP) histograms are spaced (a multiple of
+# hist_every) so that they cost at most this share of the training time
+HIST_BUDGET = 0.005
 
 
 class OptimizerHooks:
@@ -78,6 +84,8 @@ class OptimizerHooks:
         self._updated_by: set[int] = set()  # ids of the optimizers counted there
         self._elsewhere_seen = False  # an optimizer_elsewhere event was written
         self._reached: set[int] = set()  # ids of the parameters the first backward reached
+        self._opt_key = 0  # the schedules' key of ``_last_opt`` (see _pre_step)
+        self._hist_stride = 1  # histograms every hist_every * this steps (HIST_BUDGET)
 
     def _let_go_optimizer(self) -> None:
         self._last_opt = None
@@ -142,46 +150,67 @@ class OptimizerHooks:
         return [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
 
     def _pre_step(self, opt, args, kwargs) -> tuple | None:
-        nest = self._nest
-        if nest is not None and nest[0] is opt and nest[1] == self._backwards:
-            nest[2] += 1  # a subclass's step() calling super().step(): both are hooked
-            return
-        self._nest = [opt, self._backwards, 1]  # a step that raised leaves a stale one: fine
-        stepped_closure = callable(args[1] if len(args) > 1 else kwargs.get("closure"))
-        if self._clear_pending is not None:  # zero_grad() between backward() and this step
-            if not stepped_closure and _no_gradient(opt):  # (a closure takes the gradients
-                # again inside the step; another model's zero_grad leaves these alone)
-                self._cleared[0] += 1
-                self._cleared[1] = self._cleared[1] or self._clear_pending or None
-            self._clear_pending = None
-        self._bwd_at_step = self._backwards
-        self._busy_enter()  # left in _post_step (or reset with the step's row)
-        self._site("step")
-        if self._multi and not self._opt_steps:
-            self._before_first_update(opt)
-        if opt is not self._last_opt and opt not in self._seen_optimizers:  # built before
-            self._seen_optimizers.add(opt)  # this capture began
-            self.keeper.on_optimizer(opt)
-            self.rec.emit("optimizer", cls=type(opt).__name__, hyper=hyper(opt.defaults),
-                          location=None)
-        self._last_opt = opt
-        self._note_lr(opt)
-        # schedules count the steps of each set of parameters: a GAN's two optimizers
-        # alternate, and an optimizer re-created every step still updates the same weights
-        groups = opt.param_groups
-        key = id(groups[0]["params"][0]) if groups and groups[0]["params"] else id(opt)
-        n = self._opt_counts.get(key, 0)
-        self._opt_counts[key] = n + 1
-        cfg = self.cfg
-        self._step_norms = (UNMEASURED, None)  # none kept from a step whose optimizer raised
-        self._step_clipped = None
-        self._before = None
-        norms = self._norm_every == 1 or n % self._norm_every == 0
-        self._rss_due = norms  # reading /proc right after a step costs ~40 us in cold caches
-        hist = bool(cfg.hist_every and n % cfg.hist_every == 0)
-        update = bool(cfg.update_every and n % cfg.update_every == 0)
-        if not (norms or hist or update or not self._param_names):
-            return None  # nothing to measure on this step: the parameters are not even listed
+        """The global step pre-hook: the step's bookkeeping, and what this step measures.
+
+        A lean step (:mod:`.torch_steps`) counts the step and measures only what a fixed
+        schedule (``norm_every``, ``hist_every``, ``update_every``) asks of it.
+        """
+        t0 = time.perf_counter()
+        try:
+            nest = self._nest
+            if nest is not None and nest[0] is opt and nest[1] == self._backwards:
+                nest[2] += 1  # a subclass's step() calling super().step(): both are hooked
+                return None
+            self._nest = [opt, self._backwards, 1]  # a step that raised leaves a stale one
+            if self._clear_pending is not None:  # zero_grad() between backward() and here
+                # (a closure takes the gradients again inside the step; another model's
+                # zero_grad leaves these alone)
+                if not callable(args[1] if len(args) > 1 else kwargs.get("closure")) and \
+                        _no_gradient(opt):
+                    self._cleared[0] += 1
+                    self._cleared[1] = self._cleared[1] or self._clear_pending or None
+                self._clear_pending = None
+            self._bwd_at_step = self._backwards
+            detail = self._detail
+            if detail:  # (a lean step: neither its time split nor the call site, known)
+                self._busy_enter()  # left in _post_step (or reset with the step's row)
+                self._site("step")
+                if not self._rates.full:
+                    self._note_lr(opt)
+            if self._multi and not self._opt_steps:
+                self._before_first_update(opt)
+            if opt is not self._last_opt:
+                if opt not in self._seen_optimizers:  # built before this capture began
+                    self._seen_optimizers.add(opt)
+                    self.keeper.on_optimizer(opt)
+                    self.rec.emit("optimizer", cls=type(opt).__name__,
+                                  hyper=hyper(opt.defaults), location=None)
+                self._last_opt = opt
+                # schedules count the steps of each set of parameters: a GAN's two optimizers
+                # alternate, an optimizer re-created every step still updates the same weights
+                groups = opt.param_groups
+                self._opt_key = id(groups[0]["params"][0]) \
+                    if groups and groups[0]["params"] else id(opt)
+            key = self._opt_key
+            n = self._opt_counts.get(key, 0)
+            self._opt_counts[key] = n + 1
+            cfg = self.cfg
+            self._step_norms = (UNMEASURED, None)  # none kept from a step whose step raised
+            self._step_clipped = None
+            self._before = None
+            every = self._norm_every  # 0: automatic, the steps with full detail (torch_steps)
+            norms = detail if not every else every == 1 or n % every == 0
+            self._rss_due = norms  # reading /proc after a step costs ~40 us in cold caches
+            hist = bool(cfg.hist_every and n % (cfg.hist_every * self._hist_stride) == 0)
+            update = bool(cfg.update_every and n % cfg.update_every == 0)
+            if not (norms or hist or update or not self._param_names):
+                return None  # nothing to measure on this step: the parameters not even listed
+            return self._measure_step(opt, args, kwargs, norms, hist, update)
+        finally:
+            self._own += time.perf_counter() - t0  # the capture's own time (torch_steps)
+
+    def _measure_step(self, opt, args, kwargs, norms: bool, hist: bool, update: bool):
+        """Measure now, or, for ``step(closure)``, once the closure ran its backward."""
         # ``args`` are the step's own, the optimizer first: ``step(closure)`` has it second
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
         if not callable(closure):
@@ -249,13 +278,11 @@ class OptimizerHooks:
         if id(opt) not in self._updated_by and len(self._updated_by) < 8:
             self._note_updated(opt, params)
         if norms:
-            t0 = time.perf_counter()
             self._step_norms = self._grad_norms(params)
-            cost = self._norm_cost
-            cost[0] += time.perf_counter() - t0
-            cost[1] += 1
         if hist and params:
+            t0 = time.perf_counter()
             self._histograms(params)
+            self._space_histograms(time.perf_counter() - t0)
         if update and params:
             self._ur_stride = ratio_stride(params)
             self._before = copy_weights(params, self._ur_stride)
@@ -342,6 +369,17 @@ class OptimizerHooks:
             plan = self._plans[key] = (host, rest, modules)
         return plan
 
+    def _space_histograms(self, cost: float) -> None:
+        """After the warm-up, space histograms so that they cost at most :data:`HIST_BUDGET`.
+
+        ``cost``: the seconds this step's histograms took. The spacing is a multiple of
+        ``hist_every`` (the steps stay aligned with it), against the mean step so far.
+        """
+        if self.rec.step < DETAIL_WARMUP or not self._dt_count:
+            return
+        step = self._dt_total / self._dt_count
+        self._hist_stride = max(1, math.ceil(cost / (HIST_BUDGET * step * self.cfg.hist_every)))
+
     def _histograms(self, params) -> None:
         """Emit ``hist`` events of the first :data:`HIST_PARAMS` gradients.
 
@@ -354,12 +392,14 @@ class OptimizerHooks:
                               param=self._param_names.get(id(p), "?"), **fields)
 
     def _post_step(self, opt, args, kwargs) -> None:
+        t0 = time.perf_counter()
         nest = self._nest
         if nest is not None and nest[0] is opt and nest[2] > 1:
             nest[2] -= 1  # the inner step() of a subclass: the outer one is the step
             return
         self._nest = None
-        self._busy_exit()
+        if self._detail:
+            self._busy_exit()
         self._mode = "optimizer"
         self._opt_steps += 1
         ratio = None
@@ -369,20 +409,24 @@ class OptimizerHooks:
                 ratio = update_ratio(before, self._before_params, self._ur_stride)
             except (TypeError, ValueError, RuntimeError):  # weights replaced by the step
                 ratio = None
-        losses = [v for v in self._pending_losses if v is not None]
-        self._pending_losses = []
-        if len(losses) > 1 and not getattr(self, "_accumulation_seen", False):
-            self._accumulation_seen = True  # the recorded loss may be scaled (loss / k)
-            self.rec.emit("accumulation", step=self.rec.step, backwards=len(losses))
-        if not losses:
-            loss = None
-        elif self._sum_losses:  # a trainer divided each micro-batch's loss by the steps
-            loss = sum(losses)
+        pending, self._pending_losses = self._pending_losses, []
+        if len(pending) == 1:  # one backward: its loss (or None)
+            loss = pending[0]
         else:
-            loss = sum(losses) / len(losses)
+            losses = [v for v in pending if v is not None]
+            if len(losses) > 1 and not getattr(self, "_accumulation_seen", False):
+                self._accumulation_seen = True  # the recorded loss may be scaled (loss / k)
+                self.rec.emit("accumulation", step=self.rec.step, backwards=len(losses))
+            if not losses:
+                loss = None
+            elif self._sum_losses:  # a trainer divided each micro-batch's loss by the steps
+                loss = sum(losses)
+            else:
+                loss = sum(losses) / len(losses)
         gn, parts = self._step_norms
         self._step_norms = (None, None)
         clipped, self._step_clipped, self._clip = self._step_clipped, None, None
+        self._own += time.perf_counter() - t0  # (the step's row times its own part)
         self._emit_step(loss, gn, parts, ratio, clipped)
 
 

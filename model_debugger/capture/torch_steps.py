@@ -3,25 +3,37 @@
 Each training step (an optimizer step, or a ``backward()`` in a loop without an optimizer) is
 kept as a row of numbers and written as a ``step`` event in batches (:meth:`StepRows._drain`):
 
-- ``i``, ``ep``, ``loss``, ``dt`` (seconds since the last step ended), ``dw`` (of which waiting
-  for data), ``bz`` (of which inside forward, backward and the optimizer step: the rest is the
-  loop's own time), ``tm`` (the model's training flag);
-- ``gn`` and ``mgn`` (global and per-module gradient norms, a bounded window of modules per step,
-  see :mod:`.norms`), ``ur`` (update/weight ratio) when they were measured; the norms are those
-  before a ``clip_grad_norm_``, and ``gnc`` is the global norm after it;
-- in a multi-rank job ``co``, ``cn``, ``fw`` and ``pcs`` (:mod:`.torch_dist`);
-- memory: ``rss`` on the steps whose norms are measured, ``cuda``/``cuda_peak`` (allocated
-  bytes) every step on a GPU, ``gpu_util`` every :data:`GPU_UTIL_EVERY` steps.
+- every step: ``i``, ``ep``, ``loss``, ``dt`` (seconds since the last step ended), ``dw`` (of
+  which waiting for data), ``cuda``/``cuda_peak`` (allocated bytes) on a GPU, ``gpu_util`` every
+  :data:`GPU_UTIL_EVERY` steps;
+- the steps with full detail (below): ``bz`` (of which inside forward, backward and the
+  optimizer step: the rest is the loop's own time), ``tm`` (the model's training flag), ``rss``
+  (with the norms), ``gn`` and ``mgn`` (global and per-module gradient norms, a bounded window of
+  modules per step, see :mod:`.norms`; the norms are those before a ``clip_grad_norm_``, and
+  ``gnc`` is the global norm after it); ``ur`` (update/weight ratio) on its own schedule;
+- in a multi-rank job ``co``, ``cn``, ``fw`` and ``pcs`` (:mod:`.torch_dist`).
 
-It also tunes the automatic ``norm_every`` (a ``norm_every`` event when it changes) and writes
-a ``module_norms`` event when a model has more modules than one step's window.
+Steady-state thinning: this module owns which steps record full detail. Every step of the first
+:data:`DETAIL_WARMUP` steps does (where most problems show, and where the detectors learn the
+loop's shape), so does every step for :data:`DETAIL_WARMUP` steps after a non-finite loss, and
+after the warm-up every k-th step: the smallest k that keeps what full detail costs the capture
+above a lean step within :data:`DETAIL_BUDGET` of a step (at most :data:`DETAIL_MAX_EVERY`,
+re-evaluated every :data:`DETAIL_RETUNE` steps; a ``detail_every`` event when it changes). The
+capture's own time is read with ``perf_counter`` at the entry and exit of the step's hooks. A
+lean step still counts, with its loss, its time and its data wait; a step whose loss is not
+finite switches to full detail at once. With the automatic ``norm_every`` the gradient norms are
+measured on exactly the steps with full detail. A multi-rank job, a loop whose own time the line
+sampler watches, and an accelerator's steps keep full detail on every step.
 
-State owned here: the kept rows, the step clock, the cost of measuring norms, the window.
+It also writes a ``module_norms`` event when a model has more modules than one step's window.
+
+State owned here: the kept rows, the step clock, the detail schedule and what it cost, the window.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import torch
@@ -34,11 +46,14 @@ from .sampler import OverheadWatch
 from .torch_grads import per_module
 
 GPU_UTIL_EVERY = 10  # steps between GPU utilisation readings (an NVML query each)
-# automatic ``norm_every``: reading every gradient may cost this share of a step
-NORM_BUDGET = 0.005
-NORM_ALWAYS = 32  # the first steps always have norms (and time what they cost)
-NORM_RETUNE = 256  # steps between later re-evaluations of norm_every
-NORM_MAX_EVERY = 16
+# steady-state thinning (see the module's docstring): full detail on the first DETAIL_WARMUP
+# steps (>= the steps the early detectors read: OVERHEAD_AFTER, PAIRING_STEPS, the first loss
+# batches), then every k-th step, k the smallest that keeps full detail's extra cost within
+# DETAIL_BUDGET of a step, at most DETAIL_MAX_EVERY, re-evaluated every DETAIL_RETUNE steps
+DETAIL_WARMUP = 64
+DETAIL_BUDGET = 0.01
+DETAIL_RETUNE = 256
+DETAIL_MAX_EVERY = 16
 # a ``targets`` event every ``hist_every`` steps, at most once in this many seconds
 TARGETS_SECONDS = 2.0
 UNMEASURED = "unmeasured"  # the gradient norm of a step that norm_every skipped
@@ -53,10 +68,17 @@ class StepRows(OverheadWatch, HeldWatch):
         self._dt_total, self._dt_count = 0.0, 0  # the steps' durations so far (their mean)
         self._rows: list[tuple] = []  # per-step numbers not yet written (see _drain)
         self._drained = 0.0
-        self._norm_auto = not self.cfg.norm_every
-        self._norm_every = self.cfg.norm_every or 1
-        self._norm_cost = [0.0, 0, 0.0, 0]  # seconds and count of norms, of steps (automatic)
-        self._retune_at = NORM_ALWAYS
+        self._norm_every = self.cfg.norm_every  # 0: the norms follow the detail schedule
+        # the detail schedule: this step has full detail (``_timed``: since it began, so its
+        # forward/backward/step time is whole), every k-th step does, every step before
+        # ``_detail_until`` does; the capture's own seconds in this step's hooks so far, and
+        # per step since the last retune: own seconds of detailed and lean steps, step seconds
+        self._detail = self._timed = True
+        self._detail_every = 1
+        self._detail_until = DETAIL_WARMUP
+        self._own = 0.0
+        self._own_times: tuple[list, list, list] = ([], [], [])
+        self._retune_at = DETAIL_WARMUP
         self._norms_on_host = True  # every gradient was read on the host (NumPy) last time
         self._rss_due = True  # read the RSS with this step's row (the steps norms are measured)
         self._mgn_at = 0  # where the next step's window of module norms starts (norms.py)
@@ -70,6 +92,48 @@ class StepRows(OverheadWatch, HeldWatch):
         self._init_overhead()
         self._init_held()
         self._guarded_look_held = self.guard(self._look_held)
+
+    # -- which steps record full detail -----------------------------------------------------
+    def _full_detail(self) -> None:
+        """Full detail from this step on, for :data:`DETAIL_WARMUP` steps (a non-finite loss)."""
+        self._detail = True
+        self._detail_until = max(self._detail_until, self.rec.step + DETAIL_WARMUP)
+
+    def _next_detail(self, own: float, dt: float | None) -> None:
+        """Account for the step just ended (its own seconds, its length); plan the next one."""
+        detail, lean, steps = self._own_times
+        (detail if self._detail else lean).append(own)
+        if dt is not None:
+            steps.append(dt)
+        step = self.rec.step
+        if step >= self._retune_at:
+            self._retune_detail()
+        self._detail = self._timed = self._rss_due = \
+            step < self._detail_until or not step % self._detail_every or self._multi or \
+            self._sampler is not None
+
+    def _retune_detail(self) -> None:
+        """The smallest k that keeps full detail's extra cost within :data:`DETAIL_BUDGET`.
+
+        Full detail costs the median own seconds of a detailed step over those of a lean one
+        (none yet: the whole of it), against the median step (both since the last retune).
+        """
+        self._retune_at = self.rec.step + DETAIL_RETUNE
+        (detail, lean, steps), self._own_times = self._own_times, ([], [], [])
+        if not detail or not steps or not self._norms_on_host:
+            return  # on an accelerator the time is mostly waiting for the backward kernels
+        step = statistics.median(steps)
+        extra = statistics.median(detail) - (statistics.median(lean) if lean else 0.0)
+        if step <= 0:
+            return
+        share = max(extra, 0.0) / step
+        every = max(1, min(DETAIL_MAX_EVERY, math.ceil(share / DETAIL_BUDGET)))
+        if every < self._detail_every:  # lower k only with a 20% margin: no flip-flop
+            every = max(every, min(self._detail_every, math.ceil(share / (0.8 * DETAIL_BUDGET))))
+        if every != self._detail_every:
+            self._detail_every = every
+            self.rec.emit("detail_every", step=self.rec.step, every=every,
+                          share=round(share, 5), budget=DETAIL_BUDGET)
 
     # -- where the step's time goes ---------------------------------------------------------
     def _busy_enter(self) -> None:
@@ -93,62 +157,46 @@ class StepRows(OverheadWatch, HeldWatch):
     def _emit_step(self, loss, gn, parts=None, ratio=None, clipped=None) -> None:
         """Keep one step's numbers as a row; rows become ``step`` events in :meth:`_drain`."""
         now = time.perf_counter()
-        dt = now - self._last_step_end if self._last_step_end is not None else None
-        self._last_step_end = now
-        if dt is not None:
+        rec = self.rec
+        step = rec.step
+        last, self._last_step_end = self._last_step_end, now
+        dt = None
+        if last is not None:
+            dt = now - last
             self._dt_total += dt
             self._dt_count += 1
-            if self._norm_auto:
-                cost = self._norm_cost
-                cost[2] += dt
-                cost[3] += 1
-        root = self._root() if self._root else None
         cuda = None
         if self._cuda:
             cuda = (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())
-            if self._gpu_util and self.rec.step % GPU_UTIL_EVERY == 0 and cuda[0]:
+            if self._gpu_util and step % GPU_UTIL_EVERY == 0 and cuda[0]:
                 cuda += (self._read_gpu_util(),)  # a third value: utilisation was read
         rss = rss_bytes() if self._rss_due else None
-        self._rss_due = True
-        busy, self._busy, self._busy_depth = self._busy, 0.0, 0
-        if dt is not None and self._early is not None:  # (collectives the code called are
-            self._watch_overhead(dt, self._data_wait, busy + self._coll_s)  # not its own)
-        self._rows.append((self.rec.step, self.rec.epoch, loss, gn, parts, dt, self._data_wait,
-                           rss, ratio, None if root is None else root.training, cuda, clipped,
-                           busy, self._dist_fields(self._last_opt) if self._multi else None))
+        training = busy = dist = None
+        if self._detail:  # (a lean step: loss, time, data wait; see the module docstring)
+            root = self._root() if self._root else None
+            training = None if root is None else root.training
+            busy = self._busy if self._timed else None  # (turned detailed midway: not whole)
+            if dt is not None and self._early is not None:  # (collectives the code called
+                self._watch_overhead(dt, self._data_wait, (busy or 0.0) + self._coll_s)  # are
+            if self._multi:  # not its own)
+                dist = self._dist_fields(self._last_opt)
+        self._busy, self._busy_depth = 0.0, 0
+        self._rows.append((step, rec.epoch, loss, gn, parts, dt, self._data_wait, rss, ratio,
+                           training, cuda, clipped, busy, dist))
         self._data_wait = 0.0
-        self.rec.step += 1
-        if not self.rec.step % HELD_EVERY and self._held_due(self.rec.step):
+        rec.step = step = step + 1
+        own, self._own = self._own + time.perf_counter() - now, 0.0
+        self._next_detail(own, dt)  # (before the periodic work below: no step's own cost)
+        if not step % HELD_EVERY and self._held_due(step):
             # the containers the loop keeps (held.py)
-            self._guarded_look_held(self.rec.step, None, self._dt_total / max(self._dt_count, 1))
-        if self._norm_auto and self.rec.step >= self._retune_at:
-            self._retune_norms()
+            self._guarded_look_held(step, None, self._dt_total / max(self._dt_count, 1))
         if now - self._drained >= FLUSH_SECONDS:
             self._drain()
-            self.rec.flush()  # on disk now: a killed run loses at most FLUSH_SECONDS of steps
-        if self.cfg.hist_every and self.rec.step % self.cfg.hist_every == 0 and \
-                now - self._targets_at >= TARGETS_SECONDS:
+            rec.flush()  # on disk now: a killed run loses at most FLUSH_SECONDS of steps
+        hist_every = self.cfg.hist_every
+        if hist_every and step % hist_every == 0 and now - self._targets_at >= TARGETS_SECONDS:
             self._targets_at = now  # (a killed run keeps the statistics of its last seconds)
             self.losses.emit()
-
-    def _retune_norms(self) -> None:
-        """Automatic ``norm_every``: the smallest k that keeps measuring norms within budget.
-
-        Norms measured on one step cost ``cost[0] / cost[1]`` seconds; a step lasts
-        ``cost[2] / cost[3]`` seconds (both since the last evaluation).
-        """
-        self._retune_at = self.rec.step + NORM_RETUNE
-        cost, self._norm_cost = self._norm_cost, [0.0, 0, 0.0, 0]
-        if not cost[1] or cost[2] <= 0 or not self._norms_on_host:
-            return  # on an accelerator the time is mostly waiting for the backward kernels
-        share = (cost[0] / cost[1]) / (cost[2] / cost[3])
-        every = max(1, min(NORM_MAX_EVERY, math.ceil(share / NORM_BUDGET)))
-        if every < self._norm_every:  # lower k only with a 20% margin: no flip-flop at a bound
-            every = max(every, min(self._norm_every, math.ceil(share / (0.8 * NORM_BUDGET))))
-        if every != self._norm_every:
-            self._norm_every = every
-            self.rec.emit("norm_every", step=self.rec.step, every=every,
-                          share=round(share, 5), budget=NORM_BUDGET)
 
     def _drain(self) -> None:
         """Write the kept step rows as ``step`` events (in one batch: warm in the CPU caches).
@@ -162,20 +210,18 @@ class StepRows(OverheadWatch, HeldWatch):
             rows = kept[:n]  # slice and del of n rows: a row appended meanwhile stays kept
             del kept[:n]
             self._drained = time.perf_counter()
-            done = 0
+            event = self._step_event
             try:
-                for row in rows:
-                    step = self._step_event(*row)
-                    done += 1  # emit queues the event first: a row is done once emit is called
-                    self.rec.emit("step", **step)
-            except BaseException:  # a time limit or Ctrl-C mid-batch: the rest is written later
-                kept[:0] = rows[done:]
+                events = [event(*row) for row in rows]
+            except BaseException:  # a time limit or Ctrl-C mid-batch: all are written later
+                kept[:0] = rows
                 raise
+            self.rec.emit_steps(events)
 
     def _step_event(self, i, ep, loss, gn, parts, dt, dw, rss, ratio, training, cuda,
                     clipped, busy, dist) -> dict:
-        """One kept row as the fields of a ``step`` event."""
-        step = {"i": i, "ep": ep, "loss": num(loss), "dt": dt, "dw": dw}
+        """One kept row as a ``step`` event."""
+        step = {"t": "step", "i": i, "ep": ep, "loss": num(loss), "dt": dt, "dw": dw}
         if dist:  # a multi-rank job: collectives, forward, replica checksum (torch_dist)
             step.update(dist)
         if busy:

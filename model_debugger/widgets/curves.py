@@ -1,8 +1,10 @@
 """The loss-curve panel: train/validation loss and tracked metrics, NaN and OOM marked, live.
 
 During ``%%reproduce`` a background thread reads the streaming record (``runs/<n>/record.jsonl``)
-a few times per second and redraws only when new events arrived, at most ``1 / interval`` times
-per second. The panel is an interactive plotly chart (:mod:`.charts`: hover values, zoom, a
+and redraws only when new events arrived, at most once per ``interval`` seconds, and spaced
+further when a redraw costs more than :data:`SHARE` of the time between them (a redraw reads
+every step of the run so far: a long run's redraws are spaced out, never a growing share of the
+kernel's time, which the training thread shares). The panel is an interactive plotly chart (:mod:`.charts`: hover values, zoom, a
 linear / log toggle, a smoothing slider); where plotly is not installed it falls back to a PNG
 of the same figure (an Agg figure, no pyplot state). Neither touches anything the user's cell
 uses, so drawing from the thread is safe.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -22,7 +25,8 @@ from ..figures import figure_png, loss_figure
 from ..records import Run
 from . import charts
 
-INTERVAL = 1.0  # seconds between redraws while following a record
+INTERVAL = 1.0  # seconds between redraws while following a record, at least
+SHARE = 0.02  # ... and at least 1 / SHARE times what the last redraw took
 
 
 def curves_figure(run: Run, title: str = "Loss and metrics"):
@@ -56,12 +60,16 @@ class RecordFollower:
         if end < 0:
             return False
         self.offset += end + 1
-        new = []
-        for line in chunk[:end].splitlines():
-            try:
-                new.append(json.loads(line))
-            except (ValueError, UnicodeDecodeError):
-                continue
+        lines = [line for line in chunk[:end].splitlines() if line.strip()]
+        try:  # one parse for the whole chunk (a line-by-line parse costs several times more)
+            new = json.loads(b"[" + b",".join(lines) + b"]")
+        except (ValueError, UnicodeDecodeError):  # a broken line: the others, one by one
+            new = []
+            for line in lines:
+                try:
+                    new.append(json.loads(line))
+                except (ValueError, UnicodeDecodeError):
+                    continue
         self.events += new
         return bool(new)
 
@@ -125,15 +133,18 @@ class LossCurves(W.VBox):
                on_update: Callable[[Run], None] | None = None):
         """Redraw from the record ``path_of()`` names, in a background thread, until the block ends.
 
-        The thread redraws only when new events arrived, at most once per ``interval`` seconds,
-        and never raises into the block; the last state is drawn when the block exits.
-        ``on_update(run)`` follows every live redraw (the sidebar's "running" line).
+        The thread redraws only when new events arrived, at most once per ``interval`` seconds
+        and within :data:`SHARE` of the time (the wait after a redraw is at least its cost over
+        ``SHARE``), and never raises into the block; the last state is drawn when the block
+        exits. ``on_update(run)`` follows every live redraw (the sidebar's "running" line).
         """
         follower = RecordFollower(path_of)
         stop = threading.Event()
 
         def loop() -> None:
-            while not stop.wait(interval):
+            wait = interval
+            while not stop.wait(wait):
+                started = time.perf_counter()
                 try:
                     if follower.poll():
                         run = Run(list(follower.events))
@@ -141,7 +152,8 @@ class LossCurves(W.VBox):
                         if on_update is not None:
                             on_update(run)
                 except Exception:  # noqa: BLE001 - a drawing failure must not touch the run
-                    continue
+                    pass
+                wait = max(interval, (time.perf_counter() - started) / SHARE)
 
         thread = threading.Thread(target=loop, name="model_debugger-curves", daemon=True)
         thread.start()
