@@ -41,6 +41,11 @@ def train(order: str):
             F.cross_entropy(net(xb), yb).backward()
             opt.zero_grad()  # <cleared>
             opt.step()
+        elif order == "step_first":  # the step before the backward that was to feed it
+            opt.zero_grad()
+            loss = F.cross_entropy(net(xb), yb)
+            opt.step()  # <step-first>
+            loss.backward()
         elif order == "usual":
             opt.zero_grad()
             F.cross_entropy(net(xb), yb).backward()
@@ -80,8 +85,8 @@ def train(order: str):
             opt_other.step()
 
 
-@pytest.mark.parametrize("order", ["cleared", "usual", "accumulated", "two_optimizers",
-                                   "two_losses", "sam", "lbfgs"])
+@pytest.mark.parametrize("order", ["cleared", "step_first", "usual", "accumulated",
+                                   "two_optimizers", "two_losses", "sam", "lbfgs"])
 def test_gradients_cleared_before_the_step_are_found_at_the_zero_grad(tmp_path, order):
     path = str(tmp_path / "record.jsonl")
     rec = model_debugger.capture(path)
@@ -90,10 +95,15 @@ def test_gradients_cleared_before_the_step_are_found_at_the_zero_grad(tmp_path, 
     run = Run.load(path)
     ctx = build_context(run, rec.keeper, probing.user_sources(run, [__file__]), 60.0)
     findings = run_probes(ctx, ["grads_cleared"]).findings
-    if order != "cleared":
+    if order not in ("cleared", "step_first"):
         assert run.first("grads_cleared") is None and findings == ()
         return
-    assert run.first("grads_cleared")["steps"] == run.first("grads_cleared")["of"] == 16
+    seen = run.first("grads_cleared")
+    assert seen["of"] == 16 and seen["steps"] >= 15  # (the first step: nothing to clear yet)
     [f] = findings
     assert (f.root_cause, f.confirmed, f.evidence["decisive"]) == ("training_loop", True, True)
+    if order == "step_first":  # the step is what moves: after the backward
+        assert "before loss.backward()" in f.explanation and f.evidence["step_before_backward"]
+        assert f.location["line"] == line_of("step-first"), f.location
+        return
     assert f.location["line"] == line_of("cleared"), f.location
