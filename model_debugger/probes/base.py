@@ -137,7 +137,9 @@ class Probe:
     about_scale : bool
         Whether its ``data`` findings are about the data's scale: a scaling call whose result
         was thrown away before the use (``scaler.fit_transform(X)`` as a statement) is then
-        where the unscaled data was made (:func:`~model_debugger.provenance.discarded_scaling`).
+        where the unscaled data was made (:func:`~model_debugger.provenance.discarded_scaling`);
+        a scaled copy made under another name and not used, the use line
+        (:func:`~model_debugger.provenance.scaled_copy_unused`).
     suggested_by : tuple of str
         Signals that point at this probe's cause: when the classification cites one, the probe
         runs before the others (the most likely cause is tested while the budget lasts).
@@ -236,10 +238,14 @@ class Probe:
 
             location = data_origin(location, self.data_role)
             if self.about_scale:
-                from ..provenance import discarded_scaling, scaling_pipeline
+                from ..provenance import (
+                    discarded_scaling,
+                    scaled_copy_unused,
+                    scaling_pipeline,
+                )
 
-                location = discarded_scaling(location) or scaling_pipeline(location) or \
-                    location
+                location = discarded_scaling(location) or scaled_copy_unused(location) or \
+                    scaling_pipeline(location) or location
         return Finding(self.id, root_cause, confirmed, explanation, location,
                        {k: _jsonable(v) for k, v in evidence.items()})
 
