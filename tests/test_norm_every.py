@@ -82,7 +82,7 @@ def test_histograms_keep_their_own_schedule():
 def test_automatic_norm_every_over_budget_thins_out_after_the_start(monkeypatch):
     """Detail that costs more than the budget: norms every k-th step after the warm-up."""
     monkeypatch.setattr(ti, "DETAIL_BUDGET", 1e-9)  # any measurable cost is over it
-    events, refs = train(ti.DETAIL_WARMUP + 40)
+    events, refs = train(ti.DETAIL_WARMUP + 40, detail_every_max=ti.DETAIL_MAX_EVERY)
     [event] = [e for e in events if e["t"] == "detail_every"]
     assert event["step"] == ti.DETAIL_WARMUP and event["share"] > 0
     k = event["every"]
@@ -211,9 +211,10 @@ def test_an_optimizer_rebuilt_every_step_keeps_the_schedule():
     (2, 0.1, 1)])
 def test_retuning_lowers_k_only_with_a_margin(current, budgets, expected):
     """``budgets``: what full detail on one step costs, in units of the budget."""
-    from model_debugger.capture.recorder import Recorder
+    from model_debugger.capture.recorder import CaptureConfig, Recorder
 
-    inst = torch_instrument.TorchInstrument(Recorder(None))
+    inst = torch_instrument.TorchInstrument(
+        Recorder(None, CaptureConfig(detail_every_max=ti.DETAIL_MAX_EVERY)))
     inst._detail_every = current
     share = budgets * ti.DETAIL_BUDGET
     # own seconds: a detailed step, two lean ones (1 ms over them); two 10 ms steps
@@ -222,3 +223,15 @@ def test_retuning_lowers_k_only_with_a_margin(current, budgets, expected):
     assert inst._detail_every == expected
     events = [e for e in inst.rec.events if e["t"] == "detail_every"]
     assert [e["every"] for e in events] == ([expected] if expected != current else [])
+
+
+def test_full_detail_on_every_step_unless_thinning_is_asked_for(monkeypatch):
+    """Thinning reads the rate and watches kept graphs only on its sampled steps: off by
+    default (``detail_every_max=1``) until those read every step; any cost is within a cap
+    of 1."""
+    monkeypatch.setattr(ti, "DETAIL_BUDGET", 1e-9)  # any measurable cost is over it
+    events, _ = train(ti.DETAIL_WARMUP + 40)
+    assert measured(events) == list(range(ti.DETAIL_WARMUP + 40))
+    assert not [e for e in events if e["t"] == "detail_every"]
+    with pytest.raises(ValueError, match="detail_every_max"):
+        train(1, detail_every_max=0)

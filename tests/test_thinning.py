@@ -40,7 +40,8 @@ def train(steps: int, nan_at: int | None = None, accumulate: int = 1, **config):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = torch.randn(64, 20), torch.randint(0, 3, (64,))
     losses = []
-    with capture(**{"update_every": 0, "hist_every": 0, **config}) as rec:
+    with capture(**{"update_every": 0, "hist_every": 0, "detail_every_max": K,
+                    **config}) as rec:
         for i in range(steps):
             opt.zero_grad()
             parts = []
@@ -112,7 +113,7 @@ def test_step_closure_measures_the_sampled_steps_after_the_closure(thin):
     x, y = torch.randn(32, 6), torch.randn(32, 1)
     ref = {}
 
-    with capture(update_every=0, hist_every=0) as rec:
+    with capture(update_every=0, hist_every=0, detail_every_max=K) as rec:
         for i in range(WARM + 2 * K):
             def closure(i=i):
                 opt.zero_grad()
@@ -134,7 +135,7 @@ def test_zero_grad_between_backward_and_step_is_seen_on_lean_steps(thin):
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     n = WARM + 3 * K
-    with capture(update_every=0, hist_every=0) as rec:
+    with capture(update_every=0, hist_every=0, detail_every_max=K) as rec:
         for _ in range(n):
             model(torch.randn(8, 4)).pow(2).mean().backward()
             opt.zero_grad()  # the bug: the gradients are cleared before the step
@@ -157,7 +158,7 @@ def test_a_multi_optimizer_loop_counts_every_step_of_each(thin):
     gen, disc = nn.Linear(4, 8), nn.Linear(8, 1)
     opt_g = torch.optim.SGD(gen.parameters(), lr=0.01)
     opt_d = torch.optim.SGD(disc.parameters(), lr=0.01)
-    with capture(update_every=0, hist_every=0) as rec:
+    with capture(update_every=0, hist_every=0, detail_every_max=K) as rec:
         for _ in range(WARM + 2 * K):
             for opt in (opt_d, opt_g):
                 opt_d.zero_grad()

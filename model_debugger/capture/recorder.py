@@ -98,12 +98,16 @@ class CaptureConfig:
         Parse printed ``name=value`` lines as metrics.
     norm_every : int
         PyTorch: measure gradient norms every this many optimizer steps. 0 (the default) is
-        automatic: on the steps with full detail (steady-state thinning, see
-        :mod:`.torch_steps`): every step of the first 64, then every k-th, the smallest k that
-        keeps full detail within 1% of a step, at most 16 (a ``detail_every`` event says so);
-        every step when a gradient is not on the CPU. A step without a measurement has no
-        ``gn`` and no ``rss`` (process memory is read on the same steps). Keras measures every
-        step.
+        automatic: on the steps with full detail (every step unless ``detail_every_max`` allows
+        thinning). A step without a measurement has no ``gn`` and no ``rss`` (process memory is
+        read on the same steps). Keras measures every step.
+    detail_every_max : int
+        PyTorch steady-state thinning (see :mod:`.torch_steps`): after the first 64 steps, full
+        detail on every k-th step only, the smallest k that keeps it within 1% of a step, at
+        most this (and 16; a ``detail_every`` event says so); every step when a gradient is not
+        on the CPU. 1 (the default) keeps full detail on every step: thinning still reads the
+        learning rate and watches kept graphs only on its sampled steps, and gives a second
+        optimizer that steps in turn no detail when k is even.
     """
 
     hist_every: int = 100
@@ -111,12 +115,16 @@ class CaptureConfig:
     module_norms: bool = True
     parse_stdout: bool = True
     norm_every: int = 0
+    detail_every_max: int = 1
 
     def __post_init__(self) -> None:
         for name in ("hist_every", "update_every", "norm_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
+        value = self.detail_every_max
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"detail_every_max must be a whole number >= 1, not {value!r}")
 
 
 class Recorder:

@@ -127,7 +127,8 @@ class StepRows(OverheadWatch, HeldWatch):
         if step <= 0:
             return
         share = max(extra, 0.0) / step
-        every = max(1, min(DETAIL_MAX_EVERY, math.ceil(share / DETAIL_BUDGET)))
+        cap = min(DETAIL_MAX_EVERY, self.cfg.detail_every_max)
+        every = max(1, min(cap, math.ceil(share / DETAIL_BUDGET)))
         if every < self._detail_every:  # lower k only with a 20% margin: no flip-flop
             every = max(every, min(self._detail_every, math.ceil(share / (0.8 * DETAIL_BUDGET))))
         if every != self._detail_every:
