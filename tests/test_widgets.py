@@ -277,6 +277,17 @@ def test_record_follower_switches_files(tmp_path):
     assert not follower.poll() and follower.events == []
 
 
+@pytest.mark.parametrize("odd", ['1,2', '{"t": "step"},{"t": "step"}', '[1]', '{"t": "st'])
+def test_record_follower_keeps_only_whole_events(tmp_path, odd):
+    """A line that is not one JSON object (numbers, two objects, a cut line) is skipped; its
+    neighbours are read, and no non-event reaches the panel (it would fail every redraw)."""
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"t": "step", "i": 1}\n' + odd + '\n{"t": "step", "i": 2}\n')
+    follower = RecordFollower(lambda: str(path))
+    assert follower.poll()
+    assert follower.events == [{"t": "step", "i": 1}, {"t": "step", "i": 2}]
+
+
 def test_gradient_panel_histogram_slider():
     hists = [{"t": "hist", "step": s, "param": p, "lo": -1.0, "hi": 1.0, "counts": [1, 2, 3]}
              for s in (10, 20, 30) for p in ("0.weight", "2.weight")]

@@ -63,13 +63,19 @@ class RecordFollower:
         lines = [line for line in chunk[:end].splitlines() if line.strip()]
         try:  # one parse for the whole chunk (a line-by-line parse costs several times more)
             new = json.loads(b"[" + b",".join(lines) + b"]")
-        except (ValueError, UnicodeDecodeError):  # a broken line: the others, one by one
+        except (ValueError, UnicodeDecodeError):
+            new = None
+        if not isinstance(new, list) or len(new) != len(lines) or \
+                not all(isinstance(e, dict) for e in new):
+            # a broken line, or one that joined parses as several (``1,2``): one by one
             new = []
             for line in lines:
                 try:
-                    new.append(json.loads(line))
+                    event = json.loads(line)
                 except (ValueError, UnicodeDecodeError):
                     continue
+                if isinstance(event, dict):
+                    new.append(event)
         self.events += new
         return bool(new)
 
