@@ -163,3 +163,20 @@ def test_front_padding_moves_each_row_s_steps_to_its_end(kind):
     (moved, *_), target = front_padded((x,), labels, 8)
     assert target is labels
     np.testing.assert_array_equal(np.asarray(moved), front)
+
+
+def test_a_target_per_step_or_ids_no_embedding_reads_are_left_alone(tmp_path):
+    """A tagger reads each output where it stands (end padding does not reach it), and integer
+    steps into a model without an embedding may hold real zeros: neither is tested."""
+    ctx = torch_context(tmp_path, packed=False, front=False)
+    probe = PROBES["unmasked_padding"]()
+    assert probe.applies(ctx)
+    targets = ctx.trainer.targets
+    ctx.trainer.targets = torch.zeros(len(targets), LENGTH, dtype=torch.long)  # one per step
+    assert not probe.applies(ctx)
+    ctx.trainer.targets = targets
+    model = ctx.model
+    ctx.model = nn.Sequential(nn.GRU(LENGTH, 8))  # recurrent, but nothing looks ids up
+    assert not probe.applies(ctx)
+    ctx.model = model
+    assert probe.applies(ctx)
