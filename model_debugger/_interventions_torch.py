@@ -8,6 +8,7 @@ dropout that drops nothing, parameters re-initialised or unfrozen.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from .interventions import removes as _removes
@@ -429,3 +430,131 @@ def shuffle(params: dict, torch) -> Callable[[], None]:
         return patched
 
     return install(DataLoader, "__init__", factory)
+
+
+_TRACE_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)')
+_GRAPH_LIMIT = 50000  # nodes hooked per backward (a larger graph keeps the rest unguarded)
+
+
+def _finite(grads) -> bool:
+    return all(g is None or bool(g.isfinite().all()) for g in grads)
+
+
+def _moderate(grads, torch) -> bool:
+    """Whether every gradient is far from overflowing.
+
+    Below the square root of its dtype's largest value: a non-finite value made from these is
+    an operation at the edge of its domain, not a product of two huge numbers (an update that
+    grew until it overflowed).
+    """
+    return all(g is None or not g.is_floating_point() or g.numel() == 0 or
+               float(g.abs().max()) < torch.finfo(g.dtype).max ** 0.5 for g in grads)
+
+
+def _made_at(node) -> dict:
+    """The user's frames of the forward call that made ``node`` (anomaly mode's traceback).
+
+    ``{"file", "line", "func", "frames"}``: the innermost user frame, and every user frame from
+    the outermost in; empty without a traceback (anomaly mode was off when it was made).
+    """
+    from .capture.codeloc import is_user_file
+
+    trace = getattr(node, "metadata", {}).get("traceback_") or []
+    frames = [{"file": m["file"], "line": int(m["line"]), "func": m["func"].strip()}
+              for m in (_TRACE_FRAME.search(s) for s in trace)
+              if m and is_user_file(m["file"])]
+    return {**frames[-1], "frames": frames[-6:]} if frames else {}
+
+
+def guard_backward(params: dict, torch) -> Callable[[], None]:
+    """An operation that turns finite gradients into non-finite ones hands back 0 instead.
+
+    Before every backward each node of the graph gets a hook: when the gradients reaching it
+    are finite and those it hands back are not (a square root at 0, a norm of a zero vector, a
+    division by a zero denominator), the non-finite values become 0, what an epsilon or a clamp
+    in that operation gives. From backward number ``params["from_step"]`` (where the
+    reproduction first showed a non-finite gradient) until a node has acted, autograd's anomaly
+    mode (without its NaN check) keeps each operation's forward traceback, so the record gets
+    the operation and the user's line that made it: an ``intervened`` event per operation and
+    line, the first five.
+    """
+    import warnings
+
+    from .capture._util import active_recorder
+    from .capture.patches import install
+
+    start = int(params.get("from_step", 0))
+    state = {"backwards": 0, "tracing": False, "reported": set()}
+    before = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+
+    def trace(on: bool) -> None:
+        if state["tracing"] != on:
+            state["tracing"] = on
+            with warnings.catch_warnings():  # ("Anomaly Detection has been enabled ...")
+                warnings.simplefilter("ignore")
+                torch.autograd.set_detect_anomaly(*(True, False) if on else before)
+
+    def acted(node) -> None:
+        site = _made_at(node)
+        key = (type(node).__name__, site.get("file"), site.get("line"))
+        if key in state["reported"] or len(state["reported"]) >= 5 or \
+                not site and any(k[0] == key[0] for k in state["reported"]):
+            return
+        state["reported"].add(key)
+        if site:
+            trace(False)  # located: the rest of the run at full speed
+        rec = active_recorder()
+        if rec is not None:
+            rec.emit("intervened", id="guard_backward", backward=state["backwards"],
+                     op=type(node).__name__, **site)
+
+    def hook(grad_inputs, grad_outputs, node=None):
+        if _finite(grad_outputs) and not _finite(grad_inputs) and \
+                _moderate(grad_outputs, torch):
+            acted(node)
+            return tuple(g if g is None else torch.nan_to_num(g, nan=0.0, posinf=0.0,
+                                                               neginf=0.0)
+                         for g in grad_inputs)
+        return None
+
+    def hooked(roots) -> list:
+        handles, seen = [], set()
+        stack = [getattr(t, "grad_fn", None) for t in roots]
+        while stack and len(seen) < _GRAPH_LIMIT:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if type(node).__name__ != "AccumulateGrad":
+                handles.append(node.register_hook(lambda gi, go, n=node: hook(gi, go, n)))
+            stack.extend(f for f, _ in node.next_functions)
+        return handles
+
+    def factory(backward):
+        def guarded(tensors, *args, **kwargs):
+            roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+            handles = hooked(roots)
+            try:
+                return backward(tensors, *args, **kwargs)
+            finally:
+                for h in handles:
+                    h.remove()
+                state["backwards"] += 1
+                if state["backwards"] == start and not state["reported"]:
+                    trace(True)  # the next forward is the step that showed it
+        return guarded
+
+    def forward_pre(module, args):
+        # a trainer may switch anomaly mode off around its loop (Lightning's
+        # ``detect_anomaly=False``): on again at every forward while tracing
+        if state["tracing"] and not torch.is_anomaly_enabled():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.autograd.set_detect_anomaly(True, check_nan=False)
+
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    if start <= 0:
+        trace(True)
+    return _removes([lambda: trace(False), register_module_forward_pre_hook(forward_pre).remove,
+                     install(torch.autograd, "backward", factory)])

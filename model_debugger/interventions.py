@@ -86,6 +86,12 @@ def _setting(params: dict) -> None:
                          f"{value!r}")
 
 
+def _from_step(params: dict) -> None:
+    step = params.get("from_step", 0)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"guard_backward needs from_step as an int >= 0, not {step!r}")
+
+
 def _sites(params: dict) -> None:
     sites = params.get("sites")
     if sites is not None and not (isinstance(sites, list) and all(
@@ -116,6 +122,10 @@ INTERVENTIONS: dict[str, Kind] = {k.id: k for k in (
     _kind("match_target_shape", "a 1-D target given to Keras fit becomes (N, 1) when the "
           "model's one output is (N, 1) (a loss written in train_step then pairs each "
           "prediction with its own target)", "match_target_shape", ("keras",)),
+    _kind("guard_backward", "an operation that turns finite gradients into non-finite ones "
+          "(a square root at 0, a division by 0) hands back 0 instead, and reports where it "
+          "was made (from backward params['from_step'] on)", "guard_backward", ("torch",),
+          validate=_from_step),
     _kind("keep_graph", "a .detach() in your model's forward (PyTorch) or a stop_gradient in "
           "your code (Keras) keeps the graph (only at params['sites'], a list of {file, line}, "
           "when given)", "keep_graph", validate=_sites),

@@ -439,6 +439,30 @@ def loop_exit(location: dict | None) -> dict | None:
     return {"file": location["file"], "line": min(exits)[1]} if exits else None
 
 
+_LOSS_CLASS = re.compile(r"(?i)loss|criterion|objective|metric")
+
+
+def in_layer(frames: list[dict]) -> dict | None:
+    """The innermost of ``frames`` that runs in a layer's ``forward``/``call``, or None.
+
+    ``frames`` are user frames, outermost first (``{"file", "line", "func"}``). A method of a
+    class named like a loss (``TripletLoss.forward``, a ``criterion``) is the loss's code, not
+    a layer's.
+    """
+    for frame in reversed(frames):
+        if frame.get("func") not in ("forward", "call", "__call__"):
+            continue
+        tree = _tree_of(frame)
+        if tree is None:
+            continue
+        owner = max((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+                     and n.lineno <= frame["line"] <= (n.end_lineno or n.lineno)),
+                    key=lambda n: n.lineno, default=None)
+        if owner is not None and not _LOSS_CLASS.search(owner.name):
+            return frame
+    return None
+
+
 def enclosing_loop(location: dict | None) -> dict | None:
     """The header of the innermost ``for`` / ``while`` loop holding ``location``'s line.
 

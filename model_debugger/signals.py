@@ -7,6 +7,7 @@ them as evidence verbatim.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -742,7 +743,9 @@ def compute(run: Run) -> dict:
         s["update_ratio_points"] = int(len(ur))
     names, norms = run.module_norms()
     if len(names) >= 3 and len(norms) >= 5:
-        med = np.nanmedian(np.where(np.isfinite(norms), norms, np.nan), axis=0)
+        with warnings.catch_warnings():  # a module non-finite at every step: its median NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(np.where(np.isfinite(norms), norms, np.nan), axis=0)
         if np.isfinite(med[0]) and np.isfinite(med[-1]) and med[-1] > 0:
             s["first_layer"], s["last_layer"] = names[0], names[-1]
             s["first_to_last_grad_ratio"] = float(med[0] / med[-1])

@@ -635,6 +635,19 @@ def _broadcast_by_hand(p: Program) -> list[Edit]:
     return [replace(p, loss, f"(({pred}) - ({target}).view(-1)).pow(2).mean()", change=True)]
 
 
+@operator("sqrt_at_zero", "training", "gradient_instability", "training_loop",
+          "a hand-written penalty on the pairwise distances of the predictions takes the square "
+          "root of squared distances that are exactly 0 on the diagonal: its gradient is "
+          "inf * 0 = NaN while the loss stays finite")
+def _sqrt_at_zero(p: Program) -> list[Edit]:
+    loss = torch_train_loss(p)
+    need(loss.args, "no prediction argument")
+    pred = p.text(loss.args[0])
+    flat = f"({pred}).reshape(len({pred}), -1)"
+    penalty = f"(({flat}[:, None] - {flat}[None]) ** 2).sum(-1).sqrt().mean()"
+    return [replace(p, loss, f"{p.text(loss)} + 1e-3 * {penalty}", change=True)]
+
+
 @operator("schedule_rises", "training", "gradient_instability", "hyperparameter",
           "the learning-rate schedule raises the rate instead of lowering it or stopping at it "
           "(a StepLR gamma of 10; a warm-up that never stops)")

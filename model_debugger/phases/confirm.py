@@ -124,7 +124,7 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                 per_run[0] = max(per_run[0], took)
                 if took >= left:  # stopped by the budget, not by its steps: cut short
                     return None
-                measured.append(measure(cap.run))
+                measured.append({**measure(cap.run), "sites": cap.run.of("intervened")})
             return measured
 
         needed = len(seeds) * (2 if baseline is None else 1) * per_run[0]
@@ -215,6 +215,12 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
             f"removed {category} from every re-run that showed it, and moved" if moved else \
             "did not move"
         new = [c for c in judged["after"]["categories"] if c not in (category, "healthy")]
+        sites = [e for m in after for e in m["sites"]]
+        if moved and sites:  # where the change acted (an operation it guarded)
+            from ..probes import PROBES
+
+            probe = PROBES.get(finding.check)
+            finding = probe().acted_at(finding, sites) if probe is not None else finding
         explanation = (f"{finding.explanation} Re-running with {intervention.id}"
                        f"{_params(intervention)} {word} {judged['metric']}"
                        f"{' beyond the noise band' if beyond or not moved else ''} "
@@ -225,6 +231,7 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
                        f"{'; but the re-runs show ' + ', '.join(sorted(set(new))) if new else ''}.")
         if moved and gone and not new:
             cured[category] = intervention.id
+
         settled = _settled(finding)
         if moved or not settled:
             out.append(replace(finding, confirmed=moved, explanation=explanation,

@@ -210,6 +210,16 @@ class Probe:
         """
         return None
 
+    def acted_at(self, finding: Finding, sites: list[dict]) -> Finding:
+        """The finding once its intervention removed the symptom, acting at ``sites``.
+
+        An intervention that acts where something happens (an operation whose gradient it
+        guards) reports where in the re-run's record (``intervened`` events:
+        ``{"file", "line", ...}``); a probe whose hypothesis could not name the line overrides
+        this to locate the confirmed finding there. By default the finding is unchanged.
+        """
+        return finding
+
     def suggestion(self, finding: Finding) -> str:
         """The suggested fix for one of this probe's findings (text shown with the plan).
 

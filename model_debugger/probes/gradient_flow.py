@@ -8,9 +8,11 @@ produced it).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 
+from ..records import Intervention
 from ._heldout import source_line
 from ._lint import summed_loss_line, undivided_accumulation
 from ._made import output_location
@@ -41,6 +43,36 @@ class GradientFlow(Probe):
                     "overflow stop growing; keep the model as it is.")
         return ("Guard the operation that produces the first non-finite value (e.g. clamp before "
                 "log, add an epsilon), or lower the learning rate if the values grow first.")
+
+    def intervention(self, finding):
+        """A finite loss with a non-finite gradient: guard each operation's backward."""
+        if not finding.evidence.get("unsafe_backward"):
+            return None
+        return Intervention("guard_backward",
+                            {"from_step": int(finding.evidence.get("step") or 0)})
+
+    def acted_at(self, finding, sites):
+        """Located where the guarded operation was made.
+
+        In a layer's forward: ``architecture``; in the loss's code: ``training_loop``.
+        """
+        from ..provenance import in_layer
+
+        site = next((s for s in sites if s.get("file") and isinstance(s.get("line"), int)),
+                    None)
+        if site is None or not finding.evidence.get("unsafe_backward"):
+            return finding
+        layer = in_layer(site.get("frames") or [site])
+        op = str(site.get("op", "an operation")).removesuffix("Backward0")
+        return replace(
+            finding, root_cause="architecture" if layer else "training_loop",
+            location={"file": site["file"], "line": site["line"]},
+            explanation=f"{finding.explanation} The first operation to hand back a non-finite "
+                        f"gradient from finite ones was {op} in {site.get('func', 'your code')} "
+                        f"(line {site['line']})" + (", in a layer's forward" if layer else
+                                                     ", in the loss's code") + ".",
+            evidence={**finding.evidence, "unsafe_op": site.get("op"),
+                      "made_at": {"file": site["file"], "line": site["line"]}})
 
     def run(self, ctx: ProbeContext):
         """Findings on the first non-finite value and on layers whose gradients vanish.
@@ -133,6 +165,16 @@ class GradientFlow(Probe):
                 bad.get("forward") == "finite" and bad.get("replay") != "finite" and \
                 _targets_finite(ctx):
             return _loss_made_it(self, ctx, bad, common)
+        if what == "grad" and not bad.get("in_weights") and ctx.framework == "torch":
+            return self.finding(
+                "training_loop", False,
+                f"Non-finite gradient first at step {step} in {where}, while the loss was "
+                "finite" + (", before any update," if step == 0 else "") + " and the gradient "
+                "norm had not grown: an operation whose derivative is infinite at the values "
+                "it meets (a square root of 0, the norm of a zero vector, a division by a value "
+                "that is 0) turns the gradient into inf * 0 = NaN; no learning rate does that.",
+                ctx.ref("loss_fn") or ctx.ref("backward"), strength=0.6, unsafe_backward=True,
+                **common)
         custom = _module_location(ctx, module) if module else None
         # weights already non-finite: an earlier update (a gradient the capture did not
         # measure, see norm_every) put them there, not the forward pass
