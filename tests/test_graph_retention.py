@@ -350,3 +350,30 @@ def test_a_buffer_assigned_from_the_graph_is_the_layers_state_keeping_it(tmp_pat
     assert (f.root_cause, f.evidence["state"], f.evidence["module"]) == \
         ("architecture", ["running_mean"], "1")
     assert f.location["line"] == line_of("hand-norm"), f.location
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_outputs_are_looked_at_steps_later_not_forwards_later(tmp_path, kept):
+    """A step that calls the model five times (a consistency penalty on several forwards) still
+    holds its first outputs in its loss's graph when the fifth is made: no prediction is kept
+    past its step unless the loop keeps one (then every step's is)."""
+    torch.manual_seed(0)
+    X, y = torch.randn(640, 8), torch.randint(0, 2, (640,))
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    preds = []
+    path = str(tmp_path / "record.jsonl")
+    with model_debugger.capture(path):
+        for i in range(0, 640, 32):
+            xb = X[i:i + 32]
+            views = [net(xb + 0.01 * k) for k in range(4)]
+            loss = F.cross_entropy(net(xb), y[i:i + 32]) + \
+                0.1 * torch.stack(views).var(0).mean()
+            if kept:
+                preds.append(views[0])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    kept_event = Run.load(path).first("graphs_kept")
+    assert kept_event["outputs_checked"] >= 50, kept_event
+    assert (kept_event["outputs_alive"] >= 16) is kept, kept_event

@@ -643,9 +643,15 @@ def _sqrt_at_zero(p: Program) -> list[Edit]:
     loss = torch_train_loss(p)
     need(loss.args, "no prediction argument")
     pred = p.text(loss.args[0])
-    flat = f"({pred}).reshape(len({pred}), -1)"
+    text = p.text(loss)
+    if any(isinstance(n, ast.Call) for n in ast.walk(loss.args[0])):  # the model called in
+        start = loss.args[0].col_offset - loss.col_offset  # the loss call: named once
+        need(loss.args[0].lineno == loss.lineno, "a prediction over several lines")
+        text = f"{text[:start]}(_pred := {pred}){text[start + len(pred):]}"
+        pred = "_pred"
+    flat = f"{pred}.reshape(len({pred}), -1)"
     penalty = f"(({flat}[:, None] - {flat}[None]) ** 2).sum(-1).sqrt().mean()"
-    return [replace(p, loss, f"{p.text(loss)} + 1e-3 * {penalty}", change=True)]
+    return [replace(p, loss, f"{text} + 1e-3 * {penalty}", change=True)]
 
 
 @operator("schedule_rises", "training", "gradient_instability", "hyperparameter",

@@ -51,6 +51,7 @@ from .torch_trainers import TrainerHooks
 from .torch_util import nonfinite_op
 
 GRAPH_LAG = 3  # backwards after which a loss tensor still alive is kept by the user's code
+_WATCHED = 256  # weak references waiting for GRAPH_LAG backwards, at most
 _BACKWARD_MODE_AFTER = 64  # backward() calls without an optimizer step: a loop without one
 
 
@@ -215,19 +216,24 @@ class TorchInstrument(ModelHooks, OptimizerHooks, StepRows, DataHooks, LossHooks
         A loop that rebinds ``loss`` each step frees the last one (and its graph: every
         activation it saved); one that keeps it (``losses.append(loss)``,
         ``preds.append(model(x))``) keeps them all. Each backward's tensor, and each training
-        forward's output, is held by weak reference and looked at again :data:`GRAPH_LAG`
-        backwards (forwards) later: a trainer may keep the last one or two. Only the steps
-        with full detail are watched (:mod:`.torch_steps`), so after the warm-up the lag is
-        :data:`GRAPH_LAG` of those.
+        forward's output, is held by weak reference and looked at again once :data:`GRAPH_LAG`
+        backwards have run (every backward counts, so the look-back is in steps whatever the
+        forwards per step or the steps with full detail): a trainer may keep the last one or
+        two. Only the steps with full detail are watched (:mod:`.torch_steps`).
         """
         counts = self._graph_counts["outputs" if outputs else "losses"]
         refs = counts[0]
-        refs.append(weakref.ref(tensor))
-        if len(refs) > GRAPH_LAG:
-            old = refs.pop(0)()
+        # stamped with the backwards so far: looked at once GRAPH_LAG backwards passed, not
+        # GRAPH_LAG forwards (a step that calls the model five times still holds the first
+        # outputs in its loss's graph when the fifth is made)
+        refs.append((weakref.ref(tensor), self._backwards))
+        while refs and self._backwards - refs[0][1] >= GRAPH_LAG:
+            old = refs.pop(0)[0]()
             counts[1] += 1
             if old is not None and old.grad_fn is not None:
                 counts[2] += 1
+        if len(refs) > _WATCHED:  # forwards without a backward (an evaluation with grad on)
+            del refs[0]
 
     def _reset_probe(self):
         """The smallest parameter the last optimizer updated (kept by weak reference)."""
