@@ -169,6 +169,27 @@ def test_a_multi_optimizer_loop_counts_every_step_of_each(thin):
     assert len(steps) == 2 * (WARM + 2 * K)
     assert all(isinstance(s["loss"], float) for s in steps)
     assert set(detailed(steps)) >= set(range(WARM))
+    late = [i for i in detailed(steps) if i >= WARM]  # both optimizers sampled (k is even:
+    assert {i % 2 for i in late} == {0, 1}, late    # every k-th step alone is always D's)
+
+
+def test_the_rate_is_read_on_lean_steps(thin):
+    """A warm-up restarting every epoch (a scheduler re-made per epoch) shows every restart."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+    epochs, per_epoch = 7, 40
+    with capture(update_every=0, hist_every=0, detail_every_max=K) as rec:
+        for _ in range(epochs):
+            warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
+            for _ in range(per_epoch):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                warm.step()
+    lows = [e for e in rec.events if e["t"] == "lr" and e["lr"] < 0.01]
+    assert len(lows) == epochs, [(e["step"], e["lr"]) for e in rec.events if e["t"] == "lr"]
 
 
 def test_the_live_panel_spaces_its_redraws_by_their_cost(tmp_path, monkeypatch):

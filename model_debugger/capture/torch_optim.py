@@ -16,7 +16,7 @@ What they record:
   norms recorded are those before the clip (the clipped total is the row's ``gnc``) and one
   ``clip`` event per ``max_norm`` (at most three);
 - ``LRScheduler.__init__``: a ``scheduler`` ``ref`` (where the first schedule was built); on
-  every step with full detail, the first parameter group's learning rate, as an ``lr`` event
+  every step (lean ones too), the first parameter group's learning rate, as an ``lr`` event
   when it moved by 1.5x or more since the last one (at most ``LR_EVENTS``: the schedule's
   trajectory);
 - the first step of each optimizer: a ``trained`` event (the model's parameter count and how
@@ -175,8 +175,8 @@ class OptimizerHooks:
             if detail:  # (a lean step: neither its time split nor the call site, known)
                 self._busy_enter()  # left in _post_step (or reset with the step's row)
                 self._site("step")
-                if not self._rates.full:
-                    self._note_lr(opt)
+            if not self._rates.full:  # every step: a schedule restarting each epoch shows
+                self._note_lr(opt)  # every restart, whichever steps have full detail
             if self._multi and not self._opt_steps:
                 self._before_first_update(opt)
             if opt is not self._last_opt:

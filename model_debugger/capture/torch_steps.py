@@ -108,8 +108,11 @@ class StepRows(OverheadWatch, HeldWatch):
         step = self.rec.step
         if step >= self._retune_at:
             self._retune_detail()
+        # a run of as many consecutive steps as there are sets of parameters stepping (a
+        # GAN's two optimizers alternate: with k even, every k-th step alone is always D's)
+        sets = len(self._opt_counts) or 1
         self._detail = self._timed = self._rss_due = \
-            step < self._detail_until or not step % self._detail_every or self._multi or \
+            step < self._detail_until or step % self._detail_every < sets or self._multi or \
             self._sampler is not None
 
     def _retune_detail(self) -> None:
