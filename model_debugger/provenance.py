@@ -134,26 +134,55 @@ def scaled_copy_unused(location: dict | None) -> dict | None:
 
     ``X_train_s = scaler.transform(X_train)`` and then ``model.fit(X_train, ...)``: the
     scaling happened, under another name, and the raw array trains. The fix is the argument
-    at the use line (``used_at``), not the line that made the raw array.
+    at the use line (``used_at``), not the line that made the raw array. When the use line
+    reads batches made earlier (``train_ds = from_tensor_slices((X_s, y_train))``, then a
+    loss on the batches), a copy never read anywhere locates the first statement after it,
+    up to the use, that reads the raw array instead.
     """
     tree = _tree_of(location)
     used = (location or {}).get("used_at")
     if tree is None or not isinstance(used, int):
         return None
-    read = {n.id for st in _statements_at(tree, used) for n in ast.walk(st)
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    def reads(stmt) -> set[str]:
+        return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and
+                isinstance(n.ctx, ast.Load)}
+
+    read = set().union(*map(reads, _statements_at(tree, used)))
+    loaded = {}  # name -> the lines reading it
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            loaded.setdefault(n.id, set()).add(n.lineno)
+    later = []  # a statement between the copy and the use that reads the raw array instead
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Assign) and node.lineno < used and
-                isinstance(node.value, ast.Call) and node.value.args):
+        call = _scaling_call(node.value) if isinstance(node, ast.Assign) else None
+        if call is None or node.lineno >= used:
             continue
-        func = node.value.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        source = node.value.args[0]
+        name, source = call.func.attr if isinstance(call.func, ast.Attribute) else \
+            getattr(call.func, "id", None), call.args[0]
         made = {t.id for t in node.targets if isinstance(t, ast.Name)}
-        if name in _SCALING and isinstance(source, ast.Name) and source.id in read and \
-                made and not made & read and source.id not in made:
+        if name not in _SCALING or not isinstance(source, ast.Name) or not made or \
+                source.id in made:
+            continue
+        if source.id in read and not made & read:
             return {**location, "line": used}
-    return None
+        if not any(loaded.get(m, set()) - {node.lineno} for m in made):  # the copy: never read
+            # (``train_ds = from_tensor_slices((X_s, y_raw))`` between the copy and the loss
+            # line that used the batches)
+            later += [st.lineno for st in ast.walk(tree) if isinstance(st, ast.stmt) and
+                      node.end_lineno < st.lineno <= used and
+                      st in _statements_at(tree, st.lineno) and source.id in reads(st)]
+    return {**location, "line": min(later)} if later else None
+
+
+def _scaling_call(value) -> ast.Call | None:
+    """The call with arguments under a chain of methods, or None for a value that is no call.
+
+    ``scaler.fit_transform(y).astype("float32")`` gives the ``fit_transform`` call.
+    """
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+            value.func.attr not in _SCALING and isinstance(value.func.value, ast.Call):
+        value = value.func.value
+    return value if isinstance(value, ast.Call) and value.args else None
 
 
 def scaling_pipeline(location: dict | None) -> dict | None:

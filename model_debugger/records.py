@@ -110,7 +110,9 @@ _SOURCE_RANK = {s: i for i, s in enumerate(METRIC_SOURCES)}
 TRAINER_REFS = {
     "lightning": {"backward": ("training_step",), "loss_fn": ("training_step",),
                   "step": ("optimizer", "configure_optimizers"),
-                  "optimizer": ("configure_optimizers",)},
+                  "optimizer": ("configure_optimizers",),
+                  # (manual optimisation: the user's ``opt.step()`` is where clearing belongs)
+                  "zero_grad": ("step", "training_step")},
     "transformers": {"backward": ("trainer_args", "trainer"),
                      "step": ("trainer_args", "trainer"),
                      "optimizer": ("trainer_args", "trainer"),

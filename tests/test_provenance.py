@@ -1457,3 +1457,25 @@ def test_a_setting_made_by_a_function_of_the_file_is_located_where_it_computes_i
     assert origin("<use lr>", "lr") == line_of("<two exits>")
     # through ``torch.tensor(m).float()``; a nested function's return is not the function's
     assert origin("<use momentum>", "momentum") == line_of("<made momentum>")
+
+
+@pytest.mark.parametrize("batches,found", [("(X_s, y_tr)", True), ("(X_s, y_s)", False)])
+def test_a_scaled_copy_never_read_locates_the_batches_built_from_the_raw_array(tmp_path,
+                                                                              batches, found):
+    """The copy made under a chain of methods (``.astype``), the raw targets put into a
+    ``tf.data`` pipeline, the loss line reading only the batches: the pipeline's line, where
+    the scaled copy belonged. With the copy in the pipeline nothing is moved."""
+    from model_debugger.provenance import scaled_copy_unused
+
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(f"""\
+        X_s = x_scaler.fit_transform(X).astype("float32")
+        y_tr = y[:4000].astype("float32")
+        y_s = y_scaler.fit_transform(y_tr).astype("float32")
+        print(y.mean())
+        train_ds = tf.data.Dataset.from_tensor_slices({batches}).batch(64)
+        for xb, yb in train_ds:
+            loss = mse(yb, model(xb))
+        """))
+    got = scaled_copy_unused({"file": str(path), "line": 2, "used_at": 7})
+    assert got == ({"file": str(path), "line": 5, "used_at": 7} if found else None)

@@ -384,6 +384,46 @@ def test_a_lightning_training_step_that_returns_nothing_is_located_at_its_end(tm
     assert f.location == {"file": HERE, "line": line_of("silent-end")}
 
 
+class _ManualNoClear(pl.LightningModule):
+    """Manual optimisation that steps without ever clearing the gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.net = nn.Linear(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, t = batch
+        loss = F.cross_entropy(self.net(x), t)
+        self.manual_backward(loss)
+        opt.step()  # <manual-step>
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-2, momentum=0.9)
+
+
+def test_a_manual_lightning_step_without_zero_grad_is_located_at_the_users_step(tmp_path):
+    """Lightning's own ``zero_grad`` calls (seen at the ``fit`` line) are not the user's: the
+    clearing belongs beside the ``opt.step()`` of the manual ``training_step``."""
+    from model_debugger.probes import run_probes
+    from model_debugger.probing import build_context
+
+    torch.manual_seed(0)
+    train, _ = _loaders()
+    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path))
+    with capture(update_every=0, hist_every=0) as rec:
+        trainer.fit(_ManualNoClear(), train)
+    run = run_of(rec)
+    ctx = build_context(run, None, {HERE: open(HERE, encoding="utf-8").read()})
+    [f] = run_probes(ctx, ["missing_zero_grad"]).findings
+    assert f.confirmed and f.root_cause == "training_loop", f
+    assert f.location["line"] == line_of("manual-step"), (f.location, run.refs())
+
+
 # -- Accelerate --------------------------------------------------------------------------------
 def test_accelerate_accumulation_records_the_users_loss():
     from accelerate import Accelerator

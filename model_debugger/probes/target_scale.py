@@ -32,6 +32,7 @@ class TargetScale(Probe):
     id = "target_scale"
     cost = 2
     data_role = "targets"
+    about_scale = True
     categories = ("gradient_instability", "loss_not_decreasing", "overfitting",
                   "convergence_to_wrong_solution")
     needs_live = True
