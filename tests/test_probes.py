@@ -3386,3 +3386,28 @@ def test_an_ignore_index_that_is_a_real_class_drops_its_rows_from_the_loss(tmp_p
     assert f.evidence["ignored_share"] == pytest.approx(0.5, abs=0.06)
     assert f.evidence["decisive"] and f.evidence["classes"] == 2
     assert_at(f, "skip-value")
+
+
+@pytest.mark.parametrize("working,refuted", [(0.005, True), (0.5, False)])
+def test_vanishing_gradients_are_refuted_by_a_copy_that_learns_at_a_lower_rate(working, refuted):
+    """A copy of the same model that fits the samples at a rate below the run's shows the model
+    as built passes the gradient: the vanishing is the rate's consequence. A copy that needed a
+    higher rate says nothing against the architecture (a deep sigmoid stack learns faster with
+    larger steps)."""
+    from model_debugger.probes import rank
+    from model_debugger.probes.base import PROBES
+    from model_debugger.records import Finding
+
+    vanishing = Finding("gradient_flow", "architecture", True, "Gradients vanish.",
+                        {"file": "t.py", "line": 3},
+                        {"vanishing_layers": ["emb"], "strength": 0.9,
+                         "category": "loss_not_decreasing"})
+    fits = Finding("overfit_small_batch", "hyperparameter", True, "Fits at another rate.",
+                   {"file": "t.py", "line": 9},
+                   {"lr": 0.05, "working_lr": working, "lever": True, "strength": 0.75,
+                    "category": "loss_not_decreasing"})
+    got = PROBES["gradient_flow"]().reconsider(vanishing, [vanishing, fits])
+    assert got.confirmed is not refuted
+    assert ("passes the gradient" in got.explanation) is refuted
+    top = rank([got, fits], ["loss_not_decreasing"])[0]
+    assert top.check == ("overfit_small_batch" if refuted else "gradient_flow")

@@ -210,6 +210,15 @@ class Probe:
         """
         return None
 
+    def reconsider(self, finding: Finding, others: list[Finding]) -> Finding:
+        """One of this probe's findings, once every probe ran (``others``: all their findings).
+
+        A measurement by another probe may undo what this one concluded (a fresh copy of the
+        model learning at a lower rate shows the model as built passes the gradient). By
+        default the finding is unchanged.
+        """
+        return finding
+
     def acted_at(self, finding: Finding, sites: list[dict]) -> Finding:
         """The finding once its intervention removed the symptom, acting at ``sites``.
 
@@ -447,6 +456,8 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
         timings[pid] = round(time.perf_counter() - t0, 3)
         if new and reorder:  # the probes this measurement points at go next
             ids[n + 1:] = sorted(ids[n + 1:], key=lambda p: not _points(PROBES[p](), ctx, measured))
+    findings = [PROBES[f.check]().reconsider(f, findings) if f.check in PROBES else f
+                for f in findings]
     return ProbeReport(findings=tuple(rank(findings, order)), probe_seconds=timings, **measured)
 
 

@@ -51,6 +51,26 @@ class GradientFlow(Probe):
         return Intervention("guard_backward",
                             {"from_step": int(finding.evidence.get("step") or 0)})
 
+    def reconsider(self, finding, others):
+        """Vanishing gradients refuted as the architecture's doing by a copy that learned.
+
+        A fresh copy of the same model fitted the samples at a rate below the user's: the
+        model as built passes the gradient, and a rate too high saturated or killed its units
+        (a consequence).
+        """
+        lower = next((o for o in others if o.confirmed and o.check == "overfit_small_batch"
+                      and isinstance(o.evidence.get("working_lr"), (int, float))
+                      and isinstance(o.evidence.get("lr"), (int, float))
+                      and o.evidence["working_lr"] < o.evidence["lr"]), None)
+        if lower is None or not finding.confirmed or not finding.evidence.get("vanishing_layers"):
+            return finding
+        return replace(finding, confirmed=False, explanation=(
+            f"{finding.explanation} But a fresh copy of the same model fitted the samples at "
+            f"lr={lower.evidence['working_lr']:.3g}, below the run's {lower.evidence['lr']:.3g}: "
+            "the model as built passes the gradient, and the rate saturated or killed the "
+            "units (a consequence, not the architecture's doing)."),
+            evidence={**finding.evidence, "strength": 0.3, "learns_at": lower.evidence["working_lr"]})
+
     def acted_at(self, finding, sites):
         """Located where the guarded operation was made.
 
