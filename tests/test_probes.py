@@ -1846,6 +1846,28 @@ def test_gradients_that_vanish_only_after_the_first_steps_are_not_the_architectu
     assert min(f.evidence["start_ratios"]) >= (0 if from_the_start else 0.3)
 
 
+def test_vanishing_after_a_collapse_is_not_the_architecture_when_the_input_got_gradient():
+    """A transformer whose rate collapsed it: over the first steps its embeddings (upstream)
+    got 5% of the strongest layer's gradient while small layers behind them sat near 1e-4, as
+    attention weights do at initialisation; then everything but the head went silent. The
+    gradient reached the input as built: a hypothesis that says so, not `architecture`."""
+    import _synthetic as syn
+
+    from model_debugger.records import Run
+
+    def norms(i):
+        if i >= 10:
+            return {"emb": 1e-8, "attn": 1e-8, "norm": 1e-8, "head": 1.0}
+        return {"emb": 0.05, "attn": 1e-4, "norm": 3e-4, "head": 1.0}
+
+    steps = syn.steps_events([0.69] * 100, mgn=[norms(i) for i in range(100)])
+    ctx = build_context(Run(steps), None, {})
+    [f] = [f for f in run_probes(ctx, ["gradient_flow"]).findings
+           if f.evidence.get("vanishing_layers")]
+    assert f.evidence["vanishing_layers"] == ["emb", "attn", "norm"]
+    assert not f.confirmed and "a layer before them got 0.05x" in f.explanation, f.explanation
+
+
 def test_gradient_flow_small_parameters_behind_a_strong_input_layer_are_not_vanishing(tmp_path):
     """Attention query/key weights started near 0 get gradients below 1e-3 of the head's, while
     the embeddings before them get a tenth of it: the gradient reaches the input, so it does not

@@ -119,7 +119,13 @@ class GradientFlow(Probe):
                         not _reaches_input(ratio, names.index(dead[-1])):
                     blown = blown_up(ctx)
                     at_start = _start_ratios(norms, [names.index(n) for n in dead])
-                    later = at_start is not None and min(at_start) >= UPSTREAM
+                    every = _start_ratios(norms, list(range(len(names))))
+                    # the model as built passes the gradient: over the first readings the
+                    # vanishing layers were strong enough, or a layer upstream of them was
+                    # (a transformer's embeddings, before a rate too high collapsed it)
+                    later = at_start is not None and (
+                        min(at_start) >= UPSTREAM or _reaches_input(
+                            np.asarray(every), names.index(dead[-1])))
                     out.append(self.finding(
                         "architecture", not blown and not later,
                         f"Gradients vanish towards the input: the median gradient norm of "
@@ -129,11 +135,15 @@ class GradientFlow(Probe):
                             f" The run blew up ({', '.join(blown)}): small gradients cannot "
                             "explain a loss that grew, and saturated units after large updates "
                             "give them; not the cause of this run's symptom." if blown else "") + (
-                            f" Over the first steps those layers' gradients were at least "
-                            f"{min(at_start):.2g}x the strongest layer's: the model as built "
-                            "passes the gradient, and it vanished during training (units that "
-                            "died or saturated after large updates): a consequence, not the "
-                            "architecture's doing." if later and not blown else ""),
+                            (f" Over the first steps those layers' gradients were at least "
+                             f"{min(at_start):.2g}x the strongest layer's" if
+                             min(at_start) >= UPSTREAM else
+                             " Over the first steps a layer before them got "
+                             f"{max(every[:names.index(dead[-1])]):.2g}x the strongest "
+                             "layer's gradient") + ": the model as built passes the gradient, "
+                            "and it vanished during training (units that died or saturated "
+                            "after large updates): a consequence, not the architecture's "
+                            "doing." if later and not blown else ""),
                         _saturating_location(ctx) or ctx.ref("model") or ctx.ref("backward"),
                         layer_median_norms={n: float(m) for n, m in zip(names, med)},
                         vanishing_layers=dead, min_ratio=float(np.nanmin(ratio)),
