@@ -246,6 +246,42 @@ def reorders_rows(location: dict | None) -> bool:
                for node in _nodes_at(location))
 
 
+def _moves(node: ast.AST) -> bool:
+    """Whether the expression reorders rows: a shuffle-like call or a permutation index."""
+    return any(isinstance(n, ast.Call) and _call_name(n) in _REORDER_CALLS or
+               isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and
+               (isinstance(n.slice, (ast.Call, ast.Attribute)) or
+                isinstance(n.slice, ast.Name) and not n.slice.id.isupper())
+               for n in ast.walk(node))
+
+
+def one_side_moved(location: dict | None) -> dict | None:
+    """The statement before ``location`` that pairs data of which only one half was reordered.
+
+    ``Dataset.zip((features.shuffle(n), labels))``, ``TensorDataset(X[perm], y)``,
+    ``from_tensor_slices((X, y.sample(frac=1)))``: each input meets another's label there. The
+    last such pairing at or before the use line (``used_at`` when traced); None without one.
+    """
+    tree = _tree_of(location)
+    if tree is None:
+        return None
+    before = location.get("used_at") or location["line"]
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and _call_name(node) in _PAIRING and
+                node.lineno <= before):
+            continue
+        halves = list(node.args)
+        if len(halves) == 1 and isinstance(halves[0], (ast.Tuple, ast.List)):
+            halves = list(halves[0].elts)
+        if len(halves) < 2:
+            continue
+        moved = [_moves(h) for h in halves]
+        if any(moved) and not all(moved):
+            found.append(node.lineno)
+    return {**location, "line": max(found)} if found else None
+
+
 def dict_setting(location: dict | None, key: str, value: object,
                  beside: str | None = None) -> dict | None:
     """Where a dict literal of ``location``'s file sets ``"key": value``, or None.

@@ -1479,3 +1479,28 @@ def test_a_scaled_copy_never_read_locates_the_batches_built_from_the_raw_array(t
         """))
     got = scaled_copy_unused({"file": str(path), "line": 2, "used_at": 7})
     assert got == ({"file": str(path), "line": 5, "used_at": 7} if found else None)
+
+
+@pytest.mark.parametrize("pairing,found", [
+    ("tf.data.Dataset.zip((features.shuffle(len(X), seed=3), labels))", True),
+    ("TensorDataset(torch.tensor(X)[torch.randperm(len(X))], torch.tensor(y))", True),
+    ("tf.data.Dataset.zip((features, labels)).shuffle(len(X), seed=3)", False),
+    ("TensorDataset(torch.tensor(X)[order], torch.tensor(y)[order])", False)])
+def test_a_pairing_that_reorders_one_half_only_is_where_labels_lost_their_rows(tmp_path,
+                                                                               pairing, found):
+    """The inputs shuffled inside the statement that pairs them with the labels: that line,
+    not where either half was made; both halves reordered alike (or the pairs shuffled
+    together) is no fault."""
+    from model_debugger.provenance import one_side_moved
+
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(f"""\
+        X, y = make_classification(600)
+        features = tf.data.Dataset.from_tensor_slices(X)
+        labels = tf.data.Dataset.from_tensor_slices(y)
+        order = np.random.permutation(len(X))
+        train = {pairing}
+        model.fit(train, epochs=3)
+        """))
+    got = one_side_moved({"file": str(path), "line": 6})
+    assert got == ({"file": str(path), "line": 5} if found else None)

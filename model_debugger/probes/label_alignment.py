@@ -290,12 +290,17 @@ class LabelAlignment(Probe):
 def _pairing_location(used: dict | None) -> dict | None:
     """Where the pairing of inputs and labels was broken, traced from where training used them.
 
+    A statement that pairs the two halves after reordering only one of them (a ``zip`` of a
+    shuffled features dataset with the labels) is that place.
     The labels' origin (a shuffle, shift or read that moved them is the usual fault), unless
     only the inputs' trace ends on a line that moves rows (``X = X[perm]`` alone); an origin
     that calls the user's helper which moves rows is located inside it.
     """
-    from ..provenance import data_origin, reorder_within, reorders_rows
+    from ..provenance import data_origin, one_side_moved, reorder_within, reorders_rows
 
+    paired = one_side_moved(used)  # ``zip((features.shuffle(n), labels))``: the pairing itself
+    if paired is not None:
+        return paired
     labels, inputs = data_origin(used, "targets"), data_origin(used, "inputs")
     if reorders_rows(inputs) and not reorders_rows(labels):
         return inputs
