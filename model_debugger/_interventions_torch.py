@@ -434,10 +434,17 @@ def shuffle(params: dict, torch) -> Callable[[], None]:
 
 _TRACE_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)')
 _GRAPH_LIMIT = 50000  # nodes hooked per backward (a larger graph keeps the rest unguarded)
+_TRACE_BACKWARDS = 8  # backwards traced past from_step at most (anomaly mode costs every op)
+# products overflow from large operands, not from a domain's edge (a float16 matmul of a big
+# weight): never guarded
+_PRODUCTS = ("MmBackward", "AddmmBackward", "BmmBackward", "BaddbmmBackward", "MvBackward",
+             "LinearBackward", "ConvolutionBackward", "MulBackward", "MatmulBackward")
 
 
-def _finite(grads) -> bool:
-    return all(g is None or bool(g.isfinite().all()) for g in grads)
+def _finite(grads, torch) -> bool:
+    """Whether every dense gradient is finite (a sparse one is not looked at)."""
+    return all(g is None or g.layout is not torch.strided or bool(g.isfinite().all())
+               for g in grads)
 
 
 def _moderate(grads, torch) -> bool:
@@ -447,8 +454,9 @@ def _moderate(grads, torch) -> bool:
     an operation at the edge of its domain, not a product of two huge numbers (an update that
     grew until it overflowed).
     """
-    return all(g is None or not g.is_floating_point() or g.numel() == 0 or
-               float(g.abs().max()) < torch.finfo(g.dtype).max ** 0.5 for g in grads)
+    return all(g is None or g.layout is not torch.strided or not g.is_floating_point() or
+               g.numel() == 0 or float(g.abs().max()) < torch.finfo(g.dtype).max ** 0.5
+               for g in grads)
 
 
 def _made_at(node) -> dict:
@@ -484,15 +492,18 @@ def guard_backward(params: dict, torch) -> Callable[[], None]:
     from .capture.patches import install
 
     start = int(params.get("from_step", 0))
-    state = {"backwards": 0, "tracing": False, "reported": set()}
-    before = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+    state = {"backwards": 0, "tracing": False, "traced": 0, "reported": set(),
+             "before": (False, True)}
 
     def trace(on: bool) -> None:
         if state["tracing"] != on:
             state["tracing"] = on
+            if on:  # (the mode the user's code left, put back when tracing ends)
+                state["before"] = (torch.is_anomaly_enabled(),
+                                   torch.is_anomaly_check_nan_enabled())
             with warnings.catch_warnings():  # ("Anomaly Detection has been enabled ...")
                 warnings.simplefilter("ignore")
-                torch.autograd.set_detect_anomaly(*(True, False) if on else before)
+                torch.autograd.set_detect_anomaly(*(True, False) if on else state["before"])
 
     def acted(node) -> None:
         site = _made_at(node)
@@ -501,20 +512,22 @@ def guard_backward(params: dict, torch) -> Callable[[], None]:
                 not site and any(k[0] == key[0] for k in state["reported"]):
             return
         state["reported"].add(key)
-        if site:
-            trace(False)  # located: the rest of the run at full speed
+        trace(False)  # found (located or not): the rest of the run at full speed
         rec = active_recorder()
         if rec is not None:
             rec.emit("intervened", id="guard_backward", backward=state["backwards"],
                      op=type(node).__name__, **site)
 
     def hook(grad_inputs, grad_outputs, node=None):
-        if _finite(grad_outputs) and not _finite(grad_inputs) and \
-                _moderate(grad_outputs, torch):
-            acted(node)
-            return tuple(g if g is None else torch.nan_to_num(g, nan=0.0, posinf=0.0,
-                                                               neginf=0.0)
-                         for g in grad_inputs)
+        try:
+            if _finite(grad_outputs, torch) and not _finite(grad_inputs, torch) and \
+                    _moderate(grad_outputs, torch):
+                acted(node)
+                return tuple(g if g is None or g.layout is not torch.strided else
+                             torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+                             for g in grad_inputs)
+        except Exception:  # noqa: BLE001 - the guard must never break the user's backward
+            pass
         return None
 
     def hooked(roots) -> list:
@@ -525,7 +538,8 @@ def guard_backward(params: dict, torch) -> Callable[[], None]:
             if node is None or node in seen:
                 continue
             seen.add(node)
-            if type(node).__name__ != "AccumulateGrad":
+            if type(node).__name__ != "AccumulateGrad" and \
+                    not type(node).__name__.startswith(_PRODUCTS):
                 handles.append(node.register_hook(lambda gi, go, n=node: hook(gi, go, n)))
             stack.extend(f for f, _ in node.next_functions)
         return handles
@@ -542,6 +556,10 @@ def guard_backward(params: dict, torch) -> Callable[[], None]:
                 state["backwards"] += 1
                 if state["backwards"] == start and not state["reported"]:
                     trace(True)  # the next forward is the step that showed it
+                elif state["tracing"]:
+                    state["traced"] += 1
+                    if state["traced"] >= _TRACE_BACKWARDS:  # not shown again: stop paying
+                        trace(False)
         return guarded
 
     def forward_pre(module, args):

@@ -168,10 +168,57 @@ def scaled_copy_unused(location: dict | None) -> dict | None:
         if not any(loaded.get(m, set()) - {node.lineno} for m in made):  # the copy: never read
             # (``train_ds = from_tensor_slices((X_s, y_raw))`` between the copy and the loss
             # line that used the batches)
-            later += [st.lineno for st in ast.walk(tree) if isinstance(st, ast.stmt) and
-                      node.end_lineno < st.lineno <= used and
-                      st in _statements_at(tree, st.lineno) and source.id in reads(st)]
+            later += [st.lineno for st in _simple_statements(tree)
+                      if node.end_lineno < st.lineno <= used and source.id in reads(st)
+                      and reaches(tree, st, used)]
     return {**location, "line": min(later)} if later else None
+
+
+_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.AsyncFor,
+             ast.While, ast.With, ast.AsyncWith, ast.If, ast.Try)
+
+
+def _simple_statements(tree: ast.Module) -> list[ast.stmt]:
+    """Every statement that is not a compound one, in line order."""
+    return sorted((n for n in ast.walk(tree) if isinstance(n, ast.stmt) and
+                   not isinstance(n, _COMPOUND)), key=lambda n: (n.lineno, n.col_offset))
+
+
+def _bound(node: ast.AST) -> set[str]:
+    """The names a statement (or a ``for`` header) binds."""
+    targets = node.targets if isinstance(node, ast.Assign) else \
+        [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For)) else []
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def reaches(tree: ast.Module, stmt: ast.stmt, used: int) -> bool:
+    """Whether what ``stmt`` binds flows, assignment by assignment, into the line ``used``.
+
+    ``ds = TensorDataset(X, y)``, ``loader = DataLoader(ds)``, ``for xb, yb in loader:``,
+    then ``loss = crit(model(xb), yb)`` at ``used``: one linear pass over the statements and
+    ``for`` headers after it, in line order.
+    """
+    names = _bound(stmt)
+    if stmt.lineno <= used <= (stmt.end_lineno or stmt.lineno):
+        return True
+    steps = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor)) or
+                    isinstance(n, ast.stmt) and not isinstance(n, _COMPOUND)),
+                   key=lambda n: (n.lineno, n.col_offset))
+    for node in steps:
+        if node.lineno <= stmt.lineno or not names:
+            continue
+        read = {n.id for n in ast.walk(node.iter if isinstance(node, (ast.For, ast.AsyncFor))
+                                       else node)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        loop = isinstance(node, (ast.For, ast.AsyncFor))
+        if node.lineno == used if loop else node.lineno <= used <= (node.end_lineno or
+                                                                    node.lineno):
+            return bool(read & names)
+        if node.lineno > used:
+            break
+        if read & names:
+            names |= _bound(node)
+    return False
 
 
 def _scaling_call(value) -> ast.Call | None:
@@ -246,12 +293,17 @@ def reorders_rows(location: dict | None) -> bool:
                for node in _nodes_at(location))
 
 
-def _moves(node: ast.AST) -> bool:
-    """Whether the expression reorders rows: a shuffle-like call or a permutation index."""
+def _moves(node: ast.AST, orders: set[str]) -> bool:
+    """Whether the expression reorders rows.
+
+    A shuffle-like call, or an index that is one (``X[torch.randperm(n)]``) or a name bound to
+    one (``perm``, in ``orders``); a column selection (``df[features]``) is none.
+    """
     return any(isinstance(n, ast.Call) and _call_name(n) in _REORDER_CALLS or
-               isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and
-               (isinstance(n.slice, (ast.Call, ast.Attribute)) or
-                isinstance(n.slice, ast.Name) and not n.slice.id.isupper())
+               isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and (
+                   isinstance(n.slice, ast.Call) and _call_name(n.slice) in _REORDER_CALLS | {
+                       "randperm", "choice"} or
+                   isinstance(n.slice, ast.Name) and n.slice.id in orders)
                for n in ast.walk(node))
 
 
@@ -266,19 +318,23 @@ def one_side_moved(location: dict | None) -> dict | None:
     if tree is None:
         return None
     before = location.get("used_at") or location["line"]
+    orders = {name for st in ast.walk(tree) if isinstance(st, ast.Assign) and
+              isinstance(st.value, ast.Call) and _call_name(st.value) in
+              _REORDER_CALLS | {"randperm", "choice"} for name in _bound(st)}
     found = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and _call_name(node) in _PAIRING and
-                node.lineno <= before):
-            continue
-        halves = list(node.args)
-        if len(halves) == 1 and isinstance(halves[0], (ast.Tuple, ast.List)):
-            halves = list(halves[0].elts)
-        if len(halves) < 2:
-            continue
-        moved = [_moves(h) for h in halves]
-        if any(moved) and not all(moved):
-            found.append(node.lineno)
+    for stmt in _simple_statements(tree):
+        if stmt.lineno > before:
+            break
+        for node in ast.walk(stmt):
+            if not (isinstance(node, ast.Call) and _call_name(node) in _PAIRING):
+                continue
+            halves = list(node.args)
+            if len(halves) == 1 and isinstance(halves[0], (ast.Tuple, ast.List)):
+                halves = list(halves[0].elts)
+            moved = [_moves(h, orders) for h in halves]
+            if len(halves) >= 2 and any(moved) and not all(moved) and \
+                    reaches(tree, stmt, before):  # (on the way to the use, not another split)
+                found.append(stmt.lineno)
     return {**location, "line": max(found)} if found else None
 
 

@@ -1011,7 +1011,7 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
                               "tape_kept", "hooks_accumulate", "compute_settings",
                               "classes_as_numbers", "linear_stack", "loss_weights",
                               "ignored_class", "target_offset", "grads_cleared",
-                              "unused_output", "early_stopping_mode"}
+                              "unused_output", "early_stopping_mode", "padding_waste"}
     # batches of 64 rows: small_batches does not apply; no warning was recorded; target_copy,
     # lint and minority_ignored (balanced classes) look and find nothing
     assert report.findings == ()
@@ -1019,7 +1019,7 @@ def test_healthy_context_is_live_and_classified_healthy(healthy):
                                          "data_volume", "compute_settings",
                                          "classes_as_numbers", "linear_stack",
                                          "target_offset", "grads_cleared",
-                                         "unused_output"}
+                                         "unused_output", "padding_waste"}
     assert {"target_copy", "lint"} <= set(report.probe_seconds)
 
 

@@ -1504,3 +1504,27 @@ def test_a_pairing_that_reorders_one_half_only_is_where_labels_lost_their_rows(t
         """))
     got = one_side_moved({"file": str(path), "line": 6})
     assert got == ({"file": str(path), "line": 5} if found else None)
+
+
+def test_a_column_selection_is_no_reorder_and_an_unrelated_copy_moves_nothing(tmp_path):
+    """``df[features]`` paired with labels rolled earlier: the roll is the fault, not the
+    pairing. A validation copy scaled and never read does not move a training finding to the
+    validation dataset's line (it does not reach the use)."""
+    from model_debugger.provenance import one_side_moved, scaled_copy_unused
+
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent("""\
+        df = load()
+        features = ["a", "b"]
+        X, y = df[features].values, df["t"].values
+        X_val = X[:100]
+        X_val_s = scaler.transform(X_val)
+        y = np.roll(y, 1)
+        ds = TensorDataset(torch.tensor(df[features].values), torch.tensor(y))
+        val_ds = TensorDataset(torch.tensor(X_val), torch.tensor(y[:100]))
+        loader = DataLoader(ds, batch_size=32)
+        for xb, yb in loader:
+            loss = crit(model(xb), yb)
+        """))
+    assert one_side_moved({"file": str(path), "line": 11}) is None
+    assert scaled_copy_unused({"file": str(path), "line": 3, "used_at": 11}) is None

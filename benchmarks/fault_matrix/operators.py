@@ -1109,6 +1109,22 @@ def _slow_collate(p: Program) -> list[Edit]:
         set_kwarg(p, loader, "collate_fn", fn, change=True)]
 
 
+@operator("pad_to_max", "resources", "performance_issue", "data",
+          "every batch padded to the model's maximum length instead of its longest sequence "
+          "(a collate_fn's pad_sequence given a row of MAX_LEN padding)")
+def _pad_to_max(p: Program) -> list[Edit]:
+    need(p.is_torch, "PyTorch only")
+    pad = need(next((c for c in p.calls() if call_name(c) == "pad_sequence" and c.args), None),
+               "no pad_sequence call")
+    width = next((t.id for st in p.tree.body if isinstance(st, ast.Assign)
+                  for t in st.targets if isinstance(t, ast.Name) and "LEN" in t.id.upper()
+                  and isinstance(st.value, ast.Constant)), "128")
+    seqs = p.text(pad.args[0])
+    rest = p.text(pad)[len(p.text(pad.func)) + 1 + len(seqs):]
+    return [replace(p, pad, f"pad_sequence([*{seqs}, torch.zeros({width}, dtype=torch.long)]"
+                            f"{rest}[:-1]", change=True)]
+
+
 @operator("tiny_batches", "resources", "performance_issue", "hyperparameter",
           "batch size 4: per-step overhead dominates")
 def _tiny_batches(p: Program) -> list[Edit]:

@@ -262,6 +262,7 @@ METRICS = {
     "lightning_module": ("val_acc", "higher"), "lstm_sequence": ("test_loss", "lower"),
     "torch_loop": ("val_acc", "higher"), "transformer_warmup": ("val_acc", "higher"),
     "torch_packed_text": ("val_acc", "higher"), "keras_text": ("val_accuracy", "higher"),
+    "torch_text_transformer": ("val_acc", "higher"),
 }
 SCORE_TOLERANCE = 0.02  # a score (accuracy) this much below the worst healthy run: harm
 LOSS_TOLERANCE = 1.25   # a loss this many times the worst healthy run's: harm

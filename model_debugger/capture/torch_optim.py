@@ -137,11 +137,17 @@ class OptimizerHooks:
         __init__.__wrapped__ = original
         return __init__
 
-    def _note_lr(self, opt) -> None:
-        """An ``lr`` event when the first group's rate moved by ``LR_MOVE`` or more."""
+    def _note_lr(self, opt, detail: bool = True) -> None:
+        """An ``lr`` event when the first group's rate moved by ``LR_MOVE`` or more.
+
+        A tensor rate (a capturable optimizer's, on the device) is read on the steps with full
+        detail only: reading it waits for the device.
+        """
         groups = opt.param_groups
         lr = groups[0].get("lr") if groups else None
         if hasattr(lr, "item"):  # a tensor learning rate
+            if not detail:
+                return
             lr = float(lr.item())
         self._rates.note(lr)
 
@@ -176,7 +182,7 @@ class OptimizerHooks:
                 self._busy_enter()  # left in _post_step (or reset with the step's row)
                 self._site("step")
             if not self._rates.full:  # every step: a schedule restarting each epoch shows
-                self._note_lr(opt)  # every restart, whichever steps have full detail
+                self._note_lr(opt, detail)  # every restart, whichever steps have full detail
             if self._multi and not self._opt_steps:
                 self._before_first_update(opt)
             if opt is not self._last_opt:

@@ -110,10 +110,11 @@ class StepRows(OverheadWatch, HeldWatch):
             self._retune_detail()
         # a run of as many consecutive steps as there are sets of parameters stepping (a
         # GAN's two optimizers alternate: with k even, every k-th step alone is always D's)
+        # (the interval grows with them: full detail's share of the steps stays in its budget)
         sets = len(self._opt_counts) or 1
         self._detail = self._timed = self._rss_due = \
-            step < self._detail_until or step % self._detail_every < sets or self._multi or \
-            self._sampler is not None
+            step < self._detail_until or step % (self._detail_every * sets) < sets or \
+            self._multi or self._sampler is not None
 
     def _retune_detail(self) -> None:
         """The smallest k that keeps full detail's extra cost within :data:`DETAIL_BUDGET`.

@@ -220,7 +220,10 @@ def confirm(session: DebugSession, artifact, findings: list[Finding], version: V
             from ..probes import PROBES
 
             probe = PROBES.get(finding.check)
-            finding = probe().acted_at(finding, sites) if probe is not None else finding
+            try:
+                finding = probe().acted_at(finding, sites) if probe is not None else finding
+            except Exception:  # noqa: BLE001 - a location not read keeps the probe's own
+                pass
         explanation = (f"{finding.explanation} Re-running with {intervention.id}"
                        f"{_params(intervention)} {word} {judged['metric']}"
                        f"{' beyond the noise band' if beyond or not moved else ''} "

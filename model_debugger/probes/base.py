@@ -456,9 +456,17 @@ def run_probes(ctx: ProbeContext, ids: list[str] | None = None,
         timings[pid] = round(time.perf_counter() - t0, 3)
         if new and reorder:  # the probes this measurement points at go next
             ids[n + 1:] = sorted(ids[n + 1:], key=lambda p: not _points(PROBES[p](), ctx, measured))
-    findings = [PROBES[f.check]().reconsider(f, findings) if f.check in PROBES else f
-                for f in findings]
+    findings = [_reconsidered(f, findings) for f in findings]
     return ProbeReport(findings=tuple(rank(findings, order)), probe_seconds=timings, **measured)
+
+
+def _reconsidered(finding: Finding, findings: list[Finding]) -> Finding:
+    """``Probe.reconsider``, the finding unchanged when it raises (a hint never loses one)."""
+    try:
+        probe = PROBES.get(finding.check)
+        return probe().reconsider(finding, findings) if probe is not None else finding
+    except Exception:  # noqa: BLE001 - a broken second look keeps the first
+        return finding
 
 
 def _points(probe: Probe, ctx: ProbeContext, measured: dict) -> bool:

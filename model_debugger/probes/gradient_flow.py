@@ -195,7 +195,8 @@ class GradientFlow(Probe):
                 bad.get("forward") == "finite" and bad.get("replay") != "finite" and \
                 _targets_finite(ctx):
             return _loss_made_it(self, ctx, bad, common)
-        if what == "grad" and not bad.get("in_weights") and ctx.framework == "torch":
+        if what == "grad" and not bad.get("in_weights") and ctx.framework == "torch" and \
+                (growth is not None or step == 0):  # (the norm seen not to grow, or no update)
             return self.finding(
                 "training_loop", False,
                 f"Non-finite gradient first at step {step} in {where}, while the loss was "

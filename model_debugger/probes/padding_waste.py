@@ -86,7 +86,7 @@ class PaddingWaste(Probe):
             f"their longest rows are {gain:.1f}x faster ({full * 1e3:.0f} ms vs "
             f"{cut * 1e3:.0f} ms for {STEPS * len(batches)} steps) with the same outputs (the "
             f"model masks its padding); the run's steps took {run_seconds:.1f} s.",
-            _where(ctx), strength=0.8, undone=True, decisive=True, width=width, fill=fill,
+            _where(ctx, width), strength=0.8, undone=True, decisive=True, width=width, fill=fill,
             gain=gain, seconds_as_padded=full, seconds_cut=cut,
             run_step_seconds=run_seconds)]
 
@@ -108,7 +108,7 @@ def _trimmed(inputs, width: int, keep: int) -> tuple:
 
 def _batches(batches, cut: bool):
     for inputs, target, longest in batches:
-        width = next(x.shape[1] for x in inputs if getattr(x, "ndim", 0) == 2)
+        width = _cut(inputs)[0]  # the padded ids' width (a mask beside them has it too)
         yield (_trimmed(inputs, width, longest) if cut else inputs), target
 
 
@@ -151,7 +151,7 @@ def _fastest(first, second) -> tuple[float, float]:
     return min(a), min(b)
 
 
-def _where(ctx: ProbeContext) -> dict | None:
+def _where(ctx: ProbeContext, width: int) -> dict | None:
     """A tokenizer's ``padding="max_length"``, the collate function's width, else the loader."""
     loader = ctx.ref("loader")
     hit = source_line(ctx, _MAX_LENGTH, near=loader)
@@ -159,14 +159,14 @@ def _where(ctx: ProbeContext) -> dict | None:
         return hit
     for fn in (getattr(ctx.train_loader, "collate_fn", None),
                getattr(type(ctx.train_dataset), "__getitem__", None)):
-        found = _width_line(fn)
+        found = _width_line(fn, width)
         if found is not None:
             return found
     return loader
 
 
-def _width_line(fn) -> dict | None:
-    """The first line of ``fn`` (the user's) naming a fixed length, else its ``def`` line."""
+def _width_line(fn, width: int) -> dict | None:
+    """The first line of ``fn`` (the user's) naming a fixed length or ``width``, else its ``def``."""
     from ..capture.codeloc import is_user_file
 
     code = getattr(fn, "__code__", None)
@@ -177,6 +177,7 @@ def _width_line(fn) -> dict | None:
     except (OSError, TypeError):
         return {"file": code.co_filename, "line": code.co_firstlineno}
     for i, text in enumerate(lines[1:], start + 1):
-        if _WIDTH.search(text) and not text.lstrip().startswith("#"):
+        if (_WIDTH.search(text) or re.search(rf"\b{width}\b", text)) and \
+                not text.lstrip().startswith("#"):
             return {"file": code.co_filename, "line": i}
     return {"file": code.co_filename, "line": code.co_firstlineno}
