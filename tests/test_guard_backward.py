@@ -156,3 +156,26 @@ def test_a_nan_gradient_of_a_finite_loss_is_confirmed_at_the_operation(tmp_path,
 def test_the_fixed_twin_is_healthy(tmp_path):
     report = _diagnosed(tmp_path, FIXED)
     assert report["classification"]["primary"] == "healthy", report["classification"]
+
+
+SPARSE = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    emb = nn.Embedding(100, 8, sparse=True)
+    head = nn.Linear(8, 2)
+    opt = torch.optim.SGD([*emb.parameters(), *head.parameters()], lr=0.1)
+    ids, y = torch.randint(0, 100, (64, 5)), torch.randint(0, 2, (64,))
+    done = 0
+    for _ in range(4):
+        opt.zero_grad()
+        nn.functional.cross_entropy(head(emb(ids).mean(1)), y).backward()
+        opt.step()
+        done += 1
+""")
+
+
+def test_the_guard_never_breaks_a_backward_with_sparse_gradients(tmp_path):
+    ns, run = _cell_run(tmp_path, SPARSE, Intervention("guard_backward", {"from_step": 2}))
+    assert ns["done"] == 4 and not run.of("intervened")
+    assert not torch.is_anomaly_enabled()
