@@ -1860,3 +1860,29 @@ def test_a_plateau_callback_that_cuts_the_rate_is_the_schedule_where_it_was_made
     findings = [f for f in run_probes(ctx, ["lr_schedule"]).findings
                 if not f.evidence.get("probe_error")]
     assert findings and findings[0].location["line"] == line_of("plateau"), findings
+
+
+def test_a_full_batch_fit_that_makes_too_few_updates_is_the_batch_size(tk):
+    """``fit(batch_size=len(X))`` with plain SGD: one update an epoch. Training longer at that
+    batch crawls; the same rows in batches of 32 learn. Located where the batch size was set
+    (the name passed to ``fit``), a specific cause that outranks the learning rate."""
+    import model_debugger
+    from model_debugger.probing import build_context, probe
+    from model_debugger.records import Classification, Run
+
+    X, y = problem(1280)
+    with model_debugger.capture() as rec:
+        tk.utils.set_random_seed(0)
+        model = tk.Sequential([tk.Input((10,)), tk.layers.Dense(32, activation="relu"),
+                               tk.layers.Dense(2, activation="softmax")])
+        model.compile(optimizer=tk.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
+        batch = len(X)  # <whole-batch>
+        model.fit(X, y, batch_size=batch, epochs=12, verbose=0)
+    ctx = build_context(Run(rec.events), rec.keeper, {HERE: open(HERE, encoding="utf-8").read()},
+                        budget=60.0, classification=Classification("loss_not_decreasing"))
+    found = [f for f in probe(ctx, ["training_length"]).findings if f.confirmed]
+    assert found and found[0].root_cause == "hyperparameter", found
+    f = found[0]
+    assert f.evidence["small_batch"] == 32 and f.evidence["loss_small_batch"] < \
+        0.75 * f.evidence["loss_as_run"], f.evidence
+    assert f.location["line"] == line_of("whole-batch"), f.location

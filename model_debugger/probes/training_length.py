@@ -19,10 +19,21 @@ from ..provenance import batches_origin
 from ..thresholds import FEW_STEPS, FLOOR_SHARE
 from . import _numpy_stats as st
 from ._passes import cut_passes
-from .base import Probe, ProbeContext, register
+from .base import Probe, ProbeContext, register, setting_location
 
 EXTRA = 8    # the longer copy makes this many times the run's optimizer steps
 CLEAR = 0.75  # ... and must end below 3/4 of the shorter copy's held-out loss
+
+
+def _batch_location(ctx: ProbeContext) -> dict | None:
+    """Where the run's batches are sized.
+
+    The loader, ``fit`` (followed to where a name passed as ``batch_size=`` was set), a
+    trainer, else where a custom loop's batches are made.
+    """
+    fit = ctx.ref("fit")
+    return ctx.ref("loader") or (setting_location(fit, "batch_size") if fit else None) or \
+        ctx.ref("trainer") or batches_origin(st.data_location(ctx))
 
 
 def run_batch_size(ctx: ProbeContext) -> int | None:
@@ -42,6 +53,9 @@ def run_batch_size(ctx: ProbeContext) -> int | None:
     per_row = int(np.prod(tr.targets.shape[1:])) if tr is not None and \
         tr.targets is not None and tr.targets.ndim > 1 else 1
     return max(1, round(targets[-1]["n"] / steps / max(per_row, 1)))
+
+
+SMALL_BATCH = 32  # the batch of the copy that sees the same rows in more, smaller updates
 
 
 @register
@@ -85,7 +99,8 @@ class TrainingLength(Probe):
             losses.append(tr.evaluate(model, held_x, held_y))
         short, long = losses
         if not (math.isfinite(short) and math.isfinite(long)) or not long < CLEAR * short:
-            return []
+            return self._smaller_batch(ctx, steps, batch, short, (train_x, train_y),
+                                       (held_x, held_y))
         measured = (f"Fresh copies from the same initial weights with the same optimizer and "
                     f"batch size reach held-out loss {short:.4g} after {steps} steps and "
                     f"{long:.4g} after {longer}: the loss was held up by the number of updates, "
@@ -102,11 +117,42 @@ class TrainingLength(Probe):
                 cut["exit"] or cut["loop"], run_steps=steps, batch_size=batch,
                 longer_steps=longer, loss_as_run=short, loss_longer=long,
                 batches_per_pass=cut["batches"], drawn_per_pass=cut["drawn"], strength=0.85)]
-        where = ctx.ref("loader") or ctx.ref("fit") or ctx.ref("trainer") or \
-            batches_origin(st.data_location(ctx))  # a custom loop: where its batches are made
+        where = _batch_location(ctx)
         return [self.finding(
             "hyperparameter", True,
             f"The run made only {steps} optimizer updates (about {batch} rows each). {measured} "
             "Use a smaller batch or more epochs.",
             where, run_steps=steps, batch_size=batch, longer_steps=longer,
             loss_as_run=short, loss_longer=long, strength=0.8)]
+
+    def _smaller_batch(self, ctx: ProbeContext, steps: int, batch: int, short: float,
+                       train: tuple, held: tuple):
+        """The same passes over the rows in batches of :data:`SMALL_BATCH`: more updates.
+
+        A batch holding most of the data makes one update a pass whatever the epochs; longer
+        training at that batch may still crawl (plain SGD on a full batch), while the same rows
+        seen in small batches learn. Confirmed when that copy ends below :data:`CLEAR` x the
+        run-length copy's held-out loss.
+        """
+        tr = ctx.trainer
+        if batch < 4 * SMALL_BATCH:
+            return []
+        wanted = steps * (batch // SMALL_BATCH)
+        count = tr.steps_within(wanted, batch_size=SMALL_BATCH, floor=2 * steps,
+                                seconds=min(6.0, ctx.time_left() / 4))
+        if count < 2 * steps:
+            return []
+        model = tr.fresh_model()
+        tr.fit(model, *train, count, batch_size=SMALL_BATCH, seed=0)
+        small = tr.evaluate(model, *held)
+        if not math.isfinite(small) or not small < CLEAR * short:
+            return []
+        return [self.finding(
+            "hyperparameter", True,
+            f"The run made only {steps} optimizer updates of about {batch} rows each. Fresh "
+            f"copies from the same initial weights with the same optimizer reach held-out loss "
+            f"{short:.4g} as run and {small:.4g} when the same rows come in batches of "
+            f"{SMALL_BATCH} ({count} updates{'' if count >= wanted else ', what the budget allowed'}"
+            "): the batch size left too few updates. Use a smaller batch.",
+            _batch_location(ctx), run_steps=steps, batch_size=batch, small_batch=SMALL_BATCH,
+            small_batch_steps=count, loss_as_run=short, loss_small_batch=small, strength=0.8)]
