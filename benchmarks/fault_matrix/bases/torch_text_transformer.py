@@ -34,15 +34,15 @@ class Vocab:
 
 
 class Reviews(Dataset):
-    def __init__(self, rows, vocab):
-        self.rows, self.vocab = rows, vocab
+    def __init__(self, texts, labels, vocab):
+        self.texts, self.labels, self.vocab = texts, labels, vocab
 
     def __len__(self):
-        return len(self.rows)
+        return len(self.texts)
 
     def __getitem__(self, i):
-        text, label = self.rows[i]
-        return {"input_ids": torch.tensor(self.vocab.encode(text)), "label": label}
+        return {"input_ids": torch.tensor(self.vocab.encode(self.texts[i])),
+                "label": int(self.labels[i])}
 
 
 def collate(items):
@@ -71,11 +71,13 @@ class Encoder(nn.Module):
 
 def main():
     rng = random.Random(5)
-    rows = [review(rng) for _ in range(1600)]
-    vocab = Vocab(text for text, _ in rows[:1200])
-    train = DataLoader(Reviews(rows[:1200], vocab), batch_size=32, shuffle=True,
-                       collate_fn=collate)
-    val = DataLoader(Reviews(rows[1200:], vocab), batch_size=200, collate_fn=collate)
+    texts, labels = zip(*(review(rng) for _ in range(1600)))
+    labels = torch.tensor(labels)
+    vocab = Vocab(texts[:1200])
+    train = DataLoader(Reviews(texts[:1200], labels[:1200], vocab), batch_size=32,
+                       shuffle=True, collate_fn=collate)
+    val = DataLoader(Reviews(texts[1200:], labels[1200:], vocab), batch_size=200,
+                     collate_fn=collate)
     torch.manual_seed(5)
     model = Encoder(len(vocab.index))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
