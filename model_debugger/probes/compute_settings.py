@@ -59,6 +59,12 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def step_seconds(ctx: ProbeContext) -> float:
+    """Seconds the run's training steps took (steps x their mean time)."""
+    sig = ctx.signals or {}
+    return sig.get("steps", 0) * sig.get("step_ms", 0.0) / 1000.0
+
+
 @register
 class ComputeSettings(Probe):
     """Threads beyond the cores, or float16 without a GPU, timed against the alternative."""
@@ -75,8 +81,7 @@ class ComputeSettings(Probe):
 
     def run(self, ctx: ProbeContext):
         """A confirmed finding when the run's setting is clearly slower here; else nothing."""
-        sig = ctx.signals or {}
-        run_seconds = sig.get("steps", 0) * sig.get("step_ms", 0.0) / 1000.0
+        run_seconds = step_seconds(ctx)
         if run_seconds < MIN_RUN_SECONDS or ctx.trainer is None:
             return []
         mode = (ctx.run.first("debug_mode") or {}).get("mode")

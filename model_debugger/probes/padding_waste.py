@@ -27,7 +27,7 @@ import numpy as np
 
 from ._heldout import source_line
 from .base import Probe, ProbeContext, register
-from .compute_settings import GAIN, MIN_RUN_SECONDS, ROUNDS
+from .compute_settings import GAIN, MIN_RUN_SECONDS, ROUNDS, step_seconds
 from .unmasked_padding import padding
 
 FILL = 0.5   # the longest row of every batch fills at most this share of its width
@@ -55,8 +55,7 @@ class PaddingWaste(Probe):
 
     def run(self, ctx: ProbeContext):
         """A confirmed finding when the cut batches train clearly faster; else nothing."""
-        sig = ctx.signals or {}
-        run_seconds = sig.get("steps", 0) * sig.get("step_ms", 0.0) / 1000.0
+        run_seconds = step_seconds(ctx)
         tr = ctx.trainer
         if run_seconds < MIN_RUN_SECONDS or tr is None or not ctx.train_batches:
             return []
