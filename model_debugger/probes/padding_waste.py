@@ -28,7 +28,6 @@ import numpy as np
 from ._heldout import source_line
 from .base import Probe, ProbeContext, register
 from .compute_settings import GAIN, MIN_RUN_SECONDS, ROUNDS, step_seconds
-from .unmasked_padding import padding
 
 FILL = 0.5   # the longest row of every batch fills at most this share of its width
 STEPS = 6    # timed training steps per reading (after one warm-up step)
@@ -92,6 +91,8 @@ class PaddingWaste(Probe):
 
 def _cut(inputs) -> tuple[int, int] | None:
     """``(width, longest row)`` of the padded token ids among a batch's inputs, or None."""
+    from .unmasked_padding import padding  # (here: each probe module registers in name order)
+
     for x in inputs:
         found = padding(x) if getattr(x, "ndim", 0) == 2 else None
         if found is not None:
